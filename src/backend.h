@@ -1,0 +1,58 @@
+/* One table of operations per backend. The forward pass calls only these,
+ * so a second backend (CUDA) replaces the table, not the model code.
+ * Shapes are per rank: with tensor parallelism, heads and rows are shards. */
+#ifndef DCP_BACKEND_H
+#define DCP_BACKEND_H
+
+#include <stddef.h>
+
+#include "model.h"
+
+/* Attention of T query tokens, each over its own run of keys, returning the
+ * output and the log-sum-exp of the scaled scores per (token, head). The
+ * same op serves the context part (keys in the KV cache) and the new part
+ * (keys of the tokens being processed, causal). A token with no keys gets
+ * out = 0 and lse = -inf, so it contributes nothing to a merge. */
+typedef struct {
+    int T;
+    int n_heads;    /* query heads in q/out */
+    int n_kv_heads; /* query head h reads KV head h / (n_heads / n_kv_heads) */
+    int head_dim;
+    float scale;
+    const float *q;           /* (T, n_heads, head_dim) */
+    float *out;               /* (T, n_heads, head_dim) */
+    float *lse;               /* (T, n_heads) */
+    const float *const *k;    /* per token: its first key row (n_kv_heads*head_dim floats) */
+    const float *const *v;    /* per token: its first value row */
+    const int *n_keys;        /* per token: rows to attend to */
+    int kv_stride;            /* floats from one key row to the next */
+} AttnBatch;
+
+typedef struct Backend {
+    const char *name;
+    /* y (T, out) = x (T, in) . w (out, in)^T */
+    void (*matmul)(float *y, const float *x, const float *w, int T, int in, int out);
+    /* y (T, dim) = x / rms(x) * w, per row */
+    void (*rmsnorm)(float *y, const float *x, const float *w, int T, int dim, float eps);
+    /* rotates x (T, n_heads, head_dim) in place for the positions pos (T) */
+    void (*rope)(float *x, const int *pos, int T, int n_heads, int head_dim, float theta, RopeStyle style);
+    /* gate (n) = silu(gate) * up */
+    void (*silu_mul)(float *gate, const float *up, size_t n);
+    /* y (n) += x */
+    void (*add)(float *y, const float *x, size_t n);
+    /* x (T, dim) = table[tokens] */
+    void (*embedding)(float *x, const float *table, const int *tokens, int T, int dim);
+    void (*attention)(const AttnBatch *a);
+    /* o1/lse1 (rows, head_dim)/(rows) become the merge of two partial
+     * attentions over disjoint key sets (DESIGN.md section 4). */
+    void (*merge_attention)(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim);
+} Backend;
+
+const Backend *backend_cpu(void);
+/* The backend named by --backend, or NULL with dcp_error() saying why. */
+const Backend *backend_find(const char *name);
+void backend_set_threads(int threads);
+/* CPU GEMM: "invariant" (default) or "openblas". */
+int backend_cpu_set_gemm(const char *name);
+
+#endif

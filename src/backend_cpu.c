@@ -1,0 +1,185 @@
+/* The CPU backend: fp32, OpenMP loops, and GEMMs either batch-invariant
+ * (default: a token's result never depends on the rest of the batch) or
+ * OpenBLAS sgemm (faster for large prefill batches, but its rounding depends
+ * on how many rows share a call). It is the reference every other backend
+ * and every parallel layout is checked against. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "gemm_cpu.h"
+#include "util.h"
+
+static int use_openblas;
+
+static void cpu_matmul(float *y, const float *x, const float *w, int T, int in, int out)
+{
+    if (use_openblas)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+    else
+        gemm_invariant(y, x, w, T, in, out);
+}
+
+int backend_cpu_set_gemm(const char *name)
+{
+    if (!strcmp(name, "invariant")) use_openblas = 0;
+    else if (!strcmp(name, "openblas")) use_openblas = 1;
+    else return dcp_fail("--cpu-gemm %s: choose invariant or openblas", name);
+    return 0;
+}
+
+static void cpu_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
+{
+#pragma omp parallel for if (T > 4)
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * dim;
+        float *yr = y + (size_t)t * dim;
+        float ss = 0.0f;
+        for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / dim + eps);
+        for (int i = 0; i < dim; i++) yr[i] = w[i] * (inv * xr[i]);
+    }
+}
+
+static void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, float theta, RopeStyle style)
+{
+    int half = head_dim / 2;
+#pragma omp parallel for if (T > 4)
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            float freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+            float angle = pos[t] * freq;
+            float c = cosf(angle), s = sinf(angle);
+            for (int h = 0; h < n_heads; h++) {
+                float *v = x + ((size_t)t * n_heads + h) * head_dim;
+                /* adjacent pairs (2i, 2i+1), as llama2.c; or halves (i, i+D/2), as HF */
+                int a = style == ROPE_ADJACENT_PAIRS ? 2 * i : i;
+                int b = style == ROPE_ADJACENT_PAIRS ? 2 * i + 1 : i + half;
+                float v0 = v[a], v1 = v[b];
+                v[a] = v0 * c - v1 * s;
+                v[b] = v0 * s + v1 * c;
+            }
+        }
+    }
+}
+
+static void cpu_silu_mul(float *gate, const float *up, size_t n)
+{
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static void cpu_add(float *y, const float *x, size_t n)
+{
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_embedding(float *x, const float *table, const int *tokens, int T, int dim)
+{
+    for (int t = 0; t < T; t++) memcpy(x + (size_t)t * dim, table + (size_t)tokens[t] * dim, sizeof(float) * dim);
+}
+
+static void cpu_attention(const AttnBatch *a)
+{
+    int group = a->n_heads / a->n_kv_heads, D = a->head_dim;
+    int rows = a->T * a->n_heads;
+#pragma omp parallel
+    {
+        int cap = 0;
+        float *score = NULL;
+#pragma omp for schedule(dynamic, 4)
+        for (int r = 0; r < rows; r++) {
+            int t = r / a->n_heads, h = r % a->n_heads, kvh = h / group;
+            int n = a->n_keys[t];
+            const float *q = a->q + (size_t)r * D;
+            float *o = a->out + (size_t)r * D;
+            memset(o, 0, sizeof(float) * D);
+            if (n <= 0) {
+                a->lse[r] = -INFINITY;
+                continue;
+            }
+            if (n > cap) {
+                score = xrealloc(score, sizeof(float) * (size_t)n);
+                cap = n;
+            }
+            const float *k = a->k[t] + (size_t)kvh * D, *v = a->v[t] + (size_t)kvh * D;
+            float m = -INFINITY;
+            for (int j = 0; j < n; j++) {
+                const float *kj = k + (size_t)j * a->kv_stride;
+                float s = 0.0f;
+                for (int d = 0; d < D; d++) s += q[d] * kj[d];
+                s *= a->scale;
+                score[j] = s;
+                if (s > m) m = s;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < n; j++) {
+                float p = expf(score[j] - m);
+                sum += p;
+                const float *vj = v + (size_t)j * a->kv_stride;
+                for (int d = 0; d < D; d++) o[d] += p * vj[d];
+            }
+            float inv = 1.0f / sum;
+            for (int d = 0; d < D; d++) o[d] *= inv;
+            a->lse[r] = m + logf(sum);
+        }
+        free(score);
+    }
+}
+
+static void cpu_merge_attention(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim)
+{
+#pragma omp parallel for if (rows > 64)
+    for (int r = 0; r < rows; r++) {
+        float l1 = lse1[r], l2 = lse2[r];
+        if (l2 == -INFINITY) continue;
+        float *a = o1 + (size_t)r * head_dim;
+        const float *b = o2 + (size_t)r * head_dim;
+        if (l1 == -INFINITY) {
+            memcpy(a, b, sizeof(float) * head_dim);
+            lse1[r] = l2;
+            continue;
+        }
+        float m = l1 > l2 ? l1 : l2;
+        float s1 = expf(l1 - m), s2 = expf(l2 - m), inv = 1.0f / (s1 + s2);
+        for (int d = 0; d < head_dim; d++) a[d] = (a[d] * s1 + b[d] * s2) * inv;
+        lse1[r] = m + logf(s1 + s2);
+    }
+}
+
+static const Backend cpu = {
+    .name = "cpu",
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .embedding = cpu_embedding,
+    .attention = cpu_attention,
+    .merge_attention = cpu_merge_attention,
+};
+
+const Backend *backend_cpu(void) { return &cpu; }
+
+const Backend *backend_find(const char *name)
+{
+    if (!strcmp(name, "cpu")) return &cpu;
+    if (!strcmp(name, "cuda"))
+        dcp_fail("--backend cuda: this dcpinfer was built without CUDA (configure --enable-cuda)");
+    else
+        dcp_fail("--backend %s: unknown backend (choose cpu or cuda)", name);
+    return NULL;
+}
+
+void backend_set_threads(int threads)
+{
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+}

@@ -1,0 +1,165 @@
+#include "generate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+#include "util.h"
+
+typedef struct {
+    int req;        /* index in the request set */
+    int slot;       /* KV cache slot */
+    int prefilled;  /* prompt tokens already in the cache */
+    Sampler sampler;
+} Running;
+
+static void push_token(Result *r, int tok)
+{
+    if (r->n == r->cap) r->tokens = xrealloc(r->tokens, sizeof(int) * (size_t)(r->cap = r->cap ? 2 * r->cap : 16));
+    r->tokens[r->n++] = tok;
+}
+
+int is_stop_token(const Config *c, const Request *q, int tok)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (tok == c->eos_ids[i]) return 1;
+    for (int i = 0; i < q->n_stop; i++)
+        if (tok == q->stop_ids[i]) return 1;
+    return 0;
+}
+
+int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
+{
+    const Config *c = &e->model->cfg;
+    int vocab = e->model->shard.vocab;
+    Timings *tm = e->tm;
+    memset(res, 0, sizeof(Result) * (size_t)rs->n);
+    int *waiting = xmalloc(sizeof(int) * (size_t)rs->n);
+    int n_waiting = 0, next_wait = 0, done = 0;
+    for (int i = 0; i < rs->n; i++) {
+        if (rs->r[i].error) {
+            res[i].finish_reason = "error";
+            done++;
+        } else {
+            waiting[n_waiting++] = i;
+        }
+    }
+    Running *run = xmalloc(sizeof(Running) * (size_t)o->max_num_seqs);
+    int n_run = 0;
+    int cap_T = o->max_batched_tokens + o->max_num_seqs;
+    int *tokens = xmalloc(sizeof(int) * (size_t)cap_T);
+    Chunk *chunks = xmalloc(sizeof(Chunk) * (size_t)o->max_num_seqs);
+    int *chunk_run = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
+    size_t logits_rows = o->on_logits ? (size_t)cap_T : (size_t)o->max_num_seqs;
+    float *logits = xmalloc(sizeof(float) * logits_rows * vocab);
+    void *scratch = xmalloc(sampler_scratch_bytes(vocab));
+    double t_start = now_s(), last_progress = t_start;
+    long generated = 0;
+
+    while (done < rs->n) {
+        /* admit FIFO while there is room */
+        while (next_wait < n_waiting && n_run < o->max_num_seqs) {
+            int ri = waiting[next_wait++];
+            Request *q = &rs->r[ri];
+            int cap = q->n_prompt + q->max_tokens;
+            if (cap > o->max_model_len) cap = o->max_model_len;
+            Running *r = &run[n_run++];
+            r->req = ri;
+            r->slot = engine_seq_alloc(e, cap);
+            r->prefilled = 0;
+            sampler_init(&r->sampler, q->temperature, q->top_p, q->seed);
+        }
+        /* decode tokens first, then prefill chunks under the token budget */
+        int T = 0, nc = 0, budget = o->max_batched_tokens, any_prefill = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < n_run; i++) {
+                Running *r = &run[i];
+                Request *q = &rs->r[r->req];
+                Result *out = &res[r->req];
+                int decoding = r->prefilled == q->n_prompt;
+                if (decoding != (pass == 0)) continue;
+                int n = decoding ? 1 : q->n_prompt - r->prefilled;
+                if (!decoding && n > budget) n = budget;
+                if (n <= 0) continue;
+                if (decoding) {
+                    chunks[nc] = (Chunk){r->slot, q->n_prompt + out->n - 1, 1};
+                    tokens[T] = out->tokens[out->n - 1];
+                } else {
+                    chunks[nc] = (Chunk){r->slot, r->prefilled, n};
+                    memcpy(tokens + T, q->prompt_tokens + r->prefilled, sizeof(int) * (size_t)n);
+                    any_prefill = 1;
+                }
+                chunk_run[nc++] = i;
+                T += n;
+                budget -= n;
+            }
+
+        double t0 = now_s();
+        engine_forward(e, tokens, chunks, nc, o->on_logits != NULL, logits);
+        double t1 = now_s();
+        if (any_prefill) tm->prefill += t1 - t0;
+        else tm->decode += t1 - t0;
+
+        /* sample where a chunk ends at the sequence's last known token */
+        for (int i = 0, row = 0; i < nc; i++) {
+            Running *r = &run[chunk_run[i]];
+            Request *q = &rs->r[r->req];
+            Result *out = &res[r->req];
+            int rows = o->on_logits ? chunks[i].n : 1;
+            if (o->on_logits)
+                for (int j = 0; j < chunks[i].n; j++)
+                    o->on_logits(o->on_logits_ctx, r->req, chunks[i].pos0 + j, logits + (size_t)(row + j) * vocab,
+                                 vocab);
+            float *last = logits + (size_t)(row + rows - 1) * vocab;
+            row += rows;
+            if (r->prefilled < q->n_prompt) {
+                r->prefilled += chunks[i].n;
+                if (r->prefilled < q->n_prompt) continue; /* more prompt to go */
+            }
+            int tok = sampler_sample(&r->sampler, last, vocab, scratch);
+            push_token(out, tok);
+            generated++;
+            double now = now_s();
+            if (out->n == 1) out->ttft_s = now - t_start;
+            if (is_stop_token(c, q, tok)) out->finish_reason = "stop";
+            else if (out->n >= q->max_tokens || q->n_prompt + out->n >= o->max_model_len)
+                out->finish_reason = "length";
+            if (out->finish_reason) {
+                out->e2e_s = now - t_start;
+                out->tpot_s = out->n > 1 ? (out->e2e_s - out->ttft_s) / (out->n - 1) : 0.0;
+            }
+        }
+        tm->sampling += now_s() - t1;
+
+        /* retire finished requests, keeping admission order */
+        int kept = 0;
+        for (int i = 0; i < n_run; i++) {
+            if (res[run[i].req].finish_reason) {
+                engine_seq_free(e, run[i].slot);
+                done++;
+            } else {
+                run[kept++] = run[i];
+            }
+        }
+        n_run = kept;
+        if (o->progress && now_s() - last_progress >= 1.0) {
+            last_progress = now_s();
+            fprintf(stderr, "dcpinfer: %d/%d requests done, %d running, %.1f tokens/s\n", done, rs->n, n_run,
+                    generated / (last_progress - t_start));
+        }
+    }
+    free(waiting);
+    free(run);
+    free(tokens);
+    free(chunks);
+    free(chunk_run);
+    free(logits);
+    free(scratch);
+    return 0;
+}
+
+void results_free(Result *res, int n)
+{
+    for (int i = 0; i < n; i++) free(res[i].tokens);
+}

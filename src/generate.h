@@ -1,0 +1,36 @@
+/* Batch generation: every request of the file goes through prefill and
+ * decode together, continuously batched: each step runs the decode tokens
+ * of the running requests and prefill chunks of newly admitted ones through
+ * one forward pass. */
+#ifndef DCP_GENERATE_H
+#define DCP_GENERATE_H
+
+#include "engine.h"
+#include "requests.h"
+
+typedef struct {
+    int *tokens;
+    int n, cap;
+    const char *finish_reason; /* "stop", "length" or "error" */
+    double ttft_s, tpot_s, e2e_s;
+} Result;
+
+typedef struct {
+    int max_model_len;       /* context limit: prompt + output tokens */
+    int max_num_seqs;        /* requests decoding together */
+    int max_batched_tokens;  /* tokens per forward pass */
+    int progress;            /* progress line on stderr, at most once a second */
+    /* When set, called with the logits of every position of every request
+     * (forces logits for all prompt tokens too). */
+    void (*on_logits)(void *ctx, int request, int pos, const float *logits, int vocab);
+    void *on_logits_ctx;
+} GenOptions;
+
+/* Requests that carry an error are skipped (finish_reason "error").
+ * res has one entry per request. */
+int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o);
+void results_free(Result *res, int n);
+/* EOS of the model or one of the request's stop_token_ids */
+int is_stop_token(const Config *c, const Request *q, int tok);
+
+#endif

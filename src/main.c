@@ -1,0 +1,26 @@
+#include <mpi.h>
+#include <stdio.h>
+
+#include "job.h"
+#include "options.h"
+#include "util.h"
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    Options o;
+    int rc = options_parse(&o, argc, argv, rank == 0);
+    int status;
+    if (rc < 0) {
+        if (rank == 0) fprintf(stderr, "dcpinfer: %s\n", dcp_error());
+        status = 2;
+    } else if (rc > 0) {
+        status = 0;
+    } else {
+        status = run_job(&o, MPI_COMM_WORLD);
+    }
+    MPI_Finalize();
+    return status;
+}

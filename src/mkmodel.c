@@ -1,0 +1,268 @@
+#include "mkmodel.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "util.h"
+
+void mkmodel_default_spec(ModelSpec *s)
+{
+    /* Small enough to start instantly, with 8 query / 2 KV heads so that
+     * every tensor-parallel layout up to tp 8 is valid on it. */
+    *s = (ModelSpec){.layers = 4, .dim = 128, .heads = 8, .kv_heads = 2, .hidden = 344, .vocab = 512,
+                     .max_len = 2048, .tied = 0, .eos = -1, .rope_theta = 10000.0f, .seed = 1234};
+}
+
+int mkmodel_check_spec(const ModelSpec *s)
+{
+    if (s->layers < 1 || s->dim < 2 || s->heads < 1 || s->kv_heads < 1 || s->hidden < 1 || s->vocab < 2 ||
+        s->max_len < 2)
+        return dcp_fail("every size must be positive (layers %d dim %d heads %d kv-heads %d hidden %d vocab %d "
+                        "max-len %d)",
+                        s->layers, s->dim, s->heads, s->kv_heads, s->hidden, s->vocab, s->max_len);
+    if (s->dim % s->heads) return dcp_fail("--dim %d is not divisible by --heads %d", s->dim, s->heads);
+    if ((s->dim / s->heads) % 2) return dcp_fail("head dim %d must be even for RoPE", s->dim / s->heads);
+    if (s->heads % s->kv_heads)
+        return dcp_fail("--heads %d is not divisible by --kv-heads %d", s->heads, s->kv_heads);
+    if (s->eos >= s->vocab) return dcp_fail("--eos %d outside the vocabulary of %d", s->eos, s->vocab);
+    return 0;
+}
+
+void mkmodel_config(const ModelSpec *s, Config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->dim = s->dim;
+    c->hidden_dim = s->hidden;
+    c->n_layers = s->layers;
+    c->n_heads = s->heads;
+    c->n_kv_heads = s->kv_heads;
+    c->head_dim = s->dim / s->heads;
+    c->vocab_size = s->vocab;
+    c->max_seq_len = s->max_len;
+    c->rope_theta = s->rope_theta;
+    c->norm_eps = 1e-5f;
+    c->rope_style = ROPE_ROTATE_HALF;
+    c->tied_embeddings = s->tied;
+    c->bos_id = -1;
+    c->n_eos = 0;
+    if (s->eos >= 0) c->eos_ids[c->n_eos++] = s->eos;
+    c->format = FORMAT_GENERATED;
+}
+
+void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out)
+{
+    Config c;
+    mkmodel_config(s, &c);
+    int rows, cols;
+    tensor_full_shape(&c, k, &rows, &cols);
+    uint64_t st = s->seed * 0x100000001B3ull + (uint64_t)k * 1000003u + (uint64_t)layer * 7919u;
+    splitmix64(&st);
+    size_t n = (size_t)rows * cols;
+    int is_norm = (k == T_RMS_ATT || k == T_RMS_FFN || k == T_RMS_FINAL);
+    /* Uniform weights scaled by 1/sqrt(fan-in) keep activations O(1), so
+     * the logits spread and greedy argmax has few near-ties. */
+    float scale = is_norm ? 0.1f : (k == T_EMBED ? 1.0f : 1.7f / sqrtf((float)cols));
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0); /* [0,1) */
+        float v = (float)(2.0 * u - 1.0) * scale;
+        out[i] = is_norm ? 1.0f + v : v;
+    }
+}
+
+static int write_all(FILE *f, const void *p, size_t n, const char *path)
+{
+    if (fwrite(p, 1, n, f) != n) return dcp_fail("%s: write error: %s", path, strerror(errno));
+    return 0;
+}
+
+static int tensor_present(const ModelSpec *s, TensorKind k)
+{
+    return !(k == T_LM_HEAD && s->tied);
+}
+
+static int write_config_json(const ModelSpec *s, const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    char eos[32];
+    if (s->eos >= 0) snprintf(eos, sizeof eos, "%d", s->eos);
+    else snprintf(eos, sizeof eos, "null");
+    fprintf(f,
+            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+            "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
+            "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+            "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n  \"rope_theta\": %.1f,\n"
+            "  \"rms_norm_eps\": 1e-05,\n  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n"
+            "  \"attention_bias\": false,\n  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
+            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}\n",
+            s->dim, s->hidden, s->layers, s->heads, s->kv_heads, s->dim / s->heads, s->vocab, s->max_len,
+            (double)s->rope_theta, s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
+    if (fclose(f)) return dcp_fail("%s: write error", path);
+    return 0;
+}
+
+/* One safetensors file holding tensors [first, last) of the flat list. */
+typedef struct { TensorKind k; int layer; } TensorRef;
+
+static int write_safetensors(const ModelSpec *s, const char *path, const TensorRef *refs, int n, int bf16)
+{
+    Config c;
+    mkmodel_config(s, &c);
+    size_t esize = bf16 ? 2 : 4;
+    /* header JSON with running offsets */
+    size_t cap = 256 + (size_t)n * 256, len = 0, off = 0;
+    char *hdr = xmalloc(cap);
+    len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n; i++) {
+        int rows, cols;
+        tensor_full_shape(&c, refs[i].k, &rows, &cols);
+        char name[128];
+        tensor_hf_name(refs[i].k, refs[i].layer, name, sizeof name);
+        size_t bytes = (size_t)rows * cols * esize;
+        int one_d = (refs[i].k == T_RMS_ATT || refs[i].k == T_RMS_FFN || refs[i].k == T_RMS_FINAL);
+        if (one_d)
+            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
+                            name, bf16 ? "BF16" : "F32", cols, off, off + bytes);
+        else
+            len += snprintf(hdr + len, cap - len,
+                            ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}", name,
+                            bf16 ? "BF16" : "F32", rows, cols, off, off + bytes);
+        off += bytes;
+    }
+    len += snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' '; /* keep the data section 8-byte aligned */
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(hdr);
+        return dcp_fail("%s: %s", path, strerror(errno));
+    }
+    unsigned char lenb[8];
+    for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    int rc = write_all(f, lenb, 8, path) || write_all(f, hdr, len, path);
+    free(hdr);
+    for (int i = 0; i < n && !rc; i++) {
+        int rows, cols;
+        tensor_full_shape(&c, refs[i].k, &rows, &cols);
+        size_t cnt = (size_t)rows * cols;
+        float *buf = xmalloc(cnt * 4);
+        mkmodel_tensor(s, refs[i].k, refs[i].layer, buf);
+        if (bf16) {
+            uint16_t *h = xmalloc(cnt * 2);
+            for (size_t j = 0; j < cnt; j++) h[j] = f32_to_bf16(buf[j]);
+            rc = write_all(f, h, cnt * 2, path);
+            free(h);
+        } else {
+            rc = write_all(f, buf, cnt * 4, path);
+        }
+        free(buf);
+    }
+    if (fclose(f) && !rc) rc = dcp_fail("%s: write error", path);
+    return rc ? -1 : 0;
+}
+
+int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
+{
+    if (mkmodel_check_spec(s)) return -1;
+    if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
+    if (write_config_json(s, dir)) return -1;
+    TensorRef *refs = xmalloc(sizeof(TensorRef) * (size_t)(T_COUNT * s->layers + T_COUNT));
+    int n = 0;
+    refs[n++] = (TensorRef){T_EMBED, 0};
+    for (int l = 0; l < s->layers; l++)
+        for (int k = T_RMS_ATT; k <= T_DOWN; k++) refs[n++] = (TensorRef){(TensorKind)k, l};
+    refs[n++] = (TensorRef){T_RMS_FINAL, 0};
+    if (tensor_present(s, T_LM_HEAD)) refs[n++] = (TensorRef){T_LM_HEAD, 0};
+    int rc = 0;
+    char path[4096];
+    if (shards <= 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        rc = write_safetensors(s, path, refs, n, bf16);
+    } else {
+        if (shards > n) shards = n;
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        FILE *idx = fopen(path, "w");
+        if (!idx) rc = dcp_fail("%s: %s", path, strerror(errno));
+        if (idx) fprintf(idx, "{\n  \"metadata\": {},\n  \"weight_map\": {");
+        for (int i = 0; i < shards && !rc; i++) {
+            int first, count;
+            balanced_part(n, shards, i, &first, &count);
+            char fname[64];
+            snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", i + 1, shards);
+            snprintf(path, sizeof path, "%s/%s", dir, fname);
+            rc = write_safetensors(s, path, refs + first, count, bf16);
+            for (int j = first; j < first + count; j++) {
+                char name[128];
+                tensor_hf_name(refs[j].k, refs[j].layer, name, sizeof name);
+                fprintf(idx, "%s\n    \"%s\": \"%s\"", j ? "," : "", name, fname);
+            }
+        }
+        if (idx) {
+            fprintf(idx, "\n  }\n}\n");
+            if (fclose(idx) && !rc) rc = dcp_fail("index: write error");
+        }
+    }
+    free(refs);
+    return rc;
+}
+
+int mkmodel_write_llama2c(const ModelSpec *s, const char *path)
+{
+    if (mkmodel_check_spec(s)) return -1;
+    Config c;
+    mkmodel_config(s, &c);
+    if (c.n_heads * c.head_dim != c.dim) return dcp_fail("llama2.c format needs heads * head_dim == dim");
+    if (s->rope_theta != 10000.0f) return dcp_fail("llama2.c format has RoPE theta 10000 only");
+    FILE *f = fopen(path, "wb");
+    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    int32_t hdr[7] = {s->dim, s->hidden, s->layers, s->heads, s->kv_heads, s->tied ? s->vocab : -s->vocab,
+                      s->max_len};
+    int rc = write_all(f, hdr, sizeof hdr, path);
+    static const TensorKind order[] = {T_EMBED, T_RMS_ATT, T_WQ,      T_WK,   T_WV,       T_WO,
+                                       T_RMS_FFN, T_GATE, T_DOWN, T_UP, T_RMS_FINAL};
+    int D = c.head_dim;
+    for (size_t o = 0; o < sizeof order / sizeof *order && !rc; o++) {
+        TensorKind k = order[o];
+        int nl = tensor_is_per_layer(k) ? s->layers : 1;
+        for (int l = 0; l < nl && !rc; l++) {
+            int rows, cols;
+            tensor_full_shape(&c, k, &rows, &cols);
+            size_t cnt = (size_t)rows * cols;
+            float *buf = xmalloc(cnt * 4);
+            mkmodel_tensor(s, k, l, buf);
+            if (k == T_WQ || k == T_WK) {
+                /* llama2.c row h*D + 2i + j holds Hugging Face row h*D + j*D/2 + i */
+                float *perm = xmalloc(cnt * 4);
+                for (int r = 0; r < rows; r++) {
+                    int h = r / D, within = r % D, i = within / 2, j = within % 2;
+                    int src = h * D + j * (D / 2) + i;
+                    memcpy(perm + (size_t)r * cols, buf + (size_t)src * cols, (size_t)cols * 4);
+                }
+                free(buf);
+                buf = perm;
+            }
+            rc = write_all(f, buf, cnt * 4, path);
+            free(buf);
+        }
+    }
+    /* legacy freq_cis_real/imag, unused by readers */
+    size_t nfreq = (size_t)s->max_len * (D / 2) * 2;
+    float *zeros = xcalloc(nfreq, 4);
+    if (!rc) rc = write_all(f, zeros, nfreq * 4, path);
+    free(zeros);
+    if (!rc && !s->tied) {
+        int rows, cols;
+        tensor_full_shape(&c, T_LM_HEAD, &rows, &cols);
+        float *buf = xmalloc((size_t)rows * cols * 4);
+        mkmodel_tensor(s, T_LM_HEAD, 0, buf);
+        rc = write_all(f, buf, (size_t)rows * cols * 4, path);
+        free(buf);
+    }
+    if (fclose(f) && !rc) rc = dcp_fail("%s: write error", path);
+    return rc ? -1 : 0;
+}

@@ -1,0 +1,32 @@
+/* Deterministic test models of any shape: the same values can be held in
+ * memory (the default model), written in Hugging Face layout
+ * (config.json + safetensors) or as a llama2.c .bin checkpoint. */
+#ifndef DCP_MKMODEL_H
+#define DCP_MKMODEL_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct {
+    int layers, dim, heads, kv_heads, hidden, vocab, max_len;
+    int tied;          /* share token embedding and LM head */
+    int eos;           /* -1: none */
+    float rope_theta;
+    uint64_t seed;
+} ModelSpec;
+
+/* The model dcpinfer runs when no --model is given. */
+void mkmodel_default_spec(ModelSpec *s);
+int mkmodel_check_spec(const ModelSpec *s);
+void mkmodel_config(const ModelSpec *s, Config *c);
+
+/* Values of one full tensor in Hugging Face layout (rotate-half RoPE). */
+void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out);
+
+int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards);
+/* llama2.c v0 layout; Q/K rows are permuted to adjacent-pair RoPE order so
+ * that the two files describe the same model. */
+int mkmodel_write_llama2c(const ModelSpec *s, const char *path);
+
+#endif

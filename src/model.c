@@ -1,0 +1,373 @@
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mkmodel.h"
+#include "safetensors.h"
+#include "util.h"
+
+void balanced_part(int n, int p, int i, int *start, int *count)
+{
+    int base = n / p, rem = n % p;
+    *count = base + (i < rem);
+    *start = i * base + (i < rem ? i : rem);
+}
+
+void shard_init(Shard *s, const Config *c, int tp, int tp_rank)
+{
+    memset(s, 0, sizeof *s);
+    s->tp = tp;
+    s->tp_rank = tp_rank;
+    s->q_heads = c->n_heads / tp;
+    s->q_head0 = tp_rank * s->q_heads;
+    if (tp <= c->n_kv_heads) {
+        s->kv_heads = c->n_kv_heads / tp;
+        s->kv_head0 = tp_rank * s->kv_heads;
+    } else { /* each KV head is replicated on tp / n_kv_heads ranks */
+        s->kv_heads = 1;
+        s->kv_head0 = tp_rank / (tp / c->n_kv_heads);
+    }
+    balanced_part(c->hidden_dim, tp, tp_rank, &s->hidden0, &s->hidden);
+    balanced_part(c->vocab_size, tp, tp_rank, &s->vocab0, &s->vocab);
+}
+
+void tensor_full_shape(const Config *c, TensorKind k, int *rows, int *cols)
+{
+    int q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+    switch (k) {
+    case T_EMBED: case T_LM_HEAD: *rows = c->vocab_size; *cols = c->dim; break;
+    case T_RMS_ATT: case T_RMS_FFN: case T_RMS_FINAL: *rows = 1; *cols = c->dim; break;
+    case T_WQ: *rows = q; *cols = c->dim; break;
+    case T_WK: case T_WV: *rows = kv; *cols = c->dim; break;
+    case T_WO: *rows = c->dim; *cols = q; break;
+    case T_GATE: case T_UP: *rows = c->hidden_dim; *cols = c->dim; break;
+    case T_DOWN: *rows = c->dim; *cols = c->hidden_dim; break;
+    default: *rows = *cols = 0;
+    }
+}
+
+int tensor_is_per_layer(TensorKind k)
+{
+    return k != T_EMBED && k != T_RMS_FINAL && k != T_LM_HEAD;
+}
+
+void tensor_hf_name(TensorKind k, int layer, char *buf, size_t n)
+{
+    static const char *per_layer[] = {
+        [T_RMS_ATT] = "input_layernorm.weight",     [T_WQ] = "self_attn.q_proj.weight",
+        [T_WK] = "self_attn.k_proj.weight",         [T_WV] = "self_attn.v_proj.weight",
+        [T_WO] = "self_attn.o_proj.weight",         [T_RMS_FFN] = "post_attention_layernorm.weight",
+        [T_GATE] = "mlp.gate_proj.weight",          [T_UP] = "mlp.up_proj.weight",
+        [T_DOWN] = "mlp.down_proj.weight"};
+    if (k == T_EMBED) snprintf(buf, n, "model.embed_tokens.weight");
+    else if (k == T_RMS_FINAL) snprintf(buf, n, "model.norm.weight");
+    else if (k == T_LM_HEAD) snprintf(buf, n, "lm_head.weight");
+    else snprintf(buf, n, "model.layers.%d.%s", layer, per_layer[k]);
+}
+
+size_t model_param_count(const Config *c)
+{
+    size_t n = 0;
+    for (int k = 0; k < T_COUNT; k++) {
+        if (k == T_LM_HEAD && c->tied_embeddings) continue;
+        int r, cl;
+        tensor_full_shape(c, (TensorKind)k, &r, &cl);
+        n += (size_t)r * cl * (tensor_is_per_layer((TensorKind)k) ? c->n_layers : 1);
+    }
+    return n;
+}
+
+/* ---- config readers ---------------------------------------------------- */
+
+static int validate_config(const char *path, const Config *c)
+{
+    if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+        c->vocab_size <= 0 || c->max_seq_len <= 0 || c->head_dim <= 0)
+        return dcp_fail("%s: invalid model shape (dim %d hidden %d layers %d heads %d kv_heads %d head_dim %d "
+                        "vocab %d max_len %d)",
+                        path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
+                        c->vocab_size, c->max_seq_len);
+    if (c->n_heads % c->n_kv_heads)
+        return dcp_fail("%s: %d query heads are not a multiple of %d KV heads", path, c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2) return dcp_fail("%s: head_dim %d is odd; RoPE needs pairs", path, c->head_dim);
+    if (c->attn_bias) return dcp_fail("%s: attention bias (Qwen2-style) is not supported yet", path);
+    if (c->qk_norm) return dcp_fail("%s: per-head q/k norm (Qwen3-style) is not supported yet", path);
+    return 0;
+}
+
+/* llama2.c v0 header: dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+ * vocab_size (negative: separate classifier), seq_len. */
+static int read_llama2c_config(const char *path, Config *c, size_t *file_size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    int32_t h[7];
+    size_t got = fread(h, sizeof(int32_t), 7, f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    if (got != 7) return dcp_fail("%s: %ld bytes, too short for a llama2.c header", path, size);
+    memset(c, 0, sizeof *c);
+    c->dim = h[0];
+    c->hidden_dim = h[1];
+    c->n_layers = h[2];
+    c->n_heads = h[3];
+    c->n_kv_heads = h[4];
+    c->tied_embeddings = h[5] > 0;
+    c->vocab_size = h[5] > 0 ? h[5] : -h[5];
+    c->max_seq_len = h[6];
+    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
+    c->rope_theta = 10000.0f;
+    c->norm_eps = 1e-5f;
+    c->rope_style = ROPE_ADJACENT_PAIRS;
+    c->bos_id = 1;
+    c->eos_ids[0] = 1; /* run.c stops when the next token is BOS */
+    c->n_eos = 1;
+    c->format = FORMAT_LLAMA2C;
+    if (validate_config(path, c)) return -1;
+    *file_size = (size_t)size;
+    size_t need = 7 * 4 + 4 * (model_param_count(c) + (size_t)c->max_seq_len * c->head_dim);
+    if ((size_t)size < need)
+        return dcp_fail("%s: %ld bytes, but the header's shapes need %zu (truncated file?)", path, size, need);
+    return 0;
+}
+
+static int json_int_field(json_t *root, const char *key, int *out, int required, const char *path)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (required) return dcp_fail("%s: missing \"%s\"", path, key);
+        return 0;
+    }
+    if (!json_is_integer(v)) return dcp_fail("%s: \"%s\" must be an integer", path, key);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int read_hf_config(const char *dir, Config *c)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) return dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
+    memset(c, 0, sizeof *c);
+    c->rope_style = ROPE_ROTATE_HALF;
+    c->format = FORMAT_HF;
+    c->bos_id = -1;
+    int rc = json_int_field(root, "hidden_size", &c->dim, 1, path) ||
+             json_int_field(root, "intermediate_size", &c->hidden_dim, 1, path) ||
+             json_int_field(root, "num_hidden_layers", &c->n_layers, 1, path) ||
+             json_int_field(root, "num_attention_heads", &c->n_heads, 1, path) ||
+             json_int_field(root, "vocab_size", &c->vocab_size, 1, path);
+    c->n_kv_heads = c->n_heads;
+    c->max_seq_len = 2048;
+    rc = rc || json_int_field(root, "num_key_value_heads", &c->n_kv_heads, 0, path) ||
+         json_int_field(root, "max_position_embeddings", &c->max_seq_len, 0, path) ||
+         json_int_field(root, "bos_token_id", &c->bos_id, 0, path);
+    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
+    rc = rc || json_int_field(root, "head_dim", &c->head_dim, 0, path);
+    json_t *v = json_object_get(root, "rope_theta");
+    c->rope_theta = json_is_number(v) ? (float)json_number_value(v) : 10000.0f;
+    v = json_object_get(root, "rms_norm_eps");
+    c->norm_eps = json_is_number(v) ? (float)json_number_value(v) : 1e-6f;
+    v = json_object_get(root, "tie_word_embeddings");
+    c->tied_embeddings = json_is_true(v);
+    c->attn_bias = json_is_true(json_object_get(root, "attention_bias"));
+    v = json_object_get(root, "model_type");
+    if (json_is_string(v) && !strcmp(json_string_value(v), "qwen2") && !json_object_get(root, "attention_bias"))
+        c->attn_bias = 1;
+    if (json_is_string(v) && !strncmp(json_string_value(v), "qwen3", 5)) c->qk_norm = 1;
+    v = json_object_get(root, "eos_token_id");
+    if (json_is_integer(v)) {
+        c->eos_ids[c->n_eos++] = (int)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) if (json_is_integer(e) && c->n_eos < 8) c->eos_ids[c->n_eos++] =
+            (int)json_integer_value(e);
+    }
+    json_decref(root);
+    if (rc) return -1;
+    return validate_config(path, c);
+}
+
+int model_read_config(const char *path, Config *cfg)
+{
+    if (!path) {
+        ModelSpec s;
+        mkmodel_default_spec(&s);
+        mkmodel_config(&s, cfg);
+        return 0;
+    }
+    if (!path_exists(path)) return dcp_fail("%s: model path does not exist", path);
+    if (path_is_dir(path)) return read_hf_config(path, cfg);
+    size_t size;
+    return read_llama2c_config(path, cfg, &size);
+}
+
+/* ---- weight sources ---------------------------------------------------- */
+
+/* A source copies a slice of one full tensor (HF row/column order for the
+ * generated and HF formats, llama2.c order for .bin) into fp32. */
+typedef struct {
+    const Config *cfg;
+    const char *path;
+    /* llama2.c: mmapped file and the offset of each tensor kind */
+    const unsigned char *map;
+    size_t map_size;
+    size_t offset[T_COUNT];
+    /* HF */
+    StCheckpoint ck;
+    /* generated */
+    ModelSpec spec;
+} Source;
+
+static int source_read(Source *src, TensorKind k, int layer, int row0, int nrows, int col0, int ncols, float *dst)
+{
+    const Config *c = src->cfg;
+    int rows, cols;
+    tensor_full_shape(c, k, &rows, &cols);
+    if (k == T_LM_HEAD && c->tied_embeddings) k = T_EMBED;
+    switch (c->format) {
+    case FORMAT_GENERATED: {
+        float *full = xmalloc((size_t)rows * cols * sizeof(float));
+        mkmodel_tensor(&src->spec, k, layer, full);
+        for (int r = 0; r < nrows; r++)
+            memcpy(dst + (size_t)r * ncols, full + (size_t)(row0 + r) * cols + col0, (size_t)ncols * 4);
+        free(full);
+        return 0;
+    }
+    case FORMAT_LLAMA2C: {
+        const unsigned char *base = src->map + src->offset[k] + (size_t)layer * rows * cols * 4;
+        for (int r = 0; r < nrows; r++)
+            memcpy(dst + (size_t)r * ncols, base + ((size_t)(row0 + r) * cols + col0) * 4, (size_t)ncols * 4);
+        return 0;
+    }
+    case FORMAT_HF: {
+        char name[128];
+        tensor_hf_name(k, layer, name, sizeof name);
+        const StTensor *t = st_find(&src->ck, name);
+        if (!t) return dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, name);
+        int64_t trows = t->ndim == 1 ? 1 : t->shape[0], tcols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+        if (t->ndim > 2 || trows != rows || tcols != cols)
+            return dcp_fail("%s: tensor '%s' has shape [%lld, %lld], config.json implies [%d, %d]", src->path, name,
+                            (long long)trows, (long long)tcols, rows, cols);
+        return st_read_f32(t, row0, nrows, col0, ncols, dst);
+    }
+    }
+    return -1;
+}
+
+static int source_open(Source *src, const char *path, const Config *c)
+{
+    memset(src, 0, sizeof *src);
+    src->cfg = c;
+    src->path = path ? path : "(generated default model)";
+    if (c->format == FORMAT_GENERATED) {
+        mkmodel_default_spec(&src->spec);
+        return 0;
+    }
+    if (c->format == FORMAT_HF) return st_checkpoint_open(&src->ck, path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return dcp_fail("%s: %s", path, strerror(errno));
+    struct stat st;
+    fstat(fd, &st);
+    src->map_size = (size_t)st.st_size;
+    void *m = mmap(NULL, src->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return dcp_fail("%s: mmap: %s", path, strerror(errno));
+    src->map = m;
+    /* llama2.c v0 order: embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2,
+     * w3, rms_final, freq_cis (skipped), classifier */
+    static const TensorKind order[] = {T_EMBED, T_RMS_ATT, T_WQ,   T_WK, T_WV,       T_WO,
+                                       T_RMS_FFN, T_GATE, T_DOWN, T_UP, T_RMS_FINAL};
+    size_t off = 7 * 4;
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        int r, cl;
+        tensor_full_shape(c, order[i], &r, &cl);
+        src->offset[order[i]] = off;
+        off += (size_t)r * cl * 4 * (tensor_is_per_layer(order[i]) ? c->n_layers : 1);
+    }
+    off += (size_t)c->max_seq_len * c->head_dim * 4; /* freq_cis_real + imag */
+    src->offset[T_LM_HEAD] = off;
+    return 0;
+}
+
+static void source_close(Source *src)
+{
+    if (src->map) munmap((void *)src->map, src->map_size);
+    st_checkpoint_close(&src->ck);
+}
+
+static float *owned_alloc(Weights *w, size_t nfloats)
+{
+    w->owned = xrealloc(w->owned, sizeof(void *) * (size_t)(w->n_owned + 1));
+    float *p = xmalloc(nfloats * sizeof(float));
+    w->owned[w->n_owned++] = p;
+    return p;
+}
+
+/* Loads rows [row0, row0+nrows) x cols [col0, col0+ncols) of a tensor kind for
+ * every layer it has, into one (layer, nrows, ncols) buffer. */
+static int load_kind(Source *src, Weights *w, float **dst, TensorKind k, int row0, int nrows, int col0, int ncols)
+{
+    int nl = tensor_is_per_layer(k) ? src->cfg->n_layers : 1;
+    size_t per = (size_t)nrows * ncols;
+    *dst = owned_alloc(w, per * nl);
+    for (int l = 0; l < nl; l++)
+        if (source_read(src, k, l, row0, nrows, col0, ncols, *dst + per * l)) return -1;
+    return 0;
+}
+
+int model_load(Model *m, const char *path, int tp, int tp_rank)
+{
+    memset(m, 0, sizeof *m);
+    if (model_read_config(path, &m->cfg)) return -1;
+    m->path = xstrdup(path ? path : "(generated default model)");
+    const Config *c = &m->cfg;
+    shard_init(&m->shard, c, tp, tp_rank);
+    const Shard *s = &m->shard;
+    Source src;
+    if (source_open(&src, path, c)) {
+        model_free(m);
+        return -1;
+    }
+    int D = c->head_dim, dim = c->dim;
+    Weights *w = &m->w;
+    int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim) ||
+             load_kind(&src, w, &w->rms_att, T_RMS_ATT, 0, 1, 0, dim) ||
+             load_kind(&src, w, &w->wq, T_WQ, s->q_head0 * D, s->q_heads * D, 0, dim) ||
+             load_kind(&src, w, &w->wk, T_WK, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
+             load_kind(&src, w, &w->wv, T_WV, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
+             load_kind(&src, w, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D) ||
+             load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim) ||
+             load_kind(&src, w, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
+             load_kind(&src, w, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
+             load_kind(&src, w, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden) ||
+             load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
+             load_kind(&src, w, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
+    source_close(&src);
+    if (rc) {
+        model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+void model_free(Model *m)
+{
+    for (int i = 0; i < m->w.n_owned; i++) free(m->w.owned[i]);
+    free(m->w.owned);
+    free(m->path);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,162 @@
+#include "options.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "util.h"
+
+enum {
+    OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
+    OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
+    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM
+};
+
+static const struct option long_opts[] = {
+    {"model", required_argument, 0, OPT_MODEL},
+    {"tokenizer", required_argument, 0, OPT_TOKENIZER},
+    {"output", required_argument, 0, OPT_OUTPUT},
+    {"backend", required_argument, 0, OPT_BACKEND},
+    {"cpu-gemm", required_argument, 0, OPT_CPU_GEMM},
+    {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
+    {"temperature", required_argument, 0, OPT_TEMPERATURE},
+    {"top-p", required_argument, 0, OPT_TOP_P},
+    {"seed", required_argument, 0, OPT_SEED},
+    {"max-model-len", required_argument, 0, OPT_MAX_MODEL_LEN},
+    {"max-num-seqs", required_argument, 0, OPT_MAX_NUM_SEQS},
+    {"max-num-batched-tokens", required_argument, 0, OPT_MAX_BATCHED},
+    {"skip-invalid", no_argument, 0, OPT_SKIP_INVALID},
+    {"progress", no_argument, 0, OPT_PROGRESS},
+    {"no-progress", no_argument, 0, OPT_NO_PROGRESS},
+    {"quiet", no_argument, 0, OPT_QUIET},
+    {"help", no_argument, 0, OPT_HELP},
+    {"version", no_argument, 0, OPT_VERSION},
+    {0, 0, 0, 0},
+};
+
+void options_usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: mpirun -np N dcpinfer [OPTIONS] PROMPTS.jsonl\n"
+            "       dcpinfer [OPTIONS] PROMPTS.jsonl\n"
+            "\n"
+            "Batch inference for Llama-family models. PROMPTS.jsonl holds one JSON request per line:\n"
+            "  {\"id\": \"a\", \"prompt\": \"text\", \"max_tokens\": 64, \"temperature\": 0}\n"
+            "  {\"id\": \"b\", \"prompt_token_ids\": [1, 403, 407], \"seed\": 7, \"stop_token_ids\": [2]}\n"
+            "or OpenAI batch lines ({\"custom_id\": ..., \"body\": {\"prompt\": ..., \"max_tokens\": ...}}).\n"
+            "Results and timings go to an HDF5 file (see README, \"Output file\").\n"
+            "\n"
+            "Model:\n"
+            "  --model PATH             llama2.c .bin checkpoint, or a Hugging Face directory with\n"
+            "                           config.json and model.safetensors (or a sharded index).\n"
+            "                           Default: a small generated model (no tokenizer).\n"
+            "  --tokenizer PATH         llama2.c tokenizer .bin, needed for text prompts. Default:\n"
+            "                           tokenizer.bin beside a .bin model, if present.\n"
+            "  --max-model-len N        context limit, prompt + output tokens (default: the model's)\n"
+            "  --backend NAME           cpu (default) or cuda\n"
+            "  --cpu-gemm KIND          invariant (default): a request's results never depend on the\n"
+            "                           rest of its batch; openblas: OpenBLAS sgemm, faster for\n"
+            "                           large prefills, rounding varies with the batch\n"
+            "\n"
+            "Sampling defaults (a request's own fields win):\n"
+            "  --max-tokens N           tokens to generate per request (default 16)\n"
+            "  --temperature T          0 is greedy (default 1.0)\n"
+            "  --top-p P                nucleus sampling mass in (0, 1] (default 1.0)\n"
+            "  --seed N                 run seed; a request without \"seed\" derives one from it and\n"
+            "                           its line number (default 0)\n"
+            "\n"
+            "Batching:\n"
+            "  --max-num-seqs N         requests decoding together (default 256)\n"
+            "  --max-num-batched-tokens N  tokens per forward pass (default 2048)\n"
+            "\n"
+            "Input and output:\n"
+            "  --output FILE            HDF5 results file (default dcpinfer.h5)\n"
+            "  --skip-invalid           record a bad prompt line as a failed request and go on,\n"
+            "                           instead of stopping before the model is loaded\n"
+            "  --progress, --no-progress  progress line on stderr (default: when it is a terminal)\n"
+            "  --quiet                  no per-request lines on stdout\n"
+            "  --help, --version\n"
+            "\n"
+            "Threads per rank default to the node's cores divided by the ranks on the node;\n"
+            "OMP_NUM_THREADS overrides.\n");
+}
+
+static int parse_int(const char *opt, const char *s, int lo, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > 1 << 30)
+        return dcp_fail("%s: '%s' is not an integer >= %d", opt, s, lo);
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *opt, const char *s, float lo, float hi, int lo_open, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || v < lo || v > hi || (lo_open && v == lo))
+        return dcp_fail("%s: '%s' is not a number in %s%g, %g]", opt, s, lo_open ? "(" : "[", lo, hi);
+    *out = (float)v;
+    return 0;
+}
+
+int options_parse(Options *o, int argc, char **argv, int print)
+{
+    *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .max_tokens = 16, .temperature = 1.0f,
+                   .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1};
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case OPT_MODEL: o->model = optarg; break;
+        case OPT_TOKENIZER: o->tokenizer = optarg; break;
+        case OPT_OUTPUT: o->output = optarg; break;
+        case OPT_BACKEND: o->backend = optarg; break;
+        case OPT_CPU_GEMM: o->cpu_gemm = optarg; break;
+        case OPT_MAX_TOKENS: rc = parse_int("--max-tokens", optarg, 1, &o->max_tokens); break;
+        case OPT_TEMPERATURE: rc = parse_float("--temperature", optarg, 0, 1e6f, 0, &o->temperature); break;
+        case OPT_TOP_P: rc = parse_float("--top-p", optarg, 0, 1, 1, &o->top_p); break;
+        case OPT_SEED: {
+            char *end;
+            errno = 0;
+            o->seed = strtoull(optarg, &end, 10);
+            if (errno || *end || end == optarg || optarg[0] == '-')
+                rc = dcp_fail("--seed: '%s' is not a non-negative integer", optarg);
+            break;
+        }
+        case OPT_MAX_MODEL_LEN: rc = parse_int("--max-model-len", optarg, 2, &o->max_model_len); break;
+        case OPT_MAX_NUM_SEQS: rc = parse_int("--max-num-seqs", optarg, 1, &o->max_num_seqs); break;
+        case OPT_MAX_BATCHED: rc = parse_int("--max-num-batched-tokens", optarg, 1, &o->max_batched_tokens); break;
+        case OPT_SKIP_INVALID: o->skip_invalid = 1; break;
+        case OPT_PROGRESS: o->progress = 1; break;
+        case OPT_NO_PROGRESS: o->progress = 0; break;
+        case OPT_QUIET: o->quiet = 1; break;
+        case OPT_HELP:
+            if (print) options_usage(stdout);
+            return 1;
+        case OPT_VERSION:
+            if (print) printf("%s %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+            return 1;
+        default:
+            if (optopt >= OPT_MODEL) return dcp_fail("%s needs a value (see --help)", argv[optind - 1]);
+            return dcp_fail("unknown option '%s' (see --help)", argv[optind - 1]);
+        }
+        if (rc) return -1;
+    }
+    if (optind >= argc) return dcp_fail("no prompt file given (usage: dcpinfer [OPTIONS] PROMPTS.jsonl)");
+    if (optind + 1 < argc) return dcp_fail("one prompt file expected, got '%s' and '%s'", argv[optind], argv[optind + 1]);
+    o->prompts = argv[optind];
+    if (o->max_num_seqs > o->max_batched_tokens)
+        return dcp_fail("--max-num-seqs %d exceeds --max-num-batched-tokens %d: every running request needs "
+                        "a token in each step",
+                        o->max_num_seqs, o->max_batched_tokens);
+    return 0;
+}

@@ -1,0 +1,31 @@
+/* Command-line options of dcpinfer; names follow vLLM where it has one. */
+#ifndef DCP_OPTIONS_H
+#define DCP_OPTIONS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    const char *prompts;
+    const char *model;     /* NULL: generated default model */
+    const char *tokenizer;
+    const char *output;
+    const char *backend;
+    const char *cpu_gemm;  /* invariant | openblas */
+    int max_tokens;
+    float temperature;
+    float top_p;
+    uint64_t seed;
+    int max_model_len;     /* 0: the model's */
+    int max_num_seqs;
+    int max_batched_tokens;
+    int skip_invalid;
+    int progress;          /* -1: when stderr is a terminal */
+    int quiet;
+} Options;
+
+/* 0: run; 1: --help or --version printed, exit 0; -1: error in dcp_error(). */
+int options_parse(Options *o, int argc, char **argv, int print);
+void options_usage(FILE *f);
+
+#endif

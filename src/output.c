@@ -1,0 +1,195 @@
+#include "output.h"
+
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "util.h"
+
+static int write_array(hid_t g, const char *name, hid_t type, const void *data, size_t n)
+{
+    hsize_t dims[1] = {n};
+    hid_t sp = H5Screate_simple(1, dims, NULL);
+    hid_t ds = H5Dcreate2(g, name, type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t st = ds < 0 ? -1 : (n ? H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) : 0);
+    if (ds >= 0) H5Dclose(ds);
+    H5Sclose(sp);
+    return st < 0 ? dcp_fail("HDF5: cannot write dataset %s", name) : 0;
+}
+
+static hid_t string_type(void)
+{
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, H5T_VARIABLE);
+    H5Tset_cset(t, H5T_CSET_UTF8);
+    return t;
+}
+
+static int write_strings(hid_t g, const char *name, const char *const *s, size_t n)
+{
+    hid_t t = string_type();
+    int rc = write_array(g, name, t, s, n);
+    H5Tclose(t);
+    return rc;
+}
+
+static void attr_str(hid_t obj, const char *name, const char *v)
+{
+    hid_t t = string_type();
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, t, &v);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+}
+
+static void attr_num(hid_t obj, const char *name, hid_t type, const void *v)
+{
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(obj, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, type, v);
+    H5Aclose(a);
+    H5Sclose(sp);
+}
+
+static void attr_int(hid_t obj, const char *name, long long v) { attr_num(obj, name, H5T_NATIVE_LLONG, &v); }
+
+static void write_root_attrs(hid_t f, const RunInfo *in)
+{
+    const Config *c = in->cfg;
+    static const char *formats[] = {"generated", "llama2c", "huggingface"};
+    attr_str(f, "program", PACKAGE_NAME);
+    attr_str(f, "version", PACKAGE_VERSION);
+    attr_str(f, "model_path", in->model_path);
+    attr_str(f, "model_format", formats[c->format]);
+    attr_str(f, "prompts_path", in->prompts_path);
+    attr_int(f, "dim", c->dim);
+    attr_int(f, "hidden_dim", c->hidden_dim);
+    attr_int(f, "n_layers", c->n_layers);
+    attr_int(f, "n_heads", c->n_heads);
+    attr_int(f, "n_kv_heads", c->n_kv_heads);
+    attr_int(f, "head_dim", c->head_dim);
+    attr_int(f, "vocab_size", c->vocab_size);
+    attr_int(f, "max_model_len", in->max_model_len);
+    attr_int(f, "world_size", in->world_size);
+    attr_int(f, "tp", in->tp);
+    attr_int(f, "dcp", in->dcp);
+    attr_int(f, "dp", in->dp);
+    attr_int(f, "threads_per_rank", in->threads_per_rank);
+    attr_str(f, "backend", in->backend);
+    unsigned long long seed = in->seed;
+    attr_num(f, "seed", H5T_NATIVE_ULLONG, &seed);
+    char when[64];
+    time_t now = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    attr_str(f, "created", when);
+}
+
+static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char *const *texts)
+{
+    int n = rs->n;
+    hid_t g = H5Gcreate2(f, "requests", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0) return dcp_fail("HDF5: cannot create /requests");
+    const char **ids = xmalloc(sizeof(char *) * (n + 1));
+    const char **fin = xmalloc(sizeof(char *) * (n + 1));
+    const char **err = xmalloc(sizeof(char *) * (n + 1));
+    int *line = xmalloc(sizeof(int) * (n + 1));
+    int64_t *poff = xmalloc(sizeof(int64_t) * (n + 1)), *ooff = xmalloc(sizeof(int64_t) * (n + 1));
+    double *ttft = xmalloc(sizeof(double) * (n + 1)), *tpot = xmalloc(sizeof(double) * (n + 1)),
+           *e2e = xmalloc(sizeof(double) * (n + 1));
+    poff[0] = ooff[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const Request *q = &rs->r[i];
+        ids[i] = q->id;
+        fin[i] = res[i].finish_reason ? res[i].finish_reason : "error";
+        err[i] = q->error ? q->error : "";
+        line[i] = q->line;
+        poff[i + 1] = poff[i] + (q->prompt_tokens ? q->n_prompt : 0);
+        ooff[i + 1] = ooff[i] + res[i].n;
+        ttft[i] = res[i].ttft_s;
+        tpot[i] = res[i].tpot_s;
+        e2e[i] = res[i].e2e_s;
+    }
+    int *ptok = xmalloc(sizeof(int) * (size_t)(poff[n] + 1)), *otok = xmalloc(sizeof(int) * (size_t)(ooff[n] + 1));
+    for (int i = 0; i < n; i++) {
+        if (rs->r[i].prompt_tokens)
+            memcpy(ptok + poff[i], rs->r[i].prompt_tokens, sizeof(int) * (size_t)(poff[i + 1] - poff[i]));
+        if (res[i].n) memcpy(otok + ooff[i], res[i].tokens, sizeof(int) * (size_t)res[i].n);
+    }
+    int rc = write_strings(g, "id", ids, n) || write_array(g, "line", H5T_NATIVE_INT, line, n) ||
+             write_array(g, "prompt_offsets", H5T_NATIVE_INT64, poff, n + 1) ||
+             write_array(g, "prompt_tokens", H5T_NATIVE_INT, ptok, (size_t)poff[n]) ||
+             write_array(g, "output_offsets", H5T_NATIVE_INT64, ooff, n + 1) ||
+             write_array(g, "output_tokens", H5T_NATIVE_INT, otok, (size_t)ooff[n]) ||
+             write_strings(g, "text", (const char *const *)texts, n) ||
+             write_strings(g, "finish_reason", fin, n) || write_strings(g, "error", err, n) ||
+             write_array(g, "ttft_s", H5T_NATIVE_DOUBLE, ttft, n) ||
+             write_array(g, "tpot_s", H5T_NATIVE_DOUBLE, tpot, n) ||
+             write_array(g, "e2e_s", H5T_NATIVE_DOUBLE, e2e, n);
+    free(ids);
+    free(fin);
+    free(err);
+    free(line);
+    free(poff);
+    free(ooff);
+    free(ttft);
+    free(tpot);
+    free(e2e);
+    free(ptok);
+    free(otok);
+    H5Gclose(g);
+    return rc ? -1 : 0;
+}
+
+static int write_timings(hid_t f, const double *timings, int world)
+{
+    hid_t g = H5Gcreate2(f, "timings", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0) return dcp_fail("HDF5: cannot create /timings");
+    attr_str(g, "units", "seconds per rank (index = world rank)");
+    double *col = xmalloc(sizeof(double) * (size_t)world);
+    int rc = 0;
+    for (int p = 0; p < TIMING_N && !rc; p++) {
+        for (int r = 0; r < world; r++) col[r] = timings[(size_t)r * TIMING_N + p];
+        rc = write_array(g, timing_names[p], H5T_NATIVE_DOUBLE, col, (size_t)world);
+    }
+    free(col);
+    H5Gclose(g);
+    return rc;
+}
+
+int output_check_writable(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? xstrdup(path) : xstrdup(".");
+    if (slash) dir[slash - path + (slash == path)] = '\0';
+    int ok = path_is_dir(dir) && access(dir, W_OK) == 0;
+    int rc = ok ? 0 : dcp_fail("%s: cannot create the output file (folder %s missing or not writable)", path, dir);
+    free(dir);
+    return rc;
+}
+
+int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
+                 char *const *texts, const double *timings)
+{
+    size_t n = strlen(path) + 32;
+    char *tmp = xmalloc(n);
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own one-line messages instead of HDF5's trace */
+    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) {
+        free(tmp);
+        return dcp_fail("%s: cannot create the output file (directory missing or not writable?)", path);
+    }
+    write_root_attrs(f, info);
+    int rc = write_requests(f, rs, res, texts) || write_timings(f, timings, info->world_size);
+    if (H5Fclose(f) < 0 && !rc) rc = dcp_fail("%s: HDF5 close failed", tmp);
+    if (!rc && rename(tmp, path)) rc = dcp_fail("%s: cannot rename %s into place", path, tmp);
+    if (rc) unlink(tmp);
+    free(tmp);
+    return rc ? -1 : 0;
+}

@@ -1,0 +1,245 @@
+#include "requests.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+void request_fail(Request *r, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    free(r->error);
+    r->error = xstrdup(buf);
+}
+
+static int int_array(json_t *a, int **out, int *n, const char *field, char *why, size_t wn)
+{
+    if (!json_is_array(a)) {
+        snprintf(why, wn, "wrong field type: \"%s\" must be an array of integers", field);
+        return -1;
+    }
+    size_t i;
+    json_t *e;
+    *n = (int)json_array_size(a);
+    *out = xmalloc(sizeof(int) * (size_t)(*n ? *n : 1));
+    json_array_foreach(a, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < INT32_MIN || json_integer_value(e) > INT32_MAX) {
+            snprintf(why, wn, "wrong field type: \"%s\"[%zu] is not a 32-bit integer", field, i);
+            free(*out);
+            *out = NULL;
+            return -1;
+        }
+        (*out)[i] = (int)json_integer_value(e);
+    }
+    return 0;
+}
+
+static const char *plain_keys[] = {"id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p",
+                                   "seed", "stop_token_ids", NULL};
+
+/* Fills r from a request object (plain line, or an OpenAI body). */
+static int parse_fields(json_t *o, Request *r, int strict, char *why, size_t wn)
+{
+    if (strict) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(o, k, v)
+        {
+            int known = 0;
+            for (int i = 0; plain_keys[i] && !known; i++) known = !strcmp(k, plain_keys[i]);
+            if (!known) {
+                snprintf(why, wn, "unknown field \"%s\"", k);
+                return -1;
+            }
+        }
+    }
+    json_t *p = json_object_get(o, "prompt"), *ids = json_object_get(o, "prompt_token_ids");
+    if (json_object_get(o, "messages")) {
+        snprintf(why, wn, "chat \"messages\" are not supported; give \"prompt\" or \"prompt_token_ids\"");
+        return -1;
+    }
+    if (p && ids) {
+        snprintf(why, wn, "give either \"prompt\" or \"prompt_token_ids\", not both");
+        return -1;
+    }
+    if (!p && !ids) {
+        snprintf(why, wn, "missing \"prompt\" or \"prompt_token_ids\"");
+        return -1;
+    }
+    if (p && json_is_string(p)) {
+        r->prompt = xstrdup(json_string_value(p));
+    } else if (p && json_is_array(p)) { /* OpenAI completions also take token ids as "prompt" */
+        if (int_array(p, &r->prompt_tokens, &r->n_prompt, "prompt", why, wn)) return -1;
+    } else if (p) {
+        snprintf(why, wn, "wrong field type: \"prompt\" must be a string or an array of token ids");
+        return -1;
+    } else if (int_array(ids, &r->prompt_tokens, &r->n_prompt, "prompt_token_ids", why, wn)) {
+        return -1;
+    }
+    if (!r->prompt && r->n_prompt == 0) {
+        snprintf(why, wn, "empty token id list");
+        return -1;
+    }
+    json_t *v;
+    if ((v = json_object_get(o, "max_tokens")) && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX) {
+            snprintf(why, wn, "\"max_tokens\" must be a positive integer");
+            return -1;
+        }
+        r->max_tokens = (int)json_integer_value(v);
+    }
+    if ((v = json_object_get(o, "temperature")) && !json_is_null(v)) {
+        if (!json_is_number(v) || json_number_value(v) < 0 || !isfinite(json_number_value(v))) {
+            snprintf(why, wn, "\"temperature\" must be a number >= 0");
+            return -1;
+        }
+        r->temperature = (float)json_number_value(v);
+    }
+    if ((v = json_object_get(o, "top_p")) && !json_is_null(v)) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0 && json_number_value(v) <= 1)) {
+            snprintf(why, wn, "\"top_p\" must be a number in (0, 1]");
+            return -1;
+        }
+        r->top_p = (float)json_number_value(v);
+    }
+    if ((v = json_object_get(o, "seed")) && !json_is_null(v)) {
+        if (!json_is_integer(v)) {
+            snprintf(why, wn, "wrong field type: \"seed\" must be an integer");
+            return -1;
+        }
+        r->seed = (uint64_t)json_integer_value(v);
+    }
+    if ((v = json_object_get(o, "stop_token_ids")) && !json_is_null(v))
+        if (int_array(v, &r->stop_ids, &r->n_stop, "stop_token_ids", why, wn)) return -1;
+    return 0;
+}
+
+static char *id_text(json_t *v)
+{
+    char buf[64];
+    if (json_is_string(v)) return xstrdup(json_string_value(v));
+    snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
+    return xstrdup(buf);
+}
+
+static int parse_line(json_t *o, Request *r, char *why, size_t wn)
+{
+    if (!json_is_object(o)) {
+        snprintf(why, wn, "a request must be a JSON object");
+        return -1;
+    }
+    json_t *body = json_object_get(o, "body");
+    json_t *idv = json_object_get(o, body ? "custom_id" : "id");
+    if (idv && !json_is_string(idv) && !json_is_integer(idv)) {
+        snprintf(why, wn, "wrong field type: \"%s\" must be a string or an integer", body ? "custom_id" : "id");
+        return -1;
+    }
+    if (idv) r->id = id_text(idv);
+    if (body) {
+        if (!json_is_object(body)) {
+            snprintf(why, wn, "wrong field type: \"body\" must be an object");
+            return -1;
+        }
+        return parse_fields(body, r, 0, why, wn);
+    }
+    return parse_fields(o, r, 1, why, wn);
+}
+
+int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *set)
+{
+    memset(set, 0, sizeof *set);
+    FILE *f = fopen(path, "r");
+    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    set->path = xstrdup(path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int lineno = 0, cap_r = 0, rc = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        size_t i = 0;
+        while (i < (size_t)len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n')) i++;
+        if (i == (size_t)len) continue; /* blank line */
+        if (set->n == cap_r) set->r = xrealloc(set->r, sizeof(Request) * (size_t)(cap_r = cap_r ? 2 * cap_r : 64));
+        Request *r = &set->r[set->n++];
+        memset(r, 0, sizeof *r);
+        r->line = lineno;
+        r->max_tokens = d->max_tokens;
+        r->temperature = d->temperature;
+        r->top_p = d->top_p;
+        /* a request without a seed gets one from the run seed and its line,
+         * so its samples do not depend on the other requests */
+        uint64_t s = d->seed ^ ((uint64_t)lineno * 0x9E3779B97F4A7C15ull);
+        r->seed = splitmix64(&s);
+        char why[400] = "";
+        json_error_t jerr;
+        json_t *o = json_loadb(line, (size_t)len, 0, &jerr);
+        if (!o) snprintf(why, sizeof why, "invalid JSON: %s (column %d)", jerr.text, jerr.column);
+        else parse_line(o, r, why, sizeof why);
+        json_decref(o);
+        if (!r->id) {
+            char buf[32];
+            snprintf(buf, sizeof buf, "line-%d", lineno);
+            r->id = xstrdup(buf);
+        }
+        if (!why[0])
+            for (int j = 0; j < set->n - 1; j++)
+                if (!strcmp(set->r[j].id, r->id)) {
+                    snprintf(why, sizeof why, "duplicate id \"%s\" (first on line %d)", r->id, set->r[j].line);
+                    break;
+                }
+        if (why[0]) {
+            request_fail(r, "%s:%d: %s", path, lineno, why);
+            if (!skip_invalid) {
+                rc = dcp_fail("%s", r->error);
+                break;
+            }
+        }
+    }
+    free(line);
+    fclose(f);
+    if (rc == 0 && set->n == 0) rc = dcp_fail("%s: no requests (the prompt file is empty)", path);
+    if (rc) requests_free(set);
+    return rc;
+}
+
+int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid)
+{
+    for (int i = 0; i < set->n; i++) {
+        Request *r = &set->r[i];
+        if (r->error || r->prompt) continue;
+        for (int j = 0; j < r->n_prompt; j++) {
+            if (r->prompt_tokens[j] >= 0 && r->prompt_tokens[j] < vocab) continue;
+            request_fail(r, "%s:%d: token id %d at position %d is outside the vocabulary [0, %d)", set->path,
+                         r->line, r->prompt_tokens[j], j, vocab);
+            if (!skip_invalid) return dcp_fail("%s", r->error);
+            break;
+        }
+    }
+    return 0;
+}
+
+void requests_free(RequestSet *set)
+{
+    for (int i = 0; i < set->n; i++) {
+        Request *r = &set->r[i];
+        free(r->id);
+        free(r->prompt);
+        free(r->prompt_tokens);
+        free(r->stop_ids);
+        free(r->error);
+    }
+    free(set->r);
+    free(set->path);
+    memset(set, 0, sizeof *set);
+}

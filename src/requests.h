@@ -1,0 +1,46 @@
+/* The prompt file: one JSON request per line, in dcpinfer's own form
+ *   {"id": ..., "prompt": "text" | "prompt_token_ids": [..], "max_tokens": N, ...}
+ * or the OpenAI batch form ({"custom_id": ..., "body": {"prompt": ...}}). */
+#ifndef DCP_REQUESTS_H
+#define DCP_REQUESTS_H
+
+#include <stdint.h>
+
+typedef struct {
+    int max_tokens;
+    float temperature;
+    float top_p;
+    uint64_t seed; /* run seed; a request without "seed" derives its own from it */
+} RequestDefaults;
+
+typedef struct {
+    char *id;
+    int line;            /* 1-based line in the prompt file */
+    char *prompt;        /* text, or NULL when token ids were given */
+    int *prompt_tokens;  /* given ids, or the tokenizer's once encoded */
+    int n_prompt;
+    int max_tokens;
+    float temperature;
+    float top_p;
+    uint64_t seed;
+    int *stop_ids;
+    int n_stop;
+    char *error;         /* set: the request failed with this reason */
+} Request;
+
+typedef struct {
+    Request *r;
+    int n;
+    char *path;
+} RequestSet;
+
+/* Reads and validates every line. A bad line is "FILE:LINE: reason": with
+ * skip_invalid it becomes a failed request and reading goes on, otherwise
+ * reading stops with -1 and dcp_error() holds the message. */
+int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *set);
+/* Token ids outside [0, vocab) are input errors of the same kind. */
+int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid);
+void request_fail(Request *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void requests_free(RequestSet *set);
+
+#endif

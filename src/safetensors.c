@@ -1,0 +1,239 @@
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* A header larger than this is not a checkpoint header but a corrupt length. */
+#define ST_MAX_HEADER (100u << 20)
+
+static int dtype_parse(const char *s, StDtype *d, size_t *size)
+{
+    if (!strcmp(s, "F32")) { *d = ST_F32; *size = 4; return 0; }
+    if (!strcmp(s, "F16")) { *d = ST_F16; *size = 2; return 0; }
+    if (!strcmp(s, "BF16")) { *d = ST_BF16; *size = 2; return 0; }
+    return -1;
+}
+
+static int parse_entry(StFile *f, const char *name, json_t *e, const unsigned char *data, size_t data_len)
+{
+    StTensor *t = &f->tensors[f->n];
+    json_t *jd = json_object_get(e, "dtype");
+    json_t *js = json_object_get(e, "shape");
+    json_t *jo = json_object_get(e, "data_offsets");
+    if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) || json_array_size(jo) != 2)
+        return dcp_fail("%s: tensor '%s': header entry needs dtype, shape and data_offsets", f->path, name);
+    size_t esize;
+    if (dtype_parse(json_string_value(jd), &t->dtype, &esize))
+        return dcp_fail("%s: tensor '%s': dtype %s is not supported (F32, F16, BF16)", f->path, name,
+                        json_string_value(jd));
+    t->ndim = (int)json_array_size(js);
+    if (t->ndim < 1 || t->ndim > 4)
+        return dcp_fail("%s: tensor '%s': %d dimensions not supported", f->path, name, t->ndim);
+    uint64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        json_t *d = json_array_get(js, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 0)
+            return dcp_fail("%s: tensor '%s': bad shape", f->path, name);
+        t->shape[i] = json_integer_value(d);
+        numel *= (uint64_t)t->shape[i];
+    }
+    json_t *b = json_array_get(jo, 0), *en = json_array_get(jo, 1);
+    if (!json_is_integer(b) || !json_is_integer(en))
+        return dcp_fail("%s: tensor '%s': data_offsets must be integers", f->path, name);
+    json_int_t begin = json_integer_value(b), end = json_integer_value(en);
+    if (begin < 0 || end < begin || (uint64_t)end > data_len)
+        return dcp_fail("%s: tensor '%s': data_offsets [%lld, %lld] out of range (data section is %zu bytes; "
+                        "file truncated or corrupt)",
+                        f->path, name, (long long)begin, (long long)end, data_len);
+    if ((uint64_t)(end - begin) != numel * esize)
+        return dcp_fail("%s: tensor '%s': data_offsets span %lld bytes but shape and dtype need %llu", f->path,
+                        name, (long long)(end - begin), (unsigned long long)(numel * esize));
+    t->name = xstrdup(name);
+    t->data = data + begin;
+    t->nbytes = (size_t)(end - begin);
+    t->file = f->path;
+    f->n++;
+    return 0;
+}
+
+int st_open(StFile *f, const char *path)
+{
+    memset(f, 0, sizeof *f);
+    f->path = xstrdup(path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        dcp_fail("%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    struct stat st;
+    fstat(fd, &st);
+    f->size = (size_t)st.st_size;
+    if (f->size < 8) {
+        close(fd);
+        dcp_fail("%s: %zu bytes, too short for a safetensors header (truncated file?)", path, f->size);
+        goto fail;
+    }
+    f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        dcp_fail("%s: mmap: %s", path, strerror(errno));
+        goto fail;
+    }
+    const unsigned char *p = f->map;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
+    if (hlen > ST_MAX_HEADER || hlen > f->size - 8) {
+        dcp_fail("%s: header length %llu exceeds the file size %zu (truncated file?)", path,
+                 (unsigned long long)hlen, f->size);
+        goto fail;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)p + 8, hlen, 0, &jerr);
+    if (!root || !json_is_object(root)) {
+        dcp_fail("%s: header is not a JSON object: %s", path, root ? "" : jerr.text);
+        json_decref(root);
+        goto fail;
+    }
+    f->tensors = xcalloc(json_object_size(root), sizeof(StTensor));
+    const char *key;
+    json_t *val;
+    const unsigned char *data = p + 8 + hlen;
+    size_t data_len = f->size - 8 - hlen;
+    json_object_foreach(root, key, val)
+    {
+        if (!strcmp(key, "__metadata__")) continue;
+        if (parse_entry(f, key, val, data, data_len)) {
+            json_decref(root);
+            goto fail;
+        }
+    }
+    json_decref(root);
+    return 0;
+fail:
+    st_close(f);
+    return -1;
+}
+
+void st_close(StFile *f)
+{
+    for (int i = 0; i < f->n; i++) free(f->tensors[i].name);
+    free(f->tensors);
+    if (f->map) munmap(f->map, f->size);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+static char *join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *s = xmalloc(n);
+    snprintf(s, n, "%s/%s", dir, name);
+    return s;
+}
+
+int st_checkpoint_open(StCheckpoint *ck, const char *dir)
+{
+    memset(ck, 0, sizeof *ck);
+    char *single = join(dir, "model.safetensors");
+    char *index = join(dir, "model.safetensors.index.json");
+    int rc = -1;
+    if (path_exists(single)) {
+        ck->files = xcalloc(1, sizeof(StFile));
+        if (st_open(&ck->files[0], single) == 0) {
+            ck->n_files = 1;
+            rc = 0;
+        }
+    } else if (path_exists(index)) {
+        json_error_t jerr;
+        json_t *root = json_load_file(index, 0, &jerr);
+        json_t *map = root ? json_object_get(root, "weight_map") : NULL;
+        if (!json_is_object(map)) {
+            dcp_fail("%s:%d: %s", index, jerr.line, root ? "no \"weight_map\" object" : jerr.text);
+        } else {
+            /* distinct shard file names, in first-seen order */
+            const char **names = xcalloc(json_object_size(map), sizeof(char *));
+            int n = 0;
+            const char *key;
+            json_t *val;
+            rc = 0;
+            json_object_foreach(map, key, val)
+            {
+                if (!json_is_string(val)) {
+                    rc = dcp_fail("%s: weight_map entry '%s' is not a file name", index, key);
+                    break;
+                }
+                const char *fn = json_string_value(val);
+                int seen = 0;
+                for (int i = 0; i < n && !seen; i++) seen = !strcmp(names[i], fn);
+                if (!seen) names[n++] = fn;
+            }
+            ck->files = xcalloc(n ? n : 1, sizeof(StFile));
+            for (int i = 0; i < n && rc == 0; i++) {
+                char *p = join(dir, names[i]);
+                rc = st_open(&ck->files[i], p);
+                free(p);
+                if (rc == 0) ck->n_files++;
+            }
+            free(names);
+        }
+        json_decref(root);
+    } else {
+        dcp_fail("%s: neither model.safetensors nor model.safetensors.index.json found", dir);
+    }
+    free(single);
+    free(index);
+    if (rc) st_checkpoint_close(ck);
+    return rc;
+}
+
+void st_checkpoint_close(StCheckpoint *ck)
+{
+    for (int i = 0; i < ck->n_files; i++) st_close(&ck->files[i]);
+    free(ck->files);
+    memset(ck, 0, sizeof *ck);
+}
+
+const StTensor *st_find(const StCheckpoint *ck, const char *name)
+{
+    for (int i = 0; i < ck->n_files; i++)
+        for (int j = 0; j < ck->files[i].n; j++)
+            if (!strcmp(ck->files[i].tensors[j].name, name)) return &ck->files[i].tensors[j];
+    return NULL;
+}
+
+int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, float *dst)
+{
+    int64_t rows = t->ndim == 1 ? 1 : t->shape[0];
+    int64_t cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+    if (t->ndim > 2 || row0 < 0 || col0 < 0 || row0 + nrows > rows || col0 + ncols > cols)
+        return dcp_fail("%s: tensor '%s': slice [%lld+%lld, %lld+%lld] outside shape", t->file, t->name,
+                        (long long)row0, (long long)nrows, (long long)col0, (long long)ncols);
+    for (int64_t r = 0; r < nrows; r++) {
+        size_t first = (size_t)((row0 + r) * cols + col0);
+        float *out = dst + r * ncols;
+        switch (t->dtype) {
+        case ST_F32:
+            memcpy(out, t->data + first * 4, (size_t)ncols * 4); /* memcpy: data may be unaligned */
+            break;
+        case ST_BF16:
+        case ST_F16:
+            for (int64_t c = 0; c < ncols; c++) {
+                uint16_t h;
+                memcpy(&h, t->data + (first + c) * 2, 2);
+                out[c] = t->dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+            }
+            break;
+        }
+    }
+    return 0;
+}

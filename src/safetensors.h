@@ -1,0 +1,47 @@
+/* Reader for Hugging Face safetensors files (mmapped) and sharded
+ * checkpoints described by model.safetensors.index.json. */
+#ifndef DCP_SAFETENSORS_H
+#define DCP_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { ST_F32, ST_F16, ST_BF16 } StDtype;
+
+typedef struct {
+    char *name;
+    StDtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const unsigned char *data; /* into the mapping */
+    size_t nbytes;
+    const char *file;          /* path of the file holding it */
+} StTensor;
+
+typedef struct {
+    char *path;
+    void *map;
+    size_t size;
+    StTensor *tensors;
+    int n;
+} StFile;
+
+/* All tensors of a checkpoint: one file or the shards of an index. */
+typedef struct {
+    StFile *files;
+    int n_files;
+} StCheckpoint;
+
+int st_open(StFile *f, const char *path);
+void st_close(StFile *f);
+
+/* dir holds model.safetensors or model.safetensors.index.json. */
+int st_checkpoint_open(StCheckpoint *ck, const char *dir);
+void st_checkpoint_close(StCheckpoint *ck);
+const StTensor *st_find(const StCheckpoint *ck, const char *name);
+
+/* Copies rows [row0, row0+nrows) x columns [col0, col0+ncols) of a 1-D or 2-D
+ * tensor into dst as fp32 (row-major, ncols per row). A 1-D tensor is one row. */
+int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, float *dst);
+
+#endif

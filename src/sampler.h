@@ -1,0 +1,23 @@
+/* Token choice from one row of logits. Greedy is argmax (lowest index wins
+ * ties); otherwise temperature and top-p sampling as llama2.c's run.c does
+ * it, with a per-request xorshift generator, so a request's tokens depend on
+ * its seed and logits only, never on the batch or the parallel layout. */
+#ifndef DCP_SAMPLER_H
+#define DCP_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    float temperature;
+    float top_p;
+    uint64_t rng;
+} Sampler;
+
+void sampler_init(Sampler *s, float temperature, float top_p, uint64_t seed);
+int argmax_f32(const float *x, int n);
+/* logits (n) are overwritten (scaled, softmaxed); scratch holds n (prob, index) pairs */
+int sampler_sample(Sampler *s, float *logits, int n, void *scratch);
+size_t sampler_scratch_bytes(int n);
+
+#endif

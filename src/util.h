@@ -1,0 +1,35 @@
+/* Small shared helpers: error reporting, allocation, clocks. */
+#ifndef DCP_UTIL_H
+#define DCP_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Functions that can fail return 0 on success and -1 on failure, after
+ * recording a one-line reason that the caller may print or wrap. */
+int dcp_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *dcp_error(void);
+
+/* Allocation failure is not recoverable for an inference run: these print
+ * the size and exit. Memory from them is released with free(). */
+void *xmalloc(size_t n);
+void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+
+double now_s(void);
+
+/* Deterministic generators shared by sampling and the test-model writer. */
+uint64_t splitmix64(uint64_t *state);
+
+/* fp16/bf16 <-> fp32 conversions used by the checkpoint readers/writers. */
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+float f16_to_f32(uint16_t h);
+
+/* Reads a whole file into a NUL-terminated buffer; *len_out excludes the NUL. */
+int read_file(const char *path, char **data_out, size_t *len_out);
+int path_is_dir(const char *path);
+int path_exists(const char *path);
+
+#endif

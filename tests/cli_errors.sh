@@ -1,0 +1,80 @@
+#!/bin/sh
+# Each bad input stops dcpinfer with one clear line naming the place and
+# the bad value; per-request problems fail that request alone.
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+
+P=$WORK/p.jsonl
+good='{"id": "g", "prompt_token_ids": [1, 2, 3], "max_tokens": 2}'
+
+printf '%s\n{"id": "b", "prompt_token_ids": [1, 2\n' "$good" >"$P"
+expect_error malformed_json 1 "p.jsonl:2: invalid JSON" --output "$WORK/o.h5" "$P"
+
+printf '{"id": "a", "prompt_token_ids": "1 2 3"}\n' >"$P"
+expect_error wrong_type 1 'p.jsonl:1: wrong field type: "prompt_token_ids" must be an array of integers' "$P"
+
+printf '{"id": "a", "prompt": "x", "max_tokens": "ten"}\n' >"$P"
+expect_error wrong_type_max_tokens 1 'p.jsonl:1: "max_tokens" must be a positive integer' "$P"
+
+: >"$P"
+expect_error empty_file 1 "p.jsonl: no requests (the prompt file is empty)" "$P"
+
+expect_error missing_prompts 1 "$WORK/nope.jsonl: No such file or directory" "$WORK/nope.jsonl"
+
+printf '%s\n' "$good" >"$P"
+expect_error missing_model 1 "$WORK/no-model: model path does not exist" --model "$WORK/no-model" "$P"
+
+# a checkpoint cut short: the header survives, the data does not
+"$MKMODEL" --out "$WORK/m" --layers 1 --dim 32 --heads 4 --kv-heads 2 --hidden 64 --vocab 64
+cp -r "$WORK/m" "$WORK/trunc"
+head -c 20000 "$WORK/m/model.safetensors" >"$WORK/trunc/model.safetensors"
+expect_error truncated_safetensors 1 "out of range (data section is" --model "$WORK/trunc" "$P"
+head -c 100 "$WORK/m/model.safetensors" >"$WORK/trunc/model.safetensors"
+expect_error truncated_header 1 "exceeds the file size 100 (truncated file?)" --model "$WORK/trunc" "$P"
+
+# a header whose offsets point past the data
+hdr='{"model.embed_tokens.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,1600]}}'
+len=${#hdr}
+{
+    printf "$(printf '\\%03o\\%03o' $((len % 256)) $((len / 256)))\\000\\000\\000\\000\\000\\000"
+    printf '%s' "$hdr"
+    head -c 16 /dev/zero
+} >"$WORK/trunc/model.safetensors"
+expect_error header_offsets 1 "tensor 'model.embed_tokens.weight': data_offsets [0, 1600] out of range (data section is 16 bytes" \
+    --model "$WORK/trunc" "$P"
+
+printf '%s\n{"id": "v", "prompt_token_ids": [1, 70000]}\n' "$good" >"$P"
+expect_error token_outside_vocab 1 "p.jsonl:2: token id 70000 at position 1 is outside the vocabulary [0, 512)" "$P"
+
+printf '%s\n' "$good" >"$P"
+expect_error unknown_option 2 "unknown option '--max-tokenz'" --max-tokenz 3 "$P"
+expect_error bad_option_value 2 "--temperature: '-1' is not a number" --temperature -1 "$P"
+expect_error no_cuda 2 "--backend cuda: this dcpinfer was built without CUDA" --backend cuda "$P"
+expect_error model_len_above_model 1 "--max-model-len 4096 exceeds the model's maximum of 2048" --max-model-len 4096 "$P"
+
+# a prompt above the context limit fails alone; the others complete
+printf '%s\n{"id": "long", "prompt_token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}\n{"id": "h", "prompt_token_ids": [4], "max_tokens": 3}\n' "$good" >"$P"
+expect_error prompt_too_long 0 'p.jsonl:2: request "long": prompt has 10 tokens, above the context limit of 8' \
+    --max-model-len 8 --output "$WORK/long.h5" "$P"
+checks=$((checks + 1))
+if grep -q '^  g .* 2 length' "$WORK/prompt_too_long.out" && grep -q '^  long .* 0 error' "$WORK/prompt_too_long.out" &&
+    grep -q '^  h .* 3 length' "$WORK/prompt_too_long.out" && grep -q '# 3 request(s), 1 failed, 5 output tokens' "$WORK/prompt_too_long.out"; then
+    pass "prompt_too_long: the other requests completed"
+else
+    fail "prompt_too_long: summary:"; cat "$WORK/prompt_too_long.out" >&2
+fi
+
+# --skip-invalid records a bad line and goes on
+printf '%s\nnot json at all\n' "$good" >"$P"
+expect_error skip_invalid 0 "p.jsonl:2: invalid JSON" --skip-invalid --output "$WORK/skip.h5" "$P"
+checks=$((checks + 1))
+if grep -q '# 2 request(s), 1 failed, 2 output tokens' "$WORK/skip_invalid.out" && [ -f "$WORK/skip.h5" ]; then
+    pass "skip_invalid: run completed"
+else
+    fail "skip_invalid: summary:"; cat "$WORK/skip_invalid.out" >&2
+fi
+
+# an output path that cannot be written stops the run before any work
+printf '%s\n' "$good" >"$P"
+expect_error unwritable_output 1 "cannot create the output file" --output "$WORK/no/such/dir/o.h5" "$P"
+
+finish

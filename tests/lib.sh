@@ -1,0 +1,54 @@
+# Shared by the shell tests: paths, a scratch folder, counted checks.
+# Each test sources this, calls its checks, then `finish`.
+set -u
+BUILD=${DCP_BUILDDIR:-$(pwd)}
+SRC=${DCP_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}
+SHARED=${DCP_SHARED:-$SRC/../shared}
+MPIRUN=${MPIRUN:-mpirun}
+DCPINFER=$BUILD/dcpinfer
+MKMODEL=$BUILD/dcpinfer-mkmodel
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/dcptest.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+checks=0
+
+fail() { failures=$((failures + 1)); echo "FAIL: $*" >&2; }
+pass() { echo "ok: $*" >&2; }
+
+# run_dcp NAME ARGS...: runs dcpinfer under mpirun -np 1; stdout, stderr and
+# the exit status land in $WORK/NAME.{out,err,rc}
+run_dcp() {
+    local name=$1; shift
+    "$MPIRUN" -q -np 1 "$DCPINFER" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+    echo $? >"$WORK/$name.rc"
+}
+
+# expect_error NAME STATUS TEXT ARGS...: dcpinfer exits with STATUS and its
+# stderr is exactly one line, containing TEXT
+expect_error() {
+    local name=$1 status=$2 text=$3; shift 3
+    checks=$((checks + 1))
+    run_dcp "$name" "$@"
+    local rc lines
+    rc=$(cat "$WORK/$name.rc")
+    lines=$(grep -c '' "$WORK/$name.err")
+    if [ "$rc" != "$status" ]; then
+        fail "$name: exit status $rc, expected $status"; sed 's/^/    /' "$WORK/$name.err" >&2
+    elif [ "$lines" != 1 ]; then
+        fail "$name: $lines lines on stderr, expected one"; sed 's/^/    /' "$WORK/$name.err" >&2
+    elif ! grep -qF -- "$text" "$WORK/$name.err"; then
+        fail "$name: stderr lacks '$text':"; sed 's/^/    /' "$WORK/$name.err" >&2
+    else
+        pass "$name: $(cat "$WORK/$name.err")"
+    fi
+}
+
+finish() {
+    if [ "$failures" -gt 0 ]; then
+        echo "$(basename "$0"): $failures of $checks checks failed" >&2
+        exit 1
+    fi
+    echo "$(basename "$0"): all $checks checks passed" >&2
+    exit 0
+}

@@ -1,0 +1,159 @@
+/* The CPU backend's ops against direct formulas: attention split into a
+ * context and a new part and merged by LSE equals attention over all keys;
+ * empty sides contribute nothing; the two RoPE conventions agree under the
+ * row permutation that relates them; partitions cover their range. */
+#include "backend.h"
+#include "model.h"
+#include "sampler.h"
+#include "testutil.h"
+
+static float frand(uint64_t *s) { return (float)((splitmix64(s) >> 40) / 16777216.0) * 2.0f - 1.0f; }
+
+static void test_attention_split(const Backend *be)
+{
+    enum { T = 3, H = 4, KVH = 2, D = 8, N = 13 };
+    uint64_t s = 42;
+    float q[T * H * D], k[N * KVH * D], v[N * KVH * D];
+    for (int i = 0; i < T * H * D; i++) q[i] = frand(&s);
+    for (int i = 0; i < N * KVH * D; i++) k[i] = frand(&s), v[i] = frand(&s);
+    /* token t attends to keys [0, n[t]); context holds [0, split), new [split, n) */
+    int n_all[T] = {13, 5, 1}, split[T] = {6, 5, 0};
+    const float *kp[T], *vp[T];
+    int nk[T];
+    float full[T * H * D], lse_full[T * H], ctx[T * H * D], lse_ctx[T * H], nw[T * H * D], lse_nw[T * H];
+    for (int t = 0; t < T; t++) kp[t] = k, vp[t] = v, nk[t] = n_all[t];
+    AttnBatch a = {T, H, KVH, D, 0.35f, q, full, lse_full, kp, vp, nk, KVH * D};
+    be->attention(&a);
+    for (int t = 0; t < T; t++) nk[t] = split[t];
+    a.out = ctx, a.lse = lse_ctx;
+    be->attention(&a);
+    for (int t = 0; t < T; t++)
+        kp[t] = k + split[t] * KVH * D, vp[t] = v + split[t] * KVH * D, nk[t] = n_all[t] - split[t];
+    a.out = nw, a.lse = lse_nw;
+    be->attention(&a);
+    CHECK(isinf(lse_nw[1 * H]) && lse_nw[1 * H] < 0 && nw[1 * H * D] == 0.0f, "empty side: lse -inf, out 0");
+    CHECK(isinf(lse_ctx[2 * H]) && lse_ctx[2 * H] < 0, "empty context: lse -inf");
+    be->merge_attention(ctx, lse_ctx, nw, lse_nw, T * H, D);
+    double worst = 0;
+    for (int i = 0; i < T * H * D; i++) worst = fmax(worst, fabs(ctx[i] - full[i]));
+    for (int i = 0; i < T * H; i++) worst = fmax(worst, fabs(lse_ctx[i] - lse_full[i]));
+    CHECK(worst < 1e-5, "split attention differs by %g", worst);
+
+    /* a direct softmax for token 0, head 3 (KV head 1) */
+    double m = -1e30, sum = 0, o[D] = {0};
+    double sc[N];
+    for (int j = 0; j < N; j++) {
+        double d = 0;
+        for (int x = 0; x < D; x++) d += q[(0 * H + 3) * D + x] * k[(j * KVH + 1) * D + x];
+        sc[j] = d * 0.35;
+        m = fmax(m, sc[j]);
+    }
+    for (int j = 0; j < N; j++) {
+        double p = exp(sc[j] - m);
+        sum += p;
+        for (int x = 0; x < D; x++) o[x] += p * v[(j * KVH + 1) * D + x];
+    }
+    worst = fabs(lse_full[3] - (m + log(sum)));
+    for (int x = 0; x < D; x++) worst = fmax(worst, fabs(full[3 * D + x] - o[x] / sum));
+    CHECK(worst < 1e-5, "attention vs direct softmax: %g", worst);
+}
+
+static void test_rope(const Backend *be)
+{
+    enum { D = 8, H = 2 };
+    uint64_t s = 7;
+    float adj[H * D], half[H * D];
+    /* half-layout index j*D/2 + i holds adjacent-layout index 2i + j */
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < D / 2; i++)
+            for (int j = 0; j < 2; j++) {
+                float x = frand(&s);
+                adj[h * D + 2 * i + j] = x;
+                half[h * D + j * D / 2 + i] = x;
+            }
+    int pos[1] = {37};
+    be->rope(adj, pos, 1, H, D, 10000.0f, ROPE_ADJACENT_PAIRS);
+    be->rope(half, pos, 1, H, D, 10000.0f, ROPE_ROTATE_HALF);
+    double worst = 0;
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < D / 2; i++)
+            for (int j = 0; j < 2; j++) worst = fmax(worst, fabs(adj[h * D + 2 * i + j] - half[h * D + j * D / 2 + i]));
+    CHECK(worst < 1e-6, "RoPE conventions disagree by %g", worst);
+    /* position 0 is the identity */
+    float x[D] = {1, 2, 3, 4, 5, 6, 7, 8}, y[D];
+    memcpy(y, x, sizeof x);
+    pos[0] = 0;
+    be->rope(y, pos, 1, 1, D, 10000.0f, ROPE_ROTATE_HALF);
+    CHECK(!memcmp(x, y, sizeof x), "RoPE at position 0 changes the vector");
+}
+
+static void test_matmul_rmsnorm(const Backend *be)
+{
+    float x[2 * 3] = {1, 2, 3, -1, 0, 2}, w[2 * 3] = {1, 0, 1, 0.5f, -1, 2}, y[4];
+    be->matmul(y, x, w, 2, 3, 2);
+    CHECK(y[0] == 4 && y[1] == 4.5f && y[2] == 1 && y[3] == 3.5f, "matmul %g %g %g %g", y[0], y[1], y[2], y[3]);
+    float g[3] = {1, 2, 0.5f}, r[3];
+    be->rmsnorm(r, x, g, 1, 3, 0.0f);
+    float inv = 1.0f / sqrtf(14.0f / 3.0f);
+    CHECK(fabsf(r[0] - inv) < 1e-6f && fabsf(r[1] - 4 * inv) < 1e-6f && fabsf(r[2] - 1.5f * inv) < 1e-6f, "rmsnorm");
+}
+
+static void test_partition(void)
+{
+    int n[] = {172, 8, 7, 512, 1};
+    for (size_t c = 0; c < sizeof n / sizeof *n; c++) {
+        int next = 0, lo = 1 << 30, hi = 0;
+        for (int i = 0; i < 8; i++) {
+            int st, cnt;
+            balanced_part(n[c], 8, i, &st, &cnt);
+            CHECK(st == next, "part %d of %d starts at %d, expected %d", i, n[c], st, next);
+            next = st + cnt;
+            lo = cnt < lo ? cnt : lo;
+            hi = cnt > hi ? cnt : hi;
+        }
+        CHECK(next == n[c] && hi - lo <= 1, "partition of %d: end %d, sizes %d..%d", n[c], next, lo, hi);
+    }
+}
+
+static void test_sampler(void)
+{
+    float l[5] = {1, 3, 3, 0, -1};
+    CHECK(argmax_f32(l, 5) == 1, "argmax tie goes to the lowest index");
+    char scratch[5 * 16];
+    int first[40], again[40];
+    for (int rep = 0; rep < 2; rep++) {
+        Sampler s;
+        sampler_init(&s, 0.8f, 0.9f, 99);
+        for (int i = 0; i < 40; i++) {
+            float x[5] = {1, 3, 2.5f, 0, -1};
+            (rep ? again : first)[i] = sampler_sample(&s, x, 5, scratch);
+        }
+    }
+    CHECK(!memcmp(first, again, sizeof first), "same seed, same samples");
+    int seen[5] = {0};
+    for (int i = 0; i < 40; i++) seen[first[i]]++;
+    CHECK(seen[1] > 0 && seen[2] > 0 && seen[4] == 0, "top-p 0.9 keeps 1 and 2, drops 4 (%d %d %d)", seen[1],
+          seen[2], seen[4]);
+}
+
+static void test_half_floats(void)
+{
+    CHECK(bf16_to_f32(f32_to_bf16(1.5f)) == 1.5f, "bf16 round trip");
+    CHECK(bf16_to_f32(0x3f80) == 1.0f && bf16_to_f32(0xc000) == -2.0f, "bf16 values");
+    CHECK(f16_to_f32(0x3c00) == 1.0f && f16_to_f32(0xc000) == -2.0f && f16_to_f32(0x0001) == ldexpf(1, -24),
+          "f16 values incl. subnormal");
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    const Backend *be = backend_cpu();
+    test_attention_split(be);
+    test_rope(be);
+    test_matmul_rmsnorm(be);
+    test_partition();
+    test_sampler();
+    test_half_floats();
+    MPI_Finalize();
+    return test_finish("test_ops");
+}

@@ -1,0 +1,94 @@
+/* Helpers shared by the C tests: assertions that count, the shared model
+ * folder, and requests built in memory. */
+#ifndef DCP_TESTUTIL_H
+#define DCP_TESTUTIL_H
+
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "requests.h"
+#include "util.h"
+
+static int test_failures;
+
+#define CHECK(cond, ...)                                                  \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            test_failures++;                                              \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fputc('\n', stderr);                                          \
+        }                                                                 \
+    } while (0)
+
+#define TEST_SKIP 77
+
+/* ../shared beside the source tree, or DCP_SHARED */
+static inline const char *shared_dir(void)
+{
+    const char *d = getenv("DCP_SHARED");
+    return d ? d : "../shared";
+}
+
+static inline char *shared_path(const char *rel)
+{
+    const char *d = shared_dir();
+    char *p = xmalloc(strlen(d) + strlen(rel) + 2);
+    sprintf(p, "%s/%s", d, rel);
+    return p;
+}
+
+/* A fresh scratch directory under TMPDIR. */
+static inline char *scratch_dir(void)
+{
+    const char *t = getenv("TMPDIR");
+    char *p = xmalloc(strlen(t ? t : "/tmp") + 32);
+    sprintf(p, "%s/dcptest.XXXXXX", t ? t : "/tmp");
+    if (!mkdtemp(p)) {
+        perror("mkdtemp");
+        exit(99);
+    }
+    return p;
+}
+
+static inline void remove_tree(const char *dir)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+/* Adds a request with the given prompt ids to set (grown by one). */
+static inline Request *add_request(RequestSet *set, const int *ids, int n, int max_tokens, float temperature,
+                                   float top_p, uint64_t seed)
+{
+    set->r = xrealloc(set->r, sizeof(Request) * (size_t)(set->n + 1));
+    Request *r = &set->r[set->n++];
+    memset(r, 0, sizeof *r);
+    char id[32];
+    snprintf(id, sizeof id, "r%d", set->n - 1);
+    r->id = xstrdup(id);
+    r->line = set->n;
+    r->prompt_tokens = xmalloc(sizeof(int) * (size_t)n);
+    memcpy(r->prompt_tokens, ids, sizeof(int) * (size_t)n);
+    r->n_prompt = n;
+    r->max_tokens = max_tokens;
+    r->temperature = temperature;
+    r->top_p = top_p;
+    r->seed = seed;
+    if (!set->path) set->path = xstrdup("(test)");
+    return r;
+}
+
+static inline int test_finish(const char *name)
+{
+    if (test_failures) fprintf(stderr, "%s: %d check(s) failed\n", name, test_failures);
+    else fprintf(stderr, "%s: all checks passed\n", name);
+    return test_failures ? 1 : 0;
+}
+
+#endif
