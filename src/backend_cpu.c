@@ -17,10 +17,22 @@ static int use_openblas;
 
 static void cpu_matmul(float *y, const float *x, const float *w, int T, int in, int out)
 {
-    if (use_openblas)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-    else
+    if (!use_openblas) {
         gemm_invariant(y, x, w, T, in, out);
+        return;
+    }
+    /* Our OpenMP threads split the output columns and each calls a
+     * single-threaded sgemm: OpenBLAS's own thread pool would compete for
+     * the cores with OpenMP's spinning workers. */
+    int parts = omp_get_max_threads();
+    int width = ((out + parts - 1) / parts + 15) / 16 * 16;
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < parts; p++) {
+        int n0 = p * width, n = n0 + width <= out ? width : out - n0;
+        if (n > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, in, 1.0f, x, in, w + (size_t)n0 * in, in, 0.0f,
+                        y + n0, out);
+    }
 }
 
 int backend_cpu_set_gemm(const char *name)
@@ -181,5 +193,5 @@ const Backend *backend_find(const char *name)
 void backend_set_threads(int threads)
 {
     omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
+    openblas_set_num_threads(1); /* see cpu_matmul */
 }

@@ -1,5 +1,6 @@
 #include "generate.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,10 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
     int *chunk_run = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     size_t logits_rows = o->on_logits ? (size_t)cap_T : (size_t)o->max_num_seqs;
     float *logits = xmalloc(sizeof(float) * logits_rows * vocab);
-    void *scratch = xmalloc(sampler_scratch_bytes(vocab));
+    size_t scratch_bytes = sampler_scratch_bytes(vocab);
+    void *scratch = xmalloc(scratch_bytes * (size_t)omp_get_max_threads());
+    float **sample_row = xmalloc(sizeof(float *) * (size_t)o->max_num_seqs);
+    int *sampled = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
 
@@ -105,22 +109,33 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
         for (int i = 0, row = 0; i < nc; i++) {
             Running *r = &run[chunk_run[i]];
             Request *q = &rs->r[r->req];
-            Result *out = &res[r->req];
             int rows = o->on_logits ? chunks[i].n : 1;
             if (o->on_logits)
                 for (int j = 0; j < chunks[i].n; j++)
                     o->on_logits(o->on_logits_ctx, r->req, chunks[i].pos0 + j, logits + (size_t)(row + j) * vocab,
                                  vocab);
-            float *last = logits + (size_t)(row + rows - 1) * vocab;
+            sample_row[i] = logits + (size_t)(row + rows - 1) * vocab;
             row += rows;
             if (r->prefilled < q->n_prompt) {
                 r->prefilled += chunks[i].n;
-                if (r->prefilled < q->n_prompt) continue; /* more prompt to go */
+                if (r->prefilled < q->n_prompt) sample_row[i] = NULL; /* more prompt to go */
             }
-            int tok = sampler_sample(&r->sampler, last, vocab, scratch);
+        }
+        /* requests sample independently, each from its own generator */
+#pragma omp parallel for schedule(dynamic)
+        for (int i = 0; i < nc; i++)
+            if (sample_row[i])
+                sampled[i] = sampler_sample(&run[chunk_run[i]].sampler, sample_row[i], vocab,
+                                            (char *)scratch + scratch_bytes * (size_t)omp_get_thread_num());
+        double now = now_s();
+        for (int i = 0; i < nc; i++) {
+            if (!sample_row[i]) continue;
+            Running *r = &run[chunk_run[i]];
+            Request *q = &rs->r[r->req];
+            Result *out = &res[r->req];
+            int tok = sampled[i];
             push_token(out, tok);
             generated++;
-            double now = now_s();
             if (out->n == 1) out->ttft_s = now - t_start;
             if (is_stop_token(c, q, tok)) out->finish_reason = "stop";
             else if (out->n >= q->max_tokens || q->n_prompt + out->n >= o->max_model_len)
@@ -156,6 +171,8 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
     free(chunk_run);
     free(logits);
     free(scratch);
+    free(sample_row);
+    free(sampled);
     return 0;
 }
 

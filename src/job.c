@@ -1,5 +1,7 @@
+#define _GNU_SOURCE
 #include "job.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +18,10 @@
 #include "tokenizer.h"
 #include "util.h"
 
-int threads_per_rank(MPI_Comm world)
+int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share)
 {
-    const char *env = getenv("OMP_NUM_THREADS");
-    if (env && atoi(env) > 0) return atoi(env);
+    cpu_set_t set;
+    int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
     MPI_Comm node;
     MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     int local;
@@ -27,6 +29,13 @@ int threads_per_rank(MPI_Comm world)
     MPI_Comm_free(&node);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int t = (int)(cores / local);
+    if (bound_cpus) *bound_cpus = bound;
+    if (share) *share = t;
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (env && atoi(env) > 0) return atoi(env);
+    /* more threads than the CPUs the launcher bound us to would only queue
+     * on them */
+    if (bound > 0 && bound < t) t = bound;
     return t > 0 ? t : 1;
 }
 
@@ -93,9 +102,17 @@ static char *decode_text(const Tokenizer *tok, const Config *c, const Request *q
     return s;
 }
 
-static void print_preview(const char *text)
+/* A short quoted preview of the text, or of the token ids when the model
+ * has no tokenizer. */
+static void print_preview(const char *text, const Result *r)
 {
     int shown = 0;
+    if (!text[0] && r->n) {
+        putchar('[');
+        for (int i = 0; i < r->n && i < 12; i++) printf(i ? ", %d" : "%d", r->tokens[i]);
+        fputs(r->n > 12 ? ", ...]" : "]", stdout);
+        return;
+    }
     putchar('"');
     for (const unsigned char *p = (const unsigned char *)text; *p && shown < 60; p++, shown++) {
         if (*p == '\n') fputs("\\n", stdout);
@@ -120,7 +137,12 @@ int run_job(const Options *o, MPI_Comm world)
     }
     Timings tm = {0};
     double t_begin = now_s();
-    int threads = threads_per_rank(world);
+    int bound_cpus, share;
+    int threads = threads_per_rank(world, &bound_cpus, &share);
+    if (rank == 0 && threads < share && !o->quiet)
+        printf("# note: rank 0 is bound to %d CPU(s), so it runs %d thread(s) instead of its share of %d; launch "
+               "with mpirun --bind-to none (or --map-by slot:PE=%d), or srun --cpus-per-task=%d\n",
+               bound_cpus, threads, share, share, share);
     const Backend *be = backend_find(o->backend);
     if (!be) {
         fprintf(stderr, "dcpinfer: %s\n", dcp_error());
@@ -208,7 +230,7 @@ int run_job(const Options *o, MPI_Comm world)
         for (int i = 0; i < rs.n; i++) {
             printf("  %-14s %8d %8d %-7s %9.4f %9.4f  ", rs.r[i].id, rs.r[i].n_prompt, res[i].n,
                    res[i].finish_reason, res[i].ttft_s, res[i].e2e_s);
-            print_preview(texts[i]);
+            print_preview(texts[i], &res[i]);
             putchar('\n');
         }
     }

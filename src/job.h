@@ -8,8 +8,9 @@
 #include "options.h"
 
 /* Threads for this rank: OMP_NUM_THREADS, else the node's cores divided by
- * the ranks on the node (MPI_COMM_TYPE_SHARED). */
-int threads_per_rank(MPI_Comm world);
+ * the ranks on the node (MPI_COMM_TYPE_SHARED), at most the CPUs the rank
+ * is bound to. Reports that count and the node share (may be NULL). */
+int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share);
 
 /* Returns the process exit status. */
 int run_job(const Options *o, MPI_Comm world);

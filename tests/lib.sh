@@ -20,7 +20,7 @@ pass() { echo "ok: $*" >&2; }
 # the exit status land in $WORK/NAME.{out,err,rc}
 run_dcp() {
     local name=$1; shift
-    "$MPIRUN" -q -np 1 "$DCPINFER" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+    "$MPIRUN" -q --bind-to none -np 1 "$DCPINFER" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
     echo $? >"$WORK/$name.rc"
 }
 
