@@ -154,6 +154,25 @@ int main(int argc, char **argv)
         free(ptok);
         free(e2e);
     }
+    /* stop_token_ids: the first occurrence of a stop token ends the request,
+     * kept in its tokens, finish reason "stop" */
+    int stop = want[2].tokens[3], first = 0;
+    while (want[2].tokens[first] != stop) first++;
+    RequestSet rs2 = {0};
+    Request *q = add_request(&rs2, c, 10, 50, 0.0f, 1.0f, 0);
+    q->stop_ids = xmalloc(sizeof(int));
+    q->stop_ids[0] = stop;
+    q->n_stop = 1;
+    Result got;
+    engine_init(&e, &m, backend_cpu(), &tm);
+    go.max_model_len = m.cfg.max_seq_len;
+    generate(&e, &rs2, &got, &go);
+    engine_free(&e);
+    CHECK(got.n == first + 1 && !memcmp(got.tokens, want[2].tokens, sizeof(int) * (size_t)got.n) &&
+              !strcmp(got.finish_reason, "stop"),
+          "stop token %d: %d tokens, finish %s", stop, got.n, got.finish_reason);
+    results_free(&got, 1);
+    requests_free(&rs2);
     results_free(want, 3);
     requests_free(&rs);
     model_free(&m);
