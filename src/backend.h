@@ -46,6 +46,16 @@ typedef struct Backend {
     /* o1/lse1 (rows, head_dim)/(rows) become the merge of two partial
      * attentions over disjoint key sets (DESIGN.md section 4). */
     void (*merge_attention)(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim);
+    /* DCP merge, ag_rs: o (rows, head_dim) holds this rank's partials and
+     * lse_ranks (N, rows) every rank's LSEs for the same rows (this rank's
+     * at index me). Scales o by exp(lse_me - L), L = logsumexp over the
+     * ranks, and writes L to lse_merged (rows); a sum over ranks of the
+     * scaled partials is then the merged output. */
+    void (*lse_rescale)(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows, int head_dim);
+    /* DCP merge, a2a: parts (N, rows, head_dim + 1) are every rank's partial
+     * output and LSE for the same rows; out (rows, head_dim) and lse (rows)
+     * receive the merge. */
+    void (*lse_combine)(float *out, float *lse, const float *parts, int N, int rows, int head_dim);
 } Backend;
 
 const Backend *backend_cpu(void);

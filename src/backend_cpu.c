@@ -166,6 +166,54 @@ static void cpu_merge_attention(float *o1, float *lse1, const float *o2, const f
     }
 }
 
+static void cpu_lse_rescale(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows,
+                            int head_dim)
+{
+#pragma omp parallel for if (rows > 256)
+    for (int r = 0; r < rows; r++) {
+        float m = -INFINITY;
+        for (int n = 0; n < N; n++) m = fmaxf(m, lse_ranks[(size_t)n * rows + r]);
+        float *v = o + (size_t)r * head_dim;
+        if (m == -INFINITY) { /* no rank has keys for this row */
+            lse_merged[r] = -INFINITY;
+            memset(v, 0, sizeof(float) * head_dim);
+            continue;
+        }
+        float sum = 0.0f;
+        for (int n = 0; n < N; n++) sum += expf(lse_ranks[(size_t)n * rows + r] - m);
+        float L = m + logf(sum);
+        float scale = expf(lse_ranks[(size_t)me * rows + r] - L);
+        for (int d = 0; d < head_dim; d++) v[d] *= scale;
+        lse_merged[r] = L;
+    }
+}
+
+static void cpu_lse_combine(float *out, float *lse, const float *parts, int N, int rows, int head_dim)
+{
+    size_t stride = (size_t)rows * (head_dim + 1);
+#pragma omp parallel for if (rows > 256)
+    for (int r = 0; r < rows; r++) {
+        float m = -INFINITY;
+        for (int n = 0; n < N; n++) m = fmaxf(m, parts[n * stride + (size_t)r * (head_dim + 1) + head_dim]);
+        float *o = out + (size_t)r * head_dim;
+        memset(o, 0, sizeof(float) * head_dim);
+        if (m == -INFINITY) {
+            lse[r] = -INFINITY;
+            continue;
+        }
+        float sum = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float *p = parts + n * stride + (size_t)r * (head_dim + 1);
+            float w = expf(p[head_dim] - m);
+            sum += w;
+            for (int d = 0; d < head_dim; d++) o[d] += w * p[d];
+        }
+        float inv = 1.0f / sum;
+        for (int d = 0; d < head_dim; d++) o[d] *= inv;
+        lse[r] = m + logf(sum);
+    }
+}
+
 static const Backend cpu = {
     .name = "cpu",
     .matmul = cpu_matmul,
@@ -176,6 +224,8 @@ static const Backend cpu = {
     .embedding = cpu_embedding,
     .attention = cpu_attention,
     .merge_attention = cpu_merge_attention,
+    .lse_rescale = cpu_lse_rescale,
+    .lse_combine = cpu_lse_combine,
 };
 
 const Backend *backend_cpu(void) { return &cpu; }

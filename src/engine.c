@@ -6,18 +6,33 @@
 
 #include "util.h"
 
-void engine_init(Engine *e, const Model *m, const Backend *be, Timings *tm)
+static Topology solo_topology;
+static CommStats solo_stats;
+
+void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, MergeBackend merge,
+                 Timings *tm, CommStats *stats)
 {
     memset(e, 0, sizeof *e);
+    if (!topo) {
+        if (!solo_topology.tp) {
+            solo_topology = (Topology){.world_size = 1, .tp = 1, .dcp = 1, .dp = 1, .interleave = 1,
+                                       .world = MPI_COMM_SELF, .tp_comm = MPI_COMM_SELF, .dcp_comm = MPI_COMM_SELF};
+        }
+        topo = &solo_topology;
+    }
     e->model = m;
     e->be = be;
+    e->topo = topo;
+    e->merge = merge;
     e->tm = tm;
+    e->comm = stats ? stats : &solo_stats;
 }
 
 static void free_activations(Engine *e)
 {
-    float **bufs[] = {&e->x, &e->xb, &e->xb2, &e->q, &e->k, &e->v, &e->att, &e->lse,
-                      &e->att_ctx, &e->lse_ctx, &e->hb, &e->hb2, &e->xf};
+    float **bufs[] = {&e->x,       &e->xb,      &e->xb2,   &e->q,     &e->k,       &e->v,
+                      &e->att,     &e->lse,     &e->att_ctx, &e->lse_ctx, &e->hb,   &e->hb2,
+                      &e->xf,      &e->q_all,   &e->o_all, &e->lse_all, &e->lse_ranks, &e->parts};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         free(*bufs[i]);
         *bufs[i] = NULL;
@@ -26,6 +41,9 @@ static void free_activations(Engine *e)
     free(e->kp);
     free(e->vp);
     free(e->n_keys);
+    e->pos = NULL;
+    e->kp = e->vp = NULL;
+    e->n_keys = NULL;
 }
 
 void engine_free(Engine *e)
@@ -37,6 +55,7 @@ void engine_free(Engine *e)
     free(e->k_cache);
     free(e->v_cache);
     free(e->slot_cap);
+    free(e->slot_len);
     free_activations(e);
     memset(e, 0, sizeof *e);
 }
@@ -48,11 +67,11 @@ static void ensure_capacity(Engine *e, int T)
     free_activations(e);
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
-    size_t qd = (size_t)s->q_heads * c->head_dim, kvd = (size_t)s->kv_heads * c->head_dim;
-    size_t width = (size_t)c->dim > qd ? (size_t)c->dim : qd;
+    size_t N = (size_t)e->topo->dcp, D = (size_t)c->head_dim;
+    size_t qd = (size_t)s->q_heads * D, kvd = (size_t)s->kv_heads * D, H = (size_t)s->q_heads;
     e->cap_T = T;
     e->x = xmalloc(sizeof(float) * T * c->dim);
-    e->xb = xmalloc(sizeof(float) * T * width);
+    e->xb = xmalloc(sizeof(float) * T * c->dim);
     e->xb2 = xmalloc(sizeof(float) * T * c->dim);
     e->xf = xmalloc(sizeof(float) * T * c->dim);
     e->q = xmalloc(sizeof(float) * T * qd);
@@ -60,20 +79,29 @@ static void ensure_capacity(Engine *e, int T)
     e->v = xmalloc(sizeof(float) * T * kvd);
     e->att = xmalloc(sizeof(float) * T * qd);
     e->att_ctx = xmalloc(sizeof(float) * T * qd);
-    e->lse = xmalloc(sizeof(float) * T * s->q_heads);
-    e->lse_ctx = xmalloc(sizeof(float) * T * s->q_heads);
-    e->hb = xmalloc(sizeof(float) * T * s->hidden);
-    e->hb2 = xmalloc(sizeof(float) * T * s->hidden);
+    e->lse = xmalloc(sizeof(float) * T * H);
+    e->lse_ctx = xmalloc(sizeof(float) * T * H);
+    e->hb = xmalloc(sizeof(float) * T * (s->hidden ? s->hidden : 1));
+    e->hb2 = xmalloc(sizeof(float) * T * (s->hidden ? s->hidden : 1));
     e->pos = xmalloc(sizeof(int) * T);
-    e->kp = xmalloc(sizeof(float *) * T);
-    e->vp = xmalloc(sizeof(float *) * T);
-    e->n_keys = xmalloc(sizeof(int) * T);
+    e->kp = xmalloc(sizeof(float *) * T * N);
+    e->vp = xmalloc(sizeof(float *) * T * N);
+    e->n_keys = xmalloc(sizeof(int) * T * N);
+    if (N > 1) {
+        e->q_all = xmalloc(sizeof(float) * N * T * qd);
+        e->o_all = xmalloc(sizeof(float) * N * T * qd);
+        e->lse_all = xmalloc(sizeof(float) * N * T * H);
+        e->lse_ranks = xmalloc(sizeof(float) * N * N * T * H);
+        e->parts = xmalloc(sizeof(float) * 2 * N * T * H * (D + 1)); /* send and receive halves */
+    }
 }
 
-static size_t kv_row(const Engine *e)
+size_t engine_kv_bytes_per_token(const Engine *e)
 {
-    return (size_t)e->model->shard.kv_heads * e->model->cfg.head_dim;
+    return 2 * sizeof(float) * (size_t)e->model->cfg.n_layers * e->model->shard.kv_heads * e->model->cfg.head_dim;
 }
+
+size_t engine_kv_bytes(const Engine *e) { return (size_t)e->kv_tokens * engine_kv_bytes_per_token(e); }
 
 int engine_seq_alloc(Engine *e, int cap)
 {
@@ -84,11 +112,14 @@ int engine_seq_alloc(Engine *e, int cap)
         e->k_cache = xrealloc(e->k_cache, sizeof(float *) * e->n_slots);
         e->v_cache = xrealloc(e->v_cache, sizeof(float *) * e->n_slots);
         e->slot_cap = xrealloc(e->slot_cap, sizeof(int) * e->n_slots);
+        e->slot_len = xrealloc(e->slot_len, sizeof(int) * e->n_slots);
     }
-    size_t n = (size_t)e->model->cfg.n_layers * cap * kv_row(e);
+    int local = kv_local_len(e->topo, cap, e->topo->dcp_rank);
+    size_t n = (size_t)e->model->cfg.n_layers * (local ? local : 1) * e->model->shard.kv_heads * e->model->cfg.head_dim;
     e->k_cache[slot] = xmalloc(sizeof(float) * n);
     e->v_cache[slot] = xmalloc(sizeof(float) * n);
-    e->slot_cap[slot] = cap;
+    e->slot_cap[slot] = local ? local : 1;
+    e->slot_len[slot] = 0;
     return slot;
 }
 
@@ -97,15 +128,8 @@ void engine_seq_free(Engine *e, int slot)
     free(e->k_cache[slot]);
     free(e->v_cache[slot]);
     e->k_cache[slot] = e->v_cache[slot] = NULL;
-    e->slot_cap[slot] = 0;
-}
-
-size_t engine_kv_bytes(const Engine *e)
-{
-    size_t total = 0;
-    for (int i = 0; i < e->n_slots; i++)
-        total += 2 * sizeof(float) * (size_t)e->model->cfg.n_layers * e->slot_cap[i] * kv_row(e);
-    return total;
+    e->kv_tokens -= e->slot_len[slot];
+    e->slot_cap[slot] = e->slot_len[slot] = 0;
 }
 
 static void timed_matmul(Engine *e, float *y, const float *x, const float *w, int T, int in, int out)
@@ -115,22 +139,27 @@ static void timed_matmul(Engine *e, float *y, const float *x, const float *w, in
     e->tm->matmul += now_s() - t0;
 }
 
-/* Points each token at the keys it attends to: in the context part the
- * sequence's cached positions [0, pos0); in the new part the chunk's own
- * keys up to and including itself (causal). */
-static void attend(Engine *e, const Chunk *chunks, int n_chunks, int layer, int context, float *out, float *lse)
+/* Runs attention for rows = copies x T query tokens (q: copies blocks of T
+ * tokens), each token over the keys of its chunk: in the context part this
+ * rank's cached shard of positions [0, pos0), in the new part the chunk's
+ * own keys up to and including the token (causal). */
+static void attend(Engine *e, const Chunk *chunks, int n_chunks, int layer, int context, const float *q, int copies,
+                   int n_heads, float *out, float *lse)
 {
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
-    int kvd = s->kv_heads * c->head_dim;
+    const Topology *tp = e->topo;
+    int kvd = s->kv_heads * c->head_dim, T = 0;
+    for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
         size_t layer_off = (size_t)layer * e->slot_cap[ch->seq] * kvd;
+        int local = kv_local_len(tp, ch->pos0, tp->dcp_rank);
         for (int j = 0; j < ch->n; j++, t++) {
             if (context) {
                 e->kp[t] = e->k_cache[ch->seq] + layer_off;
                 e->vp[t] = e->v_cache[ch->seq] + layer_off;
-                e->n_keys[t] = ch->pos0;
+                e->n_keys[t] = local;
             } else {
                 e->kp[t] = e->k + (size_t)(t - j) * kvd;
                 e->vp[t] = e->v + (size_t)(t - j) * kvd;
@@ -138,25 +167,76 @@ static void attend(Engine *e, const Chunk *chunks, int n_chunks, int layer, int 
             }
         }
     }
-    int T = 0;
-    for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
-    AttnBatch ab = {.T = T, .n_heads = s->q_heads, .n_kv_heads = s->kv_heads, .head_dim = c->head_dim,
-                    .scale = 1.0f / sqrtf((float)c->head_dim), .q = e->q, .out = out, .lse = lse,
+    for (int r = 1; r < copies; r++) { /* gathered queries of other ranks read the same keys */
+        memcpy(e->kp + (size_t)r * T, e->kp, sizeof(float *) * T);
+        memcpy(e->vp + (size_t)r * T, e->vp, sizeof(float *) * T);
+        memcpy(e->n_keys + (size_t)r * T, e->n_keys, sizeof(int) * T);
+    }
+    AttnBatch ab = {.T = T * copies, .n_heads = n_heads, .n_kv_heads = s->kv_heads, .head_dim = c->head_dim,
+                    .scale = 1.0f / sqrtf((float)c->head_dim), .q = q, .out = out, .lse = lse,
                     .k = e->kp, .v = e->vp, .n_keys = e->n_keys, .kv_stride = kvd};
     e->be->attention(&ab);
 }
 
-/* Copies the chunks' new K/V rows into their sequences' cache slots. */
+/* Context attention over a KV cache sharded across the DCP group: every
+ * rank attends the group's queries to its own shard, then the partials are
+ * merged so that each rank ends with its own heads' output and LSE. */
+static void context_attention_dcp(Engine *e, const Chunk *chunks, int n_chunks, int layer, int T)
+{
+    const Topology *tp = e->topo;
+    const Shard *s = &e->model->shard;
+    int N = tp->dcp, D = e->model->cfg.head_dim, H = s->q_heads;
+    int qd = H * D, rows = T * H; /* rows of one rank's heads */
+    CommStats *cs = e->comm;
+    /* queries of the whole group: (N, T, H, D) */
+    comm_allgather(cs, COMM_q_allgather, e->q, T * qd, e->q_all, tp->dcp_comm);
+    attend(e, chunks, n_chunks, layer, 1, e->q_all, N, H, e->o_all, e->lse_all);
+    if (e->merge == MERGE_AG_RS) {
+        /* every rank's LSEs for all N*rows rows, then the scaled partials
+         * summed so that rank d receives block d: its own heads */
+        comm_allgather(cs, COMM_lse_allgather, e->lse_all, N * rows, e->lse_ranks, tp->dcp_comm);
+        e->be->lse_rescale(e->o_all, e->lse_all, e->lse_ranks, tp->dcp_rank, N, N * rows, D);
+        comm_reduce_scatter_sum(cs, e->o_all, e->att_ctx, T * qd, tp->dcp_comm);
+        memcpy(e->lse_ctx, e->lse_all + (size_t)tp->dcp_rank * rows, sizeof(float) * rows);
+    } else {
+        /* block d of (partial, LSE) rows goes to rank d, which combines them */
+        float *send = e->parts, *recv = e->parts + (size_t)N * rows * (D + 1);
+        for (int r = 0; r < N * rows; r++) {
+            memcpy(send + (size_t)r * (D + 1), e->o_all + (size_t)r * D, sizeof(float) * D);
+            send[(size_t)r * (D + 1) + D] = e->lse_all[r];
+        }
+        comm_alltoall(cs, send, recv, rows * (D + 1), tp->dcp_comm);
+        e->be->lse_combine(e->att_ctx, e->lse_ctx, recv, N, rows, D);
+    }
+}
+
+/* The owner of each new position stores its K/V at its local index. */
 static void kv_write(Engine *e, const Chunk *chunks, int n_chunks, int layer)
 {
+    const Topology *tp = e->topo;
     int kvd = e->model->shard.kv_heads * e->model->cfg.head_dim;
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
-        size_t off = ((size_t)layer * e->slot_cap[ch->seq] + ch->pos0) * kvd;
-        memcpy(e->k_cache[ch->seq] + off, e->k + (size_t)t * kvd, sizeof(float) * ch->n * kvd);
-        memcpy(e->v_cache[ch->seq] + off, e->v + (size_t)t * kvd, sizeof(float) * ch->n * kvd);
-        t += ch->n;
+        for (int j = 0; j < ch->n; j++, t++) {
+            int p = ch->pos0 + j;
+            if (kv_owner(tp, p) != tp->dcp_rank) continue;
+            size_t off = ((size_t)layer * e->slot_cap[ch->seq] + kv_local_index(tp, p)) * kvd;
+            memcpy(e->k_cache[ch->seq] + off, e->k + (size_t)t * kvd, sizeof(float) * kvd);
+            memcpy(e->v_cache[ch->seq] + off, e->v + (size_t)t * kvd, sizeof(float) * kvd);
+        }
     }
+}
+
+static void kv_account(Engine *e, const Chunk *chunks, int n_chunks)
+{
+    const Topology *tp = e->topo;
+    for (int i = 0; i < n_chunks; i++) {
+        const Chunk *ch = &chunks[i];
+        int now = kv_local_len(tp, ch->pos0 + ch->n, tp->dcp_rank);
+        e->kv_tokens += now - e->slot_len[ch->seq];
+        e->slot_len[ch->seq] = now;
+    }
+    if (e->kv_tokens > e->kv_tokens_peak) e->kv_tokens_peak = e->kv_tokens;
 }
 
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits)
@@ -165,6 +245,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
     const Shard *s = &e->model->shard;
     const Weights *w = &e->model->w;
     const Backend *be = e->be;
+    const Topology *tp = e->topo;
     int T = 0, has_context = 0;
     for (int i = 0; i < n_chunks; i++) {
         T += chunks[i].n;
@@ -178,7 +259,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
 
     be->embedding(e->x, w->token_embedding, tokens, T, dim);
     for (int l = 0; l < c->n_layers; l++) {
-        /* attention block */
+        /* attention block: column-parallel Q/K/V, this rank's heads */
         be->rmsnorm(e->xb, e->x, w->rms_att + (size_t)l * dim, T, dim, c->norm_eps);
         timed_matmul(e, e->q, e->xb, w->wq + (size_t)l * qd * dim, T, dim, qd);
         timed_matmul(e, e->k, e->xb, w->wk + (size_t)l * kvd * dim, T, dim, kvd);
@@ -186,26 +267,32 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         be->rope(e->q, e->pos, T, s->q_heads, D, c->rope_theta, c->rope_style);
         be->rope(e->k, e->pos, T, s->kv_heads, D, c->rope_theta, c->rope_style);
         double t0 = now_s();
-        attend(e, chunks, n_chunks, l, 0, e->att, e->lse);
+        attend(e, chunks, n_chunks, l, 0, e->q, 1, s->q_heads, e->att, e->lse);
         if (has_context) {
-            attend(e, chunks, n_chunks, l, 1, e->att_ctx, e->lse_ctx);
+            if (tp->dcp > 1) context_attention_dcp(e, chunks, n_chunks, l, T);
+            else attend(e, chunks, n_chunks, l, 1, e->q, 1, s->q_heads, e->att_ctx, e->lse_ctx);
             be->merge_attention(e->att, e->lse, e->att_ctx, e->lse_ctx, T * s->q_heads, D);
         }
         kv_write(e, chunks, n_chunks, l);
         e->tm->attention += now_s() - t0;
+        /* row-parallel output projection, summed over the TP group */
         timed_matmul(e, e->xb2, e->att, w->wo + (size_t)l * dim * qd, T, qd, dim);
+        comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
         be->add(e->x, e->xb2, (size_t)T * dim);
 
-        /* feed-forward block */
+        /* feed-forward block: column-parallel gate/up, row-parallel down */
         be->rmsnorm(e->xb, e->x, w->rms_ffn + (size_t)l * dim, T, dim, c->norm_eps);
         timed_matmul(e, e->hb, e->xb, w->w_gate + (size_t)l * hidden * dim, T, dim, hidden);
         timed_matmul(e, e->hb2, e->xb, w->w_up + (size_t)l * hidden * dim, T, dim, hidden);
         be->silu_mul(e->hb, e->hb2, (size_t)T * hidden);
         timed_matmul(e, e->xb2, e->hb, w->w_down + (size_t)l * dim * hidden, T, hidden, dim);
+        comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
         be->add(e->x, e->xb2, (size_t)T * dim);
     }
+    kv_account(e, chunks, n_chunks);
 
-    /* final norm and LM head, for the rows whose logits are wanted */
+    /* final norm and this rank's slice of the vocabulary-parallel LM head,
+     * for the rows whose logits are wanted */
     int R = all_logits ? T : n_chunks;
     if (!all_logits)
         for (int i = 0, t = 0; i < n_chunks; i++) {

@@ -30,10 +30,104 @@ int is_stop_token(const Config *c, const Request *q, int tok)
     return 0;
 }
 
+typedef struct {
+    float *full;        /* (rows, vocab): gathered vocabulary shards, tp > 1 */
+    float *tmp;         /* the same size, for the gather */
+    ValueIndex *pairs;  /* greedy rows' local maxima, for MAXLOC */
+    void *scratch;      /* per thread, for top-p */
+    size_t scratch_bytes;
+    const float **rows; /* per chunk: its full logits row, or NULL */
+} PickBuffers;
+
+/* Gathers rows (count, shard.vocab) of every TP rank's vocabulary shard
+ * into full (count, vocab). */
+static void gather_vocab(Engine *e, const float *local, int count, float *full, float *tmp)
+{
+    const Topology *tp = e->topo;
+    const Config *c = &e->model->cfg;
+    int *counts = xmalloc(sizeof(int) * tp->tp), *displs = xmalloc(sizeof(int) * tp->tp);
+    for (int r = 0, off = 0; r < tp->tp; r++) {
+        int v0, vn;
+        balanced_part(c->vocab_size, tp->tp, r, &v0, &vn);
+        counts[r] = vn * count;
+        displs[r] = off;
+        off += counts[r];
+    }
+    comm_allgatherv(e->comm, local, counts[tp->tp_rank], tmp, counts, displs, tp->tp_comm);
+    /* tmp is (rank, row, shard column); full is (row, vocabulary) */
+    for (int r = 0; r < tp->tp; r++) {
+        int v0, vn;
+        balanced_part(c->vocab_size, tp->tp, r, &v0, &vn);
+        for (int i = 0; i < count; i++)
+            memcpy(full + (size_t)i * c->vocab_size + v0, tmp + displs[r] + (size_t)i * vn, sizeof(float) * vn);
+    }
+    free(counts);
+    free(displs);
+}
+
+/* Chooses the next token of every sampling chunk. local holds this rank's
+ * vocabulary shard of R rows (one per chunk, or one per token with
+ * on_logits). With tensor parallelism greedy rows take the global argmax
+ * by MPI_MAXLOC (lowest index wins ties) and sampled rows gather the whole
+ * vocabulary, so every rank of the group picks the same token. */
+static void pick_tokens(Engine *e, Running *run, const int *chunk_run, const Chunk *chunks, int nc, int R,
+                        const int *sampling, RequestSet *rs, float *local, PickBuffers *b, const GenOptions *o,
+                        int *out)
+{
+    const Shard *s = &e->model->shard;
+    int vocab = e->model->cfg.vocab_size, tp = e->topo->tp;
+    const float *full = local;
+    if (tp > 1 && o->on_logits) {
+        gather_vocab(e, local, R, b->full, b->tmp);
+        full = b->full;
+    }
+    /* last row of each chunk */
+    for (int i = 0, row = 0; i < nc; i++) {
+        int rows = o->on_logits ? chunks[i].n : 1;
+        if (o->on_logits)
+            for (int j = 0; j < chunks[i].n; j++)
+                o->on_logits(o->on_logits_ctx, run[chunk_run[i]].req, chunks[i].pos0 + j,
+                             full + (size_t)(row + j) * vocab, vocab);
+        b->rows[i] = sampling[i] ? full + (size_t)(row + rows - 1) * (full == local ? s->vocab : vocab) : NULL;
+        row += rows;
+    }
+    if (tp > 1 && !o->on_logits) {
+        /* greedy: local maxima, then MAXLOC; sampled: gather their rows */
+        int ng = 0, ns = 0;
+        for (int i = 0; i < nc; i++) {
+            if (!sampling[i]) continue;
+            if (rs->r[run[chunk_run[i]].req].temperature == 0.0f) {
+                int a = argmax_f32(b->rows[i], s->vocab);
+                b->pairs[ng++] = (ValueIndex){b->rows[i][a], s->vocab0 + a};
+            } else {
+                memmove(local + (size_t)ns++ * s->vocab, b->rows[i], sizeof(float) * s->vocab);
+            }
+        }
+        comm_argmax(e->comm, b->pairs, ng, e->topo->tp_comm);
+        if (ns) gather_vocab(e, local, ns, b->full, b->tmp);
+        ng = ns = 0;
+        for (int i = 0; i < nc; i++) {
+            if (!sampling[i]) continue;
+            if (rs->r[run[chunk_run[i]].req].temperature == 0.0f) {
+                out[i] = b->pairs[ng++].index;
+                b->rows[i] = NULL;
+            } else {
+                b->rows[i] = b->full + (size_t)ns++ * vocab;
+            }
+        }
+    }
+    /* requests sample independently, each from its own generator */
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < nc; i++)
+        if (b->rows[i])
+            out[i] = sampler_sample(&run[chunk_run[i]].sampler, (float *)b->rows[i], vocab,
+                                    (char *)b->scratch + b->scratch_bytes * (size_t)omp_get_thread_num());
+}
+
 int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
 {
     const Config *c = &e->model->cfg;
-    int vocab = e->model->shard.vocab;
+    int vocab = c->vocab_size;
     Timings *tm = e->tm;
     memset(res, 0, sizeof(Result) * (size_t)rs->n);
     int *waiting = xmalloc(sizeof(int) * (size_t)rs->n);
@@ -53,10 +147,15 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
     Chunk *chunks = xmalloc(sizeof(Chunk) * (size_t)o->max_num_seqs);
     int *chunk_run = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     size_t logits_rows = o->on_logits ? (size_t)cap_T : (size_t)o->max_num_seqs;
-    float *logits = xmalloc(sizeof(float) * logits_rows * vocab);
-    size_t scratch_bytes = sampler_scratch_bytes(vocab);
-    void *scratch = xmalloc(scratch_bytes * (size_t)omp_get_max_threads());
-    float **sample_row = xmalloc(sizeof(float *) * (size_t)o->max_num_seqs);
+    float *local = xmalloc(sizeof(float) * logits_rows * e->model->shard.vocab);
+    PickBuffers bufs = {0};
+    bufs.full = e->topo->tp > 1 ? xmalloc(sizeof(float) * logits_rows * vocab) : NULL;
+    bufs.tmp = e->topo->tp > 1 ? xmalloc(sizeof(float) * logits_rows * vocab) : NULL;
+    bufs.pairs = xmalloc(sizeof(ValueIndex) * (size_t)o->max_num_seqs);
+    bufs.scratch_bytes = sampler_scratch_bytes(vocab);
+    bufs.scratch = xmalloc(bufs.scratch_bytes * (size_t)omp_get_max_threads());
+    bufs.rows = xmalloc(sizeof(float *) * (size_t)o->max_num_seqs);
+    int *sampling = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     int *sampled = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
@@ -100,36 +199,28 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
             }
 
         double t0 = now_s();
-        engine_forward(e, tokens, chunks, nc, o->on_logits != NULL, logits);
+        e->comm->phase = any_prefill ? PHASE_PREFILL : PHASE_DECODE;
+        engine_forward(e, tokens, chunks, nc, o->on_logits != NULL, local);
         double t1 = now_s();
         if (any_prefill) tm->prefill += t1 - t0;
         else tm->decode += t1 - t0;
 
-        /* sample where a chunk ends at the sequence's last known token */
-        for (int i = 0, row = 0; i < nc; i++) {
+        /* which chunks sample: those ending at their sequence's last known
+         * token; full-vocabulary rows where needed (see pick_tokens) */
+        int R = o->on_logits ? T : nc;
+        for (int i = 0; i < nc; i++) {
             Running *r = &run[chunk_run[i]];
             Request *q = &rs->r[r->req];
-            int rows = o->on_logits ? chunks[i].n : 1;
-            if (o->on_logits)
-                for (int j = 0; j < chunks[i].n; j++)
-                    o->on_logits(o->on_logits_ctx, r->req, chunks[i].pos0 + j, logits + (size_t)(row + j) * vocab,
-                                 vocab);
-            sample_row[i] = logits + (size_t)(row + rows - 1) * vocab;
-            row += rows;
+            sampling[i] = 1;
             if (r->prefilled < q->n_prompt) {
                 r->prefilled += chunks[i].n;
-                if (r->prefilled < q->n_prompt) sample_row[i] = NULL; /* more prompt to go */
+                sampling[i] = r->prefilled == q->n_prompt;
             }
         }
-        /* requests sample independently, each from its own generator */
-#pragma omp parallel for schedule(dynamic)
-        for (int i = 0; i < nc; i++)
-            if (sample_row[i])
-                sampled[i] = sampler_sample(&run[chunk_run[i]].sampler, sample_row[i], vocab,
-                                            (char *)scratch + scratch_bytes * (size_t)omp_get_thread_num());
+        pick_tokens(e, run, chunk_run, chunks, nc, R, sampling, rs, local, &bufs, o, sampled);
         double now = now_s();
         for (int i = 0; i < nc; i++) {
-            if (!sample_row[i]) continue;
+            if (!sampling[i]) continue;
             Running *r = &run[chunk_run[i]];
             Request *q = &rs->r[r->req];
             Result *out = &res[r->req];
@@ -169,9 +260,13 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
     free(tokens);
     free(chunks);
     free(chunk_run);
-    free(logits);
-    free(scratch);
-    free(sample_row);
+    free(local);
+    free(bufs.full);
+    free(bufs.tmp);
+    free(bufs.pairs);
+    free(bufs.scratch);
+    free(bufs.rows);
+    free(sampling);
     free(sampled);
     return 0;
 }

@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "generate.h"
 #include "model.h"
+#include "topology.h"
 #include "output.h"
 #include "requests.h"
 #include "timing.h"
@@ -123,143 +124,324 @@ static void print_preview(const char *text, const Result *r)
     fputs(shown == 60 && text[60] ? "...\"" : "\"", stdout);
 }
 
+/* Every rank passes its status; if any failed, the lowest failing rank
+ * prints its reason once and all return 1 together (no hang, no abort). */
+static int failed_anywhere(int rc, MPI_Comm world)
+{
+    int rank, size;
+    MPI_Comm_rank(world, &rank);
+    MPI_Comm_size(world, &size);
+    int mine = rc ? rank : size, first;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world);
+    if (first == size) return 0;
+    if (rank == first) {
+        if (rank) fprintf(stderr, "dcpinfer: rank %d: %s\n", rank, dcp_error());
+        else fprintf(stderr, "dcpinfer: %s\n", dcp_error());
+    }
+    return 1;
+}
+
+/* Requests go to the DP groups balanced by prompt tokens: longest first,
+ * each to the least-loaded group (lowest index on ties). Same on all ranks. */
+static int *assign_dp_groups(const RequestSet *rs, int dp)
+{
+    int *group = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
+    int *order = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
+    long long *load = xcalloc((size_t)dp, sizeof(long long));
+    for (int i = 0; i < rs->n; i++) order[i] = i;
+    for (int i = 1; i < rs->n; i++) { /* insertion sort: stable, by prompt length descending */
+        int v = order[i], j = i;
+        while (j > 0 && rs->r[order[j - 1]].n_prompt < rs->r[v].n_prompt) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = v;
+    }
+    for (int k = 0; k < rs->n; k++) {
+        int i = order[k], best = 0;
+        for (int g = 1; g < dp; g++)
+            if (load[g] < load[best]) best = g;
+        group[i] = best;
+        load[best] += rs->r[i].n_prompt + rs->r[i].max_tokens;
+    }
+    free(order);
+    free(load);
+    return group;
+}
+
+static void print_rank_map(const RankInfo *ri, int world)
+{
+    printf("# rank map\n# %5s %-20s %4s %4s %4s %12s %9s\n", "rank", "host", "dp", "tp", "dcp", "query heads",
+           "KV heads");
+    for (int r = 0; r < world; r++) {
+        char q[32], kv[32];
+        snprintf(q, sizeof q, "%d-%d", ri[r].q_head0, ri[r].q_head0 + ri[r].q_heads - 1);
+        snprintf(kv, sizeof kv, "%d-%d", ri[r].kv_head0, ri[r].kv_head0 + ri[r].kv_heads - 1);
+        printf("  %5d %-20s %4d %4d %4d %12s %9s\n", r, ri[r].host, ri[r].dp_rank, ri[r].tp_rank, ri[r].dcp_rank, q,
+               kv);
+    }
+}
+
+/* Collectives per run: calls and bytes summed over ranks, seconds as
+ * avg/min/max over ranks (each rank's total). */
+static void print_comm_summary(const CommStats *cs, const long long *kv_peak, int world)
+{
+    printf("# %-15s %10s %14s %10s %10s %10s\n", "collective", "calls", "bytes", "avg_s", "min_s", "max_s");
+    for (int k = 0; k < COMM_N; k++) {
+        long long calls = 0, bytes = 0;
+        double sum = 0, lo = 1e300, hi = 0;
+        for (int r = 0; r < world; r++) {
+            double t = 0;
+            for (int p = 0; p < PHASE_N; p++) {
+                calls += cs[r].c[p][k].calls;
+                bytes += cs[r].c[p][k].bytes;
+                t += cs[r].c[p][k].seconds;
+            }
+            sum += t;
+            lo = t < lo ? t : lo;
+            hi = t > hi ? t : hi;
+        }
+        if (calls)
+            printf("  %-15s %10lld %14lld %10.4f %10.4f %10.4f\n", comm_kind_names[k], calls, bytes, sum / world, lo,
+                   hi);
+    }
+    long long lo = kv_peak[0], hi = kv_peak[0], sum = 0;
+    for (int r = 0; r < world; r++) {
+        sum += kv_peak[r];
+        lo = kv_peak[r] < lo ? kv_peak[r] : lo;
+        hi = kv_peak[r] > hi ? kv_peak[r] : hi;
+    }
+    printf("# KV cache bytes held at peak per rank: avg %lld, min %lld, max %lld\n", sum / world, lo, hi);
+}
+
+/* Results of every DP group to world rank 0, in file order. Each group's
+ * TP rank 0 contributes the requests its group ran. */
+static void gather_results(const RequestSet *rs, const int *group, Result *res, const Topology *t)
+{
+    int n = rs->n, leader = t->tp_rank == 0;
+    int *count = xcalloc((size_t)n + 1, sizeof(int)), *fin = xcalloc((size_t)n + 1, sizeof(int));
+    double *times = xcalloc(3 * (size_t)n + 1, sizeof(double));
+    static const char *reasons[] = {NULL, "stop", "length", "error"};
+    long long mine = 0;
+    for (int i = 0; i < n; i++) {
+        if (!leader || group[i] != t->dp_rank) continue;
+        count[i] = res[i].n;
+        for (int k = 1; k < 4; k++)
+            if (res[i].finish_reason && !strcmp(res[i].finish_reason, reasons[k])) fin[i] = k;
+        times[3 * i] = res[i].ttft_s;
+        times[3 * i + 1] = res[i].tpot_s;
+        times[3 * i + 2] = res[i].e2e_s;
+        mine += res[i].n;
+    }
+    int root = t->world_rank == 0;
+    MPI_Reduce(root ? MPI_IN_PLACE : count, count, n, MPI_INT, MPI_SUM, 0, t->world);
+    MPI_Reduce(root ? MPI_IN_PLACE : fin, fin, n, MPI_INT, MPI_SUM, 0, t->world);
+    MPI_Reduce(root ? MPI_IN_PLACE : times, times, 3 * n, MPI_DOUBLE, MPI_SUM, 0, t->world);
+    /* tokens: each leader's requests concatenated in file order */
+    int *send = xmalloc(sizeof(int) * (size_t)(mine + 1)), m = 0;
+    for (int i = 0; i < n; i++)
+        if (leader && group[i] == t->dp_rank)
+            for (int j = 0; j < res[i].n; j++) send[m++] = res[i].tokens[j];
+    int *counts = root ? xmalloc(sizeof(int) * t->world_size) : NULL, *displs = NULL, *all = NULL;
+    MPI_Gather(&m, 1, MPI_INT, counts, 1, MPI_INT, 0, t->world);
+    if (root) {
+        displs = xmalloc(sizeof(int) * t->world_size);
+        int total = 0;
+        for (int r = 0; r < t->world_size; r++) {
+            displs[r] = total;
+            total += counts[r];
+        }
+        all = xmalloc(sizeof(int) * (size_t)(total + 1));
+    }
+    MPI_Gatherv(send, m, MPI_INT, all, counts, displs, MPI_INT, 0, t->world);
+    if (root) {
+        int *next = xmalloc(sizeof(int) * t->dp);
+        for (int g = 0; g < t->dp; g++) next[g] = displs[g * t->tp];
+        for (int i = 0; i < n; i++) {
+            Result *r = &res[i];
+            if (rs->r[i].error) continue; /* failed before generation, same on every rank */
+            free(r->tokens);
+            r->n = r->cap = count[i];
+            r->tokens = xmalloc(sizeof(int) * (size_t)(r->n + 1));
+            memcpy(r->tokens, all + next[group[i]], sizeof(int) * (size_t)r->n);
+            next[group[i]] += r->n;
+            r->finish_reason = reasons[fin[i]];
+            r->ttft_s = times[3 * i];
+            r->tpot_s = times[3 * i + 1];
+            r->e2e_s = times[3 * i + 2];
+        }
+        free(next);
+    }
+    free(count);
+    free(fin);
+    free(times);
+    free(send);
+    free(counts);
+    free(displs);
+    free(all);
+}
+
 int run_job(const Options *o, MPI_Comm world)
 {
     int rank, world_size;
     MPI_Comm_rank(world, &rank);
     MPI_Comm_size(world, &world_size);
-    if (world_size > 1) {
-        if (rank == 0)
-            fprintf(stderr, "dcpinfer: %d ranks given, but this build runs one rank per job (mpirun -np 1); "
-                            "multi-rank layouts come with tensor parallelism\n",
-                    world_size);
-        return 2;
-    }
     Timings tm = {0};
     double t_begin = now_s();
     int bound_cpus, share;
     int threads = threads_per_rank(world, &bound_cpus, &share);
+    const Backend *be = backend_find(o->backend);
+    if (failed_anywhere(!be || backend_cpu_set_gemm(o->cpu_gemm), world)) return 2;
+    backend_set_threads(threads);
     if (rank == 0 && threads < share && !o->quiet)
         printf("# note: rank 0 is bound to %d CPU(s), so it runs %d thread(s) instead of its share of %d; launch "
                "with mpirun --bind-to none (or --map-by slot:PE=%d), or srun --cpus-per-task=%d\n",
                bound_cpus, threads, share, share, share);
-    const Backend *be = backend_find(o->backend);
-    if (!be) {
-        fprintf(stderr, "dcpinfer: %s\n", dcp_error());
-        return 2;
-    }
-    backend_set_threads(threads);
-    if (backend_cpu_set_gemm(o->cpu_gemm)) {
-        fprintf(stderr, "dcpinfer: %s\n", dcp_error());
-        return 2;
-    }
+    if (failed_anywhere(rank == 0 && output_check_writable(o->output), world)) return 1;
 
-    if (output_check_writable(o->output)) {
-        fprintf(stderr, "dcpinfer: %s\n", dcp_error());
-        return 1;
-    }
+    /* the prompts and the layout are checked before any weight is read */
     RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed};
     RequestSet rs;
-    if (requests_read(o->prompts, &defaults, o->skip_invalid, &rs)) {
-        fprintf(stderr, "dcpinfer: %s\n", dcp_error());
-        return 1;
-    }
+    if (failed_anywhere(requests_read(o->prompts, &defaults, o->skip_invalid, &rs), world)) return 1;
     Config cfg;
     Model model = {0};
     Tokenizer tok_storage, *tok = NULL;
     char *tok_path = o->tokenizer ? xstrdup(o->tokenizer) : default_tokenizer(o->model);
-    int status = 1;
+    int status = 1, topo_ready = 0;
+    Topology topo;
     Result *res = NULL;
     char **texts = NULL;
-    if (model_read_config(o->model, &cfg) || requests_check_vocab(&rs, cfg.vocab_size, o->skip_invalid)) {
-        fprintf(stderr, "dcpinfer: %s\n", dcp_error());
+    int *group = NULL;
+    if (failed_anywhere(model_read_config(o->model, &cfg) ||
+                            topology_check(&cfg, world_size, o->tp, o->dcp, o->dp, o->interleave) ||
+                            requests_check_vocab(&rs, cfg.vocab_size, o->skip_invalid),
+                        world))
         goto out;
-    }
     int max_model_len = o->max_model_len ? o->max_model_len : cfg.max_seq_len;
-    if (max_model_len > cfg.max_seq_len) {
-        fprintf(stderr, "dcpinfer: --max-model-len %d exceeds the model's maximum of %d positions\n",
-                max_model_len, cfg.max_seq_len);
+    if (failed_anywhere(max_model_len > cfg.max_seq_len &&
+                            dcp_fail("--max-model-len %d exceeds the model's maximum of %d positions",
+                                     max_model_len, cfg.max_seq_len),
+                        world))
         goto out;
-    }
     double t0 = now_s();
-    if (tok_path) {
-        if (tokenizer_load(&tok_storage, tok_path, cfg.vocab_size)) {
-            fprintf(stderr, "dcpinfer: %s\n", dcp_error());
-            goto out;
-        }
-        tok = &tok_storage;
-    }
+    if (failed_anywhere(tok_path && tokenizer_load(&tok_storage, tok_path, cfg.vocab_size), world)) goto out;
+    if (tok_path) tok = &tok_storage;
     prepare_prompts(&rs, tok, &cfg, max_model_len);
     tm.tokenize = now_s() - t0;
+
+    topology_init(&topo, world, o->tp, o->dcp, o->interleave);
+    topo_ready = 1;
     t0 = now_s();
-    if (model_load(&model, o->model, 1, 0)) {
-        fprintf(stderr, "dcpinfer: %s\n", dcp_error());
-        goto out;
-    }
+    if (failed_anywhere(model_load(&model, o->model, topo.tp, topo.tp_rank), world)) goto out;
     tm.load = now_s() - t0;
-    if (!o->quiet)
+
+    RankInfo me = {.world_rank = rank, .dp_rank = topo.dp_rank, .tp_rank = topo.tp_rank, .dcp_rank = topo.dcp_rank,
+                   .q_head0 = model.shard.q_head0, .q_heads = model.shard.q_heads,
+                   .kv_head0 = model.shard.kv_head0, .kv_heads = model.shard.kv_heads};
+    gethostname(me.host, sizeof me.host - 1);
+    RankInfo *ranks = rank == 0 ? xmalloc(sizeof(RankInfo) * world_size) : NULL;
+    MPI_Gather(&me, sizeof me, MPI_BYTE, ranks, sizeof me, MPI_BYTE, 0, world);
+    if (rank == 0 && !o->quiet) {
         printf("# dcpinfer %s: model %s (%d layers, dim %d, %d heads / %d KV heads, vocab %d), %d request(s), "
-               "backend %s, %d thread(s)\n",
+               "backend %s, %d thread(s) per rank\n",
                PACKAGE_VERSION, model.path, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size,
                rs.n, be->name, threads);
+        printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s\n", world_size,
+               topo.dp, topo.tp, topo.dcp, topo.interleave, o->dcp_comm_backend);
+        print_rank_map(ranks, world_size);
+    }
 
+    /* this DP group's requests, in file order */
+    group = assign_dp_groups(&rs, topo.dp);
+    RequestSet mine = {.path = rs.path};
+    mine.r = xmalloc(sizeof(Request) * (size_t)(rs.n ? rs.n : 1));
+    int *index = xmalloc(sizeof(int) * (size_t)(rs.n ? rs.n : 1));
+    for (int i = 0; i < rs.n; i++)
+        if (group[i] == topo.dp_rank) {
+            index[mine.n] = i;
+            mine.r[mine.n++] = rs.r[i]; /* shallow: rs owns the memory */
+        }
+    CommStats comm = {0};
     Engine eng;
-    engine_init(&eng, &model, be, &tm);
+    engine_init(&eng, &model, be, &topo, strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, &tm, &comm);
     GenOptions go = {.max_model_len = max_model_len, .max_num_seqs = o->max_num_seqs,
                      .max_batched_tokens = o->max_batched_tokens,
-                     .progress = o->progress >= 0 ? o->progress : isatty(2)};
-    res = xcalloc((size_t)rs.n, sizeof(Result));
+                     .progress = rank == 0 && (o->progress >= 0 ? o->progress : isatty(2))};
+    Result *mine_res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
+    MPI_Barrier(world);
     t0 = now_s();
-    generate(&eng, &rs, res, &go);
+    generate(&eng, &mine, mine_res, &go);
+    MPI_Barrier(world);
     double gen_s = now_s() - t0;
+    long long kv_peak = (long long)eng.kv_tokens_peak * (long long)engine_kv_bytes_per_token(&eng);
     engine_free(&eng);
-
-    texts = xcalloc((size_t)rs.n, sizeof(char *));
-    long out_tokens = 0;
-    int failed = 0;
-    for (int i = 0; i < rs.n; i++) {
-        texts[i] = decode_text(tok, &cfg, &rs.r[i], &res[i]);
-        out_tokens += res[i].n;
-        if (rs.r[i].error) {
-            failed++;
-            fprintf(stderr, "dcpinfer: %s\n", rs.r[i].error);
-        }
-    }
-    if (!o->quiet) {
-        printf("# %-14s %8s %8s %-7s %9s %9s  %s\n", "id", "prompt", "output", "finish", "ttft_s", "e2e_s", "text");
-        for (int i = 0; i < rs.n; i++) {
-            printf("  %-14s %8d %8d %-7s %9.4f %9.4f  ", rs.r[i].id, rs.r[i].n_prompt, res[i].n,
-                   res[i].finish_reason, res[i].ttft_s, res[i].e2e_s);
-            print_preview(texts[i], &res[i]);
-            putchar('\n');
-        }
-    }
-    printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s\n", rs.n, failed, out_tokens,
-           gen_s, gen_s > 0 ? out_tokens / gen_s : 0.0);
+    res = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(Result));
+    for (int j = 0; j < mine.n; j++) res[index[j]] = mine_res[j];
+    free(mine_res);
+    free(mine.r);
+    free(index);
+    for (int i = 0; i < rs.n; i++)
+        if (rs.r[i].error) res[i].finish_reason = "error";
+    gather_results(&rs, group, res, &topo);
 
     tm.total = now_s() - t_begin;
-    double *all_tm = xmalloc(sizeof(double) * TIMING_N * (size_t)world_size);
+    double *all_tm = rank == 0 ? xmalloc(sizeof(double) * TIMING_N * (size_t)world_size) : NULL;
+    CommStats *all_comm = rank == 0 ? xmalloc(sizeof(CommStats) * (size_t)world_size) : NULL;
+    long long *all_kv = rank == 0 ? xmalloc(sizeof(long long) * (size_t)world_size) : NULL;
     MPI_Gather(&tm, TIMING_N, MPI_DOUBLE, all_tm, TIMING_N, MPI_DOUBLE, 0, world);
-    RunInfo info = {.model_path = model.path, .cfg = &cfg, .max_model_len = max_model_len,
-                    .world_size = world_size, .tp = 1, .dcp = 1, .dp = 1, .threads_per_rank = threads,
-                    .backend = be->name, .seed = o->seed, .prompts_path = o->prompts};
-    t0 = now_s();
-    if (output_write(o->output, &info, &rs, res, texts, all_tm)) {
-        fprintf(stderr, "dcpinfer: %s\n", dcp_error());
-    } else {
-        if (!o->quiet) printf("# results written to %s\n", o->output);
-        status = 0;
+    MPI_Gather(&comm, sizeof comm, MPI_BYTE, all_comm, sizeof comm, MPI_BYTE, 0, world);
+    MPI_Gather(&kv_peak, 1, MPI_LONG_LONG, all_kv, 1, MPI_LONG_LONG, 0, world);
+    int write_rc = 0;
+    if (rank == 0) {
+        texts = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(char *));
+        long out_tokens = 0;
+        int failed = 0;
+        for (int i = 0; i < rs.n; i++) {
+            texts[i] = decode_text(tok, &cfg, &rs.r[i], &res[i]);
+            out_tokens += res[i].n;
+            if (rs.r[i].error) {
+                failed++;
+                fprintf(stderr, "dcpinfer: %s\n", rs.r[i].error);
+            }
+        }
+        if (!o->quiet) {
+            printf("# %-14s %8s %8s %-7s %9s %9s  %s\n", "id", "prompt", "output", "finish", "ttft_s", "e2e_s",
+                   "text");
+            for (int i = 0; i < rs.n; i++) {
+                printf("  %-14s %8d %8d %-7s %9.4f %9.4f  ", rs.r[i].id, rs.r[i].n_prompt, res[i].n,
+                       res[i].finish_reason, res[i].ttft_s, res[i].e2e_s);
+                print_preview(texts[i], &res[i]);
+                putchar('\n');
+            }
+            if (world_size > 1) print_comm_summary(all_comm, all_kv, world_size);
+        }
+        printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s\n", rs.n, failed,
+               out_tokens, gen_s, gen_s > 0 ? out_tokens / gen_s : 0.0);
+        RunInfo info = {.model_path = model.path, .cfg = &cfg, .max_model_len = max_model_len,
+                        .world_size = world_size, .tp = topo.tp, .dcp = topo.dcp, .dp = topo.dp,
+                        .interleave = topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
+                        .threads_per_rank = threads, .backend = be->name, .seed = o->seed,
+                        .prompts_path = o->prompts};
+        RankReports rep = {ranks, all_tm, all_comm, all_kv};
+        write_rc = output_write(o->output, &info, &rs, res, texts, &rep);
+        if (!write_rc && !o->quiet) printf("# results written to %s\n", o->output);
     }
+    free(ranks);
     free(all_tm);
+    free(all_comm);
+    free(all_kv);
+    status = failed_anywhere(write_rc, world) ? 1 : 0;
 out:
     if (texts)
         for (int i = 0; i < rs.n; i++) free(texts[i]);
     free(texts);
     if (res) results_free(res, rs.n);
     free(res);
+    free(group);
     if (tok) tokenizer_free(tok);
     free(tok_path);
     model_free(&model);
     requests_free(&rs);
+    if (topo_ready) topology_free(&topo);
     return status;
 }

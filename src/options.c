@@ -12,7 +12,7 @@
 enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
-    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM
+    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND
 };
 
 static const struct option long_opts[] = {
@@ -21,6 +21,14 @@ static const struct option long_opts[] = {
     {"output", required_argument, 0, OPT_OUTPUT},
     {"backend", required_argument, 0, OPT_BACKEND},
     {"cpu-gemm", required_argument, 0, OPT_CPU_GEMM},
+    {"tensor-parallel-size", required_argument, 0, OPT_TP},
+    {"tp", required_argument, 0, OPT_TP},
+    {"decode-context-parallel-size", required_argument, 0, OPT_DCP},
+    {"dcp", required_argument, 0, OPT_DCP},
+    {"data-parallel-size", required_argument, 0, OPT_DP},
+    {"dp", required_argument, 0, OPT_DP},
+    {"cp-kv-cache-interleave-size", required_argument, 0, OPT_INTERLEAVE},
+    {"dcp-comm-backend", required_argument, 0, OPT_DCP_BACKEND},
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
@@ -68,6 +76,15 @@ void options_usage(FILE *f)
             "  --seed N                 run seed; a request without \"seed\" derives one from it and\n"
             "                           its line number (default 0)\n"
             "\n"
+            "Parallelism (world = dp x tp; DCP splits each TP group's KV cache along the sequence):\n"
+            "  -tp, --tensor-parallel-size N      ranks per model replica (default 1)\n"
+            "  -dcp, --decode-context-parallel-size N  ranks of a TP group that share a KV head and\n"
+            "                           split its cache by position (default 1; at most tp/kv_heads)\n"
+            "  -dp, --data-parallel-size N        model replicas (default world / tp)\n"
+            "  --cp-kv-cache-interleave-size I    consecutive positions per DCP rank (default 1)\n"
+            "  --dcp-comm-backend B     ag_rs (default: allgather LSEs + reduce-scatter) or a2a\n"
+            "                           (all-to-all of partial outputs)\n"
+            "\n"
             "Batching:\n"
             "  --max-num-seqs N         requests decoding together (default 256)\n"
             "  --max-num-batched-tokens N  tokens per forward pass (default 2048)\n"
@@ -108,12 +125,13 @@ static int parse_float(const char *opt, const char *s, float lo, float hi, int l
 
 int options_parse(Options *o, int argc, char **argv, int print)
 {
-    *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .max_tokens = 16, .temperature = 1.0f,
+    *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .tp = 1, .dcp = 1,
+                   .interleave = 1, .dcp_comm_backend = "ag_rs", .max_tokens = 16, .temperature = 1.0f,
                    .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1};
     optind = 1;
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
+    while ((c = getopt_long_only(argc, argv, "", long_opts, NULL)) != -1) {
         int rc = 0;
         switch (c) {
         case OPT_MODEL: o->model = optarg; break;
@@ -121,6 +139,15 @@ int options_parse(Options *o, int argc, char **argv, int print)
         case OPT_OUTPUT: o->output = optarg; break;
         case OPT_BACKEND: o->backend = optarg; break;
         case OPT_CPU_GEMM: o->cpu_gemm = optarg; break;
+        case OPT_TP: rc = parse_int("-tp", optarg, 1, &o->tp); break;
+        case OPT_DCP: rc = parse_int("-dcp", optarg, 1, &o->dcp); break;
+        case OPT_DP: rc = parse_int("-dp", optarg, 1, &o->dp); break;
+        case OPT_INTERLEAVE: rc = parse_int("--cp-kv-cache-interleave-size", optarg, 0, &o->interleave); break;
+        case OPT_DCP_BACKEND:
+            o->dcp_comm_backend = optarg;
+            if (strcmp(optarg, "ag_rs") && strcmp(optarg, "a2a"))
+                rc = dcp_fail("--dcp-comm-backend %s: choose ag_rs or a2a", optarg);
+            break;
         case OPT_MAX_TOKENS: rc = parse_int("--max-tokens", optarg, 1, &o->max_tokens); break;
         case OPT_TEMPERATURE: rc = parse_float("--temperature", optarg, 0, 1e6f, 0, &o->temperature); break;
         case OPT_TOP_P: rc = parse_float("--top-p", optarg, 0, 1, 1, &o->top_p); break;

@@ -22,6 +22,9 @@ typedef struct {
     int skip_invalid;
     int progress;          /* -1: when stderr is a terminal */
     int quiet;
+    int tp, dcp, dp;       /* dp 0: world / tp */
+    int interleave;        /* --cp-kv-cache-interleave-size */
+    const char *dcp_comm_backend; /* ag_rs | a2a */
 } Options;
 
 /* 0: run; 1: --help or --version printed, exit 0; -1: error in dcp_error(). */

@@ -80,6 +80,8 @@ static void write_root_attrs(hid_t f, const RunInfo *in)
     attr_int(f, "tp", in->tp);
     attr_int(f, "dcp", in->dcp);
     attr_int(f, "dp", in->dp);
+    attr_int(f, "interleave", in->interleave);
+    attr_str(f, "dcp_comm_backend", in->dcp_comm_backend);
     attr_int(f, "threads_per_rank", in->threads_per_rank);
     attr_str(f, "backend", in->backend);
     unsigned long long seed = in->seed;
@@ -146,6 +148,75 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
     return rc ? -1 : 0;
 }
 
+static hid_t group(hid_t parent, const char *name)
+{
+    return H5Gcreate2(parent, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+}
+
+static int write_layout(hid_t f, const RankInfo *ranks, int world)
+{
+    hid_t g = group(f, "layout");
+    if (g < 0) return dcp_fail("HDF5: cannot create /layout");
+    int *col = xmalloc(sizeof(int) * (size_t)world);
+    const char **hosts = xmalloc(sizeof(char *) * (size_t)world);
+    int rc = 0;
+#define LAYOUT_FIELD(field)                                                   \
+    for (int r = 0; r < world; r++) col[r] = ranks[r].field;                   \
+    rc = rc || write_array(g, #field, H5T_NATIVE_INT, col, (size_t)world);
+    LAYOUT_FIELD(world_rank)
+    LAYOUT_FIELD(dp_rank)
+    LAYOUT_FIELD(tp_rank)
+    LAYOUT_FIELD(dcp_rank)
+    LAYOUT_FIELD(q_head0)
+    LAYOUT_FIELD(q_heads)
+    LAYOUT_FIELD(kv_head0)
+    LAYOUT_FIELD(kv_heads)
+#undef LAYOUT_FIELD
+    for (int r = 0; r < world; r++) hosts[r] = ranks[r].host;
+    rc = rc || write_strings(g, "host", hosts, (size_t)world);
+    free(col);
+    free(hosts);
+    H5Gclose(g);
+    return rc;
+}
+
+static int write_comm(hid_t f, const CommStats *stats, const long long *kv_peak, int world)
+{
+    hid_t g = group(f, "comm");
+    if (g < 0) return dcp_fail("HDF5: cannot create /comm");
+    attr_str(g, "bytes", "bytes each rank sent: allreduce, q_allgather, lse_allgather, logits_gather: count*4; "
+                         "reduce_scatter: N*recvcount*4; all_to_all: N*count*4; argmax: rows*8");
+    long long *calls = xmalloc(sizeof(long long) * (size_t)world), *bytes = xmalloc(sizeof(long long) * (size_t)world);
+    double *secs = xmalloc(sizeof(double) * (size_t)world);
+    int rc = 0;
+    for (int p = 0; p < PHASE_N && !rc; p++) {
+        hid_t gp = group(g, phase_names[p]);
+        for (int k = 0; k < COMM_N && !rc; k++) {
+            hid_t gk = group(gp, comm_kind_names[k]);
+            for (int r = 0; r < world; r++) {
+                calls[r] = stats[r].c[p][k].calls;
+                bytes[r] = stats[r].c[p][k].bytes;
+                secs[r] = stats[r].c[p][k].seconds;
+            }
+            rc = write_array(gk, "calls", H5T_NATIVE_LLONG, calls, (size_t)world) ||
+                 write_array(gk, "bytes", H5T_NATIVE_LLONG, bytes, (size_t)world) ||
+                 write_array(gk, "seconds", H5T_NATIVE_DOUBLE, secs, (size_t)world);
+            H5Gclose(gk);
+        }
+        H5Gclose(gp);
+    }
+    H5Gclose(g);
+    if (!rc) {
+        hid_t gm = group(f, "memory");
+        rc = write_array(gm, "kv_bytes_peak", H5T_NATIVE_LLONG, kv_peak, (size_t)world);
+        H5Gclose(gm);
+    }
+    free(calls);
+    free(bytes);
+    free(secs);
+    return rc;
+}
+
 static int write_timings(hid_t f, const double *timings, int world)
 {
     hid_t g = H5Gcreate2(f, "timings", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -174,7 +245,7 @@ int output_check_writable(const char *path)
 }
 
 int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
-                 char *const *texts, const double *timings)
+                 char *const *texts, const RankReports *rep)
 {
     size_t n = strlen(path) + 32;
     char *tmp = xmalloc(n);
@@ -186,7 +257,9 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
         return dcp_fail("%s: cannot create the output file (directory missing or not writable?)", path);
     }
     write_root_attrs(f, info);
-    int rc = write_requests(f, rs, res, texts) || write_timings(f, timings, info->world_size);
+    int rc = write_requests(f, rs, res, texts) || write_layout(f, rep->ranks, info->world_size) ||
+             write_timings(f, rep->timings, info->world_size) ||
+             write_comm(f, rep->comm, rep->kv_peak_bytes, info->world_size);
     if (H5Fclose(f) < 0 && !rc) rc = dcp_fail("%s: HDF5 close failed", tmp);
     if (!rc && rename(tmp, path)) rc = dcp_fail("%s: cannot rename %s into place", path, tmp);
     if (rc) unlink(tmp);

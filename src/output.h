@@ -4,22 +4,43 @@
  *   /            attributes: version, model, shapes, layout, backend, seed, created
  *   /requests/   id, line, prompt_offsets, prompt_tokens, output_offsets,
  *                output_tokens, text, finish_reason, error, ttft_s, tpot_s, e2e_s
- *   /timings/    one dataset per phase: seconds on each rank (world_size) */
+ *   /layout/     the rank map: coordinates, heads and host of each rank
+ *   /timings/    one dataset per phase: seconds on each rank (world_size)
+ *   /comm/PHASE/KIND/  calls, bytes, seconds of each collective per rank
+ *   /memory/     kv_bytes_peak per rank */
 #ifndef DCP_OUTPUT_H
 #define DCP_OUTPUT_H
 
 #include <stdint.h>
 
+#include "comm.h"
 #include "generate.h"
 #include "model.h"
 #include "requests.h"
 #include "timing.h"
+
+/* Where one rank sits and what it holds (the start-up rank map). */
+typedef struct {
+    int world_rank, dp_rank, tp_rank, dcp_rank;
+    int q_head0, q_heads, kv_head0, kv_heads;
+    char host[64];
+} RankInfo;
+
+/* Per-rank figures gathered to rank 0, world_size entries each. */
+typedef struct {
+    const RankInfo *ranks;
+    const double *timings;          /* (world_size, TIMING_N) seconds */
+    const CommStats *comm;
+    const long long *kv_peak_bytes; /* most KV bytes the rank held at once */
+} RankReports;
 
 typedef struct {
     const char *model_path;
     const Config *cfg;
     int max_model_len;
     int world_size, tp, dcp, dp;
+    int interleave;
+    const char *dcp_comm_backend;
     int threads_per_rank;
     const char *backend;
     uint64_t seed;
@@ -30,8 +51,8 @@ typedef struct {
  * stops before its work rather than after it. */
 int output_check_writable(const char *path);
 
-/* timings: world_size rows of TIMING_N seconds; texts: one per request. */
+/* texts: one per request. */
 int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
-                 char *const *texts, const double *timings);
+                 char *const *texts, const RankReports *rep);
 
 #endif

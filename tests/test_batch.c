@@ -25,7 +25,7 @@ static void run(const Model *m, RequestSet *rs, Result *res, int max_num_seqs, i
 {
     Timings tm = {0};
     Engine e;
-    engine_init(&e, m, backend_cpu(), &tm);
+    engine_init(&e, m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
     GenOptions go = {.max_model_len = m->cfg.max_seq_len, .max_num_seqs = max_num_seqs,
                      .max_batched_tokens = max_batched};
     generate(&e, rs, res, &go);

@@ -22,7 +22,7 @@ static float *run_logits(const char *path, int *vocab)
     }
     Timings tm = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), &tm);
+    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
     int slot = engine_seq_alloc(&e, NTOK);
     int tokens[NTOK];
     for (int i = 0; i < NTOK; i++) tokens[i] = (i * 37 + 11) % m.cfg.vocab_size;

@@ -89,7 +89,7 @@ int main(int argc, char **argv)
     add_request(&rs, c, 10, 50, 0.0f, 1.0f, 0);
     Timings tm = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), &tm);
+    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
     GenOptions go = {.max_model_len = 12, .max_num_seqs = 8, .max_batched_tokens = 64};
     Result want[3];
     generate(&e, &rs, want, &go);
@@ -160,7 +160,7 @@ int main(int argc, char **argv)
     Request *q = add_request(&rs2, c, 10, 20, 0.0f, 1.0f, 0);
     Result free_run, got;
     go.max_model_len = m.cfg.max_seq_len;
-    engine_init(&e, &m, backend_cpu(), &tm);
+    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
     generate(&e, &rs2, &free_run, &go);
     int stop = free_run.tokens[5], first = 0;
     while (free_run.tokens[first] != stop) first++;

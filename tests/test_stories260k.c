@@ -97,7 +97,7 @@ int main(int argc, char **argv)
     Capture cap = {xcalloc(64 * VOCAB, sizeof(float)), 0};
     Timings tm = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), &tm);
+    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
     GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 8, .max_batched_tokens = 64,
                      .on_logits = capture, .on_logits_ctx = &cap};
     Result res[3];

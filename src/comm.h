@@ -1,0 +1,61 @@
+/* The collectives dcpinfer calls, each counted: calls, bytes this rank
+ * sends, seconds, split by prefill and decode steps. Bytes sent per call:
+ *   allreduce        count * 4            (MPI_Allreduce, sum, over tp_comm)
+ *   q_allgather      count * 4            (MPI_Allgather of Q, over dcp_comm)
+ *   lse_allgather    count * 4            (MPI_Allgather of LSEs, ag_rs)
+ *   reduce_scatter   N * recvcount * 4    (MPI_Reduce_scatter_block, ag_rs)
+ *   all_to_all       N * count * 4        (MPI_Alltoall of partials + LSE, a2a)
+ *   argmax           rows * 8             (MPI_Allreduce MAXLOC of (float, int))
+ *   logits_gather    count * 4            (MPI_Allgatherv of a vocabulary shard)
+ * where N is the communicator's size. A communicator of one rank makes no
+ * call and counts nothing. */
+#ifndef DCP_COMM_H
+#define DCP_COMM_H
+
+#include <mpi.h>
+
+#define COMM_KINDS(X) \
+    X(allreduce)      \
+    X(q_allgather)    \
+    X(lse_allgather)  \
+    X(reduce_scatter) \
+    X(all_to_all)     \
+    X(argmax)         \
+    X(logits_gather)
+
+typedef enum {
+#define COMM_ENUM(name) COMM_##name,
+    COMM_KINDS(COMM_ENUM)
+#undef COMM_ENUM
+    COMM_N
+} CommKind;
+
+enum { PHASE_PREFILL, PHASE_DECODE, PHASE_N };
+
+extern const char *const comm_kind_names[COMM_N];
+extern const char *const phase_names[PHASE_N];
+
+typedef struct {
+    long long calls, bytes;
+    double seconds;
+} CommCounter;
+
+typedef struct {
+    CommCounter c[PHASE_N][COMM_N];
+    int phase; /* where calls are counted now */
+} CommStats;
+
+void comm_allreduce_sum(CommStats *s, float *buf, int count, MPI_Comm comm);
+void comm_allgather(CommStats *s, CommKind kind, const float *send, int count, float *recv, MPI_Comm comm);
+void comm_reduce_scatter_sum(CommStats *s, const float *send, float *recv, int recvcount, MPI_Comm comm);
+void comm_alltoall(CommStats *s, const float *send, float *recv, int count, MPI_Comm comm);
+/* pairs[i] = (value, global index) in, global max with lowest index out */
+typedef struct {
+    float value;
+    int index;
+} ValueIndex;
+void comm_argmax(CommStats *s, ValueIndex *pairs, int rows, MPI_Comm comm);
+void comm_allgatherv(CommStats *s, const float *send, int count, float *recv, const int *counts, const int *displs,
+                     MPI_Comm comm);
+
+#endif

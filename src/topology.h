@@ -1,0 +1,42 @@
+/* Where a rank sits: world = dp x tp, TP innermost; DCP groups are runs of
+ * dcp consecutive ranks inside a TP group (DESIGN.md section 2). */
+#ifndef DCP_TOPOLOGY_H
+#define DCP_TOPOLOGY_H
+
+#include <mpi.h>
+
+#include "model.h"
+
+typedef struct {
+    int world_size, world_rank;
+    int tp, dcp, dp;
+    int interleave;          /* I: consecutive positions per owner rank */
+    int dp_rank, tp_rank, dcp_rank, dcp_group;
+    MPI_Comm world;
+    MPI_Comm tp_comm;        /* the ranks of one DP replica */
+    MPI_Comm dcp_comm;       /* the ranks sharing one KV head's sequence */
+} Topology;
+
+/* Checks a layout against the model before anything is loaded. On failure
+ * dcp_error() names the values and the rule. dp 0 means world / tp. */
+int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave);
+/* Builds the communicators; collective over world. */
+void topology_init(Topology *t, MPI_Comm world, int tp, int dcp, int interleave);
+void topology_free(Topology *t);
+
+/* DESIGN.md section 3: the DCP rank that stores position p, the index of p
+ * in that rank's shard, and how many of the first len positions rank d
+ * stores. */
+static inline int kv_owner(const Topology *t, int p) { return (p / t->interleave) % t->dcp; }
+static inline int kv_local_index(const Topology *t, int p)
+{
+    return (p / (t->dcp * t->interleave)) * t->interleave + p % t->interleave;
+}
+static inline int kv_local_len(const Topology *t, int len, int d)
+{
+    int I = t->interleave, N = t->dcp;
+    int base = (len / I / N) * I, rem = len - base * N - d * I;
+    return base + (rem < 0 ? 0 : rem > I ? I : rem);
+}
+
+#endif
