@@ -103,7 +103,7 @@ static void pick_tokens(Engine *e, Running *run, const int *chunk_run, const Chu
                 memmove(local + (size_t)ns++ * s->vocab, b->rows[i], sizeof(float) * s->vocab);
             }
         }
-        comm_argmax(e->comm, b->pairs, ng, e->topo->tp_comm);
+        if (ng) comm_argmax(e->comm, b->pairs, ng, e->topo->tp_comm);
         if (ns) gather_vocab(e, local, ns, b->full, b->tmp);
         ng = ns = 0;
         for (int i = 0; i < nc; i++) {
@@ -269,6 +269,32 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
     free(sampling);
     free(sampled);
     return 0;
+}
+
+int *dp_assign(const RequestSet *rs, int dp)
+{
+    int *group = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
+    int *order = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
+    long long *load = xcalloc((size_t)dp, sizeof(long long));
+    for (int i = 0; i < rs->n; i++) order[i] = i;
+    for (int i = 1; i < rs->n; i++) { /* insertion sort: stable, by prompt length descending */
+        int v = order[i], j = i;
+        while (j > 0 && rs->r[order[j - 1]].n_prompt < rs->r[v].n_prompt) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = v;
+    }
+    for (int k = 0; k < rs->n; k++) {
+        int i = order[k], best = 0;
+        for (int g = 1; g < dp; g++)
+            if (load[g] < load[best]) best = g;
+        group[i] = best;
+        load[best] += rs->r[i].n_prompt + rs->r[i].max_tokens;
+    }
+    free(order);
+    free(load);
+    return group;
 }
 
 void results_free(Result *res, int n)

@@ -30,6 +30,10 @@ typedef struct {
  * res has one entry per request. */
 int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o);
 void results_free(Result *res, int n);
+/* The DP group of each request (malloc'ed, rs->n entries): balanced by
+ * prompt plus output tokens, longest first to the least-loaded group,
+ * lowest group on ties; the same on every rank. */
+int *dp_assign(const RequestSet *rs, int dp);
 /* EOS of the model or one of the request's stop_token_ids */
 int is_stop_token(const Config *c, const Request *q, int tok);
 

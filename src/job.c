@@ -141,34 +141,6 @@ static int failed_anywhere(int rc, MPI_Comm world)
     return 1;
 }
 
-/* Requests go to the DP groups balanced by prompt tokens: longest first,
- * each to the least-loaded group (lowest index on ties). Same on all ranks. */
-static int *assign_dp_groups(const RequestSet *rs, int dp)
-{
-    int *group = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
-    int *order = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
-    long long *load = xcalloc((size_t)dp, sizeof(long long));
-    for (int i = 0; i < rs->n; i++) order[i] = i;
-    for (int i = 1; i < rs->n; i++) { /* insertion sort: stable, by prompt length descending */
-        int v = order[i], j = i;
-        while (j > 0 && rs->r[order[j - 1]].n_prompt < rs->r[v].n_prompt) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = v;
-    }
-    for (int k = 0; k < rs->n; k++) {
-        int i = order[k], best = 0;
-        for (int g = 1; g < dp; g++)
-            if (load[g] < load[best]) best = g;
-        group[i] = best;
-        load[best] += rs->r[i].n_prompt + rs->r[i].max_tokens;
-    }
-    free(order);
-    free(load);
-    return group;
-}
-
 static void print_rank_map(const RankInfo *ri, int world)
 {
     printf("# rank map\n# %5s %-20s %4s %4s %4s %12s %9s\n", "rank", "host", "dp", "tp", "dcp", "query heads",
@@ -352,7 +324,7 @@ int run_job(const Options *o, MPI_Comm world)
     }
 
     /* this DP group's requests, in file order */
-    group = assign_dp_groups(&rs, topo.dp);
+    group = dp_assign(&rs, topo.dp);
     RequestSet mine = {.path = rs.path};
     mine.r = xmalloc(sizeof(Request) * (size_t)(rs.n ? rs.n : 1));
     int *index = xmalloc(sizeof(int) * (size_t)(rs.n ? rs.n : 1));

@@ -16,11 +16,13 @@ checks=0
 fail() { failures=$((failures + 1)); echo "FAIL: $*" >&2; }
 pass() { echo "ok: $*" >&2; }
 
-# run_dcp NAME ARGS...: runs dcpinfer under mpirun -np 1; stdout, stderr and
-# the exit status land in $WORK/NAME.{out,err,rc}
+# run_dcp NAME ARGS...: runs dcpinfer under mpirun -np ${NP:-1}, for at most
+# ${LIMIT:-300} seconds; stdout, stderr and the exit status land in
+# $WORK/NAME.{out,err,rc}
 run_dcp() {
     local name=$1; shift
-    "$MPIRUN" -q --bind-to none -np 1 "$DCPINFER" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"
+    timeout "${LIMIT:-300}" "$MPIRUN" -q --oversubscribe --bind-to none -np "${NP:-1}" "$DCPINFER" "$@" \
+        >"$WORK/$name.out" 2>"$WORK/$name.err"
     echo $? >"$WORK/$name.rc"
 }
 

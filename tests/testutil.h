@@ -84,6 +84,25 @@ static inline Request *add_request(RequestSet *set, const int *ids, int n, int m
     return r;
 }
 
+/* "full token sequence" of a CASE in REFERENCE-llama2c.txt; returns count. */
+static inline int reference_tokens(const char *ref, int case_no, int *out, int cap)
+{
+    char head[32];
+    snprintf(head, sizeof head, "CASE %d:", case_no);
+    const char *p = strstr(ref, head);
+    if (!p) return -1;
+    p = strstr(p, "full token sequence");
+    if (!p) return -1;
+    p = strchr(p, '\n');
+    int n = 0;
+    while (p && n < cap) {
+        while (*p == ' ' || *p == '\n') p++;
+        if (*p < '0' || *p > '9') break;
+        out[n++] = (int)strtol(p, (char **)&p, 10);
+    }
+    return n;
+}
+
 static inline int test_finish(const char *name)
 {
     if (test_failures) fprintf(stderr, "%s: %d check(s) failed\n", name, test_failures);

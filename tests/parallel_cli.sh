@@ -1,0 +1,58 @@
+#!/bin/sh
+# The whole program on 8 ranks: TP, DCP and DP layouts write the same tokens
+# and texts as one rank, the HDF5 file holds the rank map and the collective
+# counts, and each invalid layout stops every rank within 10 s with one line.
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
+
+model=$SHARED/models/stories260K
+if [ -f "$model/stories260K.bin" ]; then
+    M="--model $model/stories260K.bin --tokenizer $model/tok512.bin"
+    P=$SRC/inputs/stories.jsonl
+else
+    echo "stories260K not found under $SHARED: using the generated model" >&2
+    "$MKMODEL" --out "$WORK/mqa" --layers 4 --dim 128 --heads 8 --kv-heads 1 --hidden 172 --vocab 300
+    M="--model $WORK/mqa"
+    P=$SRC/inputs/demo.jsonl
+fi
+dump() { h5dump -d "$2" "$1" | sed -n '/DATA {/,$p'; }
+
+run_dcp one $M --output "$WORK/one.h5" "$P"
+for layout in "-tp 2 -dp 4" "-tp 4" "-tp 8 -dcp 2 --dcp-comm-backend a2a --cp-kv-cache-interleave-size 3" \
+    "-tp 8 -dcp 2 --max-num-batched-tokens 8 --max-num-seqs 3"; do
+    checks=$((checks + 1))
+    name=$(echo "$layout" | tr -c 'a-z0-9\n' '_')
+    case $layout in *a2a*) a2a=$name ;; esac
+    NP=8 run_dcp "$name" $M $layout --output "$WORK/$name.h5" "$P"
+    if [ "$(cat "$WORK/$name.rc")" != 0 ]; then
+        fail "$layout: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" >&2
+    elif [ "$(dump "$WORK/one.h5" /requests/output_tokens)" != "$(dump "$WORK/$name.h5" /requests/output_tokens)" ] ||
+        [ "$(dump "$WORK/one.h5" /requests/text)" != "$(dump "$WORK/$name.h5" /requests/text)" ]; then
+        fail "$layout: tokens or texts differ from one rank"
+    elif ! dump "$WORK/$name.h5" /layout/tp_rank | grep -q '(0): 0, 1, ' || ! grep -q '^# rank map' "$WORK/$name.out"; then
+        fail "$layout: no rank map"
+    else
+        pass "np 8 $layout: same tokens and texts as one rank"
+    fi
+done
+checks=$((checks + 1))
+f=$WORK/$a2a.h5
+if dump "$f" /comm/decode/all_to_all/calls | grep -q '(0): [1-9]' && dump "$f" /memory/kv_bytes_peak | grep -q '(0): [1-9]' &&
+    grep -q '^  all_to_all ' "$WORK/$a2a.out"; then
+    pass "collective counts and KV bytes recorded"
+else
+    fail "no collective counts in $f"
+fi
+
+# invalid layouts: every rank exits non-zero within 10 s, one message
+"$MKMODEL" --out "$WORK/g6" --layers 1 --dim 96 --heads 12 --kv-heads 2 --hidden 64 --vocab 64
+"$MKMODEL" --out "$WORK/gqa" --layers 1 --dim 64 --heads 8 --kv-heads 4 --hidden 64 --vocab 64
+printf '{"id": "a", "prompt_token_ids": [1, 2, 3]}\n' >"$WORK/p.jsonl"
+LIMIT=10 NP=6 expect_error np_not_divisible 1 "6 ranks are not divisible by -tp 4" --model "$WORK/gqa" -tp 4 "$WORK/p.jsonl"
+LIMIT=10 NP=8 expect_error dcp_not_dividing_tp 1 "-dcp 3 does not divide -tp 8" --model "$WORK/gqa" -tp 8 -dcp 3 "$WORK/p.jsonl"
+LIMIT=10 NP=8 expect_error dcp_above_tp_over_kv 1 "-dcp 4 is above tp/kv_heads = 8/4 = 2" --model "$WORK/gqa" -tp 8 -dcp 4 "$WORK/p.jsonl"
+LIMIT=10 NP=6 expect_error kv_group_split 1 "tp/kv_heads = 6/2 = 3 is not divisible by -dcp 2" --model "$WORK/g6" -tp 6 -dcp 2 "$WORK/p.jsonl"
+LIMIT=10 NP=6 expect_error heads_not_divisible 1 "the model's 8 query heads are not divisible by -tp 6" --model "$WORK/gqa" -tp 6 "$WORK/p.jsonl"
+LIMIT=10 NP=8 expect_error interleave_zero 1 "--cp-kv-cache-interleave-size 0 must be at least 1" --model "$WORK/gqa" -tp 8 -dcp 2 --cp-kv-cache-interleave-size 0 "$WORK/p.jsonl"
+LIMIT=10 NP=4 expect_error dp_mismatch 1 "-dp 3 x -tp 2 = 6, but there are 4 ranks" --model "$WORK/gqa" -tp 2 -dp 3 "$WORK/p.jsonl"
+finish

@@ -1,0 +1,363 @@
+/* Every parallel layout against one rank. Runs as one MPI job of 8 ranks;
+ * a layout of np < 8 ranks runs on the first np of them. For each layout
+ * the ranks load their shards, generate, and compare with a single-rank run
+ * made locally: token ids equal, logits (whole vocabulary, every position)
+ * within 1e-3. Also: KV bytes per rank at dcp N against dcp 1, and the
+ * bytes of every collective against the formulas of comm.h. */
+#include "backend.h"
+#include "engine.h"
+#include "generate.h"
+#include "job.h"
+#include "mkmodel.h"
+#include "model.h"
+#include "testutil.h"
+#include "topology.h"
+
+typedef struct {
+    int np, tp, dcp, I;
+    MergeBackend merge;
+    int budget; /* --max-num-batched-tokens; small values chunk the prefill */
+    int tokens_only; /* no logits capture, so that the collectives are those of a normal run */
+} Layout;
+
+typedef struct {
+    int vocab;
+    const int *global; /* request index in the full set, per subset index */
+    float **logits;    /* per global request: (positions, vocab) */
+    int *cap;          /* positions allocated per request */
+} Capture;
+
+static void capture(void *ctx, int request, int pos, const float *logits, int vocab)
+{
+    Capture *c = ctx;
+    int g = c->global[request];
+    if (pos < c->cap[g]) memcpy(c->logits[g] + (size_t)pos * vocab, logits, sizeof(float) * vocab);
+}
+
+static Capture capture_new(const RequestSet *rs, int vocab, const int *global)
+{
+    Capture c = {vocab, global, xcalloc((size_t)rs->n, sizeof(float *)), xcalloc((size_t)rs->n, sizeof(int))};
+    for (int i = 0; i < rs->n; i++) {
+        c.cap[i] = rs->r[i].n_prompt + rs->r[i].max_tokens;
+        c.logits[i] = xcalloc((size_t)c.cap[i] * vocab, sizeof(float));
+    }
+    return c;
+}
+
+static void capture_free(Capture *c, int n)
+{
+    for (int i = 0; i < n; i++) free(c->logits[i]);
+    free(c->logits);
+    free(c->cap);
+}
+
+typedef struct {
+    Result *res;
+    Capture cap;
+    int *identity;
+} Reference;
+
+static Reference reference_run(const char *path, RequestSet *rs)
+{
+    Model m;
+    CHECK(model_load(&m, path, 1, 0) == 0, "load %s: %s", path, dcp_error());
+    Reference ref = {xcalloc((size_t)rs->n, sizeof(Result)), {0}, xmalloc(sizeof(int) * rs->n)};
+    for (int i = 0; i < rs->n; i++) ref.identity[i] = i;
+    ref.cap = capture_new(rs, m.cfg.vocab_size, ref.identity);
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
+    GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = 4096,
+                     .on_logits = capture, .on_logits_ctx = &ref.cap};
+    generate(&e, rs, ref.res, &go);
+    engine_free(&e);
+    model_free(&m);
+    return ref;
+}
+
+/* Runs a layout on the first np ranks of world and checks it against ref.
+ * Returns this rank's engine figures through kv_peak and stats. */
+static void run_layout(const char *label, const char *path, RequestSet *rs, const Reference *ref, Layout L,
+                       long long *kv_peak, CommStats *stats)
+{
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, rank < L.np, rank, &sub);
+    if (rank < L.np) {
+        Topology t;
+        topology_init(&t, sub, L.tp, L.dcp, L.I);
+        Model m;
+        CHECK(model_load(&m, path, t.tp, t.tp_rank) == 0, "load: %s", dcp_error());
+        int *group = dp_assign(rs, t.dp);
+        RequestSet mine = {.path = rs->path, .r = xmalloc(sizeof(Request) * rs->n)};
+        int *global = xmalloc(sizeof(int) * rs->n);
+        for (int i = 0; i < rs->n; i++)
+            if (group[i] == t.dp_rank) {
+                global[mine.n] = i;
+                mine.r[mine.n++] = rs->r[i];
+            }
+        Capture cap = capture_new(rs, m.cfg.vocab_size, global);
+        Result *res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
+        CommStats cs = {0};
+        Timings tm = {0};
+        Engine e;
+        engine_init(&e, &m, backend_cpu(), &t, L.merge, &tm, &cs);
+        GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = L.budget,
+                         .on_logits = L.tokens_only ? NULL : capture, .on_logits_ctx = &cap};
+        generate(&e, &mine, res, &go);
+        CHECK(engine_kv_bytes(&e) == 0, "%s: KV released", label);
+        if (kv_peak) *kv_peak = e.kv_tokens_peak;
+        if (stats) *stats = cs;
+        engine_free(&e);
+        double worst = 0;
+        for (int j = 0; j < mine.n; j++) {
+            int g = global[j];
+            const Request *q = &rs->r[g];
+            CHECK(res[j].n == ref->res[g].n && !memcmp(res[j].tokens, ref->res[g].tokens, sizeof(int) * res[j].n),
+                  "%s: request %s tokens differ from one rank", label, q->id);
+            int positions = q->n_prompt + res[j].n - 1;
+            for (size_t x = 0; x < (size_t)positions * m.cfg.vocab_size; x++)
+                worst = fmax(worst, fabs(cap.logits[g][x] - ref->cap.logits[g][x]));
+        }
+        if (!L.tokens_only) {
+            CHECK(worst <= 1e-3, "%s: logits differ from one rank by %g", label, worst);
+            if (rank == 0) fprintf(stderr, "%-44s max |logit - one rank| = %.2g\n", label, worst);
+        }
+        results_free(res, mine.n);
+        free(res);
+        capture_free(&cap, rs->n);
+        free(global);
+        free(mine.r);
+        free(group);
+        model_free(&m);
+        topology_free(&t);
+    }
+    MPI_Comm_free(&sub);
+}
+
+static void free_reference(Reference *ref, int n)
+{
+    results_free(ref->res, n);
+    free(ref->res);
+    capture_free(&ref->cap, n);
+    free(ref->identity);
+}
+
+static const char *merge_name(MergeBackend m) { return m == MERGE_A2A ? "a2a" : "ag_rs"; }
+
+/* stories260K (8 query / 4 KV heads), REFERENCE-llama2c.txt cases 1 and 2 */
+static void stories_layouts(void)
+{
+    char *path = shared_path("models/stories260K/stories260K.bin");
+    char *tok_path = shared_path("models/stories260K/tok512.bin");
+    char *ref_path = shared_path("models/stories260K/REFERENCE-llama2c.txt");
+    if (!path_exists(path) || !path_exists(ref_path)) {
+        fprintf(stderr, "stories260K not found under %s: its layouts skipped\n", shared_dir());
+        free(path), free(tok_path), free(ref_path);
+        return;
+    }
+    char *text;
+    read_file(ref_path, &text, NULL);
+    int want1[128], want2[300];
+    CHECK(reference_tokens(text, 1, want1, 128) == 65 && reference_tokens(text, 2, want2, 300) == 257,
+          "reference tokens");
+    RequestSet rs = {0};
+    add_request(&rs, want1, 5, 60, 0.0f, 1.0f, 0);
+    add_request(&rs, want2, 1, 256, 0.0f, 1.0f, 0);
+    Reference ref = reference_run(path, &rs);
+    CHECK(!memcmp(ref.res[0].tokens, want1 + 5, 60 * sizeof(int)) && !memcmp(ref.res[1].tokens, want2 + 1, 256 * sizeof(int)),
+          "one rank reproduces run.c's cases 1 and 2");
+    static const int shapes[][4] = {{1, 1, 1, 1}, {2, 2, 1, 1}, {4, 4, 1, 1}, {8, 8, 1, 1},
+                                    {8, 8, 2, 1}, {8, 4, 1, 2}, {8, 2, 1, 4}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int np = shapes[s][0], tp = shapes[s][1], dcp = shapes[s][2];
+        for (int I = 1; I <= (dcp > 1 ? 3 : 1); I += 2)
+            for (int mb = 0; mb < (dcp > 1 ? 2 : 1); mb++) {
+                char label[96];
+                snprintf(label, sizeof label, "stories260K np %d tp %d dcp %d dp %d I %d %s", np, tp, dcp,
+                         shapes[s][3], I, merge_name((MergeBackend)mb));
+                run_layout(label, path, &rs, &ref, (Layout){np, tp, dcp, I, (MergeBackend)mb, 2048, 0}, NULL, NULL);
+            }
+    }
+    free_reference(&ref, rs.n);
+    requests_free(&rs);
+    free(text);
+    free(path), free(tok_path), free(ref_path);
+}
+
+static char *write_mqa(const char *dir, int heads)
+{
+    char *path = xmalloc(strlen(dir) + 32);
+    sprintf(path, "%s/mqa%d", dir, heads);
+    ModelSpec s = {.layers = 4, .dim = 128, .heads = heads, .kv_heads = 1, .hidden = 172, .vocab = 300,
+                   .max_len = 512, .tied = 0, .eos = -1, .rope_theta = 10000.0f, .seed = 40 + heads};
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) CHECK(mkmodel_write_hf(&s, path, 0, 1) == 0, "mkmodel: %s", dcp_error());
+    MPI_Barrier(MPI_COMM_WORLD);
+    return path;
+}
+
+/* odd prompt lengths (never a multiple of dcp x I), four shorter than dcp 8;
+ * greedy and sampled requests */
+static void mqa_requests(RequestSet *rs, int vocab)
+{
+    static const int lens[] = {1, 3, 5, 7, 13, 29, 37};
+    uint64_t st = 5;
+    memset(rs, 0, sizeof *rs);
+    for (int i = 0; i < 7; i++) {
+        int ids[64];
+        for (int j = 0; j < lens[i]; j++) ids[j] = (int)(splitmix64(&st) % (uint64_t)vocab);
+        add_request(rs, ids, lens[i], 10 + i, i % 3 == 2 ? 0.8f : 0.0f, 0.95f, 100 + i);
+    }
+}
+
+static void mqa_layouts(const char *path, int heads)
+{
+    RequestSet rs;
+    mqa_requests(&rs, 300);
+    Reference ref = reference_run(path, &rs);
+    static const int budgets[] = {4096, 16, 7};
+    for (int dcp = 1; dcp <= 8; dcp *= 2)
+        for (int ii = 0; ii < (dcp > 1 ? 3 : 1); ii++) {
+            int I = (int[]){1, 4, 16}[ii];
+            for (int mb = 0; mb < (dcp > 1 ? 2 : 1); mb++) {
+                char label[96];
+                int budget = budgets[(ii + mb) % 3];
+                snprintf(label, sizeof label, "MQA %d heads tp 8 dcp %d I %d %s budget %d", heads, dcp, I,
+                         merge_name((MergeBackend)mb), budget);
+                run_layout(label, path, &rs, &ref, (Layout){8, 8, dcp, I, (MergeBackend)mb, budget, 0}, NULL, NULL);
+            }
+        }
+    free_reference(&ref, rs.n);
+    requests_free(&rs);
+}
+
+/* KV positions held per rank at dcp N equal the dcp 1 figure over N, up to
+ * one interleave unit per request, and exactly the sum of local lengths. */
+static void kv_accounting(const char *path)
+{
+    static const int lens[] = {13, 29, 31, 7, 50};
+    const int G = 10;
+    RequestSet rs = {0};
+    uint64_t st = 9;
+    for (int i = 0; i < 5; i++) {
+        int ids[64];
+        for (int j = 0; j < lens[i]; j++) ids[j] = (int)(splitmix64(&st) % 300);
+        add_request(&rs, ids, lens[i], G, 0.0f, 1.0f, 0);
+    }
+    Reference ref = reference_run(path, &rs);
+    long long peak1 = 0, peak;
+    run_layout("kv accounting: dcp 1", path, &rs, &ref, (Layout){8, 8, 1, 1, MERGE_AG_RS, 4096, 0}, &peak1, NULL);
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    long long total1 = 0;
+    for (int i = 0; i < 5; i++) total1 += lens[i] + G - 1;
+    CHECK(peak1 == total1, "dcp 1 holds every position: %lld vs %lld", peak1, total1);
+    for (int N = 2; N <= 8; N *= 2)
+        for (int I = 1; I <= 4; I *= 4) {
+            char label[64];
+            snprintf(label, sizeof label, "kv accounting: dcp %d I %d", N, I);
+            run_layout(label, path, &rs, &ref, (Layout){8, 8, N, I, MERGE_AG_RS, 4096, 0}, &peak, NULL);
+            Topology t = {.dcp = N, .interleave = I};
+            long long exact = 0;
+            for (int i = 0; i < 5; i++) exact += kv_local_len(&t, lens[i] + G - 1, rank % N);
+            CHECK(peak == exact, "%s rank %d: %lld positions, local lengths say %lld", label, rank, peak, exact);
+            CHECK(llabs(peak * N - peak1) <= 5LL * I * N, "%s rank %d: %lld x %d vs %lld", label, rank, peak, N,
+                  peak1);
+            if (rank == 0)
+                fprintf(stderr, "%s: rank 0 holds %lld positions (x%d = %lld; dcp 1: %lld)\n", label, peak, N,
+                        peak * N, peak1);
+        }
+    free_reference(&ref, rs.n);
+    requests_free(&rs);
+}
+
+/* Each collective's calls and bytes against comm.h's formulas, for one
+ * request of P prompt tokens and G output tokens at tp 8, dcp 2. */
+static void comm_bytes(const char *path, int heads)
+{
+    const int P = 11, G = 6, Lyr = 4, dim = 128, N = 2, tp = 8;
+    const int qh = heads / tp, D = dim / heads;
+    for (int sampled = 0; sampled < 2; sampled++)
+        for (int mb = 0; mb < 2; mb++) {
+            RequestSet rs = {0};
+            int ids[P];
+            for (int j = 0; j < P; j++) ids[j] = 17 * j % 300;
+            add_request(&rs, ids, P, G, sampled ? 0.7f : 0.0f, 1.0f, 3);
+            Reference ref = reference_run(path, &rs);
+            CommStats cs;
+            char label[64];
+            snprintf(label, sizeof label, "comm bytes: %s %s", merge_name((MergeBackend)mb), sampled ? "sampled" : "greedy");
+            run_layout(label, path, &rs, &ref, (Layout){8, tp, N, 1, (MergeBackend)mb, 4096, 1}, NULL, &cs);
+            int rank, v0, vn;
+            MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+            balanced_part(300, tp, rank % tp, &v0, &vn);
+            long long steps[PHASE_N] = {1, G - 1}, T[PHASE_N] = {P, 1};
+            for (int p = 0; p < PHASE_N; p++) {
+                long long want_calls[COMM_N] = {0}, want_bytes[COMM_N] = {0};
+                long long s = steps[p], ctx = p == PHASE_DECODE; /* decode steps have a context part */
+                want_calls[COMM_allreduce] = 2 * Lyr * s;
+                want_bytes[COMM_allreduce] = 2 * Lyr * s * T[p] * dim * 4;
+                want_calls[COMM_q_allgather] = ctx * Lyr * s;
+                want_bytes[COMM_q_allgather] = ctx * Lyr * s * T[p] * qh * D * 4;
+                if (mb == MERGE_AG_RS) {
+                    want_calls[COMM_lse_allgather] = want_calls[COMM_reduce_scatter] = ctx * Lyr * s;
+                    want_bytes[COMM_lse_allgather] = ctx * Lyr * s * N * T[p] * qh * 4;
+                    want_bytes[COMM_reduce_scatter] = ctx * Lyr * s * N * T[p] * qh * D * 4;
+                } else {
+                    want_calls[COMM_all_to_all] = ctx * Lyr * s;
+                    want_bytes[COMM_all_to_all] = ctx * Lyr * s * N * T[p] * qh * (D + 1) * 4;
+                }
+                /* one token chosen per step: MAXLOC, or the whole vocabulary gathered */
+                want_calls[sampled ? COMM_logits_gather : COMM_argmax] = s;
+                want_bytes[sampled ? COMM_logits_gather : COMM_argmax] = s * (sampled ? 4LL * vn : 8);
+                for (int k = 0; k < COMM_N; k++)
+                    CHECK(cs.c[p][k].calls == want_calls[k] && cs.c[p][k].bytes == want_bytes[k],
+                          "%s rank %d %s %s: %lld calls / %lld bytes, formula %lld / %lld", label, rank,
+                          phase_names[p], comm_kind_names[k], cs.c[p][k].calls, cs.c[p][k].bytes, want_calls[k],
+                          want_bytes[k]);
+            }
+            free_reference(&ref, rs.n);
+            requests_free(&rs);
+        }
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 8) {
+        if (rank == 0) fprintf(stderr, "test_parallel needs 8 ranks (mpirun -np 8), got %d\n", size);
+        MPI_Finalize();
+        return 99;
+    }
+    backend_set_threads(threads_per_rank(MPI_COMM_WORLD, NULL, NULL)); /* 8 ranks on few cores */
+    char dir[4096] = "";
+    if (rank == 0) {
+        char *d = scratch_dir();
+        snprintf(dir, sizeof dir, "%s", d);
+        free(d);
+    }
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+
+    stories_layouts();
+    char *mqa8 = write_mqa(dir, 8), *mqa16 = write_mqa(dir, 16);
+    mqa_layouts(mqa8, 8);
+    mqa_layouts(mqa16, 16);
+    kv_accounting(mqa8);
+    comm_bytes(mqa16, 16);
+    free(mqa8);
+    free(mqa16);
+
+    int failures = test_failures, total;
+    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) remove_tree(dir);
+    MPI_Finalize();
+    test_failures = total;
+    return rank == 0 ? test_finish("test_parallel") : (total ? 1 : 0);
+}
