@@ -1,0 +1,153 @@
+/* dcpinfer-bench-decode: one decode step of b requests at context L, timed
+ * on the real forward pass, for plain TP and for DCP with each merge
+ * backend. The KV shards are filled with random values (the numbers do not
+ * matter here, only the shapes). Prints per step: time, the bytes and
+ * seconds of the DCP merge collectives, of the TP allreduces, and the KV
+ * bytes a rank holds. Times are the slowest rank's (ranks synchronise per
+ * step). */
+#include <getopt.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "engine.h"
+#include "job.h"
+#include "model.h"
+#include "topology.h"
+#include "util.h"
+
+typedef struct {
+    int dcp;
+    MergeBackend merge;
+} Variant;
+
+static void fill_random(float *p, size_t n, uint64_t *st)
+{
+    for (size_t i = 0; i < n; i++) p[i] = (float)((splitmix64(st) >> 40) / 16777216.0) - 0.5f;
+}
+
+/* One (b, L, variant): returns 0, prints a row on rank 0. */
+static void bench(const char *model_path, int tp, Variant v, int b, int L, int steps)
+{
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    Topology t;
+    topology_init(&t, MPI_COMM_WORLD, tp, v.dcp, 1);
+    Model m;
+    if (model_load(&m, model_path, t.tp, t.tp_rank)) {
+        fprintf(stderr, "rank %d: %s\n", rank, dcp_error());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    Timings tm = {0};
+    CommStats cs = {0};
+    Engine e;
+    engine_init(&e, &m, backend_cpu(), &t, v.merge, &tm, &cs);
+    Chunk *chunks = xmalloc(sizeof(Chunk) * b);
+    int *tokens = xmalloc(sizeof(int) * b);
+    uint64_t st = 17 + rank;
+    size_t kvd = (size_t)m.shard.kv_heads * m.cfg.head_dim;
+    for (int i = 0; i < b; i++) {
+        int slot = engine_seq_alloc(&e, L + steps + 1);
+        int local = kv_local_len(&t, L, t.dcp_rank);
+        fill_random(e.k_cache[slot], (size_t)m.cfg.n_layers * e.slot_cap[slot] * kvd, &st);
+        fill_random(e.v_cache[slot], (size_t)m.cfg.n_layers * e.slot_cap[slot] * kvd, &st);
+        e.slot_len[slot] = local;
+        e.kv_tokens += local;
+        chunks[i] = (Chunk){slot, L, 1};
+        tokens[i] = i % m.cfg.vocab_size;
+    }
+    long long kv_bytes = (long long)engine_kv_bytes(&e);
+    float *logits = xmalloc(sizeof(float) * b * m.shard.vocab);
+    cs.phase = PHASE_DECODE;
+    engine_forward(&e, tokens, chunks, b, 0, logits); /* warm-up, not counted */
+    for (int i = 0; i < b; i++) chunks[i].pos0++;
+    memset(&cs, 0, sizeof cs);
+    cs.phase = PHASE_DECODE;
+    double total = 0;
+    for (int s = 0; s < steps; s++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = now_s();
+        engine_forward(&e, tokens, chunks, b, 0, logits);
+        double dt = now_s() - t0, worst;
+        MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        total += worst;
+        for (int i = 0; i < b; i++) chunks[i].pos0++;
+    }
+    const CommCounter *c = cs.c[PHASE_DECODE];
+    double merge_s = c[COMM_q_allgather].seconds + c[COMM_lse_allgather].seconds +
+                     c[COMM_reduce_scatter].seconds + c[COMM_all_to_all].seconds;
+    long long merge_b = c[COMM_q_allgather].bytes + c[COMM_lse_allgather].bytes + c[COMM_reduce_scatter].bytes +
+                        c[COMM_all_to_all].bytes;
+    double worst_merge;
+    MPI_Reduce(&merge_s, &worst_merge, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("  %5d %7d %4d %-6s %10.3f %12.3f %14lld %14lld %14lld\n", b, L, v.dcp,
+               v.dcp == 1 ? "tp" : v.merge == MERGE_A2A ? "a2a" : "ag_rs", 1e3 * total / steps,
+               1e3 * worst_merge / steps, merge_b / steps, c[COMM_allreduce].bytes / steps, kv_bytes);
+    free(chunks);
+    free(tokens);
+    free(logits);
+    engine_free(&e);
+    model_free(&m);
+    topology_free(&t);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const char *model = NULL, *cases = "1:1024,8:1024,8:4096,32:4096";
+    int steps = 5, max_dcp = 0;
+    static const struct option opts[] = {{"model", 1, 0, 'm'}, {"cases", 1, 0, 'c'}, {"steps", 1, 0, 's'},
+                                         {"max-dcp", 1, 0, 'd'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (c == 'm') model = optarg;
+        else if (c == 'c') cases = optarg;
+        else if (c == 's') steps = atoi(optarg);
+        else if (c == 'd') max_dcp = atoi(optarg);
+        else {
+            if (rank == 0)
+                fprintf(stderr, "usage: mpirun -np N dcpinfer-bench-decode --model PATH [--cases b:L,...] "
+                                "[--steps S] [--max-dcp N]\n");
+            MPI_Finalize();
+            return 2;
+        }
+    }
+    backend_set_threads(threads_per_rank(MPI_COMM_WORLD, NULL, NULL));
+    Config cfg;
+    if (model_read_config(model, &cfg)) {
+        if (rank == 0) fprintf(stderr, "dcpinfer-bench-decode: %s\n", dcp_error());
+        MPI_Finalize();
+        return 1;
+    }
+    int tp = size, limit = cfg.n_kv_heads < tp ? tp / cfg.n_kv_heads : 1;
+    if (max_dcp <= 0 || max_dcp > limit) max_dcp = limit;
+    if (rank == 0) {
+        printf("# dcpinfer-bench-decode: %d ranks, tp %d, model %s (%d layers, dim %d, %d heads / %d KV heads, "
+               "head dim %d), %d timed step(s) per row\n",
+               size, tp, model ? model : "(generated default)", cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads,
+               cfg.head_dim, steps);
+        printf("# %5s %7s %4s %-6s %10s %12s %14s %14s %14s\n", "batch", "context", "dcp", "merge", "step_ms",
+               "merge_ms", "merge_bytes", "allreduce_B", "kv_bytes/rank");
+    }
+    char *list = xstrdup(cases);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        int b = 0, L = 0;
+        if (sscanf(tok, "%d:%d", &b, &L) != 2 || b < 1 || L < 1) continue;
+        bench(model, tp, (Variant){1, MERGE_AG_RS}, b, L, steps);
+        for (int n = 2; n <= max_dcp; n *= 2)
+            if (limit % n == 0) {
+                bench(model, tp, (Variant){n, MERGE_AG_RS}, b, L, steps);
+                bench(model, tp, (Variant){n, MERGE_A2A}, b, L, steps);
+            }
+    }
+    free(list);
+    MPI_Finalize();
+    return 0;
+}
