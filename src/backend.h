@@ -26,6 +26,10 @@ typedef struct {
     const float *const *v;    /* per token: its first value row */
     const int *n_keys;        /* per token: rows to attend to */
     int kv_stride;            /* floats from one key row to the next */
+    /* Paged keys: when blocks is set, key j of token t is row
+     * blocks[t][j / block_size] * block_size + j % block_size from k[t]. */
+    const int *const *blocks;
+    int block_size;
 } AttnBatch;
 
 typedef struct Backend {

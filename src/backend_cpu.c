@@ -122,9 +122,12 @@ static void cpu_attention(const AttnBatch *a)
                 cap = n;
             }
             const float *k = a->k[t] + (size_t)kvh * D, *v = a->v[t] + (size_t)kvh * D;
+            const int *table = a->blocks ? a->blocks[t] : NULL;
+            int B = a->block_size;
+#define KEY_ROW(j) ((size_t)(table ? (size_t)table[(j) / B] * B + (j) % B : (size_t)(j)) * a->kv_stride)
             float m = -INFINITY;
             for (int j = 0; j < n; j++) {
-                const float *kj = k + (size_t)j * a->kv_stride;
+                const float *kj = k + KEY_ROW(j);
                 float s = 0.0f;
                 for (int d = 0; d < D; d++) s += q[d] * kj[d];
                 s *= a->scale;
@@ -135,12 +138,13 @@ static void cpu_attention(const AttnBatch *a)
             for (int j = 0; j < n; j++) {
                 float p = expf(score[j] - m);
                 sum += p;
-                const float *vj = v + (size_t)j * a->kv_stride;
+                const float *vj = v + KEY_ROW(j);
                 for (int d = 0; d < D; d++) o[d] += p * vj[d];
             }
             float inv = 1.0f / sum;
             for (int d = 0; d < D; d++) o[d] *= inv;
             a->lse[r] = m + logf(sum);
+#undef KEY_ROW
         }
         free(score);
     }

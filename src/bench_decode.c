@@ -44,22 +44,30 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     Timings tm = {0};
     CommStats cs = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), &t, v.merge, &tm, &cs);
+    /* a pool just large enough for the batch */
+    size_t per_seq = (size_t)kv_blocks_for(&t, L + steps + 1, 16) * 16;
+    EngineOptions eo = {v.merge, per_seq * b * kv_bytes_per_position(m.cfg.n_layers, m.shard.kv_heads, m.cfg.head_dim),
+                        16};
+    engine_init(&e, &m, backend_cpu(), &t, &eo, &tm, &cs);
     Chunk *chunks = xmalloc(sizeof(Chunk) * b);
+    BlockTable *tables = xcalloc((size_t)b, sizeof(BlockTable));
     int *tokens = xmalloc(sizeof(int) * b);
     uint64_t st = 17 + rank;
-    size_t kvd = (size_t)m.shard.kv_heads * m.cfg.head_dim;
+    /* random K/V in every block: the numbers do not matter, only the shapes */
+    size_t pool_floats = (size_t)e.pool.n_blocks * e.pool.block_size * m.cfg.n_layers * m.shard.kv_heads * m.cfg.head_dim;
+    fill_random(e.k_pool, pool_floats, &st);
+    fill_random(e.v_pool, pool_floats, &st);
     for (int i = 0; i < b; i++) {
-        int slot = engine_seq_alloc(&e, L + steps + 1);
-        int local = kv_local_len(&t, L, t.dcp_rank);
-        fill_random(e.k_cache[slot], (size_t)m.cfg.n_layers * e.slot_cap[slot] * kvd, &st);
-        fill_random(e.v_cache[slot], (size_t)m.cfg.n_layers * e.slot_cap[slot] * kvd, &st);
-        e.slot_len[slot] = local;
-        e.kv_tokens += local;
-        chunks[i] = (Chunk){slot, L, 1};
+        if (table_reserve(&e.pool, &tables[i], kv_blocks_for(&t, L + steps + 1, 16))) {
+            fprintf(stderr, "rank %d: KV pool too small\n", rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        chunks[i] = (Chunk){tables[i].ids, L, 1};
         tokens[i] = i % m.cfg.vocab_size;
     }
-    long long kv_bytes = (long long)engine_kv_bytes(&e);
+    long long kv_bytes = 0;
+    for (int i = 0; i < b; i++)
+        kv_bytes += (long long)kv_local_len(&t, L, t.dcp_rank) * (long long)engine_kv_bytes_per_token(&e);
     float *logits = xmalloc(sizeof(float) * b * m.shard.vocab);
     cs.phase = PHASE_DECODE;
     engine_forward(&e, tokens, chunks, b, 0, logits); /* warm-up, not counted */
@@ -87,6 +95,8 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
         printf("  %5d %7d %4d %-6s %10.3f %12.3f %14lld %14lld %14lld\n", b, L, v.dcp,
                v.dcp == 1 ? "tp" : v.merge == MERGE_A2A ? "a2a" : "ag_rs", 1e3 * total / steps,
                1e3 * worst_merge / steps, merge_b / steps, c[COMM_allreduce].bytes / steps, kv_bytes);
+    for (int i = 0; i < b; i++) table_free(&tables[i]);
+    free(tables);
     free(chunks);
     free(tokens);
     free(logits);

@@ -9,7 +9,9 @@
 static Topology solo_topology;
 static CommStats solo_stats;
 
-void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, MergeBackend merge,
+size_t engine_kv_bytes_per_token(const Engine *e);
+
+void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, const EngineOptions *eo,
                  Timings *tm, CommStats *stats)
 {
     memset(e, 0, sizeof *e);
@@ -23,9 +25,19 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     e->model = m;
     e->be = be;
     e->topo = topo;
-    e->merge = merge;
+    e->merge = eo ? eo->merge : MERGE_AG_RS;
     e->tm = tm;
     e->comm = stats ? stats : &solo_stats;
+    size_t memory = eo && eo->kv_cache_memory ? eo->kv_cache_memory : (size_t)256 << 20;
+    int B = eo && eo->block_size ? eo->block_size : 16;
+    size_t per_block = engine_kv_bytes_per_token(e) * B;
+    size_t n_blocks = memory / per_block;
+    if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
+    pool_init(&e->pool, (int)n_blocks, B);
+    /* untouched pages of the pool cost no memory until a block is used */
+    size_t floats = n_blocks * per_block / 2 / sizeof(float);
+    e->k_pool = xmalloc(sizeof(float) * (floats ? floats : 1));
+    e->v_pool = xmalloc(sizeof(float) * (floats ? floats : 1));
 }
 
 static void free_activations(Engine *e)
@@ -41,21 +53,18 @@ static void free_activations(Engine *e)
     free(e->kp);
     free(e->vp);
     free(e->n_keys);
+    free(e->tables);
     e->pos = NULL;
     e->kp = e->vp = NULL;
     e->n_keys = NULL;
+    e->tables = NULL;
 }
 
 void engine_free(Engine *e)
 {
-    for (int i = 0; i < e->n_slots; i++) {
-        free(e->k_cache[i]);
-        free(e->v_cache[i]);
-    }
-    free(e->k_cache);
-    free(e->v_cache);
-    free(e->slot_cap);
-    free(e->slot_len);
+    free(e->k_pool);
+    free(e->v_pool);
+    pool_free_all(&e->pool);
     free_activations(e);
     memset(e, 0, sizeof *e);
 }
@@ -87,6 +96,7 @@ static void ensure_capacity(Engine *e, int T)
     e->kp = xmalloc(sizeof(float *) * T * N);
     e->vp = xmalloc(sizeof(float *) * T * N);
     e->n_keys = xmalloc(sizeof(int) * T * N);
+    e->tables = xmalloc(sizeof(int *) * T * N);
     if (N > 1) {
         e->q_all = xmalloc(sizeof(float) * N * T * qd);
         e->o_all = xmalloc(sizeof(float) * N * T * qd);
@@ -98,38 +108,19 @@ static void ensure_capacity(Engine *e, int T)
 
 size_t engine_kv_bytes_per_token(const Engine *e)
 {
-    return 2 * sizeof(float) * (size_t)e->model->cfg.n_layers * e->model->shard.kv_heads * e->model->cfg.head_dim;
+    return kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim);
 }
 
-size_t engine_kv_bytes(const Engine *e) { return (size_t)e->kv_tokens * engine_kv_bytes_per_token(e); }
-
-int engine_seq_alloc(Engine *e, int cap)
+long long engine_kv_capacity(const Engine *e)
 {
-    int slot = 0;
-    while (slot < e->n_slots && e->slot_cap[slot]) slot++;
-    if (slot == e->n_slots) {
-        e->n_slots++;
-        e->k_cache = xrealloc(e->k_cache, sizeof(float *) * e->n_slots);
-        e->v_cache = xrealloc(e->v_cache, sizeof(float *) * e->n_slots);
-        e->slot_cap = xrealloc(e->slot_cap, sizeof(int) * e->n_slots);
-        e->slot_len = xrealloc(e->slot_len, sizeof(int) * e->n_slots);
-    }
-    int local = kv_local_len(e->topo, cap, e->topo->dcp_rank);
-    size_t n = (size_t)e->model->cfg.n_layers * (local ? local : 1) * e->model->shard.kv_heads * e->model->cfg.head_dim;
-    e->k_cache[slot] = xmalloc(sizeof(float) * n);
-    e->v_cache[slot] = xmalloc(sizeof(float) * n);
-    e->slot_cap[slot] = local ? local : 1;
-    e->slot_len[slot] = 0;
-    return slot;
+    return (long long)e->pool.n_blocks * e->pool.block_size * e->topo->dcp;
 }
 
-void engine_seq_free(Engine *e, int slot)
+/* Floats from the start of a layer's pool to position slot of block b. */
+static size_t kv_offset(const Engine *e, int layer, int block, int slot)
 {
-    free(e->k_cache[slot]);
-    free(e->v_cache[slot]);
-    e->k_cache[slot] = e->v_cache[slot] = NULL;
-    e->kv_tokens -= e->slot_len[slot];
-    e->slot_cap[slot] = e->slot_len[slot] = 0;
+    size_t kvd = (size_t)e->model->shard.kv_heads * e->model->cfg.head_dim, B = (size_t)e->pool.block_size;
+    return (((size_t)layer * e->pool.n_blocks + block) * B + slot) * kvd;
 }
 
 static void timed_matmul(Engine *e, float *y, const float *x, const float *w, int T, int in, int out)
@@ -151,15 +142,16 @@ static void attend(Engine *e, const Chunk *chunks, int n_chunks, int layer, int 
     const Topology *tp = e->topo;
     int kvd = s->kv_heads * c->head_dim, T = 0;
     for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
+    size_t layer_off = kv_offset(e, layer, 0, 0);
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
-        size_t layer_off = (size_t)layer * e->slot_cap[ch->seq] * kvd;
         int local = kv_local_len(tp, ch->pos0, tp->dcp_rank);
         for (int j = 0; j < ch->n; j++, t++) {
             if (context) {
-                e->kp[t] = e->k_cache[ch->seq] + layer_off;
-                e->vp[t] = e->v_cache[ch->seq] + layer_off;
+                e->kp[t] = e->k_pool + layer_off;
+                e->vp[t] = e->v_pool + layer_off;
                 e->n_keys[t] = local;
+                e->tables[t] = ch->blocks;
             } else {
                 e->kp[t] = e->k + (size_t)(t - j) * kvd;
                 e->vp[t] = e->v + (size_t)(t - j) * kvd;
@@ -171,10 +163,12 @@ static void attend(Engine *e, const Chunk *chunks, int n_chunks, int layer, int 
         memcpy(e->kp + (size_t)r * T, e->kp, sizeof(float *) * T);
         memcpy(e->vp + (size_t)r * T, e->vp, sizeof(float *) * T);
         memcpy(e->n_keys + (size_t)r * T, e->n_keys, sizeof(int) * T);
+        memcpy(e->tables + (size_t)r * T, e->tables, sizeof(int *) * T);
     }
     AttnBatch ab = {.T = T * copies, .n_heads = n_heads, .n_kv_heads = s->kv_heads, .head_dim = c->head_dim,
                     .scale = 1.0f / sqrtf((float)c->head_dim), .q = q, .out = out, .lse = lse,
-                    .k = e->kp, .v = e->vp, .n_keys = e->n_keys, .kv_stride = kvd};
+                    .k = e->kp, .v = e->vp, .n_keys = e->n_keys, .kv_stride = kvd,
+                    .blocks = context ? e->tables : NULL, .block_size = e->pool.block_size};
     e->be->attention(&ab);
 }
 
@@ -210,33 +204,23 @@ static void context_attention_dcp(Engine *e, const Chunk *chunks, int n_chunks, 
     }
 }
 
-/* The owner of each new position stores its K/V at its local index. */
+/* The owner of each new position stores its K/V at its local index,
+ * through the sequence's block table (the slot mapping). */
 static void kv_write(Engine *e, const Chunk *chunks, int n_chunks, int layer)
 {
     const Topology *tp = e->topo;
-    int kvd = e->model->shard.kv_heads * e->model->cfg.head_dim;
+    int kvd = e->model->shard.kv_heads * e->model->cfg.head_dim, B = e->pool.block_size;
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
         for (int j = 0; j < ch->n; j++, t++) {
             int p = ch->pos0 + j;
             if (kv_owner(tp, p) != tp->dcp_rank) continue;
-            size_t off = ((size_t)layer * e->slot_cap[ch->seq] + kv_local_index(tp, p)) * kvd;
-            memcpy(e->k_cache[ch->seq] + off, e->k + (size_t)t * kvd, sizeof(float) * kvd);
-            memcpy(e->v_cache[ch->seq] + off, e->v + (size_t)t * kvd, sizeof(float) * kvd);
+            int li = kv_local_index(tp, p);
+            size_t off = kv_offset(e, layer, ch->blocks[li / B], li % B);
+            memcpy(e->k_pool + off, e->k + (size_t)t * kvd, sizeof(float) * kvd);
+            memcpy(e->v_pool + off, e->v + (size_t)t * kvd, sizeof(float) * kvd);
         }
     }
-}
-
-static void kv_account(Engine *e, const Chunk *chunks, int n_chunks)
-{
-    const Topology *tp = e->topo;
-    for (int i = 0; i < n_chunks; i++) {
-        const Chunk *ch = &chunks[i];
-        int now = kv_local_len(tp, ch->pos0 + ch->n, tp->dcp_rank);
-        e->kv_tokens += now - e->slot_len[ch->seq];
-        e->slot_len[ch->seq] = now;
-    }
-    if (e->kv_tokens > e->kv_tokens_peak) e->kv_tokens_peak = e->kv_tokens;
 }
 
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits)
@@ -289,7 +273,6 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
         be->add(e->x, e->xb2, (size_t)T * dim);
     }
-    kv_account(e, chunks, n_chunks);
 
     /* final norm and this rank's slice of the vocabulary-parallel LM head,
      * for the rows whose logits are wanted */

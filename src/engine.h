@@ -9,17 +9,24 @@
 
 #include "backend.h"
 #include "comm.h"
+#include "kvcache.h"
 #include "model.h"
 #include "timing.h"
 #include "topology.h"
 
 typedef struct {
-    int seq;  /* KV cache slot */
-    int pos0; /* position of the chunk's first token; positions < pos0 are cached */
-    int n;    /* tokens in the chunk */
+    const int *blocks; /* the sequence's block table (kvcache.h) */
+    int pos0;          /* position of the chunk's first token; positions < pos0 are cached */
+    int n;             /* tokens in the chunk */
 } Chunk;
 
 typedef enum { MERGE_AG_RS, MERGE_A2A } MergeBackend;
+
+typedef struct {
+    MergeBackend merge;
+    size_t kv_cache_memory; /* bytes of K/V per rank; 0: 256 MiB */
+    int block_size;         /* positions per block per rank; 0: 16 */
+} EngineOptions;
 
 typedef struct {
     const Model *model;
@@ -28,13 +35,9 @@ typedef struct {
     MergeBackend merge;
     Timings *tm;
     CommStats *comm;
-    /* KV cache, one slot per running sequence, holding this rank's shard of
-     * it: (layer, local capacity, kv_heads*head_dim) */
-    int n_slots;
-    float **k_cache, **v_cache;
-    int *slot_cap;   /* local capacity in positions; 0: slot free */
-    int *slot_len;   /* positions stored */
-    long long kv_tokens, kv_tokens_peak; /* positions stored on this rank, now and at most */
+    /* paged KV cache of this rank: (layer, block, block_size, kv_heads*head_dim) */
+    BlockPool pool;
+    float *k_pool, *v_pool;
     /* activations, sized for cap_T tokens */
     int cap_T;
     float *x, *xb, *xb2, *q, *k, *v, *att, *lse, *att_ctx, *lse_ctx, *hb, *hb2, *xf;
@@ -42,20 +45,20 @@ typedef struct {
     int *pos;
     const float **kp, **vp;
     int *n_keys;
+    const int **tables;
 } Engine;
 
-/* topo NULL: one rank (tp = dcp = 1). stats may be NULL when topo is. */
-void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, MergeBackend merge,
+/* topo NULL: one rank (tp = dcp = 1); stats may then be NULL too.
+ * eo NULL: ag_rs merge, 256 MiB of KV cache, blocks of 16. */
+void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, const EngineOptions *eo,
                  Timings *tm, CommStats *stats);
 void engine_free(Engine *e);
 
-/* A KV slot for a sequence of at most cap positions; returns the slot. */
-int engine_seq_alloc(Engine *e, int cap);
-void engine_seq_free(Engine *e, int slot);
-/* Bytes of KV this rank stores per position it owns, and the bytes of
- * positions stored now. */
+/* Bytes of K/V this rank stores per position it owns. */
 size_t engine_kv_bytes_per_token(const Engine *e);
-size_t engine_kv_bytes(const Engine *e);
+/* Logical KV capacity of the DCP group in positions: blocks x B x dcp. */
+long long engine_kv_capacity(const Engine *e);
+
 
 /* Runs the model on the chunks' tokens (concatenated in chunk order) and
  * writes their K/V into the owners' caches. logits receives, per chunk (its

@@ -6,20 +6,8 @@
 #include <string.h>
 
 #include "sampler.h"
+#include "scheduler.h"
 #include "util.h"
-
-typedef struct {
-    int req;        /* index in the request set */
-    int slot;       /* KV cache slot */
-    int prefilled;  /* prompt tokens already in the cache */
-    Sampler sampler;
-} Running;
-
-static void push_token(Result *r, int tok)
-{
-    if (r->n == r->cap) r->tokens = xrealloc(r->tokens, sizeof(int) * (size_t)(r->cap = r->cap ? 2 * r->cap : 16));
-    r->tokens[r->n++] = tok;
-}
 
 int is_stop_token(const Config *c, const Request *q, int tok)
 {
@@ -70,10 +58,13 @@ static void gather_vocab(Engine *e, const float *local, int count, float *full, 
  * on_logits). With tensor parallelism greedy rows take the global argmax
  * by MPI_MAXLOC (lowest index wins ties) and sampled rows gather the whole
  * vocabulary, so every rank of the group picks the same token. */
-static void pick_tokens(Engine *e, Running *run, const int *chunk_run, const Chunk *chunks, int nc, int R,
-                        const int *sampling, RequestSet *rs, float *local, PickBuffers *b, const GenOptions *o,
-                        int *out)
+static void pick_tokens(Engine *e, Scheduler *sch, const StepPlan *p, float *local, PickBuffers *b,
+                        const GenOptions *o, int *out)
 {
+    const Chunk *chunks = p->chunks;
+    const int *sampling = p->samples;
+    int nc = p->nc, R = o->on_logits ? p->T : p->nc;
+    RequestSet *rs = sch->rs;
     const Shard *s = &e->model->shard;
     int vocab = e->model->cfg.vocab_size, tp = e->topo->tp;
     const float *full = local;
@@ -86,7 +77,7 @@ static void pick_tokens(Engine *e, Running *run, const int *chunk_run, const Chu
         int rows = o->on_logits ? chunks[i].n : 1;
         if (o->on_logits)
             for (int j = 0; j < chunks[i].n; j++)
-                o->on_logits(o->on_logits_ctx, run[chunk_run[i]].req, chunks[i].pos0 + j,
+                o->on_logits(o->on_logits_ctx, p->req[i], chunks[i].pos0 + j,
                              full + (size_t)(row + j) * vocab, vocab);
         b->rows[i] = sampling[i] ? full + (size_t)(row + rows - 1) * (full == local ? s->vocab : vocab) : NULL;
         row += rows;
@@ -96,7 +87,7 @@ static void pick_tokens(Engine *e, Running *run, const int *chunk_run, const Chu
         int ng = 0, ns = 0;
         for (int i = 0; i < nc; i++) {
             if (!sampling[i]) continue;
-            if (rs->r[run[chunk_run[i]].req].temperature == 0.0f) {
+            if (rs->r[p->req[i]].temperature == 0.0f) {
                 int a = argmax_f32(b->rows[i], s->vocab);
                 b->pairs[ng++] = (ValueIndex){b->rows[i][a], s->vocab0 + a};
             } else {
@@ -108,7 +99,7 @@ static void pick_tokens(Engine *e, Running *run, const int *chunk_run, const Chu
         ng = ns = 0;
         for (int i = 0; i < nc; i++) {
             if (!sampling[i]) continue;
-            if (rs->r[run[chunk_run[i]].req].temperature == 0.0f) {
+            if (rs->r[p->req[i]].temperature == 0.0f) {
                 out[i] = b->pairs[ng++].index;
                 b->rows[i] = NULL;
             } else {
@@ -120,33 +111,32 @@ static void pick_tokens(Engine *e, Running *run, const int *chunk_run, const Chu
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < nc; i++)
         if (b->rows[i])
-            out[i] = sampler_sample(&run[chunk_run[i]].sampler, (float *)b->rows[i], vocab,
+            out[i] = sampler_sample(&sch->seq[p->req[i]].sampler, (float *)b->rows[i], vocab,
                                     (char *)b->scratch + b->scratch_bytes * (size_t)omp_get_thread_num());
 }
 
-int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
+static void record_step(GenStats *st, const StepRecord *r)
+{
+    if (st->n_steps == st->cap_steps)
+        st->steps = xrealloc(st->steps, sizeof(StepRecord) * (size_t)(st->cap_steps = st->cap_steps ? 2 * st->cap_steps : 256));
+    st->steps[st->n_steps++] = *r;
+}
+
+int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenStats *stats)
 {
     const Config *c = &e->model->cfg;
     int vocab = c->vocab_size;
     Timings *tm = e->tm;
+    GenStats local_stats;
+    GenStats *st = stats ? stats : &local_stats;
+    memset(st, 0, sizeof *st);
+    st->kv_blocks_total = e->pool.n_blocks;
     memset(res, 0, sizeof(Result) * (size_t)rs->n);
-    int *waiting = xmalloc(sizeof(int) * (size_t)rs->n);
-    int n_waiting = 0, next_wait = 0, done = 0;
-    for (int i = 0; i < rs->n; i++) {
-        if (rs->r[i].error) {
-            res[i].finish_reason = "error";
-            done++;
-        } else {
-            waiting[n_waiting++] = i;
-        }
-    }
-    Running *run = xmalloc(sizeof(Running) * (size_t)o->max_num_seqs);
-    int n_run = 0;
-    int cap_T = o->max_batched_tokens + o->max_num_seqs;
-    int *tokens = xmalloc(sizeof(int) * (size_t)cap_T);
-    Chunk *chunks = xmalloc(sizeof(Chunk) * (size_t)o->max_num_seqs);
-    int *chunk_run = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
-    size_t logits_rows = o->on_logits ? (size_t)cap_T : (size_t)o->max_num_seqs;
+    Scheduler sch;
+    scheduler_init(&sch, rs, res, c, e->topo, &e->pool, o);
+    StepPlan plan;
+    plan_init(&plan, o);
+    size_t logits_rows = o->on_logits ? (size_t)o->max_batched_tokens : (size_t)o->max_num_seqs;
     float *local = xmalloc(sizeof(float) * logits_rows * e->model->shard.vocab);
     PickBuffers bufs = {0};
     bufs.full = e->topo->tp > 1 ? xmalloc(sizeof(float) * logits_rows * vocab) : NULL;
@@ -155,119 +145,57 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o)
     bufs.scratch_bytes = sampler_scratch_bytes(vocab);
     bufs.scratch = xmalloc(bufs.scratch_bytes * (size_t)omp_get_max_threads());
     bufs.rows = xmalloc(sizeof(float *) * (size_t)o->max_num_seqs);
-    int *sampling = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     int *sampled = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
 
-    while (done < rs->n) {
-        /* admit FIFO while there is room */
-        while (next_wait < n_waiting && n_run < o->max_num_seqs) {
-            int ri = waiting[next_wait++];
-            Request *q = &rs->r[ri];
-            int cap = q->n_prompt + q->max_tokens;
-            if (cap > o->max_model_len) cap = o->max_model_len;
-            Running *r = &run[n_run++];
-            r->req = ri;
-            r->slot = engine_seq_alloc(e, cap);
-            r->prefilled = 0;
-            sampler_init(&r->sampler, q->temperature, q->top_p, q->seed);
-        }
-        /* decode tokens first, then prefill chunks under the token budget */
-        int T = 0, nc = 0, budget = o->max_batched_tokens, any_prefill = 0;
-        for (int pass = 0; pass < 2; pass++)
-            for (int i = 0; i < n_run; i++) {
-                Running *r = &run[i];
-                Request *q = &rs->r[r->req];
-                Result *out = &res[r->req];
-                int decoding = r->prefilled == q->n_prompt;
-                if (decoding != (pass == 0)) continue;
-                int n = decoding ? 1 : q->n_prompt - r->prefilled;
-                if (!decoding && n > budget) n = budget;
-                if (n <= 0) continue;
-                if (decoding) {
-                    chunks[nc] = (Chunk){r->slot, q->n_prompt + out->n - 1, 1};
-                    tokens[T] = out->tokens[out->n - 1];
-                } else {
-                    chunks[nc] = (Chunk){r->slot, r->prefilled, n};
-                    memcpy(tokens + T, q->prompt_tokens + r->prefilled, sizeof(int) * (size_t)n);
-                    any_prefill = 1;
+    while (scheduler_plan(&sch, &plan)) {
+        if (plan.nc == 0) { /* cannot happen while every request fits the cache alone */
+            for (int i = 0; i < rs->n; i++)
+                if (!res[i].finish_reason) {
+                    request_fail(&rs->r[i], "%s:%d: request \"%s\": the scheduler could not place it", rs->path,
+                                 rs->r[i].line, rs->r[i].id);
+                    res[i].finish_reason = "error";
                 }
-                chunk_run[nc++] = i;
-                T += n;
-                budget -= n;
-            }
-
+            break;
+        }
         double t0 = now_s();
-        e->comm->phase = any_prefill ? PHASE_PREFILL : PHASE_DECODE;
-        engine_forward(e, tokens, chunks, nc, o->on_logits != NULL, local);
+        e->comm->phase = plan.prefill_tokens ? PHASE_PREFILL : PHASE_DECODE;
+        engine_forward(e, plan.tokens, plan.chunks, plan.nc, o->on_logits != NULL, local);
         double t1 = now_s();
-        if (any_prefill) tm->prefill += t1 - t0;
+        if (plan.prefill_tokens) tm->prefill += t1 - t0;
         else tm->decode += t1 - t0;
-
-        /* which chunks sample: those ending at their sequence's last known
-         * token; full-vocabulary rows where needed (see pick_tokens) */
-        int R = o->on_logits ? T : nc;
-        for (int i = 0; i < nc; i++) {
-            Running *r = &run[chunk_run[i]];
-            Request *q = &rs->r[r->req];
-            sampling[i] = 1;
-            if (r->prefilled < q->n_prompt) {
-                r->prefilled += chunks[i].n;
-                sampling[i] = r->prefilled == q->n_prompt;
-            }
-        }
-        pick_tokens(e, run, chunk_run, chunks, nc, R, sampling, rs, local, &bufs, o, sampled);
-        double now = now_s();
-        for (int i = 0; i < nc; i++) {
-            if (!sampling[i]) continue;
-            Running *r = &run[chunk_run[i]];
-            Request *q = &rs->r[r->req];
-            Result *out = &res[r->req];
-            int tok = sampled[i];
-            push_token(out, tok);
-            generated++;
-            if (out->n == 1) out->ttft_s = now - t_start;
-            if (is_stop_token(c, q, tok)) out->finish_reason = "stop";
-            else if (out->n >= q->max_tokens || q->n_prompt + out->n >= o->max_model_len)
-                out->finish_reason = "length";
-            if (out->finish_reason) {
-                out->e2e_s = now - t_start;
-                out->tpot_s = out->n > 1 ? (out->e2e_s - out->ttft_s) / (out->n - 1) : 0.0;
-            }
-        }
-        tm->sampling += now_s() - t1;
-
-        /* retire finished requests, keeping admission order */
-        int kept = 0;
-        for (int i = 0; i < n_run; i++) {
-            if (res[run[i].req].finish_reason) {
-                engine_seq_free(e, run[i].slot);
-                done++;
-            } else {
-                run[kept++] = run[i];
-            }
-        }
-        n_run = kept;
+        pick_tokens(e, &sch, &plan, local, &bufs, o, sampled);
+        double t2 = now_s();
+        tm->sampling += t2 - t1;
+        StepRecord rec = {.t_start = t0 - t_start, .seconds = t2 - t0, .decode_tokens = plan.decode_tokens,
+                          .prefill_tokens = plan.prefill_tokens, .running = plan.nc, .waiting = sch.tail - sch.head,
+                          .preempted = plan.preempted, .kv_blocks_used = pool_used(&e->pool)};
+        scheduler_commit(&sch, &plan, sampled, t2 - t_start);
+        for (int i = 0; i < plan.nc; i++) generated += plan.samples[i];
+        record_step(st, &rec);
+        if (rec.running > st->max_running) st->max_running = rec.running;
         if (o->progress && now_s() - last_progress >= 1.0) {
             last_progress = now_s();
-            fprintf(stderr, "dcpinfer: %d/%d requests done, %d running, %.1f tokens/s\n", done, rs->n, n_run,
-                    generated / (last_progress - t_start));
+            fprintf(stderr, "dcpinfer: %d/%d requests done, %d running, %d waiting, %.1f tokens/s, KV %.0f%% used\n",
+                    sch.done, rs->n, sch.n_running, sch.tail - sch.head, generated / (last_progress - t_start),
+                    100.0 * rec.kv_blocks_used / (e->pool.n_blocks ? e->pool.n_blocks : 1));
         }
     }
-    free(waiting);
-    free(run);
-    free(tokens);
-    free(chunks);
-    free(chunk_run);
+    st->preemptions = sch.preemptions;
+    st->kv_positions_peak = sch.kv_positions_peak;
+    st->kv_blocks_peak = e->pool.used_peak;
+    st->kv_blocks_left = pool_used(&e->pool);
+    scheduler_free(&sch);
+    plan_free(&plan);
     free(local);
     free(bufs.full);
     free(bufs.tmp);
     free(bufs.pairs);
     free(bufs.scratch);
     free(bufs.rows);
-    free(sampling);
     free(sampled);
+    if (!stats) free(local_stats.steps);
     return 0;
 }
 
@@ -299,5 +227,8 @@ int *dp_assign(const RequestSet *rs, int dp)
 
 void results_free(Result *res, int n)
 {
-    for (int i = 0; i < n; i++) free(res[i].tokens);
+    for (int i = 0; i < n; i++) {
+        free(res[i].tokens);
+        free(res[i].times);
+    }
 }

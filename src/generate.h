@@ -10,6 +10,7 @@
 
 typedef struct {
     int *tokens;
+    double *times;  /* seconds from the start at which each token was sampled */
     int n, cap;
     const char *finish_reason; /* "stop", "length" or "error" */
     double ttft_s, tpot_s, e2e_s;
@@ -26,9 +27,30 @@ typedef struct {
     void *on_logits_ctx;
 } GenOptions;
 
-/* Requests that carry an error are skipped (finish_reason "error").
- * res has one entry per request. */
-int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o);
+/* One scheduler step, as recorded. */
+typedef struct {
+    double t_start, seconds;
+    int decode_tokens, prefill_tokens;
+    int running;        /* requests in the step */
+    int waiting;        /* requests queued after it */
+    int preempted;      /* requests preempted to make room for it */
+    int kv_blocks_used; /* blocks held during the step */
+} StepRecord;
+
+typedef struct {
+    StepRecord *steps;
+    int n_steps, cap_steps;
+    int max_running;
+    long long preemptions;
+    long long kv_positions_peak; /* most positions this rank stored at once */
+    int kv_blocks_total, kv_blocks_peak;
+    int kv_blocks_left;          /* blocks still held after the run: 0 */
+} GenStats;
+
+/* Requests that carry an error are skipped (finish_reason "error"), as are
+ * requests that could never fit the KV cache (they get an error). res has
+ * one entry per request; stats (may be NULL) receives the step records. */
+int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenStats *stats);
 void results_free(Result *res, int n);
 /* The DP group of each request (malloc'ed, rs->n entries): balanced by
  * prompt plus output tokens, longest first to the least-loaded group,

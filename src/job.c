@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "generate.h"
 #include "model.h"
+#include "scheduler.h"
 #include "topology.h"
 #include "output.h"
 #include "requests.h"
@@ -209,12 +210,17 @@ static void gather_results(const RequestSet *rs, const int *group, Result *res, 
     MPI_Reduce(root ? MPI_IN_PLACE : count, count, n, MPI_INT, MPI_SUM, 0, t->world);
     MPI_Reduce(root ? MPI_IN_PLACE : fin, fin, n, MPI_INT, MPI_SUM, 0, t->world);
     MPI_Reduce(root ? MPI_IN_PLACE : times, times, 3 * n, MPI_DOUBLE, MPI_SUM, 0, t->world);
-    /* tokens: each leader's requests concatenated in file order */
+    /* tokens and their times: each leader's requests concatenated in file order */
     int *send = xmalloc(sizeof(int) * (size_t)(mine + 1)), m = 0;
+    double *send_t = xmalloc(sizeof(double) * (size_t)(mine + 1));
     for (int i = 0; i < n; i++)
         if (leader && group[i] == t->dp_rank)
-            for (int j = 0; j < res[i].n; j++) send[m++] = res[i].tokens[j];
+            for (int j = 0; j < res[i].n; j++) {
+                send_t[m] = res[i].times[j];
+                send[m++] = res[i].tokens[j];
+            }
     int *counts = root ? xmalloc(sizeof(int) * t->world_size) : NULL, *displs = NULL, *all = NULL;
+    double *all_t = NULL;
     MPI_Gather(&m, 1, MPI_INT, counts, 1, MPI_INT, 0, t->world);
     if (root) {
         displs = xmalloc(sizeof(int) * t->world_size);
@@ -224,8 +230,10 @@ static void gather_results(const RequestSet *rs, const int *group, Result *res, 
             total += counts[r];
         }
         all = xmalloc(sizeof(int) * (size_t)(total + 1));
+        all_t = xmalloc(sizeof(double) * (size_t)(total + 1));
     }
     MPI_Gatherv(send, m, MPI_INT, all, counts, displs, MPI_INT, 0, t->world);
+    MPI_Gatherv(send_t, m, MPI_DOUBLE, all_t, counts, displs, MPI_DOUBLE, 0, t->world);
     if (root) {
         int *next = xmalloc(sizeof(int) * t->dp);
         for (int g = 0; g < t->dp; g++) next[g] = displs[g * t->tp];
@@ -233,9 +241,12 @@ static void gather_results(const RequestSet *rs, const int *group, Result *res, 
             Result *r = &res[i];
             if (rs->r[i].error) continue; /* failed before generation, same on every rank */
             free(r->tokens);
+            free(r->times);
             r->n = r->cap = count[i];
             r->tokens = xmalloc(sizeof(int) * (size_t)(r->n + 1));
+            r->times = xmalloc(sizeof(double) * (size_t)(r->n + 1));
             memcpy(r->tokens, all + next[group[i]], sizeof(int) * (size_t)r->n);
+            memcpy(r->times, all_t + next[group[i]], sizeof(double) * (size_t)r->n);
             next[group[i]] += r->n;
             r->finish_reason = reasons[fin[i]];
             r->ttft_s = times[3 * i];
@@ -248,9 +259,37 @@ static void gather_results(const RequestSet *rs, const int *group, Result *res, 
     free(fin);
     free(times);
     free(send);
+    free(send_t);
     free(counts);
     free(displs);
     free(all);
+    free(all_t);
+}
+
+/* The steps of every DP group (recorded by its TP rank 0) to world rank 0,
+ * group after group; returns their count there (0 elsewhere). */
+static int gather_steps(const GenStats *gs, const Topology *t, StepRecord **steps, int **dp_of_step)
+{
+    int mine = t->tp_rank == 0 ? gs->n_steps : 0, root = t->world_rank == 0;
+    int *counts = root ? xmalloc(sizeof(int) * t->world_size) : NULL, *displs = NULL, total = 0;
+    MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, t->world);
+    if (root) {
+        displs = xmalloc(sizeof(int) * t->world_size);
+        for (int r = 0; r < t->world_size; r++) {
+            displs[r] = total * (int)sizeof(StepRecord);
+            total += counts[r];
+            counts[r] *= (int)sizeof(StepRecord);
+        }
+        *steps = xmalloc(sizeof(StepRecord) * (size_t)(total + 1));
+        *dp_of_step = xmalloc(sizeof(int) * (size_t)(total + 1));
+        for (int r = 0, k = 0; r < t->world_size; r++)
+            for (int j = 0; j < counts[r] / (int)sizeof(StepRecord); j++) (*dp_of_step)[k++] = r / t->tp;
+    }
+    MPI_Gatherv(gs->steps, mine * (int)sizeof(StepRecord), MPI_BYTE, root ? *steps : NULL, counts, displs, MPI_BYTE,
+                0, t->world);
+    free(counts);
+    free(displs);
+    return total;
 }
 
 int run_job(const Options *o, MPI_Comm world)
@@ -285,7 +324,7 @@ int run_job(const Options *o, MPI_Comm world)
     char **texts = NULL;
     int *group = NULL;
     if (failed_anywhere(model_read_config(o->model, &cfg) ||
-                            topology_check(&cfg, world_size, o->tp, o->dcp, o->dp, o->interleave) ||
+                            topology_check(&cfg, world_size, o->tp, o->dcp, o->dp, o->interleave, o->block_size) ||
                             requests_check_vocab(&rs, cfg.vocab_size, o->skip_invalid),
                         world))
         goto out;
@@ -323,6 +362,21 @@ int run_job(const Options *o, MPI_Comm world)
         print_rank_map(ranks, world_size);
     }
 
+    CommStats comm = {0};
+    Engine eng;
+    EngineOptions eo = {strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, o->kv_cache_memory,
+                        o->block_size};
+    engine_init(&eng, &model, be, &topo, &eo, &tm, &comm);
+    long long capacity = engine_kv_capacity(&eng);
+    if (rank == 0 && !o->quiet)
+        printf("# KV cache: %d blocks of %d positions per rank (%.1f MiB), %d ranks per DCP group\n"
+               "# KV cache size: %lld tokens\n"
+               "# Maximum concurrency for %d tokens per request: %.2fx\n",
+               eng.pool.n_blocks, eng.pool.block_size,
+               eng.pool.n_blocks * (double)eng.pool.block_size * engine_kv_bytes_per_token(&eng) / 1048576.0,
+               topo.dcp, capacity, max_model_len, (double)capacity / max_model_len);
+    requests_check_kv(&rs, &topo, &eng.pool, max_model_len);
+
     /* this DP group's requests, in file order */
     group = dp_assign(&rs, topo.dp);
     RequestSet mine = {.path = rs.path};
@@ -333,19 +387,18 @@ int run_job(const Options *o, MPI_Comm world)
             index[mine.n] = i;
             mine.r[mine.n++] = rs.r[i]; /* shallow: rs owns the memory */
         }
-    CommStats comm = {0};
-    Engine eng;
-    engine_init(&eng, &model, be, &topo, strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, &tm, &comm);
     GenOptions go = {.max_model_len = max_model_len, .max_num_seqs = o->max_num_seqs,
                      .max_batched_tokens = o->max_batched_tokens,
                      .progress = rank == 0 && (o->progress >= 0 ? o->progress : isatty(2))};
     Result *mine_res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
+    GenStats gs;
     MPI_Barrier(world);
     t0 = now_s();
-    generate(&eng, &mine, mine_res, &go);
+    generate(&eng, &mine, mine_res, &go, &gs);
     MPI_Barrier(world);
     double gen_s = now_s() - t0;
-    long long kv_peak = (long long)eng.kv_tokens_peak * (long long)engine_kv_bytes_per_token(&eng);
+    long long kv_peak = gs.kv_positions_peak * (long long)engine_kv_bytes_per_token(&eng);
+    int block_size = eng.pool.block_size, kv_blocks = eng.pool.n_blocks;
     engine_free(&eng);
     res = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(Result));
     for (int j = 0; j < mine.n; j++) res[index[j]] = mine_res[j];
@@ -355,6 +408,9 @@ int run_job(const Options *o, MPI_Comm world)
     for (int i = 0; i < rs.n; i++)
         if (rs.r[i].error) res[i].finish_reason = "error";
     gather_results(&rs, group, res, &topo);
+    StepRecord *steps = NULL;
+    int *step_dp = NULL, n_steps = gather_steps(&gs, &topo, &steps, &step_dp);
+    free(gs.steps);
 
     tm.total = now_s() - t_begin;
     double *all_tm = rank == 0 ? xmalloc(sizeof(double) * TIMING_N * (size_t)world_size) : NULL;
@@ -387,17 +443,30 @@ int run_job(const Options *o, MPI_Comm world)
             }
             if (world_size > 1) print_comm_summary(all_comm, all_kv, world_size);
         }
-        printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s\n", rs.n, failed,
-               out_tokens, gen_s, gen_s > 0 ? out_tokens / gen_s : 0.0);
+        int max_running = 0, peak_blocks = 0, preempted = 0;
+        for (int i = 0; i < n_steps; i++) {
+            max_running = steps[i].running > max_running ? steps[i].running : max_running;
+            peak_blocks = steps[i].kv_blocks_used > peak_blocks ? steps[i].kv_blocks_used : peak_blocks;
+            preempted += steps[i].preempted;
+        }
+        printf("# %d step(s), at most %d request(s) running, %d preemption(s), KV use at most %.1f%% of %d "
+               "blocks\n",
+               n_steps, max_running, preempted, 100.0 * peak_blocks / (kv_blocks ? kv_blocks : 1), kv_blocks);
+        printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s, %.2f requests/s\n", rs.n,
+               failed, out_tokens, gen_s, gen_s > 0 ? out_tokens / gen_s : 0.0,
+               gen_s > 0 ? (rs.n - failed) / gen_s : 0.0);
         RunInfo info = {.model_path = model.path, .cfg = &cfg, .max_model_len = max_model_len,
                         .world_size = world_size, .tp = topo.tp, .dcp = topo.dcp, .dp = topo.dp,
                         .interleave = topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
                         .threads_per_rank = threads, .backend = be->name, .seed = o->seed,
                         .prompts_path = o->prompts};
         RankReports rep = {ranks, all_tm, all_comm, all_kv};
-        write_rc = output_write(o->output, &info, &rs, res, texts, &rep);
+        StepReport sr = {steps, step_dp, n_steps, kv_blocks, block_size, capacity, gen_s};
+        write_rc = output_write(o->output, &info, &rs, res, texts, &rep, &sr);
         if (!write_rc && !o->quiet) printf("# results written to %s\n", o->output);
     }
+    free(steps);
+    free(step_dp);
     free(ranks);
     free(all_tm);
     free(all_comm);

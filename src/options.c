@@ -7,12 +7,13 @@
 #include <string.h>
 
 #include "config.h"
+#include "kvcache.h"
 #include "util.h"
 
 enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
-    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND
+    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE
 };
 
 static const struct option long_opts[] = {
@@ -29,6 +30,8 @@ static const struct option long_opts[] = {
     {"dp", required_argument, 0, OPT_DP},
     {"cp-kv-cache-interleave-size", required_argument, 0, OPT_INTERLEAVE},
     {"dcp-comm-backend", required_argument, 0, OPT_DCP_BACKEND},
+    {"kv-cache-memory", required_argument, 0, OPT_KV_MEMORY},
+    {"block-size", required_argument, 0, OPT_BLOCK_SIZE},
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
@@ -85,6 +88,11 @@ void options_usage(FILE *f)
             "  --dcp-comm-backend B     ag_rs (default: allgather LSEs + reduce-scatter) or a2a\n"
             "                           (all-to-all of partial outputs)\n"
             "\n"
+            "KV cache:\n"
+            "  --kv-cache-memory BYTES  K/V memory per rank, e.g. 512M or 2G (default 1G)\n"
+            "  --block-size B           positions per KV block per rank (default 16); a block id\n"
+            "                           spans B x dcp positions of the DCP group\n"
+            "\n"
             "Batching:\n"
             "  --max-num-seqs N         requests decoding together (default 256)\n"
             "  --max-num-batched-tokens N  tokens per forward pass (default 2048)\n"
@@ -126,7 +134,8 @@ static int parse_float(const char *opt, const char *s, float lo, float hi, int l
 int options_parse(Options *o, int argc, char **argv, int print)
 {
     *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .tp = 1, .dcp = 1,
-                   .interleave = 1, .dcp_comm_backend = "ag_rs", .max_tokens = 16, .temperature = 1.0f,
+                   .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
+                   .block_size = 16, .max_tokens = 16, .temperature = 1.0f,
                    .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1};
     optind = 1;
     opterr = 0;
@@ -143,6 +152,11 @@ int options_parse(Options *o, int argc, char **argv, int print)
         case OPT_DCP: rc = parse_int("-dcp", optarg, 1, &o->dcp); break;
         case OPT_DP: rc = parse_int("-dp", optarg, 1, &o->dp); break;
         case OPT_INTERLEAVE: rc = parse_int("--cp-kv-cache-interleave-size", optarg, 0, &o->interleave); break;
+        case OPT_KV_MEMORY:
+            if (parse_bytes(optarg, &o->kv_cache_memory))
+                rc = dcp_fail("--kv-cache-memory: '%s' is not a size (e.g. 536870912, 512M, 2G)", optarg);
+            break;
+        case OPT_BLOCK_SIZE: rc = parse_int("--block-size", optarg, 1, &o->block_size); break;
         case OPT_DCP_BACKEND:
             o->dcp_comm_backend = optarg;
             if (strcmp(optarg, "ag_rs") && strcmp(optarg, "a2a"))
@@ -181,6 +195,7 @@ int options_parse(Options *o, int argc, char **argv, int print)
     if (optind >= argc) return dcp_fail("no prompt file given (usage: dcpinfer [OPTIONS] PROMPTS.jsonl)");
     if (optind + 1 < argc) return dcp_fail("one prompt file expected, got '%s' and '%s'", argv[optind], argv[optind + 1]);
     o->prompts = argv[optind];
+
     if (o->max_num_seqs > o->max_batched_tokens)
         return dcp_fail("--max-num-seqs %d exceeds --max-num-batched-tokens %d: every running request needs "
                         "a token in each step",

@@ -25,6 +25,8 @@ typedef struct {
     int tp, dcp, dp;       /* dp 0: world / tp */
     int interleave;        /* --cp-kv-cache-interleave-size */
     const char *dcp_comm_backend; /* ag_rs | a2a */
+    size_t kv_cache_memory;  /* bytes of K/V per rank */
+    int block_size;          /* positions per KV block per rank */
 } Options;
 
 /* 0: run; 1: --help or --version printed, exit 0; -1: error in dcp_error(). */

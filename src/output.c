@@ -118,6 +118,13 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
         e2e[i] = res[i].e2e_s;
     }
     int *ptok = xmalloc(sizeof(int) * (size_t)(poff[n] + 1)), *otok = xmalloc(sizeof(int) * (size_t)(ooff[n] + 1));
+    /* inter-token latencies: n_out - 1 per request */
+    int64_t *ioff = xmalloc(sizeof(int64_t) * (n + 1));
+    ioff[0] = 0;
+    for (int i = 0; i < n; i++) ioff[i + 1] = ioff[i] + (res[i].n > 1 ? res[i].n - 1 : 0);
+    double *itl = xmalloc(sizeof(double) * (size_t)(ioff[n] + 1));
+    for (int i = 0; i < n; i++)
+        for (int j = 1; j < res[i].n; j++) itl[ioff[i] + j - 1] = res[i].times[j] - res[i].times[j - 1];
     for (int i = 0; i < n; i++) {
         if (rs->r[i].prompt_tokens)
             memcpy(ptok + poff[i], rs->r[i].prompt_tokens, sizeof(int) * (size_t)(poff[i + 1] - poff[i]));
@@ -132,7 +139,11 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
              write_strings(g, "finish_reason", fin, n) || write_strings(g, "error", err, n) ||
              write_array(g, "ttft_s", H5T_NATIVE_DOUBLE, ttft, n) ||
              write_array(g, "tpot_s", H5T_NATIVE_DOUBLE, tpot, n) ||
-             write_array(g, "e2e_s", H5T_NATIVE_DOUBLE, e2e, n);
+             write_array(g, "e2e_s", H5T_NATIVE_DOUBLE, e2e, n) ||
+             write_array(g, "itl_offsets", H5T_NATIVE_INT64, ioff, n + 1) ||
+             write_array(g, "itl_s", H5T_NATIVE_DOUBLE, itl, (size_t)ioff[n]);
+    free(ioff);
+    free(itl);
     free(ids);
     free(fin);
     free(err);
@@ -217,6 +228,39 @@ static int write_comm(hid_t f, const CommStats *stats, const long long *kv_peak,
     return rc;
 }
 
+static int write_steps(hid_t f, const StepReport *sr)
+{
+    hid_t g = group(f, "steps");
+    if (g < 0) return dcp_fail("HDF5: cannot create /steps");
+    attr_int(g, "kv_blocks_per_rank", sr->kv_blocks);
+    attr_int(g, "block_size", sr->block_size);
+    attr_int(g, "kv_capacity_tokens", sr->kv_capacity);
+    size_t n = (size_t)sr->n_steps;
+    double *d = xmalloc(sizeof(double) * (n + 1));
+    int *v = xmalloc(sizeof(int) * (n + 1));
+    int rc = write_array(g, "dp_rank", H5T_NATIVE_INT, sr->dp_rank, n);
+#define STEP_DOUBLE(field)                                       \
+    for (size_t i = 0; i < n; i++) d[i] = sr->steps[i].field;    \
+    rc = rc || write_array(g, #field, H5T_NATIVE_DOUBLE, d, n);
+#define STEP_INT(field)                                          \
+    for (size_t i = 0; i < n; i++) v[i] = sr->steps[i].field;    \
+    rc = rc || write_array(g, #field, H5T_NATIVE_INT, v, n);
+    STEP_DOUBLE(t_start)
+    STEP_DOUBLE(seconds)
+    STEP_INT(decode_tokens)
+    STEP_INT(prefill_tokens)
+    STEP_INT(running)
+    STEP_INT(waiting)
+    STEP_INT(preempted)
+    STEP_INT(kv_blocks_used)
+#undef STEP_DOUBLE
+#undef STEP_INT
+    free(d);
+    free(v);
+    H5Gclose(g);
+    return rc;
+}
+
 static int write_timings(hid_t f, const double *timings, int world)
 {
     hid_t g = H5Gcreate2(f, "timings", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -245,7 +289,7 @@ int output_check_writable(const char *path)
 }
 
 int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
-                 char *const *texts, const RankReports *rep)
+                 char *const *texts, const RankReports *rep, const StepReport *steps)
 {
     size_t n = strlen(path) + 32;
     char *tmp = xmalloc(n);
@@ -259,7 +303,18 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
     write_root_attrs(f, info);
     int rc = write_requests(f, rs, res, texts) || write_layout(f, rep->ranks, info->world_size) ||
              write_timings(f, rep->timings, info->world_size) ||
-             write_comm(f, rep->comm, rep->kv_peak_bytes, info->world_size);
+             write_comm(f, rep->comm, rep->kv_peak_bytes, info->world_size) || write_steps(f, steps);
+    if (!rc) {
+        long long out = 0, ok = 0;
+        for (int i = 0; i < rs->n; i++) {
+            out += res[i].n;
+            ok += rs->r[i].error == NULL;
+        }
+        double secs = steps->generation_s, tps = secs > 0 ? out / secs : 0, rps = secs > 0 ? ok / secs : 0;
+        attr_num(f, "generation_s", H5T_NATIVE_DOUBLE, &secs);
+        attr_num(f, "output_tokens_per_s", H5T_NATIVE_DOUBLE, &tps);
+        attr_num(f, "requests_per_s", H5T_NATIVE_DOUBLE, &rps);
+    }
     if (H5Fclose(f) < 0 && !rc) rc = dcp_fail("%s: HDF5 close failed", tmp);
     if (!rc && rename(tmp, path)) rc = dcp_fail("%s: cannot rename %s into place", path, tmp);
     if (rc) unlink(tmp);

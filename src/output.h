@@ -3,11 +3,13 @@
  * Layout (README "Output file"):
  *   /            attributes: version, model, shapes, layout, backend, seed, created
  *   /requests/   id, line, prompt_offsets, prompt_tokens, output_offsets,
- *                output_tokens, text, finish_reason, error, ttft_s, tpot_s, e2e_s
+ *                output_tokens, text, finish_reason, error, ttft_s, tpot_s,
+ *                e2e_s, itl_offsets, itl_s
  *   /layout/     the rank map: coordinates, heads and host of each rank
  *   /timings/    one dataset per phase: seconds on each rank (world_size)
  *   /comm/PHASE/KIND/  calls, bytes, seconds of each collective per rank
- *   /memory/     kv_bytes_peak per rank */
+ *   /memory/     kv_bytes_peak per rank
+ *   /steps/      one row per scheduler step of each DP group */
 #ifndef DCP_OUTPUT_H
 #define DCP_OUTPUT_H
 
@@ -34,6 +36,17 @@ typedef struct {
     const long long *kv_peak_bytes; /* most KV bytes the rank held at once */
 } RankReports;
 
+/* The scheduler's steps of every DP group, and the run's totals. */
+typedef struct {
+    const StepRecord *steps;
+    const int *dp_rank;      /* per step: its DP group */
+    int n_steps;
+    int kv_blocks;           /* per rank */
+    int block_size;
+    long long kv_capacity;   /* positions of one DCP group */
+    double generation_s;
+} StepReport;
+
 typedef struct {
     const char *model_path;
     const Config *cfg;
@@ -53,6 +66,6 @@ int output_check_writable(const char *path);
 
 /* texts: one per request. */
 int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
-                 char *const *texts, const RankReports *rep);
+                 char *const *texts, const RankReports *rep, const StepReport *steps);
 
 #endif

@@ -4,7 +4,7 @@
 
 #include "util.h"
 
-int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave)
+int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave, int block_size)
 {
     int Hq = c->n_heads, Hkv = c->n_kv_heads;
     if (tp < 1 || dcp < 1 || dp < 0)
@@ -35,6 +35,9 @@ int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int
     }
     if (interleave < 1)
         return dcp_fail("invalid layout: --cp-kv-cache-interleave-size %d must be at least 1", interleave);
+    if (block_size % interleave)
+        return dcp_fail("invalid layout: --block-size %d is not a multiple of --cp-kv-cache-interleave-size %d",
+                        block_size, interleave);
     return 0;
 }
 

@@ -19,7 +19,7 @@ typedef struct {
 
 /* Checks a layout against the model before anything is loaded. On failure
  * dcp_error() names the values and the rule. dp 0 means world / tp. */
-int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave);
+int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave, int block_size);
 /* Builds the communicators; collective over world. */
 void topology_init(Topology *t, MPI_Comm world, int tp, int dcp, int interleave);
 void topology_free(Topology *t);
@@ -37,6 +37,14 @@ static inline int kv_local_len(const Topology *t, int len, int d)
     int I = t->interleave, N = t->dcp;
     int base = (len / I / N) * I, rem = len - base * N - d * I;
     return base + (rem < 0 ? 0 : rem > I ? I : rem);
+}
+
+/* KV blocks of B positions a sequence of len positions needs on each rank
+ * of its DCP group (the group shares one block table; rank 0 holds the
+ * most positions). */
+static inline int kv_blocks_for(const Topology *t, int len, int B)
+{
+    return (kv_local_len(t, len, 0) + B - 1) / B;
 }
 
 #endif

@@ -18,7 +18,7 @@ fi
 dump() { h5dump -d "$2" "$1" | sed -n '/DATA {/,$p'; }
 
 run_dcp one $M --output "$WORK/one.h5" "$P"
-for layout in "-tp 2 -dp 4" "-tp 4" "-tp 8 -dcp 2 --dcp-comm-backend a2a --cp-kv-cache-interleave-size 3" \
+for layout in "-tp 2 -dp 4" "-tp 4" "-tp 8 -dcp 2 --dcp-comm-backend a2a --cp-kv-cache-interleave-size 3 --block-size 15" \
     "-tp 8 -dcp 2 --max-num-batched-tokens 8 --max-num-seqs 3"; do
     checks=$((checks + 1))
     name=$(echo "$layout" | tr -c 'a-z0-9\n' '_')

@@ -25,11 +25,13 @@ static void run(const Model *m, RequestSet *rs, Result *res, int max_num_seqs, i
 {
     Timings tm = {0};
     Engine e;
-    engine_init(&e, m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
+    engine_init(&e, m, backend_cpu(), NULL, NULL, &tm, NULL);
     GenOptions go = {.max_model_len = m->cfg.max_seq_len, .max_num_seqs = max_num_seqs,
                      .max_batched_tokens = max_batched};
-    generate(&e, rs, res, &go);
-    CHECK(engine_kv_bytes(&e) == 0, "all KV released");
+    GenStats gs;
+    generate(&e, rs, res, &go, &gs);
+    CHECK(gs.kv_blocks_left == 0 && e.pool.n_free == e.pool.n_blocks, "all KV blocks released");
+    free(gs.steps);
     engine_free(&e);
 }
 

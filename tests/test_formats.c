@@ -22,15 +22,17 @@ static float *run_logits(const char *path, int *vocab)
     }
     Timings tm = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
-    int slot = engine_seq_alloc(&e, NTOK);
+    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
+    BlockTable table = {0};
+    table_reserve(&e.pool, &table, kv_blocks_for(e.topo, NTOK, e.pool.block_size));
     int tokens[NTOK];
     for (int i = 0; i < NTOK; i++) tokens[i] = (i * 37 + 11) % m.cfg.vocab_size;
     *vocab = m.cfg.vocab_size;
     float *logits = xmalloc(sizeof(float) * NTOK * (size_t)*vocab);
-    Chunk c1 = {slot, 0, 9}, c2 = {slot, 9, NTOK - 9};
+    Chunk c1 = {table.ids, 0, 9}, c2 = {table.ids, 9, NTOK - 9};
     engine_forward(&e, tokens, &c1, 1, 1, logits);
     engine_forward(&e, tokens + 9, &c2, 1, 1, logits + (size_t)9 * *vocab);
+    table_free(&table);
     engine_free(&e);
     model_free(&m);
     return logits;

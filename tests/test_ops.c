@@ -22,7 +22,7 @@ static void test_attention_split(const Backend *be)
     int nk[T];
     float full[T * H * D], lse_full[T * H], ctx[T * H * D], lse_ctx[T * H], nw[T * H * D], lse_nw[T * H];
     for (int t = 0; t < T; t++) kp[t] = k, vp[t] = v, nk[t] = n_all[t];
-    AttnBatch a = {T, H, KVH, D, 0.35f, q, full, lse_full, kp, vp, nk, KVH * D};
+    AttnBatch a = {T, H, KVH, D, 0.35f, q, full, lse_full, kp, vp, nk, KVH * D, NULL, 0};
     be->attention(&a);
     for (int t = 0; t < T; t++) nk[t] = split[t];
     a.out = ctx, a.lse = lse_ctx;

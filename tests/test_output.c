@@ -89,10 +89,10 @@ int main(int argc, char **argv)
     add_request(&rs, c, 10, 50, 0.0f, 1.0f, 0);
     Timings tm = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
+    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
     GenOptions go = {.max_model_len = 12, .max_num_seqs = 8, .max_batched_tokens = 64};
     Result want[3];
-    generate(&e, &rs, want, &go);
+    generate(&e, &rs, want, &go, NULL);
     engine_free(&e);
 
     DIR *d = opendir(dir);
@@ -160,14 +160,14 @@ int main(int argc, char **argv)
     Request *q = add_request(&rs2, c, 10, 20, 0.0f, 1.0f, 0);
     Result free_run, got;
     go.max_model_len = m.cfg.max_seq_len;
-    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
-    generate(&e, &rs2, &free_run, &go);
+    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
+    generate(&e, &rs2, &free_run, &go, NULL);
     int stop = free_run.tokens[5], first = 0;
     while (free_run.tokens[first] != stop) first++;
     q->stop_ids = xmalloc(sizeof(int));
     q->stop_ids[0] = stop;
     q->n_stop = 1;
-    generate(&e, &rs2, &got, &go);
+    generate(&e, &rs2, &got, &go, NULL);
     engine_free(&e);
     CHECK(free_run.n == 20 && got.n == first + 1 && !memcmp(got.tokens, free_run.tokens, sizeof(int) * (size_t)got.n) &&
               !strcmp(got.finish_reason, "stop"),

@@ -18,6 +18,7 @@ typedef struct {
     MergeBackend merge;
     int budget; /* --max-num-batched-tokens; small values chunk the prefill */
     int tokens_only; /* no logits capture, so that the collectives are those of a normal run */
+    int block_size;  /* 0: 16 */
 } Layout;
 
 typedef struct {
@@ -66,10 +67,10 @@ static Reference reference_run(const char *path, RequestSet *rs)
     ref.cap = capture_new(rs, m.cfg.vocab_size, ref.identity);
     Timings tm = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
+    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
     GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = 4096,
                      .on_logits = capture, .on_logits_ctx = &ref.cap};
-    generate(&e, rs, ref.res, &go);
+    generate(&e, rs, ref.res, &go, NULL);
     engine_free(&e);
     model_free(&m);
     return ref;
@@ -102,12 +103,16 @@ static void run_layout(const char *label, const char *path, RequestSet *rs, cons
         CommStats cs = {0};
         Timings tm = {0};
         Engine e;
-        engine_init(&e, &m, backend_cpu(), &t, L.merge, &tm, &cs);
+        /* blocks of 16 positions, or the multiple of the interleave next above */
+        EngineOptions eo = {L.merge, 64 << 20, L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I};
+        engine_init(&e, &m, backend_cpu(), &t, &eo, &tm, &cs);
         GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = L.budget,
                          .on_logits = L.tokens_only ? NULL : capture, .on_logits_ctx = &cap};
-        generate(&e, &mine, res, &go);
-        CHECK(engine_kv_bytes(&e) == 0, "%s: KV released", label);
-        if (kv_peak) *kv_peak = e.kv_tokens_peak;
+        GenStats gs;
+        generate(&e, &mine, res, &go, &gs);
+        CHECK(gs.kv_blocks_left == 0 && e.pool.n_free == e.pool.n_blocks, "%s: KV blocks released", label);
+        if (kv_peak) *kv_peak = gs.kv_positions_peak;
+        free(gs.steps);
         if (stats) *stats = cs;
         engine_free(&e);
         double worst = 0;
@@ -177,7 +182,7 @@ static void stories_layouts(void)
                 char label[96];
                 snprintf(label, sizeof label, "stories260K np %d tp %d dcp %d dp %d I %d %s", np, tp, dcp,
                          shapes[s][3], I, merge_name((MergeBackend)mb));
-                run_layout(label, path, &rs, &ref, (Layout){np, tp, dcp, I, (MergeBackend)mb, 2048, 0}, NULL, NULL);
+                run_layout(label, path, &rs, &ref, (Layout){np, tp, dcp, I, (MergeBackend)mb, 2048, 0, 0}, NULL, NULL);
             }
     }
     free_reference(&ref, rs.n);
@@ -227,7 +232,7 @@ static void mqa_layouts(const char *path, int heads)
                 int budget = budgets[(ii + mb) % 3];
                 snprintf(label, sizeof label, "MQA %d heads tp 8 dcp %d I %d %s budget %d", heads, dcp, I,
                          merge_name((MergeBackend)mb), budget);
-                run_layout(label, path, &rs, &ref, (Layout){8, 8, dcp, I, (MergeBackend)mb, budget, 0}, NULL, NULL);
+                run_layout(label, path, &rs, &ref, (Layout){8, 8, dcp, I, (MergeBackend)mb, budget, 0, 0}, NULL, NULL);
             }
         }
     free_reference(&ref, rs.n);
@@ -249,7 +254,7 @@ static void kv_accounting(const char *path)
     }
     Reference ref = reference_run(path, &rs);
     long long peak1 = 0, peak;
-    run_layout("kv accounting: dcp 1", path, &rs, &ref, (Layout){8, 8, 1, 1, MERGE_AG_RS, 4096, 0}, &peak1, NULL);
+    run_layout("kv accounting: dcp 1", path, &rs, &ref, (Layout){8, 8, 1, 1, MERGE_AG_RS, 4096, 0, 0}, &peak1, NULL);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     long long total1 = 0;
@@ -259,7 +264,7 @@ static void kv_accounting(const char *path)
         for (int I = 1; I <= 4; I *= 4) {
             char label[64];
             snprintf(label, sizeof label, "kv accounting: dcp %d I %d", N, I);
-            run_layout(label, path, &rs, &ref, (Layout){8, 8, N, I, MERGE_AG_RS, 4096, 0}, &peak, NULL);
+            run_layout(label, path, &rs, &ref, (Layout){8, 8, N, I, MERGE_AG_RS, 4096, 0, 0}, &peak, NULL);
             Topology t = {.dcp = N, .interleave = I};
             long long exact = 0;
             for (int i = 0; i < 5; i++) exact += kv_local_len(&t, lens[i] + G - 1, rank % N);
@@ -290,7 +295,7 @@ static void comm_bytes(const char *path, int heads)
             CommStats cs;
             char label[64];
             snprintf(label, sizeof label, "comm bytes: %s %s", merge_name((MergeBackend)mb), sampled ? "sampled" : "greedy");
-            run_layout(label, path, &rs, &ref, (Layout){8, tp, N, 1, (MergeBackend)mb, 4096, 1}, NULL, &cs);
+            run_layout(label, path, &rs, &ref, (Layout){8, tp, N, 1, (MergeBackend)mb, 4096, 1, 0}, NULL, &cs);
             int rank, v0, vn;
             MPI_Comm_rank(MPI_COMM_WORLD, &rank);
             balanced_part(300, tp, rank % tp, &v0, &vn);

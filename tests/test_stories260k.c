@@ -78,12 +78,14 @@ int main(int argc, char **argv)
     Capture cap = {xcalloc(64 * VOCAB, sizeof(float)), 0};
     Timings tm = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), NULL, MERGE_AG_RS, &tm, NULL);
+    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
     GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 8, .max_batched_tokens = 64,
                      .on_logits = capture, .on_logits_ctx = &cap};
     Result res[3];
-    generate(&e, &rs, res, &go);
-    CHECK(engine_kv_bytes(&e) == 0, "KV cache released after the run");
+    GenStats gs;
+    generate(&e, &rs, res, &go, &gs);
+    CHECK(gs.kv_blocks_left == 0 && e.pool.n_free == e.pool.n_blocks, "KV blocks released after the run");
+    free(gs.steps);
     engine_free(&e);
 
     CHECK(res[0].n == 60 && !memcmp(res[0].tokens, want1 + 5, sizeof(int) * 60), "case 1 greedy tokens");

@@ -1,0 +1,217 @@
+#include "scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static int seq_len(const Scheduler *s, int r) { return s->rs->r[r].n_prompt + s->res[r].n; }
+
+static int token_at(const Scheduler *s, int r, int p)
+{
+    const Request *q = &s->rs->r[r];
+    return p < q->n_prompt ? q->prompt_tokens[p] : s->res[r].tokens[p - q->n_prompt];
+}
+
+/* the most positions a request can reach */
+static int final_len(const Request *q, int max_model_len)
+{
+    long long n = (long long)q->n_prompt + q->max_tokens;
+    return n < max_model_len ? (int)n : max_model_len;
+}
+
+void requests_check_kv(RequestSet *rs, const Topology *topo, const BlockPool *pool, int max_model_len)
+{
+    for (int i = 0; i < rs->n; i++) {
+        Request *q = &rs->r[i];
+        if (q->error) continue;
+        int len = final_len(q, max_model_len), need = kv_blocks_for(topo, len, pool->block_size);
+        if (need > pool->n_blocks)
+            request_fail(q, "%s:%d: request \"%s\": %d positions need %d KV blocks of %d per rank, the cache has "
+                         "%d; raise --kv-cache-memory or lower max_tokens",
+                         rs->path, q->line, q->id, len, need, pool->block_size, pool->n_blocks);
+    }
+}
+
+void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg, const Topology *topo,
+                    BlockPool *pool, const GenOptions *o)
+{
+    memset(s, 0, sizeof *s);
+    s->rs = rs;
+    s->res = res;
+    s->cfg = cfg;
+    s->topo = topo;
+    s->pool = pool;
+    s->max_num_seqs = o->max_num_seqs;
+    s->max_batched_tokens = o->max_batched_tokens;
+    s->max_model_len = o->max_model_len;
+    int n = rs->n ? rs->n : 1;
+    s->seq = xcalloc((size_t)n, sizeof(SeqState));
+    s->waiting = xmalloc(sizeof(int) * (size_t)n);
+    s->running = xmalloc(sizeof(int) * (size_t)n);
+    requests_check_kv(rs, topo, pool, s->max_model_len);
+    for (int i = 0; i < rs->n; i++) {
+        Request *q = &rs->r[i];
+        s->seq[i].admitted = -1;
+        sampler_init(&s->seq[i].sampler, q->temperature, q->top_p, q->seed);
+        if (q->error) {
+            res[i].finish_reason = "error";
+            s->done++;
+        } else {
+            s->waiting[s->tail++] = i;
+        }
+    }
+}
+
+void scheduler_free(Scheduler *s)
+{
+    for (int i = 0; i < s->rs->n; i++) {
+        table_release(s->pool, &s->seq[i].table);
+        table_free(&s->seq[i].table);
+    }
+    free(s->seq);
+    free(s->waiting);
+    free(s->running);
+    memset(s, 0, sizeof *s);
+}
+
+void plan_init(StepPlan *p, const GenOptions *o)
+{
+    memset(p, 0, sizeof *p);
+    p->chunks = xmalloc(sizeof(Chunk) * (size_t)o->max_num_seqs);
+    p->req = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
+    p->samples = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
+    p->tokens = xmalloc(sizeof(int) * (size_t)o->max_batched_tokens);
+}
+
+void plan_free(StepPlan *p)
+{
+    free(p->chunks);
+    free(p->req);
+    free(p->samples);
+    free(p->tokens);
+    memset(p, 0, sizeof *p);
+}
+
+/* Frees the request's blocks and puts it back at the front of the queue;
+ * its output so far stays and is recomputed on readmission. */
+static void preempt_last(Scheduler *s)
+{
+    int r = s->running[--s->n_running];
+    table_release(s->pool, &s->seq[r].table);
+    s->seq[r].computed = 0;
+    s->seq[r].admitted = -1;
+    s->waiting[--s->head] = r;
+    s->preemptions++;
+}
+
+static void add_chunk(Scheduler *s, StepPlan *p, int r, int n)
+{
+    SeqState *q = &s->seq[r];
+    Chunk *c = &p->chunks[p->nc];
+    c->blocks = q->table.ids;
+    c->pos0 = q->computed;
+    c->n = n;
+    p->req[p->nc] = r;
+    p->samples[p->nc] = q->computed + n == seq_len(s, r);
+    for (int j = 0; j < n; j++) p->tokens[p->T + j] = token_at(s, r, q->computed + j);
+    if (n == 1 && q->computed >= s->rs->r[r].n_prompt) p->decode_tokens++;
+    else p->prefill_tokens += n;
+    p->T += n;
+    p->nc++;
+}
+
+int scheduler_plan(Scheduler *s, StepPlan *p)
+{
+    p->nc = p->T = p->prefill_tokens = p->decode_tokens = p->preempted = 0;
+    if (s->done == s->rs->n) return 0;
+    int budget = s->max_batched_tokens, B = s->pool->block_size;
+    long long before = s->preemptions;
+    /* running requests, oldest first: their pending tokens */
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        int r = s->running[i];
+        SeqState *q = &s->seq[r];
+        int n = seq_len(s, r) - q->computed;
+        if (n > budget) n = budget;
+        int need = kv_blocks_for(s->topo, q->computed + n, B);
+        while (table_reserve(s->pool, &q->table, need) != 0) {
+            /* out of blocks: the most recently admitted request makes room,
+             * even if that is this one */
+            int last = s->running[s->n_running - 1];
+            preempt_last(s);
+            if (last == r) break;
+        }
+        if (q->admitted < 0) break; /* r itself was preempted: everything after it is gone too */
+        add_chunk(s, p, r, n);
+        budget -= n;
+    }
+    p->preempted = (int)(s->preemptions - before);
+    /* admit waiting requests, first come first served, unless this step
+     * had to preempt */
+    while (!p->preempted && s->head < s->tail && s->n_running < s->max_num_seqs && budget > 0) {
+        int r = s->waiting[s->head];
+        SeqState *q = &s->seq[r];
+        int n = seq_len(s, r);
+        if (n > budget) n = budget;
+        if (table_reserve(s->pool, &q->table, kv_blocks_for(s->topo, n, B)) != 0) break;
+        s->head++;
+        q->admitted = s->admissions++;
+        q->computed = 0;
+        s->running[s->n_running++] = r;
+        add_chunk(s, p, r, n);
+        budget -= n;
+    }
+    return 1;
+}
+
+static void push_token(Result *r, int tok, double now)
+{
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 16;
+        r->tokens = xrealloc(r->tokens, sizeof(int) * (size_t)r->cap);
+        r->times = xrealloc(r->times, sizeof(double) * (size_t)r->cap);
+    }
+    r->times[r->n] = now;
+    r->tokens[r->n++] = tok;
+}
+
+void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, double now)
+{
+    for (int i = 0; i < p->nc; i++) s->seq[p->req[i]].computed += p->chunks[i].n;
+    long long held = scheduler_kv_positions(s);
+    if (held > s->kv_positions_peak) s->kv_positions_peak = held;
+    for (int i = 0; i < p->nc; i++) {
+        int r = p->req[i];
+        if (!p->samples[i]) continue;
+        const Request *q = &s->rs->r[r];
+        Result *out = &s->res[r];
+        push_token(out, sampled[i], now);
+        if (out->n == 1) out->ttft_s = now;
+        if (is_stop_token(s->cfg, q, sampled[i])) out->finish_reason = "stop";
+        else if (out->n >= q->max_tokens || q->n_prompt + out->n >= s->max_model_len) out->finish_reason = "length";
+        if (out->finish_reason) {
+            out->e2e_s = now;
+            out->tpot_s = out->n > 1 ? (out->e2e_s - out->ttft_s) / (out->n - 1) : 0.0;
+        }
+    }
+    /* finished requests leave at once, freeing their blocks */
+    int kept = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        int r = s->running[i];
+        if (s->res[r].finish_reason) {
+            table_release(s->pool, &s->seq[r].table);
+            s->done++;
+        } else {
+            s->running[kept++] = r;
+        }
+    }
+    s->n_running = kept;
+}
+
+long long scheduler_kv_positions(const Scheduler *s)
+{
+    long long n = 0;
+    for (int i = 0; i < s->n_running; i++)
+        n += kv_local_len(s->topo, s->seq[s->running[i]].computed, s->topo->dcp_rank);
+    return n;
+}

@@ -1,0 +1,79 @@
+/* The scheduler of one DP group: which tokens each step runs. Identical on
+ * every rank of the group: it reads only the requests, the sampled tokens
+ * (the same on all ranks) and the block pool (changed by the same calls),
+ * never anything rank-local.
+ *   - FIFO waiting queue; requests are admitted while --max-num-seqs and
+ *     the KV blocks allow;
+ *   - each step runs, oldest admitted first, every running request's
+ *     pending tokens (one when decoding, a chunk when prefilling), then
+ *     prefill chunks of newly admitted requests, within
+ *     --max-num-batched-tokens;
+ *   - when a running request needs a block and none is free, the most
+ *     recently admitted request is preempted: its blocks are freed, it goes
+ *     back to the front of the queue, and its prompt and output so far are
+ *     recomputed when it is admitted again (its sampler state is kept);
+ *   - a finished request frees its blocks at once. */
+#ifndef DCP_SCHEDULER_H
+#define DCP_SCHEDULER_H
+
+#include "engine.h"
+#include "generate.h"
+#include "kvcache.h"
+#include "requests.h"
+#include "sampler.h"
+#include "topology.h"
+
+typedef struct {
+    BlockTable table;
+    int computed;   /* positions whose K/V are stored */
+    long admitted;  /* admission order; -1 while waiting */
+    Sampler sampler;
+} SeqState;
+
+typedef struct {
+    RequestSet *rs;
+    Result *res;
+    const Config *cfg;
+    const Topology *topo;
+    BlockPool *pool;
+    int max_num_seqs, max_batched_tokens, max_model_len;
+    SeqState *seq;       /* per request */
+    int *waiting;        /* request indices; [head, tail) is the queue */
+    int head, tail;
+    int *running;        /* request indices, in admission order */
+    int n_running;
+    long admissions;
+    int done;            /* requests finished or failed */
+    long long preemptions;
+    long long kv_positions_peak; /* most positions this rank stored at once */
+} Scheduler;
+
+typedef struct {
+    int nc, T;             /* chunks, tokens */
+    Chunk *chunks;
+    int *req;              /* per chunk: request index */
+    int *samples;          /* per chunk: 1 when its last token yields the next one */
+    int *tokens;           /* T token ids, chunk after chunk */
+    int prefill_tokens, decode_tokens, preempted;
+} StepPlan;
+
+/* Fails the requests that could never fit the cache, even alone. */
+void requests_check_kv(RequestSet *rs, const Topology *topo, const BlockPool *pool, int max_model_len);
+/* Requests that could never fit the cache fail here too. */
+void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg, const Topology *topo,
+                    BlockPool *pool, const GenOptions *o);
+void scheduler_free(Scheduler *s);
+void plan_init(StepPlan *p, const GenOptions *o);
+void plan_free(StepPlan *p);
+
+/* Fills p with the next step; returns 0 when every request is done. */
+int scheduler_plan(Scheduler *s, StepPlan *p);
+/* After the forward pass: sampled[i] is the token of chunk i where
+ * p->samples[i]. Appends, applies the stop rules, frees finished requests'
+ * blocks. now: seconds since the start, for the latency figures. */
+void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, double now);
+
+/* Positions this rank stores now (its shard of every running sequence). */
+long long scheduler_kv_positions(const Scheduler *s);
+
+#endif
