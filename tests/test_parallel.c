@@ -7,6 +7,7 @@
 #include "backend.h"
 #include "engine.h"
 #include "generate.h"
+#include "kvcache.h"
 #include "job.h"
 #include "mkmodel.h"
 #include "model.h"
@@ -18,8 +19,17 @@ typedef struct {
     MergeBackend merge;
     int budget; /* --max-num-batched-tokens; small values chunk the prefill */
     int tokens_only; /* no logits capture, so that the collectives are those of a normal run */
-    int block_size;  /* 0: 16 */
+    int block_size;  /* 0: 16 (or the next multiple of I) */
+    size_t kv_memory; /* per rank; 0: 64 MiB */
 } Layout;
+
+/* What a layout run reports besides its checks. */
+typedef struct {
+    long long kv_peak;     /* positions this rank held at once */
+    long long preemptions;
+    long long capacity;    /* logical KV positions of the DCP group */
+    CommStats comm;
+} LayoutRun;
 
 typedef struct {
     int vocab;
@@ -78,8 +88,10 @@ static Reference reference_run(const char *path, RequestSet *rs)
 
 /* Runs a layout on the first np ranks of world and checks it against ref.
  * Returns this rank's engine figures through kv_peak and stats. */
-static void run_layout(const char *label, const char *path, RequestSet *rs, const Reference *ref, Layout L,
-                       long long *kv_peak, CommStats *stats)
+/* With ref NULL nothing is compared: the run's tokens and logits are
+ * handed back in made (rank-local; dp must be 1). */
+static void run_layout_into(const char *label, const char *path, RequestSet *rs, const Reference *ref, Layout L,
+                            LayoutRun *out, Reference *made)
 {
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -104,18 +116,29 @@ static void run_layout(const char *label, const char *path, RequestSet *rs, cons
         Timings tm = {0};
         Engine e;
         /* blocks of 16 positions, or the multiple of the interleave next above */
-        EngineOptions eo = {L.merge, 64 << 20, L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I};
+        EngineOptions eo = {L.merge, L.kv_memory ? L.kv_memory : 64 << 20,
+                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I};
         engine_init(&e, &m, backend_cpu(), &t, &eo, &tm, &cs);
         GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = L.budget,
                          .on_logits = L.tokens_only ? NULL : capture, .on_logits_ctx = &cap};
         GenStats gs;
         generate(&e, &mine, res, &go, &gs);
         CHECK(gs.kv_blocks_left == 0 && e.pool.n_free == e.pool.n_blocks, "%s: KV blocks released", label);
-        if (kv_peak) *kv_peak = gs.kv_positions_peak;
+        if (out) *out = (LayoutRun){gs.kv_positions_peak, gs.preemptions, engine_kv_capacity(&e), cs};
         free(gs.steps);
-        if (stats) *stats = cs;
         engine_free(&e);
         double worst = 0;
+        if (!ref) { /* hand the run back as a reference */
+            made->res = res;
+            made->cap = cap;
+            made->identity = global;
+            free(mine.r);
+            free(group);
+            model_free(&m);
+            topology_free(&t);
+            MPI_Comm_free(&sub);
+            return;
+        }
         for (int j = 0; j < mine.n; j++) {
             int g = global[j];
             const Request *q = &rs->r[g];
@@ -139,6 +162,12 @@ static void run_layout(const char *label, const char *path, RequestSet *rs, cons
         topology_free(&t);
     }
     MPI_Comm_free(&sub);
+}
+
+static void run_layout(const char *label, const char *path, RequestSet *rs, const Reference *ref, Layout L,
+                       LayoutRun *out)
+{
+    run_layout_into(label, path, rs, ref, L, out, NULL);
 }
 
 static void free_reference(Reference *ref, int n)
@@ -182,7 +211,9 @@ static void stories_layouts(void)
                 char label[96];
                 snprintf(label, sizeof label, "stories260K np %d tp %d dcp %d dp %d I %d %s", np, tp, dcp,
                          shapes[s][3], I, merge_name((MergeBackend)mb));
-                run_layout(label, path, &rs, &ref, (Layout){np, tp, dcp, I, (MergeBackend)mb, 2048, 0, 0}, NULL, NULL);
+                run_layout(label, path, &rs, &ref,
+                           (Layout){.np = np, .tp = tp, .dcp = dcp, .I = I, .merge = (MergeBackend)mb, .budget = 2048},
+                           NULL);
             }
     }
     free_reference(&ref, rs.n);
@@ -191,12 +222,12 @@ static void stories_layouts(void)
     free(path), free(tok_path), free(ref_path);
 }
 
-static char *write_mqa(const char *dir, int heads)
+static char *write_mqa(const char *dir, int heads, int max_len)
 {
     char *path = xmalloc(strlen(dir) + 32);
-    sprintf(path, "%s/mqa%d", dir, heads);
+    sprintf(path, "%s/mqa%d-%d", dir, heads, max_len);
     ModelSpec s = {.layers = 4, .dim = 128, .heads = heads, .kv_heads = 1, .hidden = 172, .vocab = 300,
-                   .max_len = 512, .tied = 0, .eos = -1, .rope_theta = 10000.0f, .seed = 40 + heads};
+                   .max_len = max_len, .tied = 0, .eos = -1, .rope_theta = 10000.0f, .seed = 40 + heads};
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) CHECK(mkmodel_write_hf(&s, path, 0, 1) == 0, "mkmodel: %s", dcp_error());
@@ -232,7 +263,9 @@ static void mqa_layouts(const char *path, int heads)
                 int budget = budgets[(ii + mb) % 3];
                 snprintf(label, sizeof label, "MQA %d heads tp 8 dcp %d I %d %s budget %d", heads, dcp, I,
                          merge_name((MergeBackend)mb), budget);
-                run_layout(label, path, &rs, &ref, (Layout){8, 8, dcp, I, (MergeBackend)mb, budget, 0, 0}, NULL, NULL);
+                run_layout(label, path, &rs, &ref,
+                           (Layout){.np = 8, .tp = 8, .dcp = dcp, .I = I, .merge = (MergeBackend)mb, .budget = budget},
+                           NULL);
             }
         }
     free_reference(&ref, rs.n);
@@ -253,8 +286,9 @@ static void kv_accounting(const char *path)
         add_request(&rs, ids, lens[i], G, 0.0f, 1.0f, 0);
     }
     Reference ref = reference_run(path, &rs);
-    long long peak1 = 0, peak;
-    run_layout("kv accounting: dcp 1", path, &rs, &ref, (Layout){8, 8, 1, 1, MERGE_AG_RS, 4096, 0, 0}, &peak1, NULL);
+    LayoutRun run = {0};
+    run_layout("kv accounting: dcp 1", path, &rs, &ref, (Layout){.np = 8, .tp = 8, .dcp = 1, .I = 1, .budget = 4096}, &run);
+    long long peak1 = run.kv_peak, capacity1 = run.capacity, peak;
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     long long total1 = 0;
@@ -264,7 +298,11 @@ static void kv_accounting(const char *path)
         for (int I = 1; I <= 4; I *= 4) {
             char label[64];
             snprintf(label, sizeof label, "kv accounting: dcp %d I %d", N, I);
-            run_layout(label, path, &rs, &ref, (Layout){8, 8, N, I, MERGE_AG_RS, 4096, 0, 0}, &peak, NULL);
+            run_layout(label, path, &rs, &ref, (Layout){.np = 8, .tp = 8, .dcp = N, .I = I, .budget = 4096}, &run);
+            peak = run.kv_peak;
+            if (I == 1)
+                CHECK(run.capacity == N * capacity1, "%s: logical KV capacity %lld positions, dcp 1 has %lld",
+                      label, run.capacity, capacity1);
             Topology t = {.dcp = N, .interleave = I};
             long long exact = 0;
             for (int i = 0; i < 5; i++) exact += kv_local_len(&t, lens[i] + G - 1, rank % N);
@@ -292,10 +330,14 @@ static void comm_bytes(const char *path, int heads)
             for (int j = 0; j < P; j++) ids[j] = 17 * j % 300;
             add_request(&rs, ids, P, G, sampled ? 0.7f : 0.0f, 1.0f, 3);
             Reference ref = reference_run(path, &rs);
-            CommStats cs;
+            LayoutRun run;
             char label[64];
             snprintf(label, sizeof label, "comm bytes: %s %s", merge_name((MergeBackend)mb), sampled ? "sampled" : "greedy");
-            run_layout(label, path, &rs, &ref, (Layout){8, tp, N, 1, (MergeBackend)mb, 4096, 1, 0}, NULL, &cs);
+            run_layout(label, path, &rs, &ref,
+                       (Layout){.np = 8, .tp = tp, .dcp = N, .I = 1, .merge = (MergeBackend)mb, .budget = 4096,
+                                .tokens_only = 1},
+                       &run);
+            const CommStats cs = run.comm;
             int rank, v0, vn;
             MPI_Comm_rank(MPI_COMM_WORLD, &rank);
             balanced_part(300, tp, rank % tp, &v0, &vn);
@@ -329,6 +371,73 @@ static void comm_bytes(const char *path, int heads)
         }
 }
 
+/* Greedy outputs do not change when the KV budget forces preemptions:
+ * block sizes 1, 16 and 64, token budgets 16, 256 and unlimited, dcp 1
+ * and 4. Six requests whose outputs need one block more than their
+ * prompts, in a pool that holds two prompts but not two outputs. */
+static void preemption(const char *path)
+{
+    const int G = 16, Ns[] = {1, 4}, Bs[] = {1, 16, 64}, budgets[] = {16, 256, 4096};
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    size_t per_position = kv_bytes_per_position(4, 1, 16);
+    for (int ni = 0; ni < 2; ni++)
+        for (int bi = 0; bi < 3; bi++) {
+            int N = Ns[ni], B = Bs[bi], span = B * N;
+            Topology t = {.dcp = N, .interleave = 1};
+            RequestSet rs = {0};
+            uint64_t st = 77;
+            int pool = 0;
+            for (int i = 0; i < 6; i++) {
+                int P = (span - 6 > 20 ? span - 6 : 20) + i, ids[300];
+                for (int j = 0; j < P; j++) ids[j] = (int)(splitmix64(&st) % 300);
+                add_request(&rs, ids, P, G, 0.0f, 1.0f, 0);
+                /* the longest request alone, or two prompts: whichever is more */
+                int need = kv_blocks_for(&t, P + G, B), two = 2 * kv_blocks_for(&t, P, B);
+                pool = need > pool ? need : pool;
+                pool = two > pool ? two : pool;
+            }
+            Reference ref = reference_run(path, &rs);
+            for (int k = 0; k < 3; k++) {
+                char label[96];
+                snprintf(label, sizeof label, "preemption: dcp %d block %d budget %d, %d blocks", N, B, budgets[k],
+                         pool);
+                LayoutRun run;
+                run_layout(label, path, &rs, &ref,
+                           (Layout){.np = 8, .tp = 8, .dcp = N, .I = 1, .budget = budgets[k], .block_size = B,
+                                    .kv_memory = (size_t)pool * B * per_position},
+                           &run);
+                CHECK(run.preemptions > 0, "%s: no preemption happened", label);
+                if (rank == 0) fprintf(stderr, "%s: %lld preemption(s)\n", label, run.preemptions);
+            }
+            free_reference(&ref, rs.n);
+            requests_free(&rs);
+        }
+}
+
+/* A 4K-token prompt prefilled in 256-token chunks equals the same prompt
+ * prefilled at once, at tp 8 dcp 8 (the chunks' context part goes through
+ * the sharded attention as decode does). */
+static void chunked_prefill_4k(const char *path)
+{
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    RequestSet rs = {0};
+    int *ids = xmalloc(sizeof(int) * 4096);
+    uint64_t st = 4096;
+    for (int j = 0; j < 4096; j++) ids[j] = (int)(splitmix64(&st) % 300);
+    add_request(&rs, ids, 4096, 8, 0.0f, 1.0f, 0);
+    free(ids);
+    Reference whole = {0};
+    run_layout_into("4K prompt at once", path, &rs, NULL,
+                    (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .budget = 8192}, NULL, &whole);
+    run_layout("4K prompt in 256-token chunks", path, &rs, &whole,
+               (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .budget = 256}, NULL);
+    if (rank == 0) fprintf(stderr, "4K prompt: %d tokens generated, chunked equals unchunked as checked above\n", whole.res[0].n);
+    free_reference(&whole, rs.n);
+    requests_free(&rs);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -350,13 +459,16 @@ int main(int argc, char **argv)
     MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
 
     stories_layouts();
-    char *mqa8 = write_mqa(dir, 8), *mqa16 = write_mqa(dir, 16);
+    char *mqa8 = write_mqa(dir, 8, 512), *mqa16 = write_mqa(dir, 16, 512), *mqa_long = write_mqa(dir, 8, 4200);
     mqa_layouts(mqa8, 8);
     mqa_layouts(mqa16, 16);
     kv_accounting(mqa8);
     comm_bytes(mqa16, 16);
+    preemption(mqa8);
+    chunked_prefill_4k(mqa_long);
     free(mqa8);
     free(mqa16);
+    free(mqa_long);
 
     int failures = test_failures, total;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
