@@ -142,6 +142,50 @@ static int failed_anywhere(int rc, MPI_Comm world)
     return 1;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Mean, median and 99th percentile of TTFT, TPOT and ITL over the
+ * requests that produced tokens. */
+static void print_latency(const RequestSet *rs, const Result *res)
+{
+    int n = 0;
+    long n_itl = 0;
+    for (int i = 0; i < rs->n; i++) {
+        n += res[i].n > 0;
+        n_itl += res[i].n > 1 ? res[i].n - 1 : 0;
+    }
+    if (!n) return;
+    double *ttft = xmalloc(sizeof(double) * n), *tpot = xmalloc(sizeof(double) * n);
+    double *itl = xmalloc(sizeof(double) * (size_t)(n_itl + 1));
+    int k = 0;
+    long m = 0;
+    for (int i = 0; i < rs->n; i++) {
+        if (!res[i].n) continue;
+        ttft[k] = res[i].ttft_s;
+        tpot[k++] = res[i].tpot_s;
+        for (int j = 1; j < res[i].n; j++) itl[m++] = res[i].times[j] - res[i].times[j - 1];
+    }
+    const char *names[3] = {"TTFT", "TPOT", "ITL"};
+    double *sets[3] = {ttft, tpot, itl};
+    long counts[3] = {n, n, n_itl};
+    printf("# latency (s)      mean        p50        p99\n");
+    for (int s = 0; s < 3; s++) {
+        if (!counts[s]) continue;
+        qsort(sets[s], (size_t)counts[s], sizeof(double), cmp_double);
+        double sum = 0;
+        for (long i = 0; i < counts[s]; i++) sum += sets[s][i];
+        printf("  %-10s %10.4f %10.4f %10.4f\n", names[s], sum / counts[s], sets[s][counts[s] / 2],
+               sets[s][(long)(0.99 * (counts[s] - 1))]);
+    }
+    free(ttft);
+    free(tpot);
+    free(itl);
+}
+
 static void print_rank_map(const RankInfo *ri, int world)
 {
     printf("# rank map\n# %5s %-20s %4s %4s %4s %12s %9s\n", "rank", "host", "dp", "tp", "dcp", "query heads",
@@ -452,6 +496,17 @@ int run_job(const Options *o, MPI_Comm world)
         printf("# %d step(s), at most %d request(s) running, %d preemption(s), KV use at most %.1f%% of %d "
                "blocks\n",
                n_steps, max_running, preempted, 100.0 * peak_blocks / (kv_blocks ? kv_blocks : 1), kv_blocks);
+        long decode_only = 0;
+        double decode_s = 0;
+        for (int i = 0; i < n_steps; i++)
+            if (!steps[i].prefill_tokens) {
+                decode_only += steps[i].decode_tokens;
+                decode_s += steps[i].seconds;
+            }
+        if (decode_s > 0)
+            printf("# decode-only steps: %ld tokens in %.3f s: %.1f tokens/s\n", decode_only, decode_s,
+                   decode_only / decode_s);
+        print_latency(&rs, res);
         printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s, %.2f requests/s\n", rs.n,
                failed, out_tokens, gen_s, gen_s > 0 ? out_tokens / gen_s : 0.0,
                gen_s > 0 ? (rs.n - failed) / gen_s : 0.0);

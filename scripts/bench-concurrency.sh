@@ -1,0 +1,87 @@
+#!/bin/bash
+# Benchmark (not a test): what DCP buys at a fixed KV memory per rank.
+# Runs one synthetic agentic trace (dcpinfer-mktrace) on 8 ranks (tp 8)
+# with plain TP and with DCP: dcp 1/2/4/8 on a generated MQA model
+# (1 KV head) and dcp 1/2 on a GQA model (4 KV heads), sweeping the
+# offered concurrency (--max-num-seqs). Every run has a logical KV block of
+# 16 positions (--block-size 16/dcp), so that the comparison is of
+# capacity, not of rounding. Prints a table and the ratio of the maximum
+# running requests at dcp N to dcp 1, and writes OUT/concurrency.dat and
+# OUT/concurrency.png (gnuplot).
+#   OUT=bench-out KV=1600K REQUESTS=256 OFFERED="4 8 16 32 64 128" scripts/bench-concurrency.sh
+set -u
+. "$(dirname "$0")/setup.sh"
+PACKAGES="$PACKAGES gnuplot-nox"
+ensure_packages || exit 1
+build_dcpinfer || exit 1
+NP=${NP:-8}
+KV=${KV:-1600K}
+REQUESTS=${REQUESTS:-256}
+OFFERED=${OFFERED:-4 8 16 32 64 128}
+OUT=${OUT:-$TOP/bench-out}
+mkdir -p "$OUT"
+W=$(mktemp -d "${TMPDIR:-/tmp}/dcpbench.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+
+B=$BUILD_DIR
+"$B/dcpinfer-mkmodel" --out "$W/mqa" --layers 4 --dim 128 --heads 8 --kv-heads 1 --hidden 344 --vocab 512 \
+    --max-len 4096 --seed 5 || exit 1
+"$B/dcpinfer-mkmodel" --out "$W/gqa" --layers 4 --dim 128 --heads 8 --kv-heads 4 --hidden 344 --vocab 512 \
+    --max-len 4096 --seed 6 || exit 1
+# inputs 1/256 of the published trace's 67K tokens, outputs 1/25 of its 400
+"$B/dcpinfer-mktrace" --requests "$REQUESTS" --median-input 256 --sigma-input 0.3 --median-output 16 \
+    --max-input 2000 --vocab 512 --out "$W/trace.jsonl" || exit 1
+
+num() { sed -n "$2" "$1" | head -1; }
+echo "# dcpinfer concurrency benchmark: $NP ranks, tp $NP, --kv-cache-memory $KV per rank, $REQUESTS requests"
+echo "# (trace: lognormal prompts, median 256 tokens, sigma 0.3; outputs median 16; greedy)"
+printf "# %-5s %4s %8s %8s %7s %10s %10s %9s %9s %6s\n" model dcp offered running kv_use out_tok/s dec_tok/s \
+    ttft_s tpot_s preempt | tee "$OUT/concurrency.dat"
+for run in "mqa 1" "mqa 2" "mqa 4" "mqa 8" "gqa 1" "gqa 2"; do
+    set -- $run
+    model=$1 dcp=$2
+    for offered in $OFFERED; do
+        log=$W/$model-$dcp-$offered.out
+        mpirun -q --oversubscribe --bind-to none -np "$NP" "$B/dcpinfer" --model "$W/$model" -tp "$NP" -dcp "$dcp" \
+            --block-size $((16 / dcp)) --kv-cache-memory "$KV" --max-num-seqs "$offered" --quiet \
+            --output "$W/x.h5" "$W/trace.jsonl" \
+            >"$log" 2>&1 || { echo "run failed:"; cat "$log"; exit 1; }
+        running=$(num "$log" 's/^# .* step(s), at most \([0-9]*\) request(s) running.*/\1/p')
+        kv=$(num "$log" 's/.*KV use at most \([0-9.]*\)%.*/\1/p')
+        preempt=$(num "$log" 's/.* running, \([0-9]*\) preemption(s).*/\1/p')
+        tps=$(num "$log" 's/^# .* output tokens in .* s: \([0-9.]*\) tokens\/s.*/\1/p')
+        dps=$(num "$log" 's/^# decode-only steps: .*: \([0-9.]*\) tokens\/s/\1/p')
+        ttft=$(num "$log" 's/^  TTFT *\([0-9.]*\) .*/\1/p')
+        tpot=$(num "$log" 's/^  TPOT *\([0-9.]*\) .*/\1/p')
+        printf "  %-5s %4s %8s %8s %6s%% %10s %10s %9s %9s %6s\n" "$model" "$dcp" "$offered" "$running" "$kv" \
+            "$tps" "${dps:-0}" "$ttft" "$tpot" "$preempt" | tee -a "$OUT/concurrency.dat"
+    done
+    printf "\n\n" >>"$OUT/concurrency.dat"
+done
+
+# the most requests running at once, per model and dcp, against dcp 1
+awk '!/^#/ && NF { if ($4 > max[$1 " " $2]) max[$1 " " $2] = $4 }
+     END { for (k in max) { split(k, a, " "); if (a[2] == 1) base[a[1]] = max[k] }
+           for (k in max) { split(k, a, " ");
+               printf "# %s dcp %d: at most %d running, %.2f x dcp 1 (%.2f x dcp)\n", a[1], a[2], max[k],
+                   max[k] / base[a[1]], max[k] / base[a[1]] / a[2] } }' "$OUT/concurrency.dat" | sort
+
+gnuplot <<GP
+set terminal pngcairo size 1100,460 font "sans,10"
+set output "$OUT/concurrency.png"
+set multiplot layout 1,2 title "dcpinfer on $NP ranks (tp $NP), KV cache $KV per rank, $REQUESTS-request agentic trace"
+set logscale x 2
+set key left top
+set grid
+set xlabel "offered concurrency (--max-num-seqs)"
+set ylabel "requests running at once (max)"
+set title "concurrency reached"
+plot for [i=0:5] "$OUT/concurrency.dat" index i using 3:4 with linespoints lw 2 \
+    title word("MQA-dcp1 MQA-dcp2 MQA-dcp4 MQA-dcp8 GQA-dcp1 GQA-dcp2", i+1)
+set ylabel "output tokens/s in decode-only steps"
+set title "decode throughput"
+plot for [i=0:5] "$OUT/concurrency.dat" index i using 3:7 with linespoints lw 2 \
+    title word("MQA-dcp1 MQA-dcp2 MQA-dcp4 MQA-dcp8 GQA-dcp1 GQA-dcp2", i+1)
+unset multiplot
+GP
+echo "# plot: $OUT/concurrency.png"
