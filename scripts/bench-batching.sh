@@ -23,7 +23,7 @@ awk -v n="$N" -v m="$MAX_TOKENS" 'BEGIN { srand(7); for (i = 0; i < n; i++) {
     >"$W/prompts.jsonl"
 
 # tokens/s from dcpinfer's summary line
-rate() { sed -n 's/^# .* output tokens in \([0-9.]*\) s: \([0-9.]*\) tokens\/s$/\2/p' "$1"; }
+rate() { sed -n 's/^# .* output tokens in [0-9.]* s: \([0-9.]*\) tokens\/s.*$/\1/p' "$1"; }
 echo "# dcpinfer batching benchmark: $N requests x $MAX_TOKENS tokens, stories15M shape, 1 rank, $(nproc) cores"
 printf "# %-10s %14s %14s %8s\n" gemm "batched tok/s" "serial tok/s" ratio
 for gemm in invariant openblas; do
