@@ -34,6 +34,27 @@ typedef struct {
 
 typedef struct Backend {
     const char *name;
+    /* Memory. Buffers the ops read and write come from alloc: device memory
+     * on a GPU backend, host memory on the CPU backend (host_memory = 1,
+     * and MPI can take them directly). Arrays the ops take as metadata
+     * (tokens, positions, slots, rows) live in such buffers too; the
+     * per-token arrays of AttnBatch are host arrays holding buffer
+     * pointers. */
+    int host_memory;
+    void *(*alloc)(size_t bytes);
+    void (*release)(void *p);
+    void (*upload)(void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    /* page-locked host memory, for staging MPI transfers */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_release)(void *p);
+    /* the backend's copy of a weight array (the array itself on the CPU) */
+    const float *(*weights)(const float *host, size_t n);
+    void (*release_weights)(const float *p);
+    /* waits for queued work (the GPU stream); a no-op on the CPU */
+    void (*synchronize)(void);
+
     /* y (T, out) = x (T, in) . w (out, in)^T */
     void (*matmul)(float *y, const float *x, const float *w, int T, int in, int out);
     /* y (T, dim) = x / rms(x) * w, per row */
@@ -46,6 +67,11 @@ typedef struct Backend {
     void (*add)(float *y, const float *x, size_t n);
     /* x (T, dim) = table[tokens] */
     void (*embedding)(float *x, const float *table, const int *tokens, int T, int dim);
+    /* dst (R, dim) = src[rows[r]] */
+    void (*gather_rows)(float *dst, const float *src, const int *rows, int R, int dim);
+    /* the slot mapping: for t with slots[t] >= 0, row slots[t] of one
+     * layer's k_pool/v_pool (rows of kvd floats) receives k[t]/v[t] */
+    void (*kv_write)(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int T, int kvd);
     void (*attention)(const AttnBatch *a);
     /* o1/lse1 (rows, head_dim)/(rows) become the merge of two partial
      * attentions over disjoint key sets (DESIGN.md section 4). */
@@ -60,9 +86,15 @@ typedef struct Backend {
      * output and LSE for the same rows; out (rows, head_dim) and lse (rows)
      * receive the merge. */
     void (*lse_combine)(float *out, float *lse, const float *parts, int N, int rows, int head_dim);
+    /* a2a send buffer: parts (rows, head_dim + 1) = (o, lse) */
+    void (*pack_partials)(float *parts, const float *o, const float *lse, int rows, int head_dim);
 } Backend;
 
 const Backend *backend_cpu(void);
+/* The CUDA backend, or NULL with dcp_error() saying why (not built, or no
+ * usable GPU). backend_cuda.c in a CPU-only build, cuda/backend_cuda.cu
+ * with --enable-cuda. */
+const Backend *backend_cuda(void);
 /* The backend named by --backend, or NULL with dcp_error() saying why. */
 const Backend *backend_find(const char *name);
 void backend_set_threads(int threads);

@@ -218,8 +218,55 @@ static void cpu_lse_combine(float *out, float *lse, const float *parts, int N, i
     }
 }
 
+static void *cpu_alloc(size_t bytes) { return xmalloc(bytes); }
+static void cpu_release(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static const float *cpu_weights(const float *host, size_t n)
+{
+    (void)n;
+    return host; /* the CPU computes on the loaded weights themselves */
+}
+static void cpu_release_weights(const float *p) { (void)p; }
+static void cpu_synchronize(void) {}
+
+static void cpu_gather_rows(float *dst, const float *src, const int *rows, int R, int dim)
+{
+    for (int r = 0; r < R; r++) memcpy(dst + (size_t)r * dim, src + (size_t)rows[r] * dim, sizeof(float) * dim);
+}
+
+static void cpu_kv_write(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int T, int kvd)
+{
+    for (int t = 0; t < T; t++) {
+        if (slots[t] < 0) continue;
+        memcpy(k_pool + (size_t)slots[t] * kvd, k + (size_t)t * kvd, sizeof(float) * kvd);
+        memcpy(v_pool + (size_t)slots[t] * kvd, v + (size_t)t * kvd, sizeof(float) * kvd);
+    }
+}
+
+static void cpu_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
+{
+    for (int r = 0; r < rows; r++) {
+        memcpy(parts + (size_t)r * (head_dim + 1), o + (size_t)r * head_dim, sizeof(float) * head_dim);
+        parts[(size_t)r * (head_dim + 1) + head_dim] = lse[r];
+    }
+}
+
 static const Backend cpu = {
     .name = "cpu",
+    .host_memory = 1,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .host_alloc = cpu_alloc,
+    .host_release = cpu_release,
+    .weights = cpu_weights,
+    .release_weights = cpu_release_weights,
+    .synchronize = cpu_synchronize,
+    .gather_rows = cpu_gather_rows,
+    .kv_write = cpu_kv_write,
+    .pack_partials = cpu_pack_partials,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
@@ -237,10 +284,8 @@ const Backend *backend_cpu(void) { return &cpu; }
 const Backend *backend_find(const char *name)
 {
     if (!strcmp(name, "cpu")) return &cpu;
-    if (!strcmp(name, "cuda"))
-        dcp_fail("--backend cuda: this dcpinfer was built without CUDA (configure --enable-cuda)");
-    else
-        dcp_fail("--backend %s: unknown backend (choose cpu or cuda)", name);
+    if (!strcmp(name, "cuda")) return backend_cuda();
+    dcp_fail("--backend %s: unknown backend (choose cpu or cuda)", name);
     return NULL;
 }
 

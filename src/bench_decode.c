@@ -47,7 +47,7 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     /* a pool just large enough for the batch */
     size_t per_seq = (size_t)kv_blocks_for(&t, L + steps + 1, 16) * 16;
     EngineOptions eo = {v.merge, per_seq * b * kv_bytes_per_position(m.cfg.n_layers, m.shard.kv_heads, m.cfg.head_dim),
-                        16};
+                        16, 0};
     engine_init(&e, &m, backend_cpu(), &t, &eo, &tm, &cs);
     Chunk *chunks = xmalloc(sizeof(Chunk) * b);
     BlockTable *tables = xcalloc((size_t)b, sizeof(BlockTable));
@@ -55,14 +55,18 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     uint64_t st = 17 + rank;
     /* random K/V in every block: the numbers do not matter, only the shapes */
     size_t pool_floats = (size_t)e.pool.n_blocks * e.pool.block_size * m.cfg.n_layers * m.shard.kv_heads * m.cfg.head_dim;
-    fill_random(e.k_pool, pool_floats, &st);
-    fill_random(e.v_pool, pool_floats, &st);
+    float *host = xmalloc(sizeof(float) * pool_floats);
+    fill_random(host, pool_floats, &st);
+    e.be->upload(e.k_pool, host, sizeof(float) * pool_floats);
+    fill_random(host, pool_floats, &st);
+    e.be->upload(e.v_pool, host, sizeof(float) * pool_floats);
+    free(host);
     for (int i = 0; i < b; i++) {
         if (table_reserve(&e.pool, &tables[i], kv_blocks_for(&t, L + steps + 1, 16))) {
             fprintf(stderr, "rank %d: KV pool too small\n", rank);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        chunks[i] = (Chunk){tables[i].ids, L, 1};
+        chunks[i] = (Chunk){tables[i].ids, tables[i].n, L, 1};
         tokens[i] = i % m.cfg.vocab_size;
     }
     long long kv_bytes = 0;

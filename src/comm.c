@@ -1,5 +1,8 @@
 #include "comm.h"
 
+#include <stdlib.h>
+
+#include "backend.h"
 #include "util.h"
 
 const char *const comm_kind_names[COMM_N] = {
@@ -24,19 +27,52 @@ static void count(CommStats *s, CommKind k, long long bytes, double t0)
     c->seconds += now_s() - t0;
 }
 
+void comm_stats_free(CommStats *s)
+{
+    if (s->stage) s->stage_be->host_release(s->stage);
+    s->stage = NULL;
+    s->stage_floats = 0;
+}
+
+/* Host staging space for `floats` floats (grown on demand). */
+static float *stage(CommStats *s, size_t floats)
+{
+    if (floats > s->stage_floats) {
+        if (s->stage) s->stage_be->host_release(s->stage);
+        s->stage = s->stage_be->host_alloc(sizeof(float) * floats);
+        s->stage_floats = floats;
+    }
+    return s->stage;
+}
+
 void comm_allreduce_sum(CommStats *s, float *buf, int n, MPI_Comm comm)
 {
     if (size_of(comm) == 1) return;
     double t0 = now_s();
-    MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, comm);
+    if (s->stage_be) {
+        float *h = stage(s, (size_t)n);
+        s->stage_be->download(h, buf, sizeof(float) * n);
+        MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_FLOAT, MPI_SUM, comm);
+        s->stage_be->upload(buf, h, sizeof(float) * n);
+    } else {
+        MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, comm);
+    }
     count(s, COMM_allreduce, 4LL * n, t0);
 }
 
 void comm_allgather(CommStats *s, CommKind kind, const float *send, int n, float *recv, MPI_Comm comm)
 {
-    if (size_of(comm) == 1) return;
+    int N = size_of(comm);
+    if (N == 1) return;
     double t0 = now_s();
-    MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm);
+    if (s->stage_be) {
+        float *h = stage(s, (size_t)n * (N + 1));
+        s->stage_be->download(h, send, sizeof(float) * n);
+        MPI_Allgather(h, n, MPI_FLOAT, h + n, n, MPI_FLOAT, comm);
+        s->stage_be->upload(recv, h + n, sizeof(float) * n * N);
+    } else {
+        MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm);
+    }
     count(s, kind, 4LL * n, t0);
 }
 
@@ -45,7 +81,14 @@ void comm_reduce_scatter_sum(CommStats *s, const float *send, float *recv, int r
     int N = size_of(comm);
     if (N == 1) return;
     double t0 = now_s();
-    MPI_Reduce_scatter_block(send, recv, recvcount, MPI_FLOAT, MPI_SUM, comm);
+    if (s->stage_be) {
+        float *h = stage(s, (size_t)recvcount * (N + 1));
+        s->stage_be->download(h, send, sizeof(float) * recvcount * N);
+        MPI_Reduce_scatter_block(h, h + (size_t)recvcount * N, recvcount, MPI_FLOAT, MPI_SUM, comm);
+        s->stage_be->upload(recv, h + (size_t)recvcount * N, sizeof(float) * recvcount);
+    } else {
+        MPI_Reduce_scatter_block(send, recv, recvcount, MPI_FLOAT, MPI_SUM, comm);
+    }
     count(s, COMM_reduce_scatter, 4LL * N * recvcount, t0);
 }
 
@@ -54,7 +97,14 @@ void comm_alltoall(CommStats *s, const float *send, float *recv, int n, MPI_Comm
     int N = size_of(comm);
     if (N == 1) return;
     double t0 = now_s();
-    MPI_Alltoall(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm);
+    if (s->stage_be) {
+        float *h = stage(s, (size_t)n * N * 2);
+        s->stage_be->download(h, send, sizeof(float) * n * N);
+        MPI_Alltoall(h, n, MPI_FLOAT, h + (size_t)n * N, n, MPI_FLOAT, comm);
+        s->stage_be->upload(recv, h + (size_t)n * N, sizeof(float) * n * N);
+    } else {
+        MPI_Alltoall(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm);
+    }
     count(s, COMM_all_to_all, 4LL * N * n, t0);
 }
 

@@ -8,7 +8,9 @@
  *   argmax           rows * 8             (MPI_Allreduce MAXLOC of (float, int))
  *   logits_gather    count * 4            (MPI_Allgatherv of a vocabulary shard)
  * where N is the communicator's size. A communicator of one rank makes no
- * call and counts nothing. */
+ * call and counts nothing. allreduce, the allgathers of Q and LSE,
+ * reduce_scatter and all_to_all take backend buffers (staged when MPI
+ * cannot read device memory); argmax and logits_gather take host arrays. */
 #ifndef DCP_COMM_H
 #define DCP_COMM_H
 
@@ -40,10 +42,20 @@ typedef struct {
     double seconds;
 } CommCounter;
 
+struct Backend;
+
 typedef struct {
     CommCounter c[PHASE_N][COMM_N];
     int phase; /* where calls are counted now */
+    /* When the buffers are device memory that MPI cannot take, transfers
+     * are staged through a page-locked host buffer of this backend. */
+    const struct Backend *stage_be;
+    float *stage;
+    size_t stage_floats;
 } CommStats;
+
+/* Frees the staging buffer. */
+void comm_stats_free(CommStats *s);
 
 void comm_allreduce_sum(CommStats *s, float *buf, int count, MPI_Comm comm);
 void comm_allgather(CommStats *s, CommKind kind, const float *send, int count, float *recv, MPI_Comm comm);

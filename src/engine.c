@@ -9,7 +9,47 @@
 static Topology solo_topology;
 static CommStats solo_stats;
 
-size_t engine_kv_bytes_per_token(const Engine *e);
+size_t engine_kv_bytes_per_token(const Engine *e)
+{
+    return kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim);
+}
+
+long long engine_kv_capacity(const Engine *e)
+{
+    return (long long)e->pool.n_blocks * e->pool.block_size * e->topo->dcp;
+}
+
+/* the backend's copy of every weight array: (count of floats per layer) */
+static void upload_weights(Engine *e)
+{
+    const Config *c = &e->model->cfg;
+    const Shard *s = &e->model->shard;
+    const Weights *h = &e->model->w;
+    const Backend *be = e->be;
+    size_t L = (size_t)c->n_layers, dim = (size_t)c->dim, qd = (size_t)s->q_heads * c->head_dim,
+           kvd = (size_t)s->kv_heads * c->head_dim, hid = (size_t)s->hidden;
+    memset(&e->w, 0, sizeof e->w);
+    e->w.token_embedding = (float *)be->weights(h->token_embedding, (size_t)c->vocab_size * dim);
+    e->w.rms_att = (float *)be->weights(h->rms_att, L * dim);
+    e->w.wq = (float *)be->weights(h->wq, L * qd * dim);
+    e->w.wk = (float *)be->weights(h->wk, L * kvd * dim);
+    e->w.wv = (float *)be->weights(h->wv, L * kvd * dim);
+    e->w.wo = (float *)be->weights(h->wo, L * dim * qd);
+    e->w.rms_ffn = (float *)be->weights(h->rms_ffn, L * dim);
+    e->w.w_gate = (float *)be->weights(h->w_gate, L * hid * dim);
+    e->w.w_up = (float *)be->weights(h->w_up, L * hid * dim);
+    e->w.w_down = (float *)be->weights(h->w_down, L * dim * hid);
+    e->w.rms_final = (float *)be->weights(h->rms_final, dim);
+    e->w.lm_head = (float *)be->weights(h->lm_head, (size_t)s->vocab * dim);
+}
+
+static void release_weights(Engine *e)
+{
+    const float *all[] = {e->w.token_embedding, e->w.rms_att, e->w.wq,     e->w.wk,     e->w.wv,        e->w.wo,
+                          e->w.rms_ffn,         e->w.w_gate,  e->w.w_up,   e->w.w_down, e->w.rms_final, e->w.lm_head};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i]) e->be->release_weights(all[i]);
+}
 
 void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, const EngineOptions *eo,
                  Timings *tm, CommStats *stats)
@@ -28,99 +68,145 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     e->merge = eo ? eo->merge : MERGE_AG_RS;
     e->tm = tm;
     e->comm = stats ? stats : &solo_stats;
+    /* MPI reads host buffers; device buffers go through host staging
+     * unless the MPI library takes device pointers */
+    e->comm->stage_be = be->host_memory || (eo && eo->mpi_device_buffers) ? NULL : be;
+    upload_weights(e);
     size_t memory = eo && eo->kv_cache_memory ? eo->kv_cache_memory : (size_t)256 << 20;
     int B = eo && eo->block_size ? eo->block_size : 16;
     size_t per_block = engine_kv_bytes_per_token(e) * B;
     size_t n_blocks = memory / per_block;
     if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
     pool_init(&e->pool, (int)n_blocks, B);
-    /* untouched pages of the pool cost no memory until a block is used */
-    size_t floats = n_blocks * per_block / 2 / sizeof(float);
-    e->k_pool = xmalloc(sizeof(float) * (floats ? floats : 1));
-    e->v_pool = xmalloc(sizeof(float) * (floats ? floats : 1));
+    /* on the CPU, untouched pages of the pool cost no memory until used */
+    size_t bytes = n_blocks * per_block / 2;
+    e->k_pool = be->alloc(bytes ? bytes : sizeof(float));
+    e->v_pool = be->alloc(bytes ? bytes : sizeof(float));
 }
 
 static void free_activations(Engine *e)
 {
-    float **bufs[] = {&e->x,       &e->xb,      &e->xb2,   &e->q,     &e->k,       &e->v,
-                      &e->att,     &e->lse,     &e->att_ctx, &e->lse_ctx, &e->hb,   &e->hb2,
-                      &e->xf,      &e->q_all,   &e->o_all, &e->lse_all, &e->lse_ranks, &e->parts};
+    void **bufs[] = {(void **)&e->x,       (void **)&e->xb,      (void **)&e->xb2,     (void **)&e->q,
+                     (void **)&e->k,       (void **)&e->v,       (void **)&e->att,     (void **)&e->lse,
+                     (void **)&e->att_ctx, (void **)&e->lse_ctx, (void **)&e->hb,      (void **)&e->hb2,
+                     (void **)&e->xf,      (void **)&e->q_all,   (void **)&e->o_all,
+                     (void **)&e->lse_all, (void **)&e->lse_ranks, (void **)&e->parts, (void **)&e->d_tokens,
+                     (void **)&e->d_pos,   (void **)&e->d_slots, (void **)&e->d_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
-        free(*bufs[i]);
+        if (*bufs[i]) e->be->release(*bufs[i]);
         *bufs[i] = NULL;
     }
     free(e->pos);
+    free(e->slots);
+    free(e->rows);
     free(e->kp);
     free(e->vp);
     free(e->n_keys);
     free(e->tables);
-    e->pos = NULL;
+    e->pos = e->slots = e->rows = e->n_keys = NULL;
     e->kp = e->vp = NULL;
-    e->n_keys = NULL;
     e->tables = NULL;
 }
 
 void engine_free(Engine *e)
 {
-    free(e->k_pool);
-    free(e->v_pool);
+    if (e->logits) e->be->release(e->logits);
+    e->be->release(e->k_pool);
+    e->be->release(e->v_pool);
+    if (e->d_tables) e->be->release(e->d_tables);
     pool_free_all(&e->pool);
     free_activations(e);
+    release_weights(e);
+    comm_stats_free(e->comm);
     memset(e, 0, sizeof *e);
 }
 
-/* Grows the activation buffers to hold T tokens. */
+/* Grows the buffers to hold T tokens. */
 static void ensure_capacity(Engine *e, int T)
 {
     if (T <= e->cap_T) return;
     free_activations(e);
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
-    size_t N = (size_t)e->topo->dcp, D = (size_t)c->head_dim;
-    size_t qd = (size_t)s->q_heads * D, kvd = (size_t)s->kv_heads * D, H = (size_t)s->q_heads;
+    const Backend *be = e->be;
+    size_t N = (size_t)e->topo->dcp, D = (size_t)c->head_dim, f = sizeof(float);
+    size_t qd = (size_t)s->q_heads * D, kvd = (size_t)s->kv_heads * D, H = (size_t)s->q_heads, dim = (size_t)c->dim;
+    size_t hid = s->hidden ? (size_t)s->hidden : 1;
     e->cap_T = T;
-    e->x = xmalloc(sizeof(float) * T * c->dim);
-    e->xb = xmalloc(sizeof(float) * T * c->dim);
-    e->xb2 = xmalloc(sizeof(float) * T * c->dim);
-    e->xf = xmalloc(sizeof(float) * T * c->dim);
-    e->q = xmalloc(sizeof(float) * T * qd);
-    e->k = xmalloc(sizeof(float) * T * kvd);
-    e->v = xmalloc(sizeof(float) * T * kvd);
-    e->att = xmalloc(sizeof(float) * T * qd);
-    e->att_ctx = xmalloc(sizeof(float) * T * qd);
-    e->lse = xmalloc(sizeof(float) * T * H);
-    e->lse_ctx = xmalloc(sizeof(float) * T * H);
-    e->hb = xmalloc(sizeof(float) * T * (s->hidden ? s->hidden : 1));
-    e->hb2 = xmalloc(sizeof(float) * T * (s->hidden ? s->hidden : 1));
+    e->x = be->alloc(f * T * dim);
+    e->xb = be->alloc(f * T * dim);
+    e->xb2 = be->alloc(f * T * dim);
+    e->xf = be->alloc(f * T * dim);
+    e->q = be->alloc(f * T * qd);
+    e->k = be->alloc(f * T * kvd);
+    e->v = be->alloc(f * T * kvd);
+    e->att = be->alloc(f * T * qd);
+    e->att_ctx = be->alloc(f * T * qd);
+    e->lse = be->alloc(f * T * H);
+    e->lse_ctx = be->alloc(f * T * H);
+    e->hb = be->alloc(f * T * hid);
+    e->hb2 = be->alloc(f * T * hid);
+    e->d_tokens = be->alloc(sizeof(int) * T);
+    e->d_pos = be->alloc(sizeof(int) * T);
+    e->d_slots = be->alloc(sizeof(int) * T);
+    e->d_rows = be->alloc(sizeof(int) * T);
     e->pos = xmalloc(sizeof(int) * T);
+    e->slots = xmalloc(sizeof(int) * T);
+    e->rows = xmalloc(sizeof(int) * T);
     e->kp = xmalloc(sizeof(float *) * T * N);
     e->vp = xmalloc(sizeof(float *) * T * N);
     e->n_keys = xmalloc(sizeof(int) * T * N);
     e->tables = xmalloc(sizeof(int *) * T * N);
     if (N > 1) {
-        e->q_all = xmalloc(sizeof(float) * N * T * qd);
-        e->o_all = xmalloc(sizeof(float) * N * T * qd);
-        e->lse_all = xmalloc(sizeof(float) * N * T * H);
-        e->lse_ranks = xmalloc(sizeof(float) * N * N * T * H);
-        e->parts = xmalloc(sizeof(float) * 2 * N * T * H * (D + 1)); /* send and receive halves */
+        e->q_all = be->alloc(f * N * T * qd);
+        e->o_all = be->alloc(f * N * T * qd);
+        e->lse_all = be->alloc(f * N * T * H);
+        e->lse_ranks = be->alloc(f * N * N * T * H);
+        e->parts = be->alloc(f * 2 * N * T * H * (D + 1)); /* send and receive halves */
     }
 }
 
-size_t engine_kv_bytes_per_token(const Engine *e)
-{
-    return kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim);
-}
-
-long long engine_kv_capacity(const Engine *e)
-{
-    return (long long)e->pool.n_blocks * e->pool.block_size * e->topo->dcp;
-}
-
-/* Floats from the start of a layer's pool to position slot of block b. */
+/* Floats from the start of the pool to position slot of block b in layer. */
 static size_t kv_offset(const Engine *e, int layer, int block, int slot)
 {
     size_t kvd = (size_t)e->model->shard.kv_heads * e->model->cfg.head_dim, B = (size_t)e->pool.block_size;
     return (((size_t)layer * e->pool.n_blocks + block) * B + slot) * kvd;
+}
+
+/* Per-step metadata, computed once on the host and handed to the backend:
+ * positions, the slot mapping (row of this rank's pool each new token is
+ * stored at, -1 where another DCP rank owns it), and the block tables of
+ * the chunks. Returns each chunk's table in backend memory. */
+static void prepare_step(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int T, const int **tables)
+{
+    const Topology *tp = e->topo;
+    const Backend *be = e->be;
+    int B = e->pool.block_size, total = 0;
+    for (int i = 0, t = 0; i < n_chunks; i++) {
+        total += chunks[i].n_blocks;
+        for (int j = 0; j < chunks[i].n; j++, t++) {
+            int p = chunks[i].pos0 + j;
+            e->pos[t] = p;
+            e->slots[t] = -1;
+            if (kv_owner(tp, p) == tp->dcp_rank) {
+                int li = kv_local_index(tp, p);
+                e->slots[t] = chunks[i].blocks[li / B] * B + li % B;
+            }
+        }
+    }
+    if (total > e->cap_tables) {
+        if (e->d_tables) be->release(e->d_tables);
+        e->cap_tables = total > 2 * e->cap_tables ? total : 2 * e->cap_tables;
+        e->d_tables = be->alloc(sizeof(int) * (size_t)e->cap_tables);
+    }
+    for (int i = 0, off = 0; i < n_chunks; i++) {
+        if (chunks[i].n_blocks) be->upload(e->d_tables + off, chunks[i].blocks, sizeof(int) * chunks[i].n_blocks);
+        tables[i] = e->d_tables + off;
+        off += chunks[i].n_blocks;
+    }
+    be->upload(e->d_tokens, tokens, sizeof(int) * T);
+    be->upload(e->d_pos, e->pos, sizeof(int) * T);
+    be->upload(e->d_slots, e->slots, sizeof(int) * T);
 }
 
 static void timed_matmul(Engine *e, float *y, const float *x, const float *w, int T, int in, int out)
@@ -132,10 +218,11 @@ static void timed_matmul(Engine *e, float *y, const float *x, const float *w, in
 
 /* Runs attention for rows = copies x T query tokens (q: copies blocks of T
  * tokens), each token over the keys of its chunk: in the context part this
- * rank's cached shard of positions [0, pos0), in the new part the chunk's
- * own keys up to and including the token (causal). */
-static void attend(Engine *e, const Chunk *chunks, int n_chunks, int layer, int context, const float *q, int copies,
-                   int n_heads, float *out, float *lse)
+ * rank's cached shard of positions [0, pos0), read through the chunk's
+ * block table; in the new part the chunk's own keys up to and including
+ * the token (causal). */
+static void attend(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, int context,
+                   const float *q, int copies, int n_heads, float *out, float *lse)
 {
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
@@ -151,7 +238,7 @@ static void attend(Engine *e, const Chunk *chunks, int n_chunks, int layer, int 
                 e->kp[t] = e->k_pool + layer_off;
                 e->vp[t] = e->v_pool + layer_off;
                 e->n_keys[t] = local;
-                e->tables[t] = ch->blocks;
+                e->tables[t] = tables[i];
             } else {
                 e->kp[t] = e->k + (size_t)(t - j) * kvd;
                 e->vp[t] = e->v + (size_t)(t - j) * kvd;
@@ -175,51 +262,31 @@ static void attend(Engine *e, const Chunk *chunks, int n_chunks, int layer, int 
 /* Context attention over a KV cache sharded across the DCP group: every
  * rank attends the group's queries to its own shard, then the partials are
  * merged so that each rank ends with its own heads' output and LSE. */
-static void context_attention_dcp(Engine *e, const Chunk *chunks, int n_chunks, int layer, int T)
+static void context_attention_dcp(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks,
+                                  int layer, int T)
 {
     const Topology *tp = e->topo;
     const Shard *s = &e->model->shard;
+    const Backend *be = e->be;
     int N = tp->dcp, D = e->model->cfg.head_dim, H = s->q_heads;
     int qd = H * D, rows = T * H; /* rows of one rank's heads */
     CommStats *cs = e->comm;
     /* queries of the whole group: (N, T, H, D) */
     comm_allgather(cs, COMM_q_allgather, e->q, T * qd, e->q_all, tp->dcp_comm);
-    attend(e, chunks, n_chunks, layer, 1, e->q_all, N, H, e->o_all, e->lse_all);
+    attend(e, chunks, tables, n_chunks, layer, 1, e->q_all, N, H, e->o_all, e->lse_all);
     if (e->merge == MERGE_AG_RS) {
         /* every rank's LSEs for all N*rows rows, then the scaled partials
          * summed so that rank d receives block d: its own heads */
         comm_allgather(cs, COMM_lse_allgather, e->lse_all, N * rows, e->lse_ranks, tp->dcp_comm);
-        e->be->lse_rescale(e->o_all, e->lse_all, e->lse_ranks, tp->dcp_rank, N, N * rows, D);
+        be->lse_rescale(e->o_all, e->lse_all, e->lse_ranks, tp->dcp_rank, N, N * rows, D);
         comm_reduce_scatter_sum(cs, e->o_all, e->att_ctx, T * qd, tp->dcp_comm);
-        memcpy(e->lse_ctx, e->lse_all + (size_t)tp->dcp_rank * rows, sizeof(float) * rows);
+        be->copy(e->lse_ctx, e->lse_all + (size_t)tp->dcp_rank * rows, sizeof(float) * rows);
     } else {
         /* block d of (partial, LSE) rows goes to rank d, which combines them */
         float *send = e->parts, *recv = e->parts + (size_t)N * rows * (D + 1);
-        for (int r = 0; r < N * rows; r++) {
-            memcpy(send + (size_t)r * (D + 1), e->o_all + (size_t)r * D, sizeof(float) * D);
-            send[(size_t)r * (D + 1) + D] = e->lse_all[r];
-        }
+        be->pack_partials(send, e->o_all, e->lse_all, N * rows, D);
         comm_alltoall(cs, send, recv, rows * (D + 1), tp->dcp_comm);
-        e->be->lse_combine(e->att_ctx, e->lse_ctx, recv, N, rows, D);
-    }
-}
-
-/* The owner of each new position stores its K/V at its local index,
- * through the sequence's block table (the slot mapping). */
-static void kv_write(Engine *e, const Chunk *chunks, int n_chunks, int layer)
-{
-    const Topology *tp = e->topo;
-    int kvd = e->model->shard.kv_heads * e->model->cfg.head_dim, B = e->pool.block_size;
-    for (int i = 0, t = 0; i < n_chunks; i++) {
-        const Chunk *ch = &chunks[i];
-        for (int j = 0; j < ch->n; j++, t++) {
-            int p = ch->pos0 + j;
-            if (kv_owner(tp, p) != tp->dcp_rank) continue;
-            int li = kv_local_index(tp, p);
-            size_t off = kv_offset(e, layer, ch->blocks[li / B], li % B);
-            memcpy(e->k_pool + off, e->k + (size_t)t * kvd, sizeof(float) * kvd);
-            memcpy(e->v_pool + off, e->v + (size_t)t * kvd, sizeof(float) * kvd);
-        }
+        be->lse_combine(e->att_ctx, e->lse_ctx, recv, N, rows, D);
     }
 }
 
@@ -227,7 +294,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
 {
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
-    const Weights *w = &e->model->w;
+    const Weights *w = &e->w;
     const Backend *be = e->be;
     const Topology *tp = e->topo;
     int T = 0, has_context = 0;
@@ -236,28 +303,30 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         has_context |= chunks[i].pos0 > 0;
     }
     ensure_capacity(e, T);
-    for (int i = 0, t = 0; i < n_chunks; i++)
-        for (int j = 0; j < chunks[i].n; j++) e->pos[t++] = chunks[i].pos0 + j;
+    const int **tables = xmalloc(sizeof(int *) * (size_t)(n_chunks ? n_chunks : 1));
+    prepare_step(e, tokens, chunks, n_chunks, T, tables);
     int dim = c->dim, D = c->head_dim, hidden = s->hidden;
     int qd = s->q_heads * D, kvd = s->kv_heads * D;
 
-    be->embedding(e->x, w->token_embedding, tokens, T, dim);
+    be->embedding(e->x, w->token_embedding, e->d_tokens, T, dim);
     for (int l = 0; l < c->n_layers; l++) {
         /* attention block: column-parallel Q/K/V, this rank's heads */
         be->rmsnorm(e->xb, e->x, w->rms_att + (size_t)l * dim, T, dim, c->norm_eps);
         timed_matmul(e, e->q, e->xb, w->wq + (size_t)l * qd * dim, T, dim, qd);
         timed_matmul(e, e->k, e->xb, w->wk + (size_t)l * kvd * dim, T, dim, kvd);
         timed_matmul(e, e->v, e->xb, w->wv + (size_t)l * kvd * dim, T, dim, kvd);
-        be->rope(e->q, e->pos, T, s->q_heads, D, c->rope_theta, c->rope_style);
-        be->rope(e->k, e->pos, T, s->kv_heads, D, c->rope_theta, c->rope_style);
+        be->rope(e->q, e->d_pos, T, s->q_heads, D, c->rope_theta, c->rope_style);
+        be->rope(e->k, e->d_pos, T, s->kv_heads, D, c->rope_theta, c->rope_style);
         double t0 = now_s();
-        attend(e, chunks, n_chunks, l, 0, e->q, 1, s->q_heads, e->att, e->lse);
+        attend(e, chunks, tables, n_chunks, l, 0, e->q, 1, s->q_heads, e->att, e->lse);
         if (has_context) {
-            if (tp->dcp > 1) context_attention_dcp(e, chunks, n_chunks, l, T);
-            else attend(e, chunks, n_chunks, l, 1, e->q, 1, s->q_heads, e->att_ctx, e->lse_ctx);
+            if (tp->dcp > 1) context_attention_dcp(e, chunks, tables, n_chunks, l, T);
+            else attend(e, chunks, tables, n_chunks, l, 1, e->q, 1, s->q_heads, e->att_ctx, e->lse_ctx);
             be->merge_attention(e->att, e->lse, e->att_ctx, e->lse_ctx, T * s->q_heads, D);
         }
-        kv_write(e, chunks, n_chunks, l);
+        /* the owners store the new tokens' K/V (DESIGN.md section 3) */
+        size_t layer_off = kv_offset(e, l, 0, 0);
+        be->kv_write(e->k_pool + layer_off, e->v_pool + layer_off, e->k, e->v, e->d_slots, T, kvd);
         e->tm->attention += now_s() - t0;
         /* row-parallel output projection, summed over the TP group */
         timed_matmul(e, e->xb2, e->att, w->wo + (size_t)l * dim * qd, T, qd, dim);
@@ -273,19 +342,25 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
         be->add(e->x, e->xb2, (size_t)T * dim);
     }
+    free(tables);
 
     /* final norm and this rank's slice of the vocabulary-parallel LM head,
      * for the rows whose logits are wanted */
     int R = all_logits ? T : n_chunks;
-    if (!all_logits)
-        for (int i = 0, t = 0; i < n_chunks; i++) {
-            t += chunks[i].n;
-            memcpy(e->xb + (size_t)i * dim, e->x + (size_t)(t - 1) * dim, sizeof(float) * dim);
-        }
-    else
-        memcpy(e->xb, e->x, sizeof(float) * (size_t)T * dim);
+    for (int i = 0, t = 0; i < R; i++) {
+        t += all_logits ? 1 : chunks[i].n;
+        e->rows[i] = t - 1;
+    }
+    if (R > e->cap_R) {
+        if (e->logits) be->release(e->logits);
+        e->cap_R = R;
+        e->logits = be->alloc(sizeof(float) * (size_t)R * (s->vocab ? s->vocab : 1));
+    }
+    be->upload(e->d_rows, e->rows, sizeof(int) * R);
+    be->gather_rows(e->xb, e->x, e->d_rows, R, dim);
     be->rmsnorm(e->xf, e->xb, w->rms_final, R, dim, c->norm_eps);
     double t0 = now_s();
-    be->matmul(logits, e->xf, w->lm_head, R, dim, s->vocab);
+    be->matmul(e->logits, e->xf, w->lm_head, R, dim, s->vocab);
+    be->download(logits, e->logits, sizeof(float) * R * s->vocab);
     e->tm->lm_head += now_s() - t0;
 }

@@ -1,9 +1,10 @@
-/* The forward pass over a batch of sequence chunks, and the per-sequence KV
- * cache it reads and writes. A chunk is n consecutive tokens of one
- * sequence starting at position pos0: a whole or partial prompt (prefill),
- * or one token (decode). Attention is split into the context part (keys
- * already cached, sharded over the DCP group) and the new part (keys of
- * this chunk, on every rank), merged by LSE (DESIGN.md section 4). */
+/* The forward pass over a batch of sequence chunks, and the paged KV cache
+ * it reads and writes. A chunk is n consecutive tokens of one sequence
+ * starting at position pos0: a whole or partial prompt (prefill), or one
+ * token (decode). Attention is split into the context part (keys already
+ * cached, sharded over the DCP group) and the new part (keys of this chunk,
+ * on every rank), merged by LSE (DESIGN.md section 4). Every buffer comes
+ * from the backend, so the same code drives the CPU and the GPU. */
 #ifndef DCP_ENGINE_H
 #define DCP_ENGINE_H
 
@@ -15,7 +16,8 @@
 #include "topology.h"
 
 typedef struct {
-    const int *blocks; /* the sequence's block table (kvcache.h) */
+    const int *blocks; /* the sequence's block table (kvcache.h), host memory */
+    int n_blocks;      /* entries in it */
     int pos0;          /* position of the chunk's first token; positions < pos0 are cached */
     int n;             /* tokens in the chunk */
 } Chunk;
@@ -26,6 +28,7 @@ typedef struct {
     MergeBackend merge;
     size_t kv_cache_memory; /* bytes of K/V per rank; 0: 256 MiB */
     int block_size;         /* positions per block per rank; 0: 16 */
+    int mpi_device_buffers; /* GPU backends: MPI takes device pointers (else staged) */
 } EngineOptions;
 
 typedef struct {
@@ -35,14 +38,18 @@ typedef struct {
     MergeBackend merge;
     Timings *tm;
     CommStats *comm;
+    Weights w;             /* the backend's copies of the model's weights */
     /* paged KV cache of this rank: (layer, block, block_size, kv_heads*head_dim) */
     BlockPool pool;
     float *k_pool, *v_pool;
-    /* activations, sized for cap_T tokens */
-    int cap_T;
-    float *x, *xb, *xb2, *q, *k, *v, *att, *lse, *att_ctx, *lse_ctx, *hb, *hb2, *xf;
+    /* activations (backend buffers), sized for cap_T tokens and cap_R logit rows */
+    int cap_T, cap_R;
+    float *x, *xb, *xb2, *q, *k, *v, *att, *lse, *att_ctx, *lse_ctx, *hb, *hb2, *xf, *logits;
     float *q_all, *o_all, *lse_all, *lse_ranks, *parts; /* DCP merge buffers */
-    int *pos;
+    /* per-step metadata: host arrays and their backend copies */
+    int *pos, *slots, *rows;
+    int *d_tokens, *d_pos, *d_slots, *d_rows, *d_tables;
+    int cap_tables;
     const float **kp, **vp;
     int *n_keys;
     const int **tables;
@@ -59,11 +66,10 @@ size_t engine_kv_bytes_per_token(const Engine *e);
 /* Logical KV capacity of the DCP group in positions: blocks x B x dcp. */
 long long engine_kv_capacity(const Engine *e);
 
-
 /* Runs the model on the chunks' tokens (concatenated in chunk order) and
- * writes their K/V into the owners' caches. logits receives, per chunk (its
- * last token) or with all_logits per token, this rank's vocabulary shard
- * (shard.vocab floats per row). */
+ * writes their K/V into the owners' caches. logits (host memory) receives,
+ * per chunk (its last token) or with all_logits per token, this rank's
+ * vocabulary shard (shard.vocab floats per row). */
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits);
 
 #endif

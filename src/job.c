@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "device.h"
 #include "config.h"
 #include "engine.h"
 #include "generate.h"
@@ -188,14 +189,16 @@ static void print_latency(const RequestSet *rs, const Result *res)
 
 static void print_rank_map(const RankInfo *ri, int world)
 {
-    printf("# rank map\n# %5s %-20s %4s %4s %4s %12s %9s\n", "rank", "host", "dp", "tp", "dcp", "query heads",
-           "KV heads");
+    printf("# rank map\n# %5s %-20s %4s %4s %4s %4s %12s %9s\n", "rank", "host", "gpu", "dp", "tp", "dcp",
+           "query heads", "KV heads");
     for (int r = 0; r < world; r++) {
         char q[32], kv[32];
         snprintf(q, sizeof q, "%d-%d", ri[r].q_head0, ri[r].q_head0 + ri[r].q_heads - 1);
         snprintf(kv, sizeof kv, "%d-%d", ri[r].kv_head0, ri[r].kv_head0 + ri[r].kv_heads - 1);
-        printf("  %5d %-20s %4d %4d %4d %12s %9s\n", r, ri[r].host, ri[r].dp_rank, ri[r].tp_rank, ri[r].dcp_rank, q,
-               kv);
+        char gpu[16];
+        snprintf(gpu, sizeof gpu, ri[r].device < 0 ? "-" : "%d", ri[r].device);
+        printf("  %5d %-20s %4s %4d %4d %4d %12s %9s\n", r, ri[r].host, gpu, ri[r].dp_rank, ri[r].tp_rank,
+               ri[r].dcp_rank, q, kv);
     }
 }
 
@@ -336,7 +339,25 @@ static int gather_steps(const GenStats *gs, const Topology *t, StepRecord **step
     return total;
 }
 
-int run_job(const Options *o, MPI_Comm world)
+/* The launcher's local rank, from which the GPU was chosen, against MPI's
+ * own view of the node (MPI_COMM_TYPE_SHARED). */
+static void check_local_rank(MPI_Comm world, int rank)
+{
+    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+    const char *env = NULL;
+    for (int i = 0; i < 3 && !env; i++) env = getenv(names[i]);
+    MPI_Comm node;
+    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local;
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_free(&node);
+    if (env && atoi(env) != local)
+        fprintf(stderr, "dcpinfer: rank %d: the launcher says local rank %s, MPI's node communicator says %d; the GPU "
+                        "was chosen from %s\n",
+                rank, env, local, env);
+}
+
+int run_job(const Options *o, MPI_Comm world, int device)
 {
     int rank, world_size;
     MPI_Comm_rank(world, &rank);
@@ -347,6 +368,10 @@ int run_job(const Options *o, MPI_Comm world)
     int threads = threads_per_rank(world, &bound_cpus, &share);
     const Backend *be = backend_find(o->backend);
     if (failed_anywhere(!be || backend_cpu_set_gemm(o->cpu_gemm), world)) return 2;
+    if (!be->host_memory) check_local_rank(world, rank);
+    int mpi_device = !be->host_memory && (!strcmp(o->mpi_device_buffers, "yes") ||
+                                          (!strcmp(o->mpi_device_buffers, "auto") && device_mpi_accepts_device_buffers()));
+    const char *mpi_buffers = be->host_memory ? "host" : mpi_device ? "device" : "staged";
     backend_set_threads(threads);
     if (rank == 0 && threads < share && !o->quiet)
         printf("# note: rank 0 is bound to %d CPU(s), so it runs %d thread(s) instead of its share of %d; launch "
@@ -392,7 +417,8 @@ int run_job(const Options *o, MPI_Comm world)
 
     RankInfo me = {.world_rank = rank, .dp_rank = topo.dp_rank, .tp_rank = topo.tp_rank, .dcp_rank = topo.dcp_rank,
                    .q_head0 = model.shard.q_head0, .q_heads = model.shard.q_heads,
-                   .kv_head0 = model.shard.kv_head0, .kv_heads = model.shard.kv_heads};
+                   .kv_head0 = model.shard.kv_head0, .kv_heads = model.shard.kv_heads,
+                   .device = be->host_memory ? -1 : device};
     gethostname(me.host, sizeof me.host - 1);
     RankInfo *ranks = rank == 0 ? xmalloc(sizeof(RankInfo) * world_size) : NULL;
     MPI_Gather(&me, sizeof me, MPI_BYTE, ranks, sizeof me, MPI_BYTE, 0, world);
@@ -401,15 +427,15 @@ int run_job(const Options *o, MPI_Comm world)
                "backend %s, %d thread(s) per rank\n",
                PACKAGE_VERSION, model.path, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size,
                rs.n, be->name, threads);
-        printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s\n", world_size,
-               topo.dp, topo.tp, topo.dcp, topo.interleave, o->dcp_comm_backend);
+        printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
+               world_size, topo.dp, topo.tp, topo.dcp, topo.interleave, o->dcp_comm_backend, mpi_buffers);
         print_rank_map(ranks, world_size);
     }
 
     CommStats comm = {0};
     Engine eng;
     EngineOptions eo = {strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, o->kv_cache_memory,
-                        o->block_size};
+                        o->block_size, mpi_device};
     engine_init(&eng, &model, be, &topo, &eo, &tm, &comm);
     long long capacity = engine_kv_capacity(&eng);
     if (rank == 0 && !o->quiet)
@@ -513,7 +539,8 @@ int run_job(const Options *o, MPI_Comm world)
         RunInfo info = {.model_path = model.path, .cfg = &cfg, .max_model_len = max_model_len,
                         .world_size = world_size, .tp = topo.tp, .dcp = topo.dcp, .dp = topo.dp,
                         .interleave = topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
-                        .threads_per_rank = threads, .backend = be->name, .seed = o->seed,
+                        .threads_per_rank = threads, .backend = be->name, .mpi_buffers = mpi_buffers,
+                        .seed = o->seed,
                         .prompts_path = o->prompts};
         RankReports rep = {ranks, all_tm, all_comm, all_kv};
         StepReport sr = {steps, step_dp, n_steps, kv_blocks, block_size, capacity, gen_s};

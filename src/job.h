@@ -12,7 +12,8 @@
  * is bound to. Reports that count and the node share (may be NULL). */
 int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share);
 
-/* Returns the process exit status. */
-int run_job(const Options *o, MPI_Comm world);
+/* device: the GPU chosen before MPI_Init (-1: none). Returns the process
+ * exit status. */
+int run_job(const Options *o, MPI_Comm world, int device);
 
 #endif

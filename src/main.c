@@ -1,12 +1,16 @@
 #include <mpi.h>
 #include <stdio.h>
 
+#include "device.h"
 #include "job.h"
 #include "options.h"
 #include "util.h"
 
 int main(int argc, char **argv)
 {
+    /* the GPU is chosen before MPI_Init, so that MPI's own GPU resources
+     * land on it */
+    int device = device_select_before_mpi(argc, argv);
     MPI_Init(&argc, &argv);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -19,7 +23,7 @@ int main(int argc, char **argv)
     } else if (rc > 0) {
         status = 0;
     } else {
-        status = run_job(&o, MPI_COMM_WORLD);
+        status = run_job(&o, MPI_COMM_WORLD, device);
     }
     MPI_Finalize();
     return status;

@@ -13,7 +13,7 @@
 enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
-    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE
+    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS
 };
 
 static const struct option long_opts[] = {
@@ -32,6 +32,7 @@ static const struct option long_opts[] = {
     {"dcp-comm-backend", required_argument, 0, OPT_DCP_BACKEND},
     {"kv-cache-memory", required_argument, 0, OPT_KV_MEMORY},
     {"block-size", required_argument, 0, OPT_BLOCK_SIZE},
+    {"mpi-device-buffers", required_argument, 0, OPT_MPI_DEVICE_BUFFERS},
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
@@ -67,7 +68,10 @@ void options_usage(FILE *f)
             "  --tokenizer PATH         llama2.c tokenizer .bin, needed for text prompts. Default:\n"
             "                           tokenizer.bin beside a .bin model, if present.\n"
             "  --max-model-len N        context limit, prompt + output tokens (default: the model's)\n"
-            "  --backend NAME           cpu (default) or cuda\n"
+            "  --backend NAME           cpu (default) or cuda (one GPU per rank, chosen from the\n"
+            "                           launcher's local rank)\n"
+            "  --mpi-device-buffers M   cuda: auto (default: ask MPI whether it takes device\n"
+            "                           memory), yes, or no (stage through pinned host buffers)\n"
             "  --cpu-gemm KIND          invariant (default): a request's results never depend on the\n"
             "                           rest of its batch; openblas: OpenBLAS sgemm, faster for\n"
             "                           large prefills, rounding varies with the batch\n"
@@ -135,7 +139,7 @@ int options_parse(Options *o, int argc, char **argv, int print)
 {
     *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .tp = 1, .dcp = 1,
                    .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
-                   .block_size = 16, .max_tokens = 16, .temperature = 1.0f,
+                   .block_size = 16, .mpi_device_buffers = "auto", .max_tokens = 16, .temperature = 1.0f,
                    .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1};
     optind = 1;
     opterr = 0;
@@ -157,6 +161,11 @@ int options_parse(Options *o, int argc, char **argv, int print)
                 rc = dcp_fail("--kv-cache-memory: '%s' is not a size (e.g. 536870912, 512M, 2G)", optarg);
             break;
         case OPT_BLOCK_SIZE: rc = parse_int("--block-size", optarg, 1, &o->block_size); break;
+        case OPT_MPI_DEVICE_BUFFERS:
+            o->mpi_device_buffers = optarg;
+            if (strcmp(optarg, "auto") && strcmp(optarg, "yes") && strcmp(optarg, "no"))
+                rc = dcp_fail("--mpi-device-buffers %s: choose auto, yes or no", optarg);
+            break;
         case OPT_DCP_BACKEND:
             o->dcp_comm_backend = optarg;
             if (strcmp(optarg, "ag_rs") && strcmp(optarg, "a2a"))

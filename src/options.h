@@ -27,6 +27,7 @@ typedef struct {
     const char *dcp_comm_backend; /* ag_rs | a2a */
     size_t kv_cache_memory;  /* bytes of K/V per rank */
     int block_size;          /* positions per KV block per rank */
+    const char *mpi_device_buffers; /* auto | yes | no */
 } Options;
 
 /* 0: run; 1: --help or --version printed, exit 0; -1: error in dcp_error(). */

@@ -84,6 +84,7 @@ static void write_root_attrs(hid_t f, const RunInfo *in)
     attr_str(f, "dcp_comm_backend", in->dcp_comm_backend);
     attr_int(f, "threads_per_rank", in->threads_per_rank);
     attr_str(f, "backend", in->backend);
+    attr_str(f, "mpi_buffers", in->mpi_buffers);
     unsigned long long seed = in->seed;
     attr_num(f, "seed", H5T_NATIVE_ULLONG, &seed);
     char when[64];
@@ -182,6 +183,7 @@ static int write_layout(hid_t f, const RankInfo *ranks, int world)
     LAYOUT_FIELD(q_heads)
     LAYOUT_FIELD(kv_head0)
     LAYOUT_FIELD(kv_heads)
+    LAYOUT_FIELD(device)
 #undef LAYOUT_FIELD
     for (int r = 0; r < world; r++) hosts[r] = ranks[r].host;
     rc = rc || write_strings(g, "host", hosts, (size_t)world);

@@ -25,6 +25,7 @@
 typedef struct {
     int world_rank, dp_rank, tp_rank, dcp_rank;
     int q_head0, q_heads, kv_head0, kv_heads;
+    int device; /* GPU index, -1 on the CPU backend */
     char host[64];
 } RankInfo;
 
@@ -56,6 +57,7 @@ typedef struct {
     const char *dcp_comm_backend;
     int threads_per_rank;
     const char *backend;
+    const char *mpi_buffers; /* host, device or staged */
     uint64_t seed;
     const char *prompts_path;
 } RunInfo;

@@ -110,6 +110,7 @@ static void add_chunk(Scheduler *s, StepPlan *p, int r, int n)
     SeqState *q = &s->seq[r];
     Chunk *c = &p->chunks[p->nc];
     c->blocks = q->table.ids;
+    c->n_blocks = q->table.n;
     c->pos0 = q->computed;
     c->n = n;
     p->req[p->nc] = r;

@@ -29,7 +29,7 @@ static float *run_logits(const char *path, int *vocab)
     for (int i = 0; i < NTOK; i++) tokens[i] = (i * 37 + 11) % m.cfg.vocab_size;
     *vocab = m.cfg.vocab_size;
     float *logits = xmalloc(sizeof(float) * NTOK * (size_t)*vocab);
-    Chunk c1 = {table.ids, 0, 9}, c2 = {table.ids, 9, NTOK - 9};
+    Chunk c1 = {table.ids, table.n, 0, 9}, c2 = {table.ids, table.n, 9, NTOK - 9};
     engine_forward(&e, tokens, &c1, 1, 1, logits);
     engine_forward(&e, tokens + 9, &c2, 1, 1, logits + (size_t)9 * *vocab);
     table_free(&table);

@@ -77,7 +77,7 @@ int main(int argc, char **argv)
     char *args[] = {"dcpinfer", "--quiet", "--skip-invalid", "--max-model-len", "12", "--output", out, prompts, NULL};
     Options o;
     CHECK(options_parse(&o, 8, args, 0) == 0, "options: %s", dcp_error());
-    CHECK(run_job(&o, MPI_COMM_WORLD) == 0, "run_job failed");
+    CHECK(run_job(&o, MPI_COMM_WORLD, -1) == 0, "run_job failed");
 
     /* the same requests through generate() directly */
     Model m;

@@ -117,7 +117,7 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         Engine e;
         /* blocks of 16 positions, or the multiple of the interleave next above */
         EngineOptions eo = {L.merge, L.kv_memory ? L.kv_memory : 64 << 20,
-                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I};
+                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I, 0};
         engine_init(&e, &m, backend_cpu(), &t, &eo, &tm, &cs);
         GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = L.budget,
                          .on_logits = L.tokens_only ? NULL : capture, .on_logits_ctx = &cap};

@@ -1,0 +1,25 @@
+/* The CUDA backend of a build configured without --enable-cuda: asking for
+ * it is an error that says how to get it. (With --enable-cuda the build
+ * compiles cuda/backend_cuda.cu instead of this file.) */
+#include "backend.h"
+#include "device.h"
+#include "util.h"
+
+const Backend *backend_cuda(void)
+{
+    dcp_fail("--backend cuda: this dcpinfer was built without CUDA (configure --enable-cuda)");
+    return NULL;
+}
+
+int device_select_before_mpi(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    return -1;
+}
+
+const char *device_name(int device)
+{
+    (void)device;
+    return "-";
+}

@@ -1,0 +1,18 @@
+/* What the MPI library says about device memory, asked at run time: a
+ * CUDA-aware Open MPI takes device pointers in its calls, others need the
+ * data staged through host memory. */
+#include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+#include "device.h"
+
+int device_mpi_accepts_device_buffers(void)
+{
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+    return MPIX_Query_cuda_support() == 1;
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,17 @@
+/* GPU selection and MPI's view of device memory. */
+#ifndef DCP_DEVICE_H
+#define DCP_DEVICE_H
+
+/* Before MPI_Init: when the command line asks for --backend cuda, picks
+ * the GPU from the launcher's local rank (OMPI_COMM_WORLD_LOCAL_RANK, then
+ * MV2_COMM_WORLD_LOCAL_RANK, then SLURM_LOCALID; device = local rank modulo
+ * the visible devices) and makes it current. Returns the device, or -1
+ * (no CUDA requested, or none usable: --backend cuda then fails with the
+ * reason). */
+int device_select_before_mpi(int argc, char **argv);
+/* 1 when the MPI library says it takes device pointers
+ * (MPIX_Query_cuda_support), else 0. */
+int device_mpi_accepts_device_buffers(void);
+const char *device_name(int device);
+
+#endif
