@@ -1,7 +1,8 @@
 #!/bin/bash
 # Builds dcpinfer (installing its Debian packages if missing) and runs the
 # test suite twice: a normal build, and an AddressSanitizer +
-# UndefinedBehaviorSanitizer build. Ends with "N passed, N failed".
+# UndefinedBehaviorSanitizer build; in between it builds the CUDA variant
+# (build only) where nvcc exists. Ends with "N passed, N failed".
 set -u
 . "$(dirname "$0")/setup.sh"
 ensure_packages || exit 1
@@ -32,7 +33,29 @@ run_suite() { # NAME BUILD_DIR CONFIGURE_ARGS
     passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
+# the CUDA variant must keep compiling, GPU or not (its tests run where
+# there is a GPU: scripts/gpu-check.sh)
+cuda_build() {
+    local nvcc
+    nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+    if [ ! -x "$nvcc" ]; then
+        echo "== cuda build: skipped, no nvcc"
+        skipped=$((skipped + 1))
+        return
+    fi
+    echo "== cuda build, build only ($TOP/build-cuda)"
+    if BUILD_DIR=$TOP/build-cuda CONFIGURE_ARGS="--enable-cuda --with-cuda=$(dirname "$(dirname "$nvcc")")" \
+        build_dcpinfer; then
+        echo "   PASS: configure --enable-cuda && make"
+        passed=$((passed + 1))
+    else
+        echo "   FAIL: configure --enable-cuda && make"
+        failed=$((failed + 1))
+    fi
+}
+
 run_suite normal "$TOP/build" ""
+cuda_build
 # Open MPI keeps allocations until exit; valgrind_leaks.sh checks leaks in
 # the normal build, so LeakSanitizer stays off here.
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -23,3 +23,9 @@ const char *device_name(int device)
     (void)device;
     return "-";
 }
+
+double device_peak_bandwidth(int device)
+{
+    (void)device;
+    return 0;
+}

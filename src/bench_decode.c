@@ -13,6 +13,7 @@
 
 #include "backend.h"
 #include "comm.h"
+#include "device.h"
 #include "engine.h"
 #include "job.h"
 #include "model.h"
@@ -29,7 +30,13 @@ static void fill_random(float *p, size_t n, uint64_t *st)
     for (size_t i = 0; i < n; i++) p[i] = (float)((splitmix64(st) >> 40) / 16777216.0) - 0.5f;
 }
 
-/* One (b, L, variant): returns 0, prints a row on rank 0. */
+static const Backend *be;
+static int device = -1;
+
+/* One (b, L, variant): prints a row on rank 0. Bandwidth: the bytes the
+ * GEMMs must read (this rank's weights, once per step) and the bytes the
+ * attention must read (this rank's K/V shard of the batch), over the time
+ * of each phase on the slowest rank. */
 static void bench(const char *model_path, int tp, Variant v, int b, int L, int steps)
 {
     int rank;
@@ -47,8 +54,8 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     /* a pool just large enough for the batch */
     size_t per_seq = (size_t)kv_blocks_for(&t, L + steps + 1, 16) * 16;
     EngineOptions eo = {v.merge, per_seq * b * kv_bytes_per_position(m.cfg.n_layers, m.shard.kv_heads, m.cfg.head_dim),
-                        16, 0};
-    engine_init(&e, &m, backend_cpu(), &t, &eo, &tm, &cs);
+                        16, 0, 1};
+    engine_init(&e, &m, be, &t, &eo, &tm, &cs);
     Chunk *chunks = xmalloc(sizeof(Chunk) * b);
     BlockTable *tables = xcalloc((size_t)b, sizeof(BlockTable));
     int *tokens = xmalloc(sizeof(int) * b);
@@ -76,8 +83,9 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     cs.phase = PHASE_DECODE;
     engine_forward(&e, tokens, chunks, b, 0, logits); /* warm-up, not counted */
     for (int i = 0; i < b; i++) chunks[i].pos0++;
-    memset(&cs, 0, sizeof cs);
+    memset(cs.c, 0, sizeof cs.c);
     cs.phase = PHASE_DECODE;
+    memset(&tm, 0, sizeof tm);
     double total = 0;
     for (int s = 0; s < steps; s++) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -93,12 +101,22 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
                      c[COMM_reduce_scatter].seconds + c[COMM_all_to_all].seconds;
     long long merge_b = c[COMM_q_allgather].bytes + c[COMM_lse_allgather].bytes + c[COMM_reduce_scatter].bytes +
                         c[COMM_all_to_all].bytes;
-    double worst_merge;
-    MPI_Reduce(&merge_s, &worst_merge, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    if (rank == 0)
-        printf("  %5d %7d %4d %-6s %10.3f %12.3f %14lld %14lld %14lld\n", b, L, v.dcp,
+    double mine[3] = {merge_s, tm.attention, tm.matmul + tm.lm_head}, worst[3];
+    MPI_Reduce(mine, worst, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    const Config *cf = &m.cfg;
+    const Shard *sh = &m.shard;
+    double weight_bytes = 4.0 * ((double)cf->n_layers * ((2.0 * sh->q_heads + 2.0 * sh->kv_heads) * cf->head_dim * cf->dim +
+                                                         3.0 * sh->hidden * cf->dim) +
+                                 (double)sh->vocab * cf->dim);
+    double att_bw = kv_bytes * (double)steps / worst[1], gemm_bw = weight_bytes * steps / worst[2];
+    double peak = device_peak_bandwidth(device);
+    if (rank == 0) {
+        printf("  %5d %7d %4d %-6s %10.3f %12.3f %14lld %14lld %14lld %9.0f %8.1f %9.0f %8.1f %9.0f\n", b, L, v.dcp,
                v.dcp == 1 ? "tp" : v.merge == MERGE_A2A ? "a2a" : "ag_rs", 1e3 * total / steps,
-               1e3 * worst_merge / steps, merge_b / steps, c[COMM_allreduce].bytes / steps, kv_bytes);
+               1e3 * worst[0] / steps, merge_b / steps, c[COMM_allreduce].bytes / steps, kv_bytes, att_bw / 1e9,
+               peak > 0 ? 100.0 * att_bw / peak : 0.0, gemm_bw / 1e9, peak > 0 ? 100.0 * gemm_bw / peak : 0.0,
+               b * steps / total);
+    }
     for (int i = 0; i < b; i++) table_free(&tables[i]);
     free(tables);
     free(chunks);
@@ -115,25 +133,33 @@ int main(int argc, char **argv)
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    const char *model = NULL, *cases = "1:1024,8:1024,8:4096,32:4096";
+    device = device_select_before_mpi(argc, argv);
+    const char *model = NULL, *cases = "1:1024,8:1024,8:4096,32:4096", *backend = "cpu";
     int steps = 5, max_dcp = 0;
-    static const struct option opts[] = {{"model", 1, 0, 'm'}, {"cases", 1, 0, 'c'}, {"steps", 1, 0, 's'},
-                                         {"max-dcp", 1, 0, 'd'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", 1, 0, 'm'},   {"cases", 1, 0, 'c'},   {"steps", 1, 0, 's'},
+                                         {"max-dcp", 1, 0, 'd'}, {"backend", 1, 0, 'b'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (c == 'm') model = optarg;
         else if (c == 'c') cases = optarg;
         else if (c == 's') steps = atoi(optarg);
         else if (c == 'd') max_dcp = atoi(optarg);
+        else if (c == 'b') backend = optarg;
         else {
             if (rank == 0)
                 fprintf(stderr, "usage: mpirun -np N dcpinfer-bench-decode --model PATH [--cases b:L,...] "
-                                "[--steps S] [--max-dcp N]\n");
+                                "[--steps S] [--max-dcp N] [--backend cpu|cuda]\n");
             MPI_Finalize();
             return 2;
         }
     }
     backend_set_threads(threads_per_rank(MPI_COMM_WORLD, NULL, NULL));
+    be = backend_find(backend);
+    if (!be) {
+        if (rank == 0) fprintf(stderr, "dcpinfer-bench-decode: %s\n", dcp_error());
+        MPI_Finalize();
+        return 1;
+    }
     Config cfg;
     if (model_read_config(model, &cfg)) {
         if (rank == 0) fprintf(stderr, "dcpinfer-bench-decode: %s\n", dcp_error());
@@ -143,12 +169,17 @@ int main(int argc, char **argv)
     int tp = size, limit = cfg.n_kv_heads < tp ? tp / cfg.n_kv_heads : 1;
     if (max_dcp <= 0 || max_dcp > limit) max_dcp = limit;
     if (rank == 0) {
-        printf("# dcpinfer-bench-decode: %d ranks, tp %d, model %s (%d layers, dim %d, %d heads / %d KV heads, "
-               "head dim %d), %d timed step(s) per row\n",
-               size, tp, model ? model : "(generated default)", cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads,
+        printf("# dcpinfer-bench-decode: %d ranks, tp %d, backend %s%s%s, model %s (%d layers, dim %d, %d heads / %d "
+               "KV heads, head dim %d), %d timed step(s) per row\n",
+               size, tp, be->name, device >= 0 ? " on " : "", device >= 0 ? device_name(device) : "",
+               model ? model : "(generated default)", cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads,
                cfg.head_dim, steps);
-        printf("# %5s %7s %4s %-6s %10s %12s %14s %14s %14s\n", "batch", "context", "dcp", "merge", "step_ms",
-               "merge_ms", "merge_bytes", "allreduce_B", "kv_bytes/rank");
+        if (device_peak_bandwidth(device) > 0)
+            printf("# peak memory bandwidth %.0f GB/s; att_%% and gemm_%% are fractions of it\n",
+                   device_peak_bandwidth(device) / 1e9);
+        printf("# %5s %7s %4s %-6s %10s %12s %14s %14s %14s %9s %8s %9s %8s %9s\n", "batch", "context", "dcp", "merge",
+               "step_ms", "merge_ms", "merge_bytes", "allreduce_B", "kv_bytes/rank", "att_GB/s", "att_%", "gemm_GB/s",
+               "gemm_%", "tok/s");
     }
     char *list = xstrdup(cases);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "backend.h"
+#include "check.h"
 #include "util.h"
 
 const char *const comm_kind_names[COMM_N] = {
@@ -17,6 +18,20 @@ static int size_of(MPI_Comm comm)
     int n;
     MPI_Comm_size(comm, &n);
     return n;
+}
+
+/* Device buffers handed to MPI directly must hold their final values. */
+static void settle(CommStats *s)
+{
+    if (s->sync_be) s->sync_be->synchronize();
+}
+
+/* A staged result is uploaded from page-locked memory, asynchronously:
+ * wait before the staging buffer is reused. */
+static void staged_upload(CommStats *s, void *dst, const float *src, size_t floats)
+{
+    s->stage_be->upload(dst, src, sizeof(float) * floats);
+    s->stage_be->synchronize();
 }
 
 static void count(CommStats *s, CommKind k, long long bytes, double t0)
@@ -52,10 +67,11 @@ void comm_allreduce_sum(CommStats *s, float *buf, int n, MPI_Comm comm)
     if (s->stage_be) {
         float *h = stage(s, (size_t)n);
         s->stage_be->download(h, buf, sizeof(float) * n);
-        MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_FLOAT, MPI_SUM, comm);
-        s->stage_be->upload(buf, h, sizeof(float) * n);
+        DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_FLOAT, MPI_SUM, comm));
+        staged_upload(s, buf, h, (size_t)n);
     } else {
-        MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, comm);
+        settle(s);
+        DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, comm));
     }
     count(s, COMM_allreduce, 4LL * n, t0);
 }
@@ -68,10 +84,11 @@ void comm_allgather(CommStats *s, CommKind kind, const float *send, int n, float
     if (s->stage_be) {
         float *h = stage(s, (size_t)n * (N + 1));
         s->stage_be->download(h, send, sizeof(float) * n);
-        MPI_Allgather(h, n, MPI_FLOAT, h + n, n, MPI_FLOAT, comm);
-        s->stage_be->upload(recv, h + n, sizeof(float) * n * N);
+        DCP_CHECK(MPI_Allgather(h, n, MPI_FLOAT, h + n, n, MPI_FLOAT, comm));
+        staged_upload(s, recv, h + n, (size_t)n * N);
     } else {
-        MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm);
+        settle(s);
+        DCP_CHECK(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm));
     }
     count(s, kind, 4LL * n, t0);
 }
@@ -84,10 +101,11 @@ void comm_reduce_scatter_sum(CommStats *s, const float *send, float *recv, int r
     if (s->stage_be) {
         float *h = stage(s, (size_t)recvcount * (N + 1));
         s->stage_be->download(h, send, sizeof(float) * recvcount * N);
-        MPI_Reduce_scatter_block(h, h + (size_t)recvcount * N, recvcount, MPI_FLOAT, MPI_SUM, comm);
-        s->stage_be->upload(recv, h + (size_t)recvcount * N, sizeof(float) * recvcount);
+        DCP_CHECK(MPI_Reduce_scatter_block(h, h + (size_t)recvcount * N, recvcount, MPI_FLOAT, MPI_SUM, comm));
+        staged_upload(s, recv, h + (size_t)recvcount * N, (size_t)recvcount);
     } else {
-        MPI_Reduce_scatter_block(send, recv, recvcount, MPI_FLOAT, MPI_SUM, comm);
+        settle(s);
+        DCP_CHECK(MPI_Reduce_scatter_block(send, recv, recvcount, MPI_FLOAT, MPI_SUM, comm));
     }
     count(s, COMM_reduce_scatter, 4LL * N * recvcount, t0);
 }
@@ -100,10 +118,11 @@ void comm_alltoall(CommStats *s, const float *send, float *recv, int n, MPI_Comm
     if (s->stage_be) {
         float *h = stage(s, (size_t)n * N * 2);
         s->stage_be->download(h, send, sizeof(float) * n * N);
-        MPI_Alltoall(h, n, MPI_FLOAT, h + (size_t)n * N, n, MPI_FLOAT, comm);
-        s->stage_be->upload(recv, h + (size_t)n * N, sizeof(float) * n * N);
+        DCP_CHECK(MPI_Alltoall(h, n, MPI_FLOAT, h + (size_t)n * N, n, MPI_FLOAT, comm));
+        staged_upload(s, recv, h + (size_t)n * N, (size_t)n * N);
     } else {
-        MPI_Alltoall(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm);
+        settle(s);
+        DCP_CHECK(MPI_Alltoall(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm));
     }
     count(s, COMM_all_to_all, 4LL * N * n, t0);
 }
@@ -112,7 +131,7 @@ void comm_argmax(CommStats *s, ValueIndex *pairs, int rows, MPI_Comm comm)
 {
     if (size_of(comm) == 1) return;
     double t0 = now_s();
-    MPI_Allreduce(MPI_IN_PLACE, pairs, rows, MPI_FLOAT_INT, MPI_MAXLOC, comm);
+    DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, pairs, rows, MPI_FLOAT_INT, MPI_MAXLOC, comm));
     count(s, COMM_argmax, 8LL * rows, t0);
 }
 
@@ -121,6 +140,6 @@ void comm_allgatherv(CommStats *s, const float *send, int n, float *recv, const 
 {
     if (size_of(comm) == 1) return;
     double t0 = now_s();
-    MPI_Allgatherv(send, n, MPI_FLOAT, recv, counts, displs, MPI_FLOAT, comm);
+    DCP_CHECK(MPI_Allgatherv(send, n, MPI_FLOAT, recv, counts, displs, MPI_FLOAT, comm));
     count(s, COMM_logits_gather, 4LL * n, t0);
 }

@@ -52,6 +52,9 @@ typedef struct {
     const struct Backend *stage_be;
     float *stage;
     size_t stage_floats;
+    /* When MPI takes device buffers directly: the backend whose queued
+     * work must finish before MPI reads them. */
+    const struct Backend *sync_be;
 } CommStats;
 
 /* Frees the staging buffer. */

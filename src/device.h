@@ -13,5 +13,7 @@ int device_select_before_mpi(int argc, char **argv);
  * (MPIX_Query_cuda_support), else 0. */
 int device_mpi_accepts_device_buffers(void);
 const char *device_name(int device);
+/* Peak memory bandwidth of the device in bytes/s (0 when unknown). */
+double device_peak_bandwidth(int device);
 
 #endif

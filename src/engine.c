@@ -66,11 +66,13 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     e->be = be;
     e->topo = topo;
     e->merge = eo ? eo->merge : MERGE_AG_RS;
+    e->timing_sync = eo && eo->timing_sync;
     e->tm = tm;
     e->comm = stats ? stats : &solo_stats;
     /* MPI reads host buffers; device buffers go through host staging
      * unless the MPI library takes device pointers */
     e->comm->stage_be = be->host_memory || (eo && eo->mpi_device_buffers) ? NULL : be;
+    e->comm->sync_be = !be->host_memory && eo && eo->mpi_device_buffers ? be : NULL;
     upload_weights(e);
     size_t memory = eo && eo->kv_cache_memory ? eo->kv_cache_memory : (size_t)256 << 20;
     int B = eo && eo->block_size ? eo->block_size : 16;
@@ -209,11 +211,18 @@ static void prepare_step(Engine *e, const int *tokens, const Chunk *chunks, int 
     be->upload(e->d_slots, e->slots, sizeof(int) * T);
 }
 
+/* A clock reading; with timing_sync, after the device's queued work. */
+static double clock_now(const Engine *e)
+{
+    if (e->timing_sync) e->be->synchronize();
+    return now_s();
+}
+
 static void timed_matmul(Engine *e, float *y, const float *x, const float *w, int T, int in, int out)
 {
-    double t0 = now_s();
+    double t0 = clock_now(e);
     e->be->matmul(y, x, w, T, in, out);
-    e->tm->matmul += now_s() - t0;
+    e->tm->matmul += clock_now(e) - t0;
 }
 
 /* Runs attention for rows = copies x T query tokens (q: copies blocks of T
@@ -317,7 +326,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         timed_matmul(e, e->v, e->xb, w->wv + (size_t)l * kvd * dim, T, dim, kvd);
         be->rope(e->q, e->d_pos, T, s->q_heads, D, c->rope_theta, c->rope_style);
         be->rope(e->k, e->d_pos, T, s->kv_heads, D, c->rope_theta, c->rope_style);
-        double t0 = now_s();
+        double t0 = clock_now(e);
         attend(e, chunks, tables, n_chunks, l, 0, e->q, 1, s->q_heads, e->att, e->lse);
         if (has_context) {
             if (tp->dcp > 1) context_attention_dcp(e, chunks, tables, n_chunks, l, T);
@@ -327,7 +336,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         /* the owners store the new tokens' K/V (DESIGN.md section 3) */
         size_t layer_off = kv_offset(e, l, 0, 0);
         be->kv_write(e->k_pool + layer_off, e->v_pool + layer_off, e->k, e->v, e->d_slots, T, kvd);
-        e->tm->attention += now_s() - t0;
+        e->tm->attention += clock_now(e) - t0;
         /* row-parallel output projection, summed over the TP group */
         timed_matmul(e, e->xb2, e->att, w->wo + (size_t)l * dim * qd, T, qd, dim);
         comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
@@ -359,7 +368,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
     be->upload(e->d_rows, e->rows, sizeof(int) * R);
     be->gather_rows(e->xb, e->x, e->d_rows, R, dim);
     be->rmsnorm(e->xf, e->xb, w->rms_final, R, dim, c->norm_eps);
-    double t0 = now_s();
+    double t0 = clock_now(e);
     be->matmul(e->logits, e->xf, w->lm_head, R, dim, s->vocab);
     be->download(logits, e->logits, sizeof(float) * R * s->vocab);
     e->tm->lm_head += now_s() - t0;

@@ -29,6 +29,7 @@ typedef struct {
     size_t kv_cache_memory; /* bytes of K/V per rank; 0: 256 MiB */
     int block_size;         /* positions per block per rank; 0: 16 */
     int mpi_device_buffers; /* GPU backends: MPI takes device pointers (else staged) */
+    int timing_sync;        /* wait for the device around timed phases (benchmarks) */
 } EngineOptions;
 
 typedef struct {
@@ -36,6 +37,7 @@ typedef struct {
     const Backend *be;
     const Topology *topo;
     MergeBackend merge;
+    int timing_sync;
     Timings *tm;
     CommStats *comm;
     Weights w;             /* the backend's copies of the model's weights */

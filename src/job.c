@@ -435,7 +435,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     CommStats comm = {0};
     Engine eng;
     EngineOptions eo = {strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, o->kv_cache_memory,
-                        o->block_size, mpi_device};
+                        o->block_size, mpi_device, 0};
     engine_init(&eng, &model, be, &topo, &eo, &tm, &comm);
     long long capacity = engine_kv_capacity(&eng);
     if (rank == 0 && !o->quiet)

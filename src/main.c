@@ -12,6 +12,8 @@ int main(int argc, char **argv)
      * land on it */
     int device = device_select_before_mpi(argc, argv);
     MPI_Init(&argc, &argv);
+    /* MPI errors come back as codes, reported by DCP_CHECK with the place */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     Options o;

@@ -1,0 +1,453 @@
+// The CUDA backend: the ops of src/backend_cpu.c on the GPU, with GEMMs in
+// cuBLAS (fp32 weights, fp32 accumulation) and the rest as kernels. All
+// work goes to one stream; downloads wait for it. Weights and the KV cache
+// live in device memory from cudaMalloc (never managed memory).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "check.cuh"
+
+extern "C" {
+#include "backend.h"
+#include "util.h"
+}
+
+static cudaStream_t stream;
+static cublasHandle_t blas;
+
+// Per-token attention metadata, uploaded per call (host arrays of device
+// pointers, see AttnBatch).
+static const float **d_kp, **d_vp;
+static const int **d_tables;
+static int *d_nkeys;
+static int meta_cap;
+
+static unsigned blocks_for(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
+
+// ---- memory -----------------------------------------------------------
+
+static void *cuda_alloc(size_t bytes)
+{
+    void *p = NULL;
+    DCP_CHECK(cudaMalloc(&p, bytes ? bytes : 4));
+    return p;
+}
+
+static void cuda_release(void *p) { DCP_CHECK(cudaFree(p)); }
+
+static void cuda_upload(void *dst, const void *src, size_t bytes)
+{
+    // from pageable memory the call returns once src may be reused
+    if (bytes) DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+}
+
+static void cuda_download(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+    DCP_CHECK(cudaStreamSynchronize(stream));
+}
+
+static void cuda_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+static void *cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    DCP_CHECK(cudaMallocHost(&p, bytes ? bytes : 4));
+    return p;
+}
+
+static void cuda_host_release(void *p) { DCP_CHECK(cudaFreeHost(p)); }
+
+static const float *cuda_weights(const float *host, size_t n)
+{
+    float *d = (float *)cuda_alloc(sizeof(float) * n);
+    DCP_CHECK(cudaMemcpy(d, host, sizeof(float) * n, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void cuda_release_weights(const float *p) { cuda_release((void *)p); }
+
+static void cuda_synchronize(void) { DCP_CHECK(cudaStreamSynchronize(stream)); }
+
+// ---- GEMM -------------------------------------------------------------
+
+// y (T, out) = x (T, in) . w (out, in)^T, all row-major. In cuBLAS's
+// column-major terms: y^T (out x T) = w (out x in) . x^T (in x T).
+static void cuda_matmul(float *y, const float *x, const float *w, int T, int in, int out)
+{
+    if (!T || !out) return;
+    const float one = 1.0f, zero = 0.0f;
+    DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w, in, x, in, &zero, y, out));
+}
+
+// ---- element-wise kernels ---------------------------------------------
+
+__global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps)
+{
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *yr = y + (size_t)blockIdx.x * dim;
+    __shared__ float part[256];
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    part[threadIdx.x] = ss;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    float inv = rsqrtf(part[0] / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (inv * xr[i]);
+}
+
+static void cuda_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
+{
+    if (T) k_rmsnorm<<<T, 256, 0, stream>>>(y, x, w, dim, eps);
+    DCP_CHECK(cudaGetLastError());
+}
+
+__global__ void k_rope(float *x, const int *pos, int T, int heads, int head_dim, float theta, int adjacent)
+{
+    int half = head_dim / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)T * heads * half) return;
+    int i = (int)(idx % half), h = (int)((idx / half) % heads), t = (int)(idx / half / heads);
+    float freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+    float angle = pos[t] * freq, c = cosf(angle), s = sinf(angle);
+    float *v = x + ((size_t)t * heads + h) * head_dim;
+    int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
+    float v0 = v[a], v1 = v[b];
+    v[a] = v0 * c - v1 * s;
+    v[b] = v0 * s + v1 * c;
+}
+
+static void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim, float theta, RopeStyle style)
+{
+    size_t n = (size_t)T * n_heads * (head_dim / 2);
+    if (n) k_rope<<<blocks_for(n, 256), 256, 0, stream>>>(x, pos, T, n_heads, head_dim, theta, style == ROPE_ADJACENT_PAIRS);
+    DCP_CHECK(cudaGetLastError());
+}
+
+__global__ void k_silu_mul(float *g, const float *u, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = g[i];
+        g[i] = v / (1.0f + expf(-v)) * u[i];
+    }
+}
+
+static void cuda_silu_mul(float *gate, const float *up, size_t n)
+{
+    if (n) k_silu_mul<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+    DCP_CHECK(cudaGetLastError());
+}
+
+__global__ void k_add(float *y, const float *x, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+static void cuda_add(float *y, const float *x, size_t n)
+{
+    if (n) k_add<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
+    DCP_CHECK(cudaGetLastError());
+}
+
+// dst row r = src row rows[r] (embedding: src = table, rows = tokens)
+__global__ void k_gather_rows(float *dst, const float *src, const int *rows, int dim)
+{
+    const float *s = src + (size_t)rows[blockIdx.x] * dim;
+    float *d = dst + (size_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = s[i];
+}
+
+static void cuda_gather_rows(float *dst, const float *src, const int *rows, int R, int dim)
+{
+    if (R) k_gather_rows<<<R, 128, 0, stream>>>(dst, src, rows, dim);
+    DCP_CHECK(cudaGetLastError());
+}
+
+static void cuda_embedding(float *x, const float *table, const int *tokens, int T, int dim)
+{
+    cuda_gather_rows(x, table, tokens, T, dim);
+}
+
+__global__ void k_kv_write(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int kvd)
+{
+    int slot = slots[blockIdx.x];
+    if (slot < 0) return; // another DCP rank owns this position
+    for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
+        k_pool[(size_t)slot * kvd + i] = k[(size_t)blockIdx.x * kvd + i];
+        v_pool[(size_t)slot * kvd + i] = v[(size_t)blockIdx.x * kvd + i];
+    }
+}
+
+static void cuda_kv_write(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int T,
+                          int kvd)
+{
+    if (T) k_kv_write<<<T, 128, 0, stream>>>(k_pool, v_pool, k, v, slots, kvd);
+    DCP_CHECK(cudaGetLastError());
+}
+
+// ---- attention --------------------------------------------------------
+
+#define ATT_THREADS 128
+#define ATT_MAX_D 256
+
+// One block per (token, head): keys in tiles of ATT_THREADS, one score per
+// thread, an online softmax across tiles, the output accumulated by the
+// threads d < head_dim. Keys are contiguous rows, or paged through the
+// token's block table.
+__global__ void k_attention(float *out, float *lse, const float *q, const float *const *kp, const float *const *vp,
+                            const int *n_keys, const int *const *tables, int block_size, int n_heads, int group,
+                            int head_dim, int kv_stride, float scale)
+{
+    int r = blockIdx.x, t = r / n_heads, h = r % n_heads, kvh = h / group;
+    int n = n_keys[t], tid = threadIdx.x;
+    const float *qr = q + (size_t)r * head_dim;
+    const float *k = kp[t] + (size_t)kvh * head_dim, *v = vp[t] + (size_t)kvh * head_dim;
+    const int *table = tables ? tables[t] : NULL;
+    __shared__ float qs[ATT_MAX_D], p[ATT_THREADS], red[ATT_THREADS];
+    for (int d = tid; d < head_dim; d += blockDim.x) qs[d] = qr[d];
+    __syncthreads();
+    float m = -INFINITY, sum = 0.0f, acc[ATT_MAX_D / ATT_THREADS] = {0};
+    for (int j0 = 0; j0 < n; j0 += ATT_THREADS) {
+        int j = j0 + tid;
+        float s = -INFINITY;
+        size_t row = 0;
+        if (j < n) {
+            row = table ? (size_t)table[j / block_size] * block_size + j % block_size : (size_t)j;
+            const float *kj = k + row * kv_stride;
+            s = 0.0f;
+            for (int d = 0; d < head_dim; d++) s += qs[d] * kj[d];
+            s *= scale;
+        }
+        red[tid] = s;
+        __syncthreads();
+        for (int w = ATT_THREADS / 2; w > 0; w >>= 1) {
+            if (tid < w) red[tid] = fmaxf(red[tid], red[tid + w]);
+            __syncthreads();
+        }
+        float m_new = fmaxf(m, red[0]);
+        __syncthreads();
+        float e = j < n ? expf(s - m_new) : 0.0f;
+        p[tid] = e;
+        red[tid] = e;
+        __syncthreads();
+        for (int w = ATT_THREADS / 2; w > 0; w >>= 1) {
+            if (tid < w) red[tid] += red[tid + w];
+            __syncthreads();
+        }
+        float correction = expf(m - m_new);
+        sum = sum * correction + red[0];
+        int tile = min(ATT_THREADS, n - j0);
+        for (int c = 0; c * ATT_THREADS + tid < head_dim; c++) {
+            int d = c * ATT_THREADS + tid;
+            float a = acc[c] * correction;
+            for (int jj = 0; jj < tile; jj++) {
+                int jk = j0 + jj;
+                size_t rw = table ? (size_t)table[jk / block_size] * block_size + jk % block_size : (size_t)jk;
+                a += p[jj] * v[rw * kv_stride + d];
+            }
+            acc[c] = a;
+        }
+        m = m_new;
+        __syncthreads();
+    }
+    float *o = out + (size_t)r * head_dim;
+    for (int c = 0; c * ATT_THREADS + tid < head_dim; c++) o[c * ATT_THREADS + tid] = n > 0 ? acc[c] / sum : 0.0f;
+    if (tid == 0) lse[r] = n > 0 ? m + logf(sum) : -INFINITY;
+}
+
+static void cuda_attention(const AttnBatch *a)
+{
+    if (!a->T) return;
+    if (a->head_dim > ATT_MAX_D) dcp_check_failed(__FILE__, __LINE__, "cuda_attention", "head_dim above 256");
+    if (a->T > meta_cap) {
+        if (meta_cap) {
+            cuda_release(d_kp);
+            cuda_release(d_vp);
+            cuda_release(d_tables);
+            cuda_release(d_nkeys);
+        }
+        meta_cap = a->T * 2;
+        d_kp = (const float **)cuda_alloc(sizeof(float *) * meta_cap);
+        d_vp = (const float **)cuda_alloc(sizeof(float *) * meta_cap);
+        d_tables = (const int **)cuda_alloc(sizeof(int *) * meta_cap);
+        d_nkeys = (int *)cuda_alloc(sizeof(int) * meta_cap);
+    }
+    cuda_upload(d_kp, a->k, sizeof(float *) * a->T);
+    cuda_upload(d_vp, a->v, sizeof(float *) * a->T);
+    cuda_upload(d_nkeys, a->n_keys, sizeof(int) * a->T);
+    if (a->blocks) cuda_upload(d_tables, a->blocks, sizeof(int *) * a->T);
+    k_attention<<<a->T * a->n_heads, ATT_THREADS, 0, stream>>>(
+        a->out, a->lse, a->q, d_kp, d_vp, d_nkeys, a->blocks ? d_tables : NULL, a->block_size, a->n_heads,
+        a->n_heads / a->n_kv_heads, a->head_dim, a->kv_stride, a->scale);
+    DCP_CHECK(cudaGetLastError());
+}
+
+// ---- LSE merges (DESIGN.md section 4) ----------------------------------
+
+__global__ void k_merge(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim)
+{
+    int r = blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    float l1 = lse1[r], l2 = lse2[r];
+    if (l2 == -INFINITY) return;
+    float *a = o1 + (size_t)r * head_dim;
+    const float *b = o2 + (size_t)r * head_dim;
+    if (l1 == -INFINITY) {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) a[d] = b[d];
+    } else {
+        float m = fmaxf(l1, l2), s1 = expf(l1 - m), s2 = expf(l2 - m), inv = 1.0f / (s1 + s2);
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) a[d] = (a[d] * s1 + b[d] * s2) * inv;
+        l2 = m + logf(s1 + s2);
+    }
+    // the 32 x-threads of a row form one warp: all have read lse1[r]
+    __syncwarp();
+    if (threadIdx.x == 0) lse1[r] = l2;
+}
+
+static void cuda_merge_attention(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim)
+{
+    dim3 threads(32, 8);
+    if (rows) k_merge<<<blocks_for(rows, 8), threads, 0, stream>>>(o1, lse1, o2, lse2, rows, head_dim);
+    DCP_CHECK(cudaGetLastError());
+}
+
+__global__ void k_lse_rescale(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows,
+                              int head_dim)
+{
+    int r = blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    float m = -INFINITY;
+    for (int n = 0; n < N; n++) m = fmaxf(m, lse_ranks[(size_t)n * rows + r]);
+    float *v = o + (size_t)r * head_dim;
+    if (m == -INFINITY) {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) v[d] = 0.0f;
+        if (threadIdx.x == 0) lse_merged[r] = -INFINITY;
+        return;
+    }
+    float sum = 0.0f;
+    for (int n = 0; n < N; n++) sum += expf(lse_ranks[(size_t)n * rows + r] - m);
+    float L = m + logf(sum), scale = expf(lse_ranks[(size_t)me * rows + r] - L);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) v[d] *= scale;
+    if (threadIdx.x == 0) lse_merged[r] = L;
+}
+
+static void cuda_lse_rescale(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows,
+                             int head_dim)
+{
+    dim3 threads(32, 8);
+    if (rows) k_lse_rescale<<<blocks_for(rows, 8), threads, 0, stream>>>(o, lse_merged, lse_ranks, me, N, rows, head_dim);
+    DCP_CHECK(cudaGetLastError());
+}
+
+__global__ void k_lse_combine(float *out, float *lse, const float *parts, int N, int rows, int head_dim)
+{
+    int r = blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    size_t stride = (size_t)rows * (head_dim + 1);
+    float m = -INFINITY;
+    for (int n = 0; n < N; n++) m = fmaxf(m, parts[n * stride + (size_t)r * (head_dim + 1) + head_dim]);
+    float *o = out + (size_t)r * head_dim;
+    if (m == -INFINITY) {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = 0.0f;
+        if (threadIdx.x == 0) lse[r] = -INFINITY;
+        return;
+    }
+    float sum = 0.0f;
+    for (int n = 0; n < N; n++) sum += expf(parts[n * stride + (size_t)r * (head_dim + 1) + head_dim] - m);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float *pp = parts + n * stride + (size_t)r * (head_dim + 1);
+            a += expf(pp[head_dim] - m) * pp[d];
+        }
+        o[d] = a / sum;
+    }
+    if (threadIdx.x == 0) lse[r] = m + logf(sum);
+}
+
+static void cuda_lse_combine(float *out, float *lse, const float *parts, int N, int rows, int head_dim)
+{
+    dim3 threads(32, 8);
+    if (rows) k_lse_combine<<<blocks_for(rows, 8), threads, 0, stream>>>(out, lse, parts, N, rows, head_dim);
+    DCP_CHECK(cudaGetLastError());
+}
+
+__global__ void k_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * (head_dim + 1)) return;
+    size_t r = i / (head_dim + 1);
+    int d = (int)(i % (head_dim + 1));
+    parts[i] = d < head_dim ? o[r * head_dim + d] : lse[r];
+}
+
+static void cuda_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
+{
+    size_t n = (size_t)rows * (head_dim + 1);
+    if (n) k_pack_partials<<<blocks_for(n, 256), 256, 0, stream>>>(parts, o, lse, rows, head_dim);
+    DCP_CHECK(cudaGetLastError());
+}
+
+// ---- the table ----------------------------------------------------------
+
+static Backend cuda_table;
+
+extern "C" const Backend *backend_cuda(void)
+{
+    static int ready;
+    if (ready) return &cuda_table;
+    int count = 0;
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess || count == 0) {
+        dcp_fail("--backend cuda: no usable GPU on this machine (%s)",
+                 rc != cudaSuccess ? cudaGetErrorString(rc) : "no CUDA device visible");
+        return NULL;
+    }
+    DCP_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    DCP_CHECK(cublasCreate(&blas));
+    DCP_CHECK(cublasSetStream(blas, stream));
+    // fp32 GEMMs stay fp32: no TF32 rounding, so results match the CPU backend closely
+    DCP_CHECK(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
+    Backend b;
+    memset(&b, 0, sizeof b);
+    b.name = "cuda";
+    b.host_memory = 0;
+    b.alloc = cuda_alloc;
+    b.release = cuda_release;
+    b.upload = cuda_upload;
+    b.download = cuda_download;
+    b.copy = cuda_copy;
+    b.host_alloc = cuda_host_alloc;
+    b.host_release = cuda_host_release;
+    b.weights = cuda_weights;
+    b.release_weights = cuda_release_weights;
+    b.synchronize = cuda_synchronize;
+    b.matmul = cuda_matmul;
+    b.rmsnorm = cuda_rmsnorm;
+    b.rope = cuda_rope;
+    b.silu_mul = cuda_silu_mul;
+    b.add = cuda_add;
+    b.embedding = cuda_embedding;
+    b.gather_rows = cuda_gather_rows;
+    b.kv_write = cuda_kv_write;
+    b.attention = cuda_attention;
+    b.merge_attention = cuda_merge_attention;
+    b.lse_rescale = cuda_lse_rescale;
+    b.lse_combine = cuda_lse_combine;
+    b.pack_partials = cuda_pack_partials;
+    cuda_table = b;
+    ready = 1;
+    return &cuda_table;
+}

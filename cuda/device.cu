@@ -1,0 +1,55 @@
+// Choosing the GPU of a rank, before MPI_Init (see src/device.h).
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "device.h"
+}
+
+static int wants_cuda(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        while (*a == '-') a++;
+        if (!strcmp(a, "backend=cuda")) return 1;
+        if (!strcmp(a, "backend") && i + 1 < argc && !strcmp(argv[i + 1], "cuda")) return 1;
+    }
+    return 0;
+}
+
+extern "C" int device_select_before_mpi(int argc, char **argv)
+{
+    if (!wants_cuda(argc, argv)) return -1;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return -1; // backend_cuda() says why
+    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+    int local = 0;
+    for (int i = 0; i < 3; i++)
+        if (getenv(names[i])) {
+            local = atoi(getenv(names[i]));
+            break;
+        }
+    int device = local % count;
+    if (cudaSetDevice(device) != cudaSuccess) return -1;
+    return device;
+}
+
+extern "C" double device_peak_bandwidth(int device)
+{
+    int clock_khz = 0, bus_bits = 0;
+    if (device < 0 || cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess)
+        return 0;
+    return 2.0 * clock_khz * 1e3 * bus_bits / 8.0; /* double data rate */
+}
+
+extern "C" const char *device_name(int device)
+{
+    static char name[256];
+    cudaDeviceProp p;
+    if (device < 0 || cudaGetDeviceProperties(&p, device) != cudaSuccess) return "-";
+    snprintf(name, sizeof name, "%s", p.name);
+    return name;
+}

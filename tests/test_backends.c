@@ -1,0 +1,223 @@
+/* Backend conformance: every op of the CUDA backend against the CPU
+ * backend on the same random inputs, within a per-op tolerance. Skips
+ * (77) where there is no CUDA backend (a CPU-only build, or no GPU). */
+#include "backend.h"
+#include "testutil.h"
+
+static const Backend *cpu, *gpu;
+
+static float *rnd(size_t n, uint64_t *st)
+{
+    float *p = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) p[i] = (float)((splitmix64(st) >> 40) / 16777216.0) * 2.0f - 1.0f;
+    return p;
+}
+
+static void *on_gpu(const void *host, size_t bytes)
+{
+    void *d = gpu->alloc(bytes);
+    gpu->upload(d, host, bytes);
+    return d;
+}
+
+static float *back(const void *d, size_t n)
+{
+    float *h = xmalloc(sizeof(float) * n);
+    gpu->download(h, d, sizeof(float) * n);
+    return h;
+}
+
+/* max |a - b| / (1 + |b|) */
+static double diff(const float *a, const float *b, size_t n)
+{
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(a[i]) && isinf(b[i]) && (a[i] < 0) == (b[i] < 0)) continue;
+        w = fmax(w, fabs((double)a[i] - b[i]) / (1.0 + fabs(b[i])));
+    }
+    return w;
+}
+
+#define EXPECT_CLOSE(name, got, want, n, tol)                                  \
+    do {                                                                       \
+        double d_ = diff(got, want, n);                                        \
+        fprintf(stderr, "%-16s max relative difference %.2g\n", name, d_);    \
+        CHECK(d_ <= (tol), "%s differs by %g (tolerance %g)", name, d_, (double)(tol)); \
+    } while (0)
+
+static void elementwise(uint64_t *st)
+{
+    enum { T = 7, DIM = 96, OUT = 50, H = 4, D = 24 };
+    /* matmul */
+    float *x = rnd(T * DIM, st), *w = rnd(OUT * DIM, st), y[T * OUT];
+    cpu->matmul(y, x, w, T, DIM, OUT);
+    float *dx = on_gpu(x, sizeof(float) * T * DIM), *dw = on_gpu(w, sizeof(float) * OUT * DIM),
+          *dy = gpu->alloc(sizeof(float) * T * OUT);
+    gpu->matmul(dy, dx, dw, T, DIM, OUT);
+    float *gy = back(dy, T * OUT);
+    EXPECT_CLOSE("matmul", gy, y, T * OUT, 1e-5);
+    free(gy);
+    /* rmsnorm */
+    float *g = rnd(DIM, st), n1[T * DIM];
+    cpu->rmsnorm(n1, x, g, T, DIM, 1e-5f);
+    float *dg = on_gpu(g, sizeof(float) * DIM), *dn = gpu->alloc(sizeof(float) * T * DIM);
+    gpu->rmsnorm(dn, dx, dg, T, DIM, 1e-5f);
+    float *gn = back(dn, T * DIM);
+    EXPECT_CLOSE("rmsnorm", gn, n1, T * DIM, 1e-5);
+    free(gn);
+    /* rope, both conventions */
+    int pos[T] = {0, 1, 5, 17, 100, 511, 4000};
+    int *dpos = on_gpu(pos, sizeof pos);
+    for (int style = 0; style < 2; style++) {
+        float *q = rnd(T * H * D, st);
+        float *dq = on_gpu(q, sizeof(float) * T * H * D);
+        cpu->rope(q, pos, T, H, D, 10000.0f, (RopeStyle)style);
+        gpu->rope(dq, dpos, T, H, D, 10000.0f, (RopeStyle)style);
+        float *gq = back(dq, T * H * D);
+        EXPECT_CLOSE(style ? "rope rotate-half" : "rope adjacent", gq, q, T * H * D, 1e-5);
+        free(gq);
+        free(q);
+        gpu->release(dq);
+    }
+    /* silu_mul, add */
+    float *a = rnd(T * DIM, st), *b = rnd(T * DIM, st);
+    float *da = on_gpu(a, sizeof(float) * T * DIM), *db = on_gpu(b, sizeof(float) * T * DIM);
+    cpu->silu_mul(a, b, T * DIM);
+    gpu->silu_mul(da, db, T * DIM);
+    float *ga = back(da, T * DIM);
+    EXPECT_CLOSE("silu_mul", ga, a, T * DIM, 1e-6);
+    free(ga);
+    cpu->add(a, b, T * DIM);
+    gpu->add(da, db, T * DIM);
+    ga = back(da, T * DIM);
+    EXPECT_CLOSE("add", ga, a, T * DIM, 1e-6);
+    free(ga);
+    /* embedding and row gather */
+    int tok[T] = {3, 0, 49, 7, 7, 20, 1};
+    int *dtok = on_gpu(tok, sizeof tok);
+    float e1[T * DIM];
+    cpu->embedding(e1, w, tok, T, DIM);
+    gpu->embedding(dn, dw, dtok, T, DIM);
+    float *ge = back(dn, T * DIM);
+    EXPECT_CLOSE("embedding", ge, e1, T * DIM, 0);
+    free(ge);
+    cpu->gather_rows(e1, x, (int[]){6, 2, 2}, 3, DIM);
+    int *drows = on_gpu((int[]){6, 2, 2}, 3 * sizeof(int));
+    gpu->gather_rows(dn, dx, drows, 3, DIM);
+    ge = back(dn, 3 * DIM);
+    EXPECT_CLOSE("gather_rows", ge, e1, 3 * DIM, 0);
+    free(ge);
+    void *bufs[] = {dx, dw, dy, dg, dn, dpos, da, db, dtok, drows};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
+    free(x), free(w), free(g), free(a), free(b);
+}
+
+static void attention_and_merges(uint64_t *st)
+{
+    enum { T = 4, H = 4, KVH = 2, D = 40, POOL = 64, B = 8 };
+    int kvd = KVH * D;
+    float *q = rnd(T * H * D, st), *kpool = rnd(POOL * kvd, st), *vpool = rnd(POOL * kvd, st);
+    float *dq = on_gpu(q, sizeof(float) * T * H * D), *dk = on_gpu(kpool, sizeof(float) * POOL * kvd),
+          *dv = on_gpu(vpool, sizeof(float) * POOL * kvd);
+    /* paged: token t reads n_keys[t] keys through its block table */
+    int table0[] = {5, 1, 7}, table1[] = {2, 0, 6, 3};
+    int *dt0 = on_gpu(table0, sizeof table0), *dt1 = on_gpu(table1, sizeof table1);
+    int n_keys[T] = {20, 0, 32, 1};
+    const int *ht[T] = {table0, table0, table1, table1}, *gt[T] = {dt0, dt0, dt1, dt1};
+    const float *hk[T], *hv[T], *gk[T], *gv[T];
+    for (int t = 0; t < T; t++) hk[t] = kpool, hv[t] = vpool, gk[t] = dk, gv[t] = dv;
+    float out[T * H * D], lse[T * H];
+    float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
+    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, n_keys, kvd, ht, B};
+    cpu->attention(&a);
+    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, n_keys, kvd, gt, B};
+    gpu->attention(&ga);
+    float *go = back(dout, T * H * D), *gl = back(dlse, T * H);
+    EXPECT_CLOSE("attention paged", go, out, T * H * D, 1e-5);
+    EXPECT_CLOSE("attention lse", gl, lse, T * H, 1e-5);
+    free(go), free(gl);
+    /* contiguous keys (the new part), 300 keys: several tiles */
+    int many[T] = {300, 1, 129, 128};
+    float *kk = rnd(300 * kvd, st), *vv = rnd(300 * kvd, st);
+    float *dkk = on_gpu(kk, sizeof(float) * 300 * kvd), *dvv = on_gpu(vv, sizeof(float) * 300 * kvd);
+    for (int t = 0; t < T; t++) hk[t] = kk, hv[t] = vv, gk[t] = dkk, gv[t] = dvv;
+    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, many, kvd, NULL, 0};
+    cpu->attention(&c);
+    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, many, kvd, NULL, 0};
+    gpu->attention(&gc);
+    go = back(dout, T * H * D), gl = back(dlse, T * H);
+    EXPECT_CLOSE("attention rows", go, out, T * H * D, 1e-5);
+    EXPECT_CLOSE("attention lse2", gl, lse, T * H, 1e-5);
+    free(go), free(gl);
+    /* merge of two partials, one side empty for row 1 */
+    int rows = T * H;
+    float *o2 = rnd(rows * D, st), *l2 = rnd(rows, st);
+    l2[1] = -INFINITY;
+    float *do2 = on_gpu(o2, sizeof(float) * rows * D), *dl2 = on_gpu(l2, sizeof(float) * rows);
+    gpu->upload(dout, out, sizeof out);
+    gpu->upload(dlse, lse, sizeof lse);
+    cpu->merge_attention(out, lse, o2, l2, rows, D);
+    gpu->merge_attention(dout, dlse, do2, dl2, rows, D);
+    go = back(dout, rows * D), gl = back(dlse, rows);
+    EXPECT_CLOSE("merge_attention", go, out, rows * D, 1e-6);
+    EXPECT_CLOSE("merge lse", gl, lse, rows, 1e-6);
+    free(go), free(gl);
+    /* ag_rs rescale and a2a combine over N = 3 ranks */
+    int N = 3;
+    float *lr = rnd(N * rows, st), *o = rnd(rows * D, st), lm[T * H];
+    lr[2 * rows + 5] = lr[0 * rows + 5] = lr[1 * rows + 5] = -INFINITY; /* no rank has keys for row 5 */
+    float *dlr = on_gpu(lr, sizeof(float) * N * rows), *dO = on_gpu(o, sizeof(float) * rows * D);
+    float *dlm = gpu->alloc(sizeof lm);
+    cpu->lse_rescale(o, lm, lr, 1, N, rows, D);
+    gpu->lse_rescale(dO, dlm, dlr, 1, N, rows, D);
+    go = back(dO, rows * D), gl = back(dlm, rows);
+    EXPECT_CLOSE("lse_rescale", go, o, rows * D, 1e-6);
+    EXPECT_CLOSE("rescale lse", gl, lm, rows, 1e-6);
+    free(go), free(gl);
+    float *parts = rnd((size_t)N * rows * (D + 1), st), pk[T * H * (D + 1)];
+    for (int r = 0; r < rows; r++) parts[(size_t)(0 * rows + r) * (D + 1) + D] = -INFINITY; /* rank 0 empty */
+    float *dparts = on_gpu(parts, sizeof(float) * N * rows * (D + 1));
+    cpu->lse_combine(out, lse, parts, N, rows, D);
+    gpu->lse_combine(dout, dlse, dparts, N, rows, D);
+    go = back(dout, rows * D), gl = back(dlse, rows);
+    EXPECT_CLOSE("lse_combine", go, out, rows * D, 1e-6);
+    EXPECT_CLOSE("combine lse", gl, lse, rows, 1e-6);
+    free(go), free(gl);
+    float *dpk = gpu->alloc(sizeof pk);
+    cpu->pack_partials(pk, out, lse, rows, D);
+    gpu->pack_partials(dpk, dout, dlse, rows, D);
+    go = back(dpk, rows * (D + 1));
+    EXPECT_CLOSE("pack_partials", go, pk, rows * (D + 1), 1e-6);
+    free(go);
+    /* kv_write through a slot mapping, -1 skipped */
+    int slots[T] = {9, -1, 0, 63};
+    int *dslots = on_gpu(slots, sizeof slots);
+    float *knew = rnd(T * kvd, st), *vnew = rnd(T * kvd, st);
+    float *dkn = on_gpu(knew, sizeof(float) * T * kvd), *dvn = on_gpu(vnew, sizeof(float) * T * kvd);
+    cpu->kv_write(kpool, vpool, knew, vnew, slots, T, kvd);
+    gpu->kv_write(dk, dv, dkn, dvn, dslots, T, kvd);
+    go = back(dk, POOL * kvd);
+    EXPECT_CLOSE("kv_write", go, kpool, POOL * kvd, 0);
+    free(go);
+    void *bufs[] = {dq, dk, dv, dt0, dt1, dout, dlse, dkk, dvv, do2, dl2, dlr, dO, dlm, dparts, dpk, dslots, dkn, dvn};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
+    free(q), free(kpool), free(vpool), free(kk), free(vv), free(o2), free(l2), free(lr), free(o), free(parts);
+    free(knew), free(vnew);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    cpu = backend_cpu();
+    gpu = backend_cuda();
+    if (!gpu) {
+        fprintf(stderr, "no CUDA backend: %s; skipped\n", dcp_error());
+        MPI_Finalize();
+        return TEST_SKIP;
+    }
+    uint64_t st = 2026;
+    elementwise(&st);
+    attention_and_merges(&st);
+    MPI_Finalize();
+    return test_finish("test_backends");
+}
