@@ -117,6 +117,7 @@ void engine_free(Engine *e)
     e->be->release(e->v_pool);
     if (e->d_tables) e->be->release(e->d_tables);
     pool_free_all(&e->pool);
+    free(e->chunk_tables);
     free_activations(e);
     release_weights(e);
     comm_stats_free(e->comm);
@@ -312,7 +313,11 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         has_context |= chunks[i].pos0 > 0;
     }
     ensure_capacity(e, T);
-    const int **tables = xmalloc(sizeof(int *) * (size_t)(n_chunks ? n_chunks : 1));
+    if (n_chunks > e->cap_chunks) {
+        e->cap_chunks = n_chunks;
+        e->chunk_tables = xrealloc(e->chunk_tables, sizeof(int *) * (size_t)n_chunks);
+    }
+    const int **tables = e->chunk_tables;
     prepare_step(e, tokens, chunks, n_chunks, T, tables);
     int dim = c->dim, D = c->head_dim, hidden = s->hidden;
     int qd = s->q_heads * D, kvd = s->kv_heads * D;
@@ -351,7 +356,6 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
         be->add(e->x, e->xb2, (size_t)T * dim);
     }
-    free(tables);
 
     /* final norm and this rank's slice of the vocabulary-parallel LM head,
      * for the rows whose logits are wanted */

@@ -55,6 +55,8 @@ typedef struct {
     const float **kp, **vp;
     int *n_keys;
     const int **tables;
+    const int **chunk_tables; /* per chunk: its block table in backend memory */
+    int cap_chunks;
 } Engine;
 
 /* topo NULL: one rank (tp = dcp = 1); stats may then be NULL too.

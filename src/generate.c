@@ -25,15 +25,16 @@ typedef struct {
     void *scratch;      /* per thread, for top-p */
     size_t scratch_bytes;
     const float **rows; /* per chunk: its full logits row, or NULL */
+    int *counts, *displs; /* per TP rank: its vocabulary shard, for the gather */
 } PickBuffers;
 
 /* Gathers rows (count, shard.vocab) of every TP rank's vocabulary shard
  * into full (count, vocab). */
-static void gather_vocab(Engine *e, const float *local, int count, float *full, float *tmp)
+static void gather_vocab(Engine *e, PickBuffers *b, const float *local, int count, float *full, float *tmp)
 {
     const Topology *tp = e->topo;
     const Config *c = &e->model->cfg;
-    int *counts = xmalloc(sizeof(int) * tp->tp), *displs = xmalloc(sizeof(int) * tp->tp);
+    int *counts = b->counts, *displs = b->displs;
     for (int r = 0, off = 0; r < tp->tp; r++) {
         int v0, vn;
         balanced_part(c->vocab_size, tp->tp, r, &v0, &vn);
@@ -49,8 +50,6 @@ static void gather_vocab(Engine *e, const float *local, int count, float *full, 
         for (int i = 0; i < count; i++)
             memcpy(full + (size_t)i * c->vocab_size + v0, tmp + displs[r] + (size_t)i * vn, sizeof(float) * vn);
     }
-    free(counts);
-    free(displs);
 }
 
 /* Chooses the next token of every sampling chunk. local holds this rank's
@@ -69,7 +68,7 @@ static void pick_tokens(Engine *e, Scheduler *sch, const StepPlan *p, float *loc
     int vocab = e->model->cfg.vocab_size, tp = e->topo->tp;
     const float *full = local;
     if (tp > 1 && o->on_logits) {
-        gather_vocab(e, local, R, b->full, b->tmp);
+        gather_vocab(e, b, local, R, b->full, b->tmp);
         full = b->full;
     }
     /* last row of each chunk */
@@ -95,7 +94,7 @@ static void pick_tokens(Engine *e, Scheduler *sch, const StepPlan *p, float *loc
             }
         }
         if (ng) comm_argmax(e->comm, b->pairs, ng, e->topo->tp_comm);
-        if (ns) gather_vocab(e, local, ns, b->full, b->tmp);
+        if (ns) gather_vocab(e, b, local, ns, b->full, b->tmp);
         ng = ns = 0;
         for (int i = 0; i < nc; i++) {
             if (!sampling[i]) continue;
@@ -145,6 +144,8 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     bufs.scratch_bytes = sampler_scratch_bytes(vocab);
     bufs.scratch = xmalloc(bufs.scratch_bytes * (size_t)omp_get_max_threads());
     bufs.rows = xmalloc(sizeof(float *) * (size_t)o->max_num_seqs);
+    bufs.counts = xmalloc(sizeof(int) * (size_t)e->topo->tp);
+    bufs.displs = xmalloc(sizeof(int) * (size_t)e->topo->tp);
     int *sampled = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
@@ -194,6 +195,8 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     free(bufs.pairs);
     free(bufs.scratch);
     free(bufs.rows);
+    free(bufs.counts);
+    free(bufs.displs);
     free(sampled);
     if (!stats) free(local_stats.steps);
     return 0;
