@@ -139,6 +139,30 @@ int main(int argc, char **argv)
         CHECK(ooff[6] - ooff[5] == 2, "c stops at the context limit: 10 + 2 = 12");
         CHECK(poff[1] == 4 && ptok[0] == 5 && poff[6] == 4 + 1 + 0 + 13 + 0 + 10, "prompt offsets");
         CHECK(read_len(f, "/timings/decode") == 1 && read_len(f, "/timings/load") == 1, "timings per rank");
+        /* steps: every prompt token prefilled once, every later token decoded once (no preemption here) */
+        long n_steps = read_len(f, "/steps/seconds");
+        int *pre = read_all(f, "/steps/prefill_tokens", H5T_NATIVE_INT, 4);
+        int *dec = read_all(f, "/steps/decode_tokens", H5T_NATIVE_INT, 4);
+        int *used = read_all(f, "/steps/kv_blocks_used", H5T_NATIVE_INT, 4);
+        long sum_pre = 0, sum_dec = 0, max_used = 0;
+        for (long i = 0; i < n_steps; i++) {
+            sum_pre += pre[i];
+            sum_dec += dec[i];
+            max_used = used[i] > max_used ? used[i] : max_used;
+        }
+        /* a: 8 tokens (4 + 8 reaches the context limit of 12), b: 4, c: 2 */
+        CHECK(n_steps > 0 && sum_pre == 4 + 1 + 10 && sum_dec == (8 - 1) + (4 - 1) + (2 - 1) && max_used > 0,
+              "steps: %ld, prefill tokens %ld (15), decode tokens %ld (11), blocks %ld", n_steps, sum_pre, sum_dec,
+              max_used);
+        int64_t *ioff = read_all(f, "/requests/itl_offsets", H5T_NATIVE_INT64, 8);
+        double *itl = read_all(f, "/requests/itl_s", H5T_NATIVE_DOUBLE, 8);
+        CHECK(read_len(f, "/requests/itl_offsets") == 7 && ioff[6] == 11 && ioff[1] - ioff[0] == 7 && itl[0] >= 0,
+              "inter-token latencies: one fewer than the tokens of each request");
+        free(pre);
+        free(dec);
+        free(used);
+        free(ioff);
+        free(itl);
         H5Fclose(f);
         for (int i = 0; i < 6; i++) {
             free(ids[i]);
