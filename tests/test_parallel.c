@@ -7,6 +7,7 @@
 #include "backend.h"
 #include "engine.h"
 #include "generate.h"
+#include "guarded_backend.h"
 #include "kvcache.h"
 #include "job.h"
 #include "mkmodel.h"
@@ -21,6 +22,7 @@ typedef struct {
     int tokens_only; /* no logits capture, so that the collectives are those of a normal run */
     int block_size;  /* 0: 16 (or the next multiple of I) */
     size_t kv_memory; /* per rank; 0: 64 MiB */
+    int guarded;      /* the guarded backend: device-like buffers, staged MPI */
 } Layout;
 
 /* What a layout run reports besides its checks. */
@@ -117,8 +119,8 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         Engine e;
         /* blocks of 16 positions, or the multiple of the interleave next above */
         EngineOptions eo = {L.merge, L.kv_memory ? L.kv_memory : 64 << 20,
-                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I, 0};
-        engine_init(&e, &m, backend_cpu(), &t, &eo, &tm, &cs);
+                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I, 0, 0};
+        engine_init(&e, &m, L.guarded ? backend_guarded() : backend_cpu(), &t, &eo, &tm, &cs);
         GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = L.budget,
                          .on_logits = L.tokens_only ? NULL : capture, .on_logits_ctx = &cap};
         GenStats gs;
@@ -371,6 +373,27 @@ static void comm_bytes(const char *path, int heads)
         }
 }
 
+/* The engine run over buffers the host cannot touch (guarded_backend.h),
+ * with collectives staged through host memory as on a GPU without
+ * CUDA-aware MPI: the same tokens and logits as one rank. */
+static void guarded_layouts(const char *path)
+{
+    RequestSet rs;
+    mqa_requests(&rs, 300);
+    Reference ref = reference_run(path, &rs);
+    for (int mb = 0; mb < 2; mb++) {
+        char label[96];
+        snprintf(label, sizeof label, "guarded buffers, staged MPI: dcp 4 %s", merge_name((MergeBackend)mb));
+        run_layout(label, path, &rs, &ref,
+                   (Layout){.np = 8, .tp = 8, .dcp = 4, .I = 2, .merge = (MergeBackend)mb, .budget = 16, .guarded = 1},
+                   NULL);
+    }
+    run_layout("guarded buffers, staged MPI: tp 4 dp 2", path, &rs, &ref,
+               (Layout){.np = 8, .tp = 4, .dcp = 1, .I = 1, .budget = 4096, .guarded = 1}, NULL);
+    free_reference(&ref, rs.n);
+    requests_free(&rs);
+}
+
 /* Greedy outputs do not change when the KV budget forces preemptions:
  * block sizes 1, 16 and 64, token budgets 16, 256 and unlimited, dcp 1
  * and 4. Six requests whose outputs need one block more than their
@@ -464,6 +487,7 @@ int main(int argc, char **argv)
     mqa_layouts(mqa16, 16);
     kv_accounting(mqa8);
     comm_bytes(mqa16, 16);
+    guarded_layouts(mqa16);
     preemption(mqa8);
     chunked_prefill_4k(mqa_long);
     free(mqa8);

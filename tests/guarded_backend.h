@@ -1,0 +1,131 @@
+/* A stand-in for a GPU backend on the CPU: the CPU backend's arithmetic,
+ * but its buffers are pages that the host cannot touch (PROT_NONE) except
+ * inside the backend's own calls. A run with it crashes if the engine,
+ * the scheduler or the collectives read or write a backend buffer
+ * directly instead of through upload/download, and it exercises the
+ * staging of MPI transfers through host memory, as the CUDA backend
+ * without CUDA-aware MPI does. */
+#ifndef DCP_GUARDED_BACKEND_H
+#define DCP_GUARDED_BACKEND_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "util.h"
+
+typedef struct {
+    void *base;
+    size_t bytes;
+} GuardedRegion;
+
+static GuardedRegion *guarded;
+static int n_guarded, cap_guarded;
+static Backend guarded_be;
+static const Backend *guarded_cpu;
+
+static void guard_all(int prot)
+{
+    for (int i = 0; i < n_guarded; i++)
+        if (guarded[i].base && mprotect(guarded[i].base, guarded[i].bytes, prot)) {
+            perror("mprotect");
+            abort();
+        }
+}
+#define OPEN() guard_all(PROT_READ | PROT_WRITE)
+#define CLOSE() guard_all(PROT_NONE)
+
+static void *g_alloc(size_t bytes)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (bytes + page - 1) / page * page;
+    void *p = mmap(NULL, n ? n : page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        abort();
+    }
+    if (n_guarded == cap_guarded) guarded = xrealloc(guarded, sizeof *guarded * (cap_guarded = cap_guarded ? 2 * cap_guarded : 64));
+    guarded[n_guarded++] = (GuardedRegion){p, n ? n : page};
+    return p;
+}
+
+static void g_release(void *p)
+{
+    for (int i = 0; i < n_guarded; i++)
+        if (guarded[i].base == p) {
+            munmap(p, guarded[i].bytes);
+            guarded[i] = guarded[--n_guarded];
+            return;
+        }
+    abort(); /* not ours */
+}
+
+static void g_copy(void *dst, const void *src, size_t n) { OPEN(); memcpy(dst, src, n); CLOSE(); }
+static const float *g_weights(const float *host, size_t n)
+{
+    float *d = g_alloc(sizeof(float) * n);
+    g_copy(d, host, sizeof(float) * n);
+    return d;
+}
+static void g_release_weights(const float *p) { g_release((void *)p); }
+static void g_sync(void) {}
+
+/* each op: open the pages, run the CPU op, close them */
+static void g_matmul(float *y, const float *x, const float *w, int T, int in, int out)
+{ OPEN(); guarded_cpu->matmul(y, x, w, T, in, out); CLOSE(); }
+static void g_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
+{ OPEN(); guarded_cpu->rmsnorm(y, x, w, T, dim, eps); CLOSE(); }
+static void g_rope(float *x, const int *pos, int T, int h, int d, float th, RopeStyle st)
+{ OPEN(); guarded_cpu->rope(x, pos, T, h, d, th, st); CLOSE(); }
+static void g_silu_mul(float *g, const float *u, size_t n) { OPEN(); guarded_cpu->silu_mul(g, u, n); CLOSE(); }
+static void g_add(float *y, const float *x, size_t n) { OPEN(); guarded_cpu->add(y, x, n); CLOSE(); }
+static void g_embedding(float *x, const float *t, const int *tok, int T, int dim)
+{ OPEN(); guarded_cpu->embedding(x, t, tok, T, dim); CLOSE(); }
+static void g_gather_rows(float *d, const float *s, const int *rows, int R, int dim)
+{ OPEN(); guarded_cpu->gather_rows(d, s, rows, R, dim); CLOSE(); }
+static void g_kv_write(float *kp, float *vp, const float *k, const float *v, const int *slots, int T, int kvd)
+{ OPEN(); guarded_cpu->kv_write(kp, vp, k, v, slots, T, kvd); CLOSE(); }
+static void g_attention(const AttnBatch *a) { OPEN(); guarded_cpu->attention(a); CLOSE(); }
+static void g_merge(float *o1, float *l1, const float *o2, const float *l2, int rows, int d)
+{ OPEN(); guarded_cpu->merge_attention(o1, l1, o2, l2, rows, d); CLOSE(); }
+static void g_rescale(float *o, float *lm, const float *lr, int me, int N, int rows, int d)
+{ OPEN(); guarded_cpu->lse_rescale(o, lm, lr, me, N, rows, d); CLOSE(); }
+static void g_combine(float *o, float *l, const float *p, int N, int rows, int d)
+{ OPEN(); guarded_cpu->lse_combine(o, l, p, N, rows, d); CLOSE(); }
+static void g_pack(float *p, const float *o, const float *l, int rows, int d)
+{ OPEN(); guarded_cpu->pack_partials(p, o, l, rows, d); CLOSE(); }
+
+static inline const Backend *backend_guarded(void)
+{
+    guarded_cpu = backend_cpu();
+    Backend b = *guarded_cpu;
+    b.name = "guarded";
+    b.host_memory = 0;
+    b.alloc = g_alloc;
+    b.release = g_release;
+    b.upload = g_copy;
+    b.download = g_copy;
+    b.copy = g_copy;
+    b.weights = g_weights;
+    b.release_weights = g_release_weights;
+    b.synchronize = g_sync;
+    b.matmul = g_matmul;
+    b.rmsnorm = g_rmsnorm;
+    b.rope = g_rope;
+    b.silu_mul = g_silu_mul;
+    b.add = g_add;
+    b.embedding = g_embedding;
+    b.gather_rows = g_gather_rows;
+    b.kv_write = g_kv_write;
+    b.attention = g_attention;
+    b.merge_attention = g_merge;
+    b.lse_rescale = g_rescale;
+    b.lse_combine = g_combine;
+    b.pack_partials = g_pack;
+    guarded_be = b;
+    return &guarded_be;
+}
+
+#endif
