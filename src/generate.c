@@ -129,7 +129,6 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     GenStats local_stats;
     GenStats *st = stats ? stats : &local_stats;
     memset(st, 0, sizeof *st);
-    st->kv_blocks_total = e->pool.n_blocks;
     memset(res, 0, sizeof(Result) * (size_t)rs->n);
     Scheduler sch;
     scheduler_init(&sch, rs, res, c, e->topo, &e->pool, o);
@@ -185,7 +184,6 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     }
     st->preemptions = sch.preemptions;
     st->kv_positions_peak = sch.kv_positions_peak;
-    st->kv_blocks_peak = e->pool.used_peak;
     st->kv_blocks_left = pool_used(&e->pool);
     scheduler_free(&sch);
     plan_free(&plan);

@@ -43,7 +43,6 @@ typedef struct {
     int max_running;
     long long preemptions;
     long long kv_positions_peak; /* most positions this rank stored at once */
-    int kv_blocks_total, kv_blocks_peak;
     int kv_blocks_left;          /* blocks still held after the run: 0 */
 } GenStats;
 

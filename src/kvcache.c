@@ -30,7 +30,6 @@ int table_reserve(BlockPool *p, BlockTable *t, int n)
     if (missing > p->n_free) return -1;
     if (n > t->cap) t->ids = xrealloc(t->ids, sizeof(int) * (size_t)(t->cap = n > 2 * t->cap ? n : 2 * t->cap));
     while (t->n < n) t->ids[t->n++] = p->free_ids[--p->n_free];
-    if (pool_used(p) > p->used_peak) p->used_peak = pool_used(p);
     return 0;
 }
 

@@ -15,7 +15,6 @@ typedef struct {
     int block_size; /* B: positions per block on one rank */
     int *free_ids;  /* stack, lowest id on top */
     int n_free;
-    int used_peak;
 } BlockPool;
 
 typedef struct {
