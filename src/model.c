@@ -318,10 +318,17 @@ static float *owned_alloc(Weights *w, size_t nfloats)
 }
 
 /* Loads rows [row0, row0+nrows) x cols [col0, col0+ncols) of a tensor kind for
- * every layer it has, into one (layer, nrows, ncols) buffer. */
+ * every layer it has, into one (layer, nrows, ncols) buffer. A whole tensor
+ * of a llama2.c file is already that buffer, in the mapping: no copy. */
 static int load_kind(Source *src, Weights *w, float **dst, TensorKind k, int row0, int nrows, int col0, int ncols)
 {
-    int nl = tensor_is_per_layer(k) ? src->cfg->n_layers : 1;
+    int nl = tensor_is_per_layer(k) ? src->cfg->n_layers : 1, rows, cols;
+    tensor_full_shape(src->cfg, k, &rows, &cols);
+    if (src->cfg->format == FORMAT_LLAMA2C && row0 == 0 && nrows == rows && col0 == 0 && ncols == cols) {
+        TensorKind at = k == T_LM_HEAD && src->cfg->tied_embeddings ? T_EMBED : k;
+        *dst = (float *)(src->map + src->offset[at]); /* 4-byte aligned: 28-byte header, f32 data */
+        return 0;
+    }
     size_t per = (size_t)nrows * ncols;
     *dst = owned_alloc(w, per * nl);
     for (int l = 0; l < nl; l++)
@@ -356,6 +363,10 @@ int model_load(Model *m, const char *path, int tp, int tp_rank)
              load_kind(&src, w, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden) ||
              load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
              load_kind(&src, w, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
+    /* the mapping stays while weights point into it */
+    w->map = (void *)src.map;
+    w->map_size = src.map_size;
+    src.map = NULL;
     source_close(&src);
     if (rc) {
         model_free(m);
@@ -366,6 +377,7 @@ int model_load(Model *m, const char *path, int tp, int tp_rank)
 
 void model_free(Model *m)
 {
+    if (m->w.map) munmap(m->w.map, m->w.map_size);
     for (int i = 0; i < m->w.n_owned; i++) free(m->w.owned[i]);
     free(m->w.owned);
     free(m->path);

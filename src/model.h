@@ -55,9 +55,13 @@ typedef struct {
     float *w_down;          /* (layer, dim, hidden) */
     float *rms_final;       /* (dim) */
     float *lm_head;         /* (vocab, dim) */
-    /* Buffers to release: weights are copied into these as fp32 shards. */
+    /* Buffers to release: weights are copied into these as fp32 shards,
+     * except whole f32 tensors of a llama2.c file, which point into its
+     * mapping (kept until model_free). */
     void **owned;
     int n_owned;
+    void *map;
+    size_t map_size;
 } Weights;
 
 typedef struct {
