@@ -1,8 +1,9 @@
 // The CUDA backend: the ops of src/backend_cpu.c on the GPU, with GEMMs in
-// cuBLAS (fp32 weights, fp32 accumulation) and the rest as kernels. All
+// cuBLAS (fp32 or bf16 weights, fp32 accumulation) and the rest as kernels. All
 // work goes to one stream; downloads wait for it. Weights and the KV cache
 // live in device memory from cudaMalloc (never managed memory).
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -17,6 +18,11 @@ extern "C" {
 
 static cudaStream_t stream;
 static cublasHandle_t blas;
+// GEMM weights in bf16 (--dtype bfloat16): activations are converted to
+// bf16 for each product, accumulation stays fp32
+static int gemm_bf16;
+static __nv_bfloat16 *x_bf16;
+static size_t x_bf16_cap;
 
 // Per-token attention metadata, uploaded per call (host arrays of device
 // pointers, see AttnBatch).
@@ -74,6 +80,33 @@ static const float *cuda_weights(const float *host, size_t n)
 
 static void cuda_release_weights(const float *p) { cuda_release((void *)p); }
 
+// The matrices matmul reads: fp32 as loaded, or rounded to bf16 (round to
+// nearest even, as f32_to_bf16 does) and stored in half the memory.
+static const float *cuda_gemm_weights(const float *host, size_t n)
+{
+    if (!gemm_bf16) return cuda_weights(host, n);
+    uint16_t *h = (uint16_t *)xmalloc(sizeof(uint16_t) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(host[i]);
+    void *d = cuda_alloc(sizeof(uint16_t) * n);
+    DCP_CHECK(cudaMemcpy(d, h, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
+    free(h);
+    return (const float *)d; // opaque to the engine: only matmul reads it
+}
+
+static int cuda_set_gemm_dtype(const char *dtype)
+{
+    if (!strcmp(dtype, "auto") || !strcmp(dtype, "float32")) gemm_bf16 = 0;
+    else if (!strcmp(dtype, "bfloat16")) gemm_bf16 = 1;
+    else return dcp_fail("--dtype %s: choose float32 or bfloat16", dtype);
+    return 0;
+}
+
+__global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
 static void cuda_synchronize(void) { DCP_CHECK(cudaStreamSynchronize(stream)); }
 
 // ---- GEMM -------------------------------------------------------------
@@ -84,7 +117,20 @@ static void cuda_matmul(float *y, const float *x, const float *w, int T, int in,
 {
     if (!T || !out) return;
     const float one = 1.0f, zero = 0.0f;
-    DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w, in, x, in, &zero, y, out));
+    if (!gemm_bf16) {
+        DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w, in, x, in, &zero, y, out));
+        return;
+    }
+    size_t n = (size_t)T * in;
+    if (n > x_bf16_cap) {
+        if (x_bf16) cuda_release(x_bf16);
+        x_bf16_cap = 2 * n;
+        x_bf16 = (__nv_bfloat16 *)cuda_alloc(sizeof(__nv_bfloat16) * x_bf16_cap);
+    }
+    k_to_bf16<<<blocks_for(n, 256), 256, 0, stream>>>(x_bf16, x, n);
+    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w, CUDA_R_16BF, in, x_bf16, CUDA_R_16BF,
+                           in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // ---- element-wise kernels ---------------------------------------------
@@ -432,7 +478,9 @@ extern "C" const Backend *backend_cuda(void)
     b.host_alloc = cuda_host_alloc;
     b.host_release = cuda_host_release;
     b.weights = cuda_weights;
+    b.gemm_weights = cuda_gemm_weights;
     b.release_weights = cuda_release_weights;
+    b.set_gemm_dtype = cuda_set_gemm_dtype;
     b.synchronize = cuda_synchronize;
     b.matmul = cuda_matmul;
     b.rmsnorm = cuda_rmsnorm;

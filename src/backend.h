@@ -49,9 +49,15 @@ typedef struct Backend {
     /* page-locked host memory, for staging MPI transfers */
     void *(*host_alloc)(size_t bytes);
     void (*host_release)(void *p);
-    /* the backend's copy of a weight array (the array itself on the CPU) */
+    /* the backend's copy of a weight array (the array itself on the CPU);
+     * gemm_weights for the matrices matmul reads, which a backend may
+     * store in another type (bf16 on the GPU with --dtype bfloat16) */
     const float *(*weights)(const float *host, size_t n);
+    const float *(*gemm_weights)(const float *host, size_t n);
     void (*release_weights)(const float *p);
+    /* "float32" or "bfloat16" storage of the GEMM weights; returns -1 with
+     * dcp_error() when the backend has no such type */
+    int (*set_gemm_dtype)(const char *dtype);
     /* waits for queued work (the GPU stream); a no-op on the CPU */
     void (*synchronize)(void);
 

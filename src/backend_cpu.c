@@ -227,6 +227,12 @@ static const float *cpu_weights(const float *host, size_t n)
     return host; /* the CPU computes on the loaded weights themselves */
 }
 static void cpu_release_weights(const float *p) { (void)p; }
+
+static int cpu_set_gemm_dtype(const char *dtype)
+{
+    if (!strcmp(dtype, "float32") || !strcmp(dtype, "auto")) return 0;
+    return dcp_fail("--dtype %s: the CPU backend computes in float32 only", dtype);
+}
 static void cpu_synchronize(void) {}
 
 static void cpu_gather_rows(float *dst, const float *src, const int *rows, int R, int dim)
@@ -262,7 +268,9 @@ static const Backend cpu = {
     .host_alloc = cpu_alloc,
     .host_release = cpu_release,
     .weights = cpu_weights,
+    .gemm_weights = cpu_weights,
     .release_weights = cpu_release_weights,
+    .set_gemm_dtype = cpu_set_gemm_dtype,
     .synchronize = cpu_synchronize,
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,

@@ -31,16 +31,16 @@ static void upload_weights(Engine *e)
     memset(&e->w, 0, sizeof e->w);
     e->w.token_embedding = (float *)be->weights(h->token_embedding, (size_t)c->vocab_size * dim);
     e->w.rms_att = (float *)be->weights(h->rms_att, L * dim);
-    e->w.wq = (float *)be->weights(h->wq, L * qd * dim);
-    e->w.wk = (float *)be->weights(h->wk, L * kvd * dim);
-    e->w.wv = (float *)be->weights(h->wv, L * kvd * dim);
-    e->w.wo = (float *)be->weights(h->wo, L * dim * qd);
+    e->w.wq = (float *)be->gemm_weights(h->wq, L * qd * dim);
+    e->w.wk = (float *)be->gemm_weights(h->wk, L * kvd * dim);
+    e->w.wv = (float *)be->gemm_weights(h->wv, L * kvd * dim);
+    e->w.wo = (float *)be->gemm_weights(h->wo, L * dim * qd);
     e->w.rms_ffn = (float *)be->weights(h->rms_ffn, L * dim);
-    e->w.w_gate = (float *)be->weights(h->w_gate, L * hid * dim);
-    e->w.w_up = (float *)be->weights(h->w_up, L * hid * dim);
-    e->w.w_down = (float *)be->weights(h->w_down, L * dim * hid);
+    e->w.w_gate = (float *)be->gemm_weights(h->w_gate, L * hid * dim);
+    e->w.w_up = (float *)be->gemm_weights(h->w_up, L * hid * dim);
+    e->w.w_down = (float *)be->gemm_weights(h->w_down, L * dim * hid);
     e->w.rms_final = (float *)be->weights(h->rms_final, dim);
-    e->w.lm_head = (float *)be->weights(h->lm_head, (size_t)s->vocab * dim);
+    e->w.lm_head = (float *)be->gemm_weights(h->lm_head, (size_t)s->vocab * dim);
 }
 
 static void release_weights(Engine *e)

@@ -13,7 +13,7 @@
 enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
-    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS
+    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE
 };
 
 static const struct option long_opts[] = {
@@ -33,6 +33,7 @@ static const struct option long_opts[] = {
     {"kv-cache-memory", required_argument, 0, OPT_KV_MEMORY},
     {"block-size", required_argument, 0, OPT_BLOCK_SIZE},
     {"mpi-device-buffers", required_argument, 0, OPT_MPI_DEVICE_BUFFERS},
+    {"dtype", required_argument, 0, OPT_DTYPE},
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
@@ -70,6 +71,8 @@ void options_usage(FILE *f)
             "  --max-model-len N        context limit, prompt + output tokens (default: the model's)\n"
             "  --backend NAME           cpu (default) or cuda (one GPU per rank, chosen from the\n"
             "                           launcher's local rank)\n"
+            "  --dtype T                GEMM weights: auto (float32), float32, or bfloat16 (cuda:\n"
+            "                           bf16 weights and activations, fp32 accumulation)\n"
             "  --mpi-device-buffers M   cuda: auto (default: ask MPI whether it takes device\n"
             "                           memory), yes, or no (stage through pinned host buffers)\n"
             "  --cpu-gemm KIND          invariant (default): a request's results never depend on the\n"
@@ -139,7 +142,8 @@ int options_parse(Options *o, int argc, char **argv, int print)
 {
     *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .tp = 1, .dcp = 1,
                    .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
-                   .block_size = 16, .mpi_device_buffers = "auto", .max_tokens = 16, .temperature = 1.0f,
+                   .block_size = 16, .mpi_device_buffers = "auto",
+                   .dtype = "auto", .max_tokens = 16, .temperature = 1.0f,
                    .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1};
     optind = 1;
     opterr = 0;
@@ -161,6 +165,11 @@ int options_parse(Options *o, int argc, char **argv, int print)
                 rc = dcp_fail("--kv-cache-memory: '%s' is not a size (e.g. 536870912, 512M, 2G)", optarg);
             break;
         case OPT_BLOCK_SIZE: rc = parse_int("--block-size", optarg, 1, &o->block_size); break;
+        case OPT_DTYPE:
+            o->dtype = optarg;
+            if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16"))
+                rc = dcp_fail("--dtype %s: choose auto, float32 or bfloat16", optarg);
+            break;
         case OPT_MPI_DEVICE_BUFFERS:
             o->mpi_device_buffers = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "yes") && strcmp(optarg, "no"))

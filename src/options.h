@@ -28,6 +28,7 @@ typedef struct {
     size_t kv_cache_memory;  /* bytes of K/V per rank */
     int block_size;          /* positions per KV block per rank */
     const char *mpi_device_buffers; /* auto | yes | no */
+    const char *dtype;               /* auto | float32 | bfloat16: GEMM weights */
 } Options;
 
 /* 0: run; 1: --help or --version printed, exit 0; -1: error in dcp_error(). */

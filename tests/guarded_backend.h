@@ -109,6 +109,7 @@ static inline const Backend *backend_guarded(void)
     b.download = g_copy;
     b.copy = g_copy;
     b.weights = g_weights;
+    b.gemm_weights = g_weights;
     b.release_weights = g_release_weights;
     b.synchronize = g_sync;
     b.matmul = g_matmul;

@@ -57,6 +57,15 @@ static void elementwise(uint64_t *st)
     float *gy = back(dy, T * OUT);
     EXPECT_CLOSE("matmul", gy, y, T * OUT, 1e-5);
     free(gy);
+    /* bf16 weights and activations, fp32 accumulation: within bf16 rounding */
+    CHECK(gpu->set_gemm_dtype("bfloat16") == 0, "bf16 GEMMs: %s", dcp_error());
+    const float *dwb = gpu->gemm_weights(w, OUT * DIM);
+    gpu->matmul(dy, dx, dwb, T, DIM, OUT);
+    gy = back(dy, T * OUT);
+    EXPECT_CLOSE("matmul bf16", gy, y, T * OUT, 5e-2);
+    free(gy);
+    gpu->release_weights(dwb);
+    gpu->set_gemm_dtype("float32");
     /* rmsnorm */
     float *g = rnd(DIM, st), n1[T * DIM];
     cpu->rmsnorm(n1, x, g, T, DIM, 1e-5f);
