@@ -11,7 +11,7 @@ if [ -f "$model/stories260K.bin" ]; then
     P=$SRC/inputs/stories.jsonl
 else
     echo "stories260K not found under $SHARED: using the generated model" >&2
-    "$MKMODEL" --out "$WORK/mqa" --layers 4 --dim 128 --heads 8 --kv-heads 1 --hidden 172 --vocab 300
+    "$MKMODEL" --out "$WORK/mqa" --layers 4 --dim 128 --heads 8 --kv-heads 1 --hidden 172 --vocab 512
     M="--model $WORK/mqa"
     P=$SRC/inputs/demo.jsonl
 fi
