@@ -75,7 +75,7 @@ trap 'rm -rf "$W"' EXIT
 "$BUILD_DIR/dcpinfer-mkmodel" --out "$W/model" --layers 8 --dim 2048 --heads 16 --kv-heads 4 --hidden 5632 \
     --vocab 32000 --max-len 40000 --seed 1 || exit 1
 mpirun -np 1 "$BUILD_DIR/dcpinfer-bench-decode" --backend cuda --model "$W/model" \
-    --cases "${CASES:-1:4096,16:4096,64:8192,128:16384}" --steps "${STEPS:-10}"
+    --cases "${CASES:-1:4096,16:4096,64:8192,32:32768}" --steps "${STEPS:-10}"
 say "end-to-end: 64 requests of 512 tokens, 128 generated each"
 "$BUILD_DIR/dcpinfer-mktrace" --requests 64 --median-input 512 --sigma-input 0.01 --median-output 128 \
     --sigma-output 0.01 --vocab 32000 --out "$W/trace.jsonl"

@@ -62,11 +62,16 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     uint64_t st = 17 + rank;
     /* random K/V in every block: the numbers do not matter, only the shapes */
     size_t pool_floats = (size_t)e.pool.n_blocks * e.pool.block_size * m.cfg.n_layers * m.shard.kv_heads * m.cfg.head_dim;
-    float *host = xmalloc(sizeof(float) * pool_floats);
-    fill_random(host, pool_floats, &st);
-    e.be->upload(e.k_pool, host, sizeof(float) * pool_floats);
-    fill_random(host, pool_floats, &st);
-    e.be->upload(e.v_pool, host, sizeof(float) * pool_floats);
+    /* one random chunk of at most 16M floats, repeated over the pool */
+    size_t chunk = pool_floats < ((size_t)1 << 24) ? pool_floats : (size_t)1 << 24;
+    float *host = xmalloc(sizeof(float) * (chunk ? chunk : 1));
+    fill_random(host, chunk, &st);
+    for (size_t off = 0; off < pool_floats; off += chunk) {
+        size_t n = pool_floats - off < chunk ? pool_floats - off : chunk;
+        e.be->upload(e.k_pool + off, host, sizeof(float) * n);
+        e.be->upload(e.v_pool + off, host, sizeof(float) * n);
+        e.be->synchronize();
+    }
     free(host);
     for (int i = 0; i < b; i++) {
         if (table_reserve(&e.pool, &tables[i], kv_blocks_for(&t, L + steps + 1, 16))) {
