@@ -24,14 +24,8 @@ extern "C" int device_select_before_mpi(int argc, char **argv)
     if (!wants_cuda(argc, argv)) return -1;
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return -1; // backend_cuda() says why
-    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
-    int local = 0;
-    for (int i = 0; i < 3; i++)
-        if (getenv(names[i])) {
-            local = atoi(getenv(names[i]));
-            break;
-        }
-    int device = local % count;
+    int local = launcher_local_rank(NULL);
+    int device = (local < 0 ? 0 : local) % count;
     if (cudaSetDevice(device) != cudaSuccess) return -1;
     return device;
 }

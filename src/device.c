@@ -6,7 +6,20 @@
 #include <mpi-ext.h>
 #endif
 
+#include <stdlib.h>
+
 #include "device.h"
+
+int launcher_local_rank(const char **from)
+{
+    static const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+    for (int i = 0; i < 3; i++)
+        if (getenv(names[i])) {
+            if (from) *from = names[i];
+            return atoi(getenv(names[i]));
+        }
+    return -1;
+}
 
 int device_mpi_accepts_device_buffers(void)
 {

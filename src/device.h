@@ -9,6 +9,10 @@
  * (no CUDA requested, or none usable: --backend cuda then fails with the
  * reason). */
 int device_select_before_mpi(int argc, char **argv);
+/* The node-local rank the launcher put in the environment
+ * (OMPI_COMM_WORLD_LOCAL_RANK, then MV2_COMM_WORLD_LOCAL_RANK, then
+ * SLURM_LOCALID), or -1 when none is set; *from names the variable. */
+int launcher_local_rank(const char **from);
 /* 1 when the MPI library says it takes device pointers
  * (MPIX_Query_cuda_support), else 0. */
 int device_mpi_accepts_device_buffers(void);

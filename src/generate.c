@@ -174,7 +174,6 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         scheduler_commit(&sch, &plan, sampled, t2 - t_start);
         for (int i = 0; i < plan.nc; i++) generated += plan.samples[i];
         record_step(st, &rec);
-        if (rec.running > st->max_running) st->max_running = rec.running;
         if (o->progress && now_s() - last_progress >= 1.0) {
             last_progress = now_s();
             fprintf(stderr, "dcpinfer: %d/%d requests done, %d running, %d waiting, %.1f tokens/s, KV %.0f%% used\n",
@@ -200,30 +199,44 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     return 0;
 }
 
+/* requests by size, largest first; file order among equals */
+static const RequestSet *dp_order_rs;
+static long long dp_weight(int i) { return (long long)dp_order_rs->r[i].n_prompt + dp_order_rs->r[i].max_tokens; }
+static int cmp_dp_order(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    long long wx = dp_weight(x), wy = dp_weight(y);
+    return wx != wy ? (wx < wy ? 1 : -1) : x - y;
+}
+
 int *dp_assign(const RequestSet *rs, int dp)
 {
     int *group = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
     int *order = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
     long long *load = xcalloc((size_t)dp, sizeof(long long));
     for (int i = 0; i < rs->n; i++) order[i] = i;
-    for (int i = 1; i < rs->n; i++) { /* insertion sort: stable, by prompt length descending */
-        int v = order[i], j = i;
-        while (j > 0 && rs->r[order[j - 1]].n_prompt < rs->r[v].n_prompt) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = v;
-    }
+    dp_order_rs = rs;
+    qsort(order, (size_t)rs->n, sizeof(int), cmp_dp_order);
     for (int k = 0; k < rs->n; k++) {
         int i = order[k], best = 0;
         for (int g = 1; g < dp; g++)
             if (load[g] < load[best]) best = g;
         group[i] = best;
-        load[best] += rs->r[i].n_prompt + rs->r[i].max_tokens;
+        load[best] += dp_weight(i);
     }
     free(order);
     free(load);
     return group;
+}
+
+void dp_select(const RequestSet *rs, const int *group, int g, RequestSet *out, int *index)
+{
+    *out = (RequestSet){.path = rs->path, .r = xmalloc(sizeof(Request) * (size_t)(rs->n ? rs->n : 1))};
+    for (int i = 0; i < rs->n; i++)
+        if (group[i] == g) {
+            index[out->n] = i;
+            out->r[out->n++] = rs->r[i];
+        }
 }
 
 void results_free(Result *res, int n)

@@ -40,7 +40,6 @@ typedef struct {
 typedef struct {
     StepRecord *steps;
     int n_steps, cap_steps;
-    int max_running;
     long long preemptions;
     long long kv_positions_peak; /* most positions this rank stored at once */
     int kv_blocks_left;          /* blocks still held after the run: 0 */
@@ -55,6 +54,9 @@ void results_free(Result *res, int n);
  * prompt plus output tokens, longest first to the least-loaded group,
  * lowest group on ties; the same on every rank. */
 int *dp_assign(const RequestSet *rs, int dp);
+/* The requests of DP group g, in file order: out shares rs's requests
+ * (free only out->r) and index[k] is the position in rs of out->r[k]. */
+void dp_select(const RequestSet *rs, const int *group, int g, RequestSet *out, int *index);
 /* EOS of the model or one of the request's stop_token_ids */
 int is_stop_token(const Config *c, const Request *q, int tok);
 

@@ -343,18 +343,17 @@ static int gather_steps(const GenStats *gs, const Topology *t, StepRecord **step
  * own view of the node (MPI_COMM_TYPE_SHARED). */
 static void check_local_rank(MPI_Comm world, int rank)
 {
-    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
-    const char *env = NULL;
-    for (int i = 0; i < 3 && !env; i++) env = getenv(names[i]);
+    const char *from = NULL;
+    int launcher = launcher_local_rank(&from);
     MPI_Comm node;
     MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     int local;
     MPI_Comm_rank(node, &local);
     MPI_Comm_free(&node);
-    if (env && atoi(env) != local)
-        fprintf(stderr, "dcpinfer: rank %d: the launcher says local rank %s, MPI's node communicator says %d; the GPU "
-                        "was chosen from %s\n",
-                rank, env, local, env);
+    if (launcher >= 0 && launcher != local)
+        fprintf(stderr, "dcpinfer: rank %d: the launcher says local rank %d (%s), MPI's node communicator says %d; the "
+                        "GPU was chosen from %s\n",
+                rank, launcher, from, local, from);
 }
 
 int run_job(const Options *o, MPI_Comm world, int device)
@@ -449,14 +448,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
 
     /* this DP group's requests, in file order */
     group = dp_assign(&rs, topo.dp);
-    RequestSet mine = {.path = rs.path};
-    mine.r = xmalloc(sizeof(Request) * (size_t)(rs.n ? rs.n : 1));
+    RequestSet mine;
     int *index = xmalloc(sizeof(int) * (size_t)(rs.n ? rs.n : 1));
-    for (int i = 0; i < rs.n; i++)
-        if (group[i] == topo.dp_rank) {
-            index[mine.n] = i;
-            mine.r[mine.n++] = rs.r[i]; /* shallow: rs owns the memory */
-        }
+    dp_select(&rs, group, topo.dp_rank, &mine, index);
     GenOptions go = {.max_model_len = max_model_len, .max_num_seqs = o->max_num_seqs,
                      .max_batched_tokens = o->max_batched_tokens,
                      .progress = rank == 0 && (o->progress >= 0 ? o->progress : isatty(2))};

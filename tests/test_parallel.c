@@ -105,13 +105,9 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         Model m;
         CHECK(model_load(&m, path, t.tp, t.tp_rank) == 0, "load: %s", dcp_error());
         int *group = dp_assign(rs, t.dp);
-        RequestSet mine = {.path = rs->path, .r = xmalloc(sizeof(Request) * rs->n)};
+        RequestSet mine;
         int *global = xmalloc(sizeof(int) * rs->n);
-        for (int i = 0; i < rs->n; i++)
-            if (group[i] == t.dp_rank) {
-                global[mine.n] = i;
-                mine.r[mine.n++] = rs->r[i];
-            }
+        dp_select(rs, group, t.dp_rank, &mine, global);
         Capture cap = capture_new(rs, m.cfg.vocab_size, global);
         Result *res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
         CommStats cs = {0};
