@@ -78,19 +78,19 @@ static const float *cuda_weights(const float *host, size_t n)
     return d;
 }
 
-static void cuda_release_weights(const float *p) { cuda_release((void *)p); }
+static void cuda_release_weights(const void *p) { cuda_release((void *)p); }
 
 // The matrices matmul reads: fp32 as loaded, or rounded to bf16 (round to
 // nearest even, as f32_to_bf16 does) and stored in half the memory.
-static const float *cuda_gemm_weights(const float *host, size_t n)
+static WeightRef cuda_gemm_weights(const float *host, size_t n)
 {
-    if (!gemm_bf16) return cuda_weights(host, n);
+    if (!gemm_bf16) return WeightRef{cuda_weights(host, n), DTYPE_F32};
     uint16_t *h = (uint16_t *)xmalloc(sizeof(uint16_t) * (n ? n : 1));
     for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(host[i]);
     void *d = cuda_alloc(sizeof(uint16_t) * n);
     DCP_CHECK(cudaMemcpy(d, h, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
     free(h);
-    return (const float *)d; // opaque to the engine: only matmul reads it
+    return WeightRef{d, DTYPE_BF16};
 }
 
 static int cuda_set_gemm_dtype(const char *dtype)
@@ -113,12 +113,13 @@ static void cuda_synchronize(void) { DCP_CHECK(cudaStreamSynchronize(stream)); }
 
 // y (T, out) = x (T, in) . w (out, in)^T, all row-major. In cuBLAS's
 // column-major terms: y^T (out x T) = w (out x in) . x^T (in x T).
-static void cuda_matmul(float *y, const float *x, const float *w, int T, int in, int out)
+static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
 {
     if (!T || !out) return;
     const float one = 1.0f, zero = 0.0f;
-    if (!gemm_bf16) {
-        DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w, in, x, in, &zero, y, out));
+    if (w.dtype == DTYPE_F32) {
+        DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, (const float *)w.data, in, x, in,
+                              &zero, y, out));
         return;
     }
     size_t n = (size_t)T * in;
@@ -129,7 +130,7 @@ static void cuda_matmul(float *y, const float *x, const float *w, int T, int in,
     }
     k_to_bf16<<<blocks_for(n, 256), 256, 0, stream>>>(x_bf16, x, n);
     DCP_CHECK(cudaGetLastError());
-    DCP_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w, CUDA_R_16BF, in, x_bf16, CUDA_R_16BF,
+    DCP_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w.data, CUDA_R_16BF, in, x_bf16, CUDA_R_16BF,
                            in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 

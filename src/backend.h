@@ -8,6 +8,25 @@
 
 #include "model.h"
 
+/* Element types of weight storage. */
+typedef enum { DTYPE_F32, DTYPE_BF16 } DType;
+
+static inline size_t dtype_bytes(DType t) { return t == DTYPE_BF16 ? 2 : 4; }
+
+/* A weight matrix as a backend stores it for matmul: data in backend memory,
+ * row-major elements of dtype. The type travels with the pointer, so a
+ * sub-matrix (one layer of a stack) is taken with weight_at, which steps in
+ * elements of that type; there is no arithmetic on untyped storage. */
+typedef struct {
+    const void *data;
+    DType dtype;
+} WeightRef;
+
+static inline WeightRef weight_at(WeightRef w, size_t elements)
+{
+    return (WeightRef){(const char *)w.data + elements * dtype_bytes(w.dtype), w.dtype};
+}
+
 /* Attention of T query tokens, each over its own run of keys, returning the
  * output and the log-sum-exp of the scaled scores per (token, head). The
  * same op serves the context part (keys in the KV cache) and the new part
@@ -49,12 +68,12 @@ typedef struct Backend {
     /* page-locked host memory, for staging MPI transfers */
     void *(*host_alloc)(size_t bytes);
     void (*host_release)(void *p);
-    /* the backend's copy of a weight array (the array itself on the CPU);
-     * gemm_weights for the matrices matmul reads, which a backend may
+    /* the backend's copy of an fp32 weight array (the array itself on the
+     * CPU); gemm_weights for the matrices matmul reads, which a backend may
      * store in another type (bf16 on the GPU with --dtype bfloat16) */
     const float *(*weights)(const float *host, size_t n);
-    const float *(*gemm_weights)(const float *host, size_t n);
-    void (*release_weights)(const float *p);
+    WeightRef (*gemm_weights)(const float *host, size_t n);
+    void (*release_weights)(const void *p);
     /* "float32" or "bfloat16" storage of the GEMM weights; returns -1 with
      * dcp_error() when the backend has no such type */
     int (*set_gemm_dtype)(const char *dtype);
@@ -62,7 +81,7 @@ typedef struct Backend {
     void (*synchronize)(void);
 
     /* y (T, out) = x (T, in) . w (out, in)^T */
-    void (*matmul)(float *y, const float *x, const float *w, int T, int in, int out);
+    void (*matmul)(float *y, const float *x, WeightRef w, int T, int in, int out);
     /* y (T, dim) = x / rms(x) * w, per row */
     void (*rmsnorm)(float *y, const float *x, const float *w, int T, int dim, float eps);
     /* rotates x (T, n_heads, head_dim) in place for the positions pos (T) */

@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,8 +16,13 @@
 
 static int use_openblas;
 
-static void cpu_matmul(float *y, const float *x, const float *w, int T, int in, int out)
+static void cpu_matmul(float *y, const float *x, WeightRef wr, int T, int in, int out)
 {
+    if (wr.dtype != DTYPE_F32) {
+        fprintf(stderr, "dcpinfer: the CPU matmul was given non-float32 weights\n");
+        abort();
+    }
+    const float *w = wr.data;
     if (!use_openblas) {
         gemm_invariant(y, x, w, T, in, out);
         return;
@@ -226,7 +232,12 @@ static const float *cpu_weights(const float *host, size_t n)
     (void)n;
     return host; /* the CPU computes on the loaded weights themselves */
 }
-static void cpu_release_weights(const float *p) { (void)p; }
+static WeightRef cpu_gemm_weights(const float *host, size_t n)
+{
+    (void)n;
+    return (WeightRef){host, DTYPE_F32};
+}
+static void cpu_release_weights(const void *p) { (void)p; }
 
 static int cpu_set_gemm_dtype(const char *dtype)
 {
@@ -268,7 +279,7 @@ static const Backend cpu = {
     .host_alloc = cpu_alloc,
     .host_release = cpu_release,
     .weights = cpu_weights,
-    .gemm_weights = cpu_weights,
+    .gemm_weights = cpu_gemm_weights,
     .release_weights = cpu_release_weights,
     .set_gemm_dtype = cpu_set_gemm_dtype,
     .synchronize = cpu_synchronize,

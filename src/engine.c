@@ -19,36 +19,53 @@ long long engine_kv_capacity(const Engine *e)
     return (long long)e->pool.n_blocks * e->pool.block_size * e->topo->dcp;
 }
 
-/* the backend's copy of every weight array: (count of floats per layer) */
+/* the backend's copy of every weight array, and each layer's view of it */
 static void upload_weights(Engine *e)
 {
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
     const Weights *h = &e->model->w;
     const Backend *be = e->be;
+    EngineWeights *w = &e->w;
     size_t L = (size_t)c->n_layers, dim = (size_t)c->dim, qd = (size_t)s->q_heads * c->head_dim,
            kvd = (size_t)s->kv_heads * c->head_dim, hid = (size_t)s->hidden;
-    memset(&e->w, 0, sizeof e->w);
-    e->w.token_embedding = (float *)be->weights(h->token_embedding, (size_t)c->vocab_size * dim);
-    e->w.rms_att = (float *)be->weights(h->rms_att, L * dim);
-    e->w.wq = (float *)be->gemm_weights(h->wq, L * qd * dim);
-    e->w.wk = (float *)be->gemm_weights(h->wk, L * kvd * dim);
-    e->w.wv = (float *)be->gemm_weights(h->wv, L * kvd * dim);
-    e->w.wo = (float *)be->gemm_weights(h->wo, L * dim * qd);
-    e->w.rms_ffn = (float *)be->weights(h->rms_ffn, L * dim);
-    e->w.w_gate = (float *)be->gemm_weights(h->w_gate, L * hid * dim);
-    e->w.w_up = (float *)be->gemm_weights(h->w_up, L * hid * dim);
-    e->w.w_down = (float *)be->gemm_weights(h->w_down, L * dim * hid);
-    e->w.rms_final = (float *)be->weights(h->rms_final, dim);
-    e->w.lm_head = (float *)be->gemm_weights(h->lm_head, (size_t)s->vocab * dim);
+    memset(w, 0, sizeof *w);
+    w->token_embedding = be->weights(h->token_embedding, (size_t)c->vocab_size * dim);
+    w->rms_final = be->weights(h->rms_final, dim);
+    w->lm_head = be->gemm_weights(h->lm_head, (size_t)s->vocab * dim);
+    w->rms_att = be->weights(h->rms_att, L * dim);
+    w->rms_ffn = be->weights(h->rms_ffn, L * dim);
+    w->wq = be->gemm_weights(h->wq, L * qd * dim);
+    w->wk = be->gemm_weights(h->wk, L * kvd * dim);
+    w->wv = be->gemm_weights(h->wv, L * kvd * dim);
+    w->wo = be->gemm_weights(h->wo, L * dim * qd);
+    w->w_gate = be->gemm_weights(h->w_gate, L * hid * dim);
+    w->w_up = be->gemm_weights(h->w_up, L * hid * dim);
+    w->w_down = be->gemm_weights(h->w_down, L * dim * hid);
+    w->layer = xcalloc(L, sizeof(LayerWeights));
+    for (size_t l = 0; l < L; l++) {
+        LayerWeights *lw = &w->layer[l];
+        lw->rms_att = w->rms_att + l * dim;
+        lw->rms_ffn = w->rms_ffn + l * dim;
+        lw->wq = weight_at(w->wq, l * qd * dim);
+        lw->wk = weight_at(w->wk, l * kvd * dim);
+        lw->wv = weight_at(w->wv, l * kvd * dim);
+        lw->wo = weight_at(w->wo, l * dim * qd);
+        lw->w_gate = weight_at(w->w_gate, l * hid * dim);
+        lw->w_up = weight_at(w->w_up, l * hid * dim);
+        lw->w_down = weight_at(w->w_down, l * dim * hid);
+    }
 }
 
 static void release_weights(Engine *e)
 {
-    const float *all[] = {e->w.token_embedding, e->w.rms_att, e->w.wq,     e->w.wk,     e->w.wv,        e->w.wo,
-                          e->w.rms_ffn,         e->w.w_gate,  e->w.w_up,   e->w.w_down, e->w.rms_final, e->w.lm_head};
+    EngineWeights *w = &e->w;
+    const void *all[] = {w->token_embedding, w->rms_final, w->lm_head.data, w->rms_att, w->rms_ffn, w->wq.data,
+                         w->wk.data,         w->wv.data,   w->wo.data,      w->w_gate.data, w->w_up.data,
+                         w->w_down.data};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i]) e->be->release_weights(all[i]);
+    free(w->layer);
 }
 
 void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, const EngineOptions *eo,
@@ -219,7 +236,7 @@ static double clock_now(const Engine *e)
     return now_s();
 }
 
-static void timed_matmul(Engine *e, float *y, const float *x, const float *w, int T, int in, int out)
+static void timed_matmul(Engine *e, float *y, const float *x, WeightRef w, int T, int in, int out)
 {
     double t0 = clock_now(e);
     e->be->matmul(y, x, w, T, in, out);
@@ -304,7 +321,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
 {
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
-    const Weights *w = &e->w;
+    const EngineWeights *w = &e->w;
     const Backend *be = e->be;
     const Topology *tp = e->topo;
     int T = 0, has_context = 0;
@@ -324,11 +341,12 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
 
     be->embedding(e->x, w->token_embedding, e->d_tokens, T, dim);
     for (int l = 0; l < c->n_layers; l++) {
+        const LayerWeights *lw = &w->layer[l];
         /* attention block: column-parallel Q/K/V, this rank's heads */
-        be->rmsnorm(e->xb, e->x, w->rms_att + (size_t)l * dim, T, dim, c->norm_eps);
-        timed_matmul(e, e->q, e->xb, w->wq + (size_t)l * qd * dim, T, dim, qd);
-        timed_matmul(e, e->k, e->xb, w->wk + (size_t)l * kvd * dim, T, dim, kvd);
-        timed_matmul(e, e->v, e->xb, w->wv + (size_t)l * kvd * dim, T, dim, kvd);
+        be->rmsnorm(e->xb, e->x, lw->rms_att, T, dim, c->norm_eps);
+        timed_matmul(e, e->q, e->xb, lw->wq, T, dim, qd);
+        timed_matmul(e, e->k, e->xb, lw->wk, T, dim, kvd);
+        timed_matmul(e, e->v, e->xb, lw->wv, T, dim, kvd);
         be->rope(e->q, e->d_pos, T, s->q_heads, D, c->rope_theta, c->rope_style);
         be->rope(e->k, e->d_pos, T, s->kv_heads, D, c->rope_theta, c->rope_style);
         double t0 = clock_now(e);
@@ -343,16 +361,16 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         be->kv_write(e->k_pool + layer_off, e->v_pool + layer_off, e->k, e->v, e->d_slots, T, kvd);
         e->tm->attention += clock_now(e) - t0;
         /* row-parallel output projection, summed over the TP group */
-        timed_matmul(e, e->xb2, e->att, w->wo + (size_t)l * dim * qd, T, qd, dim);
+        timed_matmul(e, e->xb2, e->att, lw->wo, T, qd, dim);
         comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
         be->add(e->x, e->xb2, (size_t)T * dim);
 
         /* feed-forward block: column-parallel gate/up, row-parallel down */
-        be->rmsnorm(e->xb, e->x, w->rms_ffn + (size_t)l * dim, T, dim, c->norm_eps);
-        timed_matmul(e, e->hb, e->xb, w->w_gate + (size_t)l * hidden * dim, T, dim, hidden);
-        timed_matmul(e, e->hb2, e->xb, w->w_up + (size_t)l * hidden * dim, T, dim, hidden);
+        be->rmsnorm(e->xb, e->x, lw->rms_ffn, T, dim, c->norm_eps);
+        timed_matmul(e, e->hb, e->xb, lw->w_gate, T, dim, hidden);
+        timed_matmul(e, e->hb2, e->xb, lw->w_up, T, dim, hidden);
         be->silu_mul(e->hb, e->hb2, (size_t)T * hidden);
-        timed_matmul(e, e->xb2, e->hb, w->w_down + (size_t)l * dim * hidden, T, hidden, dim);
+        timed_matmul(e, e->xb2, e->hb, lw->w_down, T, hidden, dim);
         comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
         be->add(e->x, e->xb2, (size_t)T * dim);
     }

@@ -32,6 +32,29 @@ typedef struct {
     int timing_sync;        /* wait for the device around timed phases (benchmarks) */
 } EngineOptions;
 
+/* One layer's weights as the backend holds them; shapes are this rank's
+ * shard (Shard in model.h). */
+typedef struct {
+    const float *rms_att;           /* (dim) */
+    WeightRef wq;                   /* (q_heads*head_dim, dim) */
+    WeightRef wk, wv;               /* (kv_heads*head_dim, dim) */
+    WeightRef wo;                   /* (dim, q_heads*head_dim) */
+    const float *rms_ffn;           /* (dim) */
+    WeightRef w_gate, w_up;         /* (hidden, dim) */
+    WeightRef w_down;               /* (dim, hidden) */
+} LayerWeights;
+
+/* The backend's copies of the model's weights: whole per-layer stacks as
+ * uploaded (released at the end), and a view of each layer into them. */
+typedef struct {
+    const float *token_embedding;   /* (vocab, dim), full */
+    const float *rms_final;         /* (dim) */
+    WeightRef lm_head;              /* (vocab shard, dim) */
+    LayerWeights *layer;            /* n_layers views */
+    const float *rms_att, *rms_ffn; /* stacks: (layer, dim) */
+    WeightRef wq, wk, wv, wo, w_gate, w_up, w_down; /* stacks: (layer, rows, cols) */
+} EngineWeights;
+
 typedef struct {
     const Model *model;
     const Backend *be;
@@ -40,7 +63,7 @@ typedef struct {
     int timing_sync;
     Timings *tm;
     CommStats *comm;
-    Weights w;             /* the backend's copies of the model's weights */
+    EngineWeights w;
     /* paged KV cache of this rank: (layer, block, block_size, kv_heads*head_dim) */
     BlockPool pool;
     float *k_pool, *v_pool;

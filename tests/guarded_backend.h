@@ -69,11 +69,12 @@ static const float *g_weights(const float *host, size_t n)
     g_copy(d, host, sizeof(float) * n);
     return d;
 }
-static void g_release_weights(const float *p) { g_release((void *)p); }
+static WeightRef g_gemm_weights(const float *host, size_t n) { return (WeightRef){g_weights(host, n), DTYPE_F32}; }
+static void g_release_weights(const void *p) { g_release((void *)p); }
 static void g_sync(void) {}
 
 /* each op: open the pages, run the CPU op, close them */
-static void g_matmul(float *y, const float *x, const float *w, int T, int in, int out)
+static void g_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
 { OPEN(); guarded_cpu->matmul(y, x, w, T, in, out); CLOSE(); }
 static void g_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
 { OPEN(); guarded_cpu->rmsnorm(y, x, w, T, dim, eps); CLOSE(); }
@@ -109,7 +110,7 @@ static inline const Backend *backend_guarded(void)
     b.download = g_copy;
     b.copy = g_copy;
     b.weights = g_weights;
-    b.gemm_weights = g_weights;
+    b.gemm_weights = g_gemm_weights;
     b.release_weights = g_release_weights;
     b.synchronize = g_sync;
     b.matmul = g_matmul;

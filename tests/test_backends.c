@@ -48,23 +48,28 @@ static double diff(const float *a, const float *b, size_t n)
 static void elementwise(uint64_t *st)
 {
     enum { T = 7, DIM = 96, OUT = 50, H = 4, D = 24 };
-    /* matmul */
-    float *x = rnd(T * DIM, st), *w = rnd(OUT * DIM, st), y[T * OUT];
-    cpu->matmul(y, x, w, T, DIM, OUT);
-    float *dx = on_gpu(x, sizeof(float) * T * DIM), *dw = on_gpu(w, sizeof(float) * OUT * DIM),
-          *dy = gpu->alloc(sizeof(float) * T * OUT);
-    gpu->matmul(dy, dx, dw, T, DIM, OUT);
-    float *gy = back(dy, T * OUT);
-    EXPECT_CLOSE("matmul", gy, y, T * OUT, 1e-5);
-    free(gy);
-    /* bf16 weights and activations, fp32 accumulation: within bf16 rounding */
-    CHECK(gpu->set_gemm_dtype("bfloat16") == 0, "bf16 GEMMs: %s", dcp_error());
-    const float *dwb = gpu->gemm_weights(w, OUT * DIM);
-    gpu->matmul(dy, dx, dwb, T, DIM, OUT);
-    gy = back(dy, T * OUT);
-    EXPECT_CLOSE("matmul bf16", gy, y, T * OUT, 5e-2);
-    free(gy);
-    gpu->release_weights(dwb);
+    /* matmul over a stack of layers, each layer's view taken as the engine
+     * takes it (weight_at), in fp32 and in bf16 storage */
+    enum { LAYERS = 3 };
+    float *x = rnd(T * DIM, st), *w = rnd((size_t)LAYERS * OUT * DIM, st), y[T * OUT];
+    float *dx = on_gpu(x, sizeof(float) * T * DIM), *dy = gpu->alloc(sizeof(float) * T * OUT),
+          *dw = on_gpu(w, sizeof(float) * OUT * DIM);
+    const char *dtypes[2] = {"float32", "bfloat16"};
+    for (int b = 0; b < 2; b++) {
+        CHECK(gpu->set_gemm_dtype(dtypes[b]) == 0, "%s GEMMs: %s", dtypes[b], dcp_error());
+        WeightRef stack = gpu->gemm_weights(w, (size_t)LAYERS * OUT * DIM);
+        for (int l = 0; l < LAYERS; l++) {
+            cpu->matmul(y, x, (WeightRef){w + (size_t)l * OUT * DIM, DTYPE_F32}, T, DIM, OUT);
+            gpu->matmul(dy, dx, weight_at(stack, (size_t)l * OUT * DIM), T, DIM, OUT);
+            float *gy = back(dy, T * OUT);
+            char name[32];
+            snprintf(name, sizeof name, "matmul %s l%d", b ? "bf16" : "f32", l);
+            /* bf16 weights and activations, fp32 accumulation: within bf16 rounding */
+            EXPECT_CLOSE(name, gy, y, T * OUT, b ? 5e-2 : 1e-5);
+            free(gy);
+        }
+        gpu->release_weights(stack.data);
+    }
     gpu->set_gemm_dtype("float32");
     /* rmsnorm */
     float *g = rnd(DIM, st), n1[T * DIM];

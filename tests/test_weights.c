@@ -1,0 +1,118 @@
+/* Weights stored in a type other than fp32 are stepped through by their
+ * own element size. A stand-in backend keeps the CPU's arithmetic but
+ * stores GEMM weights as bf16 (2 bytes, in allocations of exactly that
+ * size, as a GPU with --dtype bfloat16 does): run on the 4-layer default
+ * model, it must give bit for bit the logits of the CPU backend on the
+ * same model with its GEMM weights rounded to bf16. Reading a layer at a
+ * float-sized offset would read the wrong layer (different logits) and,
+ * from the middle layer on, past the allocation (AddressSanitizer). */
+#include "backend.h"
+#include "engine.h"
+#include "model.h"
+#include "testutil.h"
+
+static Backend bf16_be;
+static int bf16_matmuls;
+
+static void *stacks[64];
+static int n_stacks;
+
+static WeightRef bf16_gemm_weights(const float *host, size_t n)
+{
+    uint16_t *p = xmalloc(sizeof(uint16_t) * n);
+    for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(host[i]);
+    stacks[n_stacks++] = p;
+    return (WeightRef){p, DTYPE_BF16};
+}
+
+/* fp32 arrays are the model's own (the CPU copies nothing); the bf16
+ * stacks are ours */
+static void bf16_release_weights(const void *p)
+{
+    for (int i = 0; i < n_stacks; i++)
+        if (stacks[i] == p) {
+            free(stacks[i]);
+            stacks[i] = stacks[--n_stacks];
+            return;
+        }
+}
+
+static void bf16_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
+{
+    CHECK(w.dtype == DTYPE_BF16, "matmul got dtype %d", (int)w.dtype);
+    const uint16_t *h = w.data;
+    float *f = xmalloc(sizeof(float) * (size_t)in * out);
+    for (size_t i = 0; i < (size_t)in * out; i++) f[i] = bf16_to_f32(h[i]);
+    backend_cpu()->matmul(y, x, (WeightRef){f, DTYPE_F32}, T, in, out);
+    free(f);
+    bf16_matmuls++;
+}
+
+static void round_to_bf16(float *w, size_t n)
+{
+    for (size_t i = 0; i < n; i++) w[i] = bf16_to_f32(f32_to_bf16(w[i]));
+}
+
+/* Logits of every position of one prompt (vocab floats per token). */
+static float *forward(const Model *m, const Backend *be, const int *ids, int n)
+{
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, m, be, NULL, NULL, &tm, NULL);
+    int blocks[8];
+    for (int i = 0; i < 8; i++) blocks[i] = i;
+    Chunk ch = {.blocks = blocks, .n_blocks = 8, .pos0 = 0, .n = n};
+    float *logits = xmalloc(sizeof(float) * (size_t)n * m->shard.vocab);
+    engine_forward(&e, ids, &ch, 1, 1, logits);
+    engine_free(&e);
+    return logits;
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    bf16_be = *backend_cpu();
+    bf16_be.name = "bf16-storage";
+    bf16_be.gemm_weights = bf16_gemm_weights;
+    bf16_be.release_weights = bf16_release_weights;
+    bf16_be.matmul = bf16_matmul;
+
+    Model m;
+    CHECK(model_load(&m, NULL, 1, 0) == 0, "default model: %s", dcp_error());
+    CHECK(m.cfg.n_layers >= 4, "the default model has %d layers; the test needs a stack", m.cfg.n_layers);
+    int ids[] = {1, 17, 300, 42, 9, 511, 256, 3, 77, 128};
+    int n = (int)(sizeof ids / sizeof *ids);
+    float *got = forward(&m, &bf16_be, ids, n);
+    CHECK(bf16_matmuls == m.cfg.n_layers * 7 + 1, "%d bf16 matmuls, expected %d", bf16_matmuls,
+          m.cfg.n_layers * 7 + 1);
+
+    /* the reference: the CPU backend on the same model, GEMM weights
+     * rounded to bf16 in place */
+    const Config *c = &m.cfg;
+    const Shard *s = &m.shard;
+    size_t L = (size_t)c->n_layers, dim = (size_t)c->dim, qd = (size_t)s->q_heads * c->head_dim,
+           kvd = (size_t)s->kv_heads * c->head_dim, hid = (size_t)s->hidden;
+    Weights *w = &m.w;
+    round_to_bf16(w->wq, L * qd * dim);
+    round_to_bf16(w->wk, L * kvd * dim);
+    round_to_bf16(w->wv, L * kvd * dim);
+    round_to_bf16(w->wo, L * dim * qd);
+    round_to_bf16(w->w_gate, L * hid * dim);
+    round_to_bf16(w->w_up, L * hid * dim);
+    round_to_bf16(w->w_down, L * dim * hid);
+    round_to_bf16(w->lm_head, (size_t)s->vocab * dim);
+    float *want = forward(&m, backend_cpu(), ids, n);
+    size_t count = (size_t)n * s->vocab, differ = 0;
+    double worst = 0;
+    for (size_t i = 0; i < count; i++) {
+        differ += got[i] != want[i];
+        worst = fmax(worst, fabs((double)got[i] - want[i]));
+    }
+    fprintf(stderr, "bf16 storage vs bf16-rounded fp32: %zu of %zu logits differ, max %g\n", differ, count, worst);
+    CHECK(differ == 0, "%zu logits differ (max %g): a layer read the wrong weights", differ, worst);
+    free(got);
+    free(want);
+    model_free(&m);
+    MPI_Finalize();
+    return test_finish("test_weights");
+}
