@@ -366,7 +366,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     int bound_cpus, share;
     int threads = threads_per_rank(world, &bound_cpus, &share);
     const Backend *be = backend_find(o->backend);
-    if (failed_anywhere(!be || backend_cpu_set_gemm(o->cpu_gemm) || be->set_gemm_dtype(o->dtype), world)) return 2;
+    if (failed_anywhere(!be || backend_cpu_set_gemm(o->cpu_gemm) || be->set_gemm_dtype(o->dtype), world)) return EXIT_USAGE;
     if (!be->host_memory) check_local_rank(world, rank);
     int mpi_device = !be->host_memory && (!strcmp(o->mpi_device_buffers, "yes") ||
                                           (!strcmp(o->mpi_device_buffers, "auto") && device_mpi_accepts_device_buffers()));
@@ -376,17 +376,17 @@ int run_job(const Options *o, MPI_Comm world, int device)
         printf("# note: rank 0 is bound to %d CPU(s), so it runs %d thread(s) instead of its share of %d; launch "
                "with mpirun --bind-to none (or --map-by slot:PE=%d), or srun --cpus-per-task=%d\n",
                bound_cpus, threads, share, share, share);
-    if (failed_anywhere(rank == 0 && output_check_writable(o->output), world)) return 1;
+    if (failed_anywhere(rank == 0 && output_check_writable(o->output), world)) return EXIT_RUN_FAILED;
 
     /* the prompts and the layout are checked before any weight is read */
     RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed};
     RequestSet rs;
-    if (failed_anywhere(requests_read(o->prompts, &defaults, o->skip_invalid, &rs), world)) return 1;
+    if (failed_anywhere(requests_read(o->prompts, &defaults, o->skip_invalid, &rs), world)) return EXIT_RUN_FAILED;
     Config cfg;
     Model model = {0};
     Tokenizer tok_storage, *tok = NULL;
     char *tok_path = o->tokenizer ? xstrdup(o->tokenizer) : default_tokenizer(o->model);
-    int status = 1, topo_ready = 0;
+    int status = EXIT_RUN_FAILED, topo_ready = 0;
     Topology topo;
     Result *res = NULL;
     char **texts = NULL;
@@ -483,11 +483,10 @@ int run_job(const Options *o, MPI_Comm world, int device)
     MPI_Gather(&tm, TIMING_N, MPI_DOUBLE, all_tm, TIMING_N, MPI_DOUBLE, 0, world);
     MPI_Gather(&comm, sizeof comm, MPI_BYTE, all_comm, sizeof comm, MPI_BYTE, 0, world);
     MPI_Gather(&kv_peak, 1, MPI_LONG_LONG, all_kv, 1, MPI_LONG_LONG, 0, world);
-    int write_rc = 0;
+    int write_rc = 0, failed = 0;
     if (rank == 0) {
         texts = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(char *));
         long out_tokens = 0;
-        int failed = 0;
         for (int i = 0; i < rs.n; i++) {
             texts[i] = decode_text(tok, &cfg, &rs.r[i], &res[i]);
             out_tokens += res[i].n;
@@ -547,7 +546,8 @@ int run_job(const Options *o, MPI_Comm world, int device)
     free(all_tm);
     free(all_comm);
     free(all_kv);
-    status = failed_anywhere(write_rc, world) ? 1 : 0;
+    MPI_Bcast(&failed, 1, MPI_INT, 0, world);
+    status = failed_anywhere(write_rc, world) ? EXIT_RUN_FAILED : failed ? EXIT_SOME_FAILED : EXIT_OK;
 out:
     if (texts)
         for (int i = 0; i < rs.n; i++) free(texts[i]);

@@ -12,6 +12,16 @@
  * is bound to. Reports that count and the node share (may be NULL). */
 int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share);
 
+/* Exit status of dcpinfer (README "Exit status"). */
+enum {
+    EXIT_OK = 0,          /* every request finished; results written */
+    EXIT_RUN_FAILED = 1,  /* the run stopped: bad input, model, layout, or writing the results */
+    EXIT_USAGE = 2,       /* bad command line */
+    EXIT_CHECK = 3,       /* an MPI, CUDA or cuBLAS call failed (the job was aborted) */
+    EXIT_SOME_FAILED = 4, /* results written, but at least one request failed (see /requests/error) */
+    EXIT_STALLED = 5,     /* no step completed within --step-timeout */
+};
+
 /* device: the GPU chosen before MPI_Init (-1: none). Returns the process
  * exit status. */
 int run_job(const Options *o, MPI_Comm world, int device);

@@ -21,7 +21,7 @@ int main(int argc, char **argv)
     int status;
     if (rc < 0) {
         if (rank == 0) fprintf(stderr, "dcpinfer: %s\n", dcp_error());
-        status = 2;
+        status = EXIT_USAGE;
     } else if (rc > 0) {
         status = 0;
     } else {

@@ -1,6 +1,10 @@
 #include "output.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,29 +283,95 @@ static int write_timings(hid_t f, const double *timings, int world)
     return rc;
 }
 
+/* Temporary files of an output path: PATH.tmp.HOST.PID, written and
+ * renamed by one process. */
+static char *temp_name(const char *path)
+{
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    size_t n = strlen(path) + strlen(host) + 32;
+    char *tmp = xmalloc(n);
+    snprintf(tmp, n, "%s.tmp.%s.%ld", path, host, (long)getpid());
+    return tmp;
+}
+
+/* Removes temporaries of this output left by a process of this host that
+ * no longer runs (a run killed while writing). */
+static void remove_stale_temporaries(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? xstrdup(path) : xstrdup(".");
+    if (slash) dir[slash - path + (slash == path)] = '\0';
+    const char *base = slash ? slash + 1 : path;
+    char host[256] = "", prefix[1024];
+    gethostname(host, sizeof host - 1);
+    snprintf(prefix, sizeof prefix, "%s.tmp.%s.", base, host);
+    DIR *d = opendir(dir);
+    struct dirent *ent;
+    while (d && (ent = readdir(d))) {
+        if (strncmp(ent->d_name, prefix, strlen(prefix))) continue;
+        char *end;
+        long pid = strtol(ent->d_name + strlen(prefix), &end, 10);
+        if (*end || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* still running: another run's file */
+        char *full = xmalloc(strlen(dir) + strlen(ent->d_name) + 2);
+        sprintf(full, "%s/%s", dir, ent->d_name);
+        if (unlink(full) == 0) fprintf(stderr, "dcpinfer: removed %s, left by an earlier run that stopped while writing\n", full);
+        free(full);
+    }
+    if (d) closedir(d);
+    free(dir);
+}
+
 int output_check_writable(const char *path)
 {
+    if (!path[0]) return dcp_fail("--output is empty");
+    if (path_is_dir(path)) return dcp_fail("%s: --output names a directory; give a file name, e.g. %s/results.h5", path, path);
     const char *slash = strrchr(path, '/');
     char *dir = slash ? xstrdup(path) : xstrdup(".");
     if (slash) dir[slash - path + (slash == path)] = '\0';
     int ok = path_is_dir(dir) && access(dir, W_OK) == 0;
     int rc = ok ? 0 : dcp_fail("%s: cannot create the output file (folder %s missing or not writable)", path, dir);
     free(dir);
+    if (!rc) remove_stale_temporaries(path);
+    return rc;
+}
+
+/* Writes the image to PATH.tmp.HOST.PID, syncs it, and renames it into
+ * place: a failure (a full disk) leaves any earlier file at path as it was
+ * and removes the temporary. */
+static int write_file_atomically(const char *path, const void *data, size_t n)
+{
+    char *tmp = temp_name(path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644), rc = 0;
+    if (fd < 0) rc = dcp_fail("%s: cannot create %s: %s", path, tmp, strerror(errno));
+    for (size_t done = 0; !rc && done < n;) {
+        ssize_t w = write(fd, (const char *)data + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) rc = dcp_fail("%s: writing %s failed after %zu of %zu bytes: %s", path, tmp, done, n,
+                                  w < 0 ? strerror(errno) : "no progress");
+        else done += (size_t)w;
+    }
+    if (!rc && fsync(fd)) rc = dcp_fail("%s: writing %s failed: %s", path, tmp, strerror(errno));
+    if (fd >= 0 && close(fd) && !rc) rc = dcp_fail("%s: writing %s failed: %s", path, tmp, strerror(errno));
+    if (!rc && rename(tmp, path)) rc = dcp_fail("%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+    if (rc && fd >= 0) unlink(tmp);
+    free(tmp);
     return rc;
 }
 
 int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
                  char *const *texts, const RankReports *rep, const StepReport *steps)
 {
-    size_t n = strlen(path) + 32;
-    char *tmp = xmalloc(n);
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own one-line messages instead of HDF5's trace */
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) {
-        free(tmp);
-        return dcp_fail("%s: cannot create the output file (directory missing or not writable?)", path);
-    }
+    /* The file is built in memory (HDF5's core driver, no backing store) and
+     * written out by write_file_atomically, so that every disk error is
+     * ours to report and HDF5 never holds a half-written file. */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    H5Pset_fapl_core(fapl, 1 << 20, 0);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    if (f < 0) return dcp_fail("%s: HDF5 cannot create the file in memory", path);
     write_root_attrs(f, info);
     int rc = write_requests(f, rs, res, texts) || write_layout(f, rep->ranks, info->world_size) ||
              write_timings(f, rep->timings, info->world_size) ||
@@ -317,9 +387,15 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
         attr_num(f, "output_tokens_per_s", H5T_NATIVE_DOUBLE, &tps);
         attr_num(f, "requests_per_s", H5T_NATIVE_DOUBLE, &rps);
     }
-    if (H5Fclose(f) < 0 && !rc) rc = dcp_fail("%s: HDF5 close failed", tmp);
-    if (!rc && rename(tmp, path)) rc = dcp_fail("%s: cannot rename %s into place", path, tmp);
-    if (rc) unlink(tmp);
-    free(tmp);
+    void *image = NULL;
+    ssize_t size = -1;
+    if (!rc && H5Fflush(f, H5F_SCOPE_GLOBAL) >= 0 && (size = H5Fget_file_image(f, NULL, 0)) > 0) {
+        image = xmalloc((size_t)size);
+        if (H5Fget_file_image(f, image, (size_t)size) != size) size = -1;
+    }
+    H5Fclose(f);
+    if (!rc && size <= 0) rc = dcp_fail("%s: HDF5 could not produce the file image", path);
+    if (!rc) rc = write_file_atomically(path, image, (size_t)size);
+    free(image);
     return rc ? -1 : 0;
 }

@@ -58,7 +58,7 @@ expect_error model_len_above_model 1 "--max-model-len 4096 exceeds the model's m
 
 # a prompt above the context limit fails alone; the others complete
 printf '%s\n{"id": "long", "prompt_token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}\n{"id": "h", "prompt_token_ids": [4], "max_tokens": 3}\n' "$good" >"$P"
-expect_error prompt_too_long 0 'p.jsonl:2: request "long": prompt has 10 tokens, above the context limit of 8' \
+expect_error prompt_too_long 4 'p.jsonl:2: request "long": prompt has 10 tokens, above the context limit of 8' \
     --max-model-len 8 --output "$WORK/long.h5" "$P"
 checks=$((checks + 1))
 if grep -q '^  g .* 2 length' "$WORK/prompt_too_long.out" && grep -q '^  long .* 0 error' "$WORK/prompt_too_long.out" &&
@@ -70,7 +70,7 @@ fi
 
 # --skip-invalid records a bad line and goes on
 printf '%s\nnot json at all\n' "$good" >"$P"
-expect_error skip_invalid 0 "p.jsonl:2: invalid JSON" --skip-invalid --output "$WORK/skip.h5" "$P"
+expect_error skip_invalid 4 "p.jsonl:2: invalid JSON" --skip-invalid --output "$WORK/skip.h5" "$P"
 checks=$((checks + 1))
 if grep -q '# 2 request(s), 1 failed, 2 output tokens' "$WORK/skip_invalid.out" && [ -f "$WORK/skip.h5" ]; then
     pass "skip_invalid: run completed"
@@ -79,7 +79,24 @@ else
 fi
 
 # an output path that cannot be written stops the run before any work
+# (the model path does not exist either: the output is checked first)
 printf '%s\n' "$good" >"$P"
 expect_error unwritable_output 1 "cannot create the output file" --output "$WORK/no/such/dir/o.h5" "$P"
+mkdir -p "$WORK/outdir"
+expect_error output_is_directory 1 "$WORK/outdir: --output names a directory" --output "$WORK/outdir" \
+    --model "$WORK/no-model" "$P"
+
+# every request failed: the results are written, and the exit status says so
+printf '{"id": "t", "prompt": "text, but the default model has no tokenizer"}\n' >"$P"
+expect_error all_failed_no_tokenizer 4 'request "t": text prompt, but the model has no tokenizer' \
+    --output "$WORK/nt.h5" "$P"
+checks=$((checks + 1))
+if [ -f "$WORK/nt.h5" ] && grep -q '# 1 request(s), 1 failed' "$WORK/all_failed_no_tokenizer.out"; then
+    pass "all_failed_no_tokenizer: results written"
+else
+    fail "all_failed_no_tokenizer: no results file or wrong summary"
+fi
+printf '%s\n' "$good" >"$P"
+expect_error kv_too_small 4 'need 1 KV blocks of 16 per rank, the cache has 0' --kv-cache-memory 1K --output "$WORK/kv.h5" "$P"
 
 finish
