@@ -1,5 +1,6 @@
 #include "generate.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,8 +88,12 @@ static void pick_tokens(Engine *e, Scheduler *sch, const StepPlan *p, float *loc
         for (int i = 0; i < nc; i++) {
             if (!sampling[i]) continue;
             if (rs->r[p->req[i]].temperature == 0.0f) {
+                /* a shard with a NaN or inf makes the group's MAXLOC give
+                 * SAMPLE_NONFINITE (+inf, lowest index) on every rank */
                 int a = argmax_f32(b->rows[i], s->vocab);
-                b->pairs[ng++] = (ValueIndex){b->rows[i][a], s->vocab0 + a};
+                b->pairs[ng++] = logits_finite(b->rows[i], s->vocab)
+                                     ? (ValueIndex){b->rows[i][a], s->vocab0 + a}
+                                     : (ValueIndex){INFINITY, SAMPLE_NONFINITE};
             } else {
                 memmove(local + (size_t)ns++ * s->vocab, b->rows[i], sizeof(float) * s->vocab);
             }

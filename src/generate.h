@@ -27,6 +27,11 @@ typedef struct {
     void *on_logits_ctx;
 } GenOptions;
 
+/* Why a request whose logits turned NaN or infinite stopped. */
+#define NONFINITE_REASON                                                                                      \
+    "the model's logits are not finite (NaN or inf); its weights or config (rms_norm_eps, rope_theta, a "    \
+    "corrupt tensor) are broken"
+
 /* One scheduler step, as recorded. */
 typedef struct {
     double t_start, seconds;

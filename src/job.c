@@ -70,7 +70,10 @@ static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const Config *
                              rs->path, q->line, q->id);
                 continue;
             }
-            tokenizer_encode(tok, q->prompt, c->bos_id, &q->prompt_tokens, &q->n_prompt);
+            if (tokenizer_encode(tok, q->prompt, c->bos_id, &q->prompt_tokens, &q->n_prompt)) {
+                request_fail(q, "%s:%d: request \"%s\": %s", rs->path, q->line, q->id, dcp_error());
+                continue;
+            }
             if (q->n_prompt == 0) {
                 request_fail(q, "%s:%d: request \"%s\": the prompt encodes to no tokens", rs->path, q->line, q->id);
                 continue;
@@ -86,7 +89,7 @@ static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const Config *
 /* Output text of a request: its generated pieces, stop tokens left out. */
 static char *decode_text(const Tokenizer *tok, const Config *c, const Request *q, const Result *r)
 {
-    if (!tok || !q->prompt_tokens) return xstrdup("");
+    if (!tok || !q->prompt_tokens || q->n_prompt == 0) return xstrdup("");
     size_t cap = 64, len = 0;
     char *s = xmalloc(cap);
     int prev = q->prompt_tokens[q->n_prompt - 1];
@@ -124,6 +127,18 @@ static void print_preview(const char *text, const Result *r)
         else putchar(*p);
     }
     fputs(shown == 60 && text[60] ? "...\"" : "\"", stdout);
+}
+
+/* A KV budget in host memory above the node's memory would be refused
+ * only when its pages are touched, deep into the run. */
+static int check_host_kv_memory(size_t bytes)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double node = (double)pages * (double)page;
+    if (pages > 0 && page > 0 && (double)bytes > node)
+        return dcp_fail("--kv-cache-memory %.1f GiB is above this node's memory of %.1f GiB", bytes / 1073741824.0,
+                        node / 1073741824.0);
+    return 0;
 }
 
 /* Every rank passes its status; if any failed, the lowest failing rank
@@ -236,7 +251,7 @@ static void print_comm_summary(const CommStats *cs, const long long *kv_peak, in
 
 /* Results of every DP group to world rank 0, in file order. Each group's
  * TP rank 0 contributes the requests its group ran. */
-static void gather_results(const RequestSet *rs, const int *group, Result *res, const Topology *t)
+static void gather_results(RequestSet *rs, const int *group, Result *res, const Topology *t)
 {
     int n = rs->n, leader = t->tp_rank == 0;
     int *count = xcalloc((size_t)n + 1, sizeof(int)), *fin = xcalloc((size_t)n + 1, sizeof(int));
@@ -286,7 +301,6 @@ static void gather_results(const RequestSet *rs, const int *group, Result *res, 
         for (int g = 0; g < t->dp; g++) next[g] = displs[g * t->tp];
         for (int i = 0; i < n; i++) {
             Result *r = &res[i];
-            if (rs->r[i].error) continue; /* failed before generation, same on every rank */
             free(r->tokens);
             free(r->times);
             r->n = r->cap = count[i];
@@ -296,6 +310,12 @@ static void gather_results(const RequestSet *rs, const int *group, Result *res, 
             memcpy(r->times, all_t + next[group[i]], sizeof(double) * (size_t)r->n);
             next[group[i]] += r->n;
             r->finish_reason = reasons[fin[i]];
+            /* failed while generating in another DP group: only that
+             * group's ranks have the message, and non-finite logits are
+             * the one way there */
+            if (fin[i] == 3 && !rs->r[i].error)
+                request_fail(&rs->r[i], "%s:%d: request \"%s\": %s", rs->path, rs->r[i].line, rs->r[i].id,
+                             NONFINITE_REASON);
             r->ttft_s = times[3 * i];
             r->tpot_s = times[3 * i + 1];
             r->e2e_s = times[3 * i + 2];
@@ -408,6 +428,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     prepare_prompts(&rs, tok, &cfg, max_model_len);
     tm.tokenize = now_s() - t0;
 
+    if (failed_anywhere(be->host_memory && check_host_kv_memory(o->kv_cache_memory), world)) goto out;
     topology_init(&topo, world, o->tp, o->dcp, o->interleave);
     topo_ready = 1;
     t0 = now_s();

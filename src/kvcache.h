@@ -13,8 +13,12 @@
 typedef struct {
     int n_blocks;
     int block_size; /* B: positions per block on one rank */
-    int *free_ids;  /* stack, lowest id on top */
     int n_free;
+    /* free ids: next_fresh and above, and the min-heap of released ids
+     * below it; the lowest free id is allocated first */
+    int next_fresh;
+    int *heap;
+    int n_heap, cap_heap;
 } BlockPool;
 
 typedef struct {
@@ -35,7 +39,8 @@ void table_free(BlockTable *t);
 
 /* Bytes of (K, V) one rank stores per position: 2 x 4 x layers x kv_heads x head_dim. */
 size_t kv_bytes_per_position(int n_layers, int kv_heads, int head_dim);
-/* Parses a byte count with an optional K, M, G or T suffix (powers of 1024). */
+/* Parses a byte count with an optional K, M, G, T or P suffix (powers of
+ * 1024); from 1K to 1P, else -1. */
 int parse_bytes(const char *s, size_t *out);
 
 #endif

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,14 +89,40 @@ size_t model_param_count(const Config *c)
 
 /* ---- config readers ---------------------------------------------------- */
 
+/* Upper bounds on every dimension, far above any real model, so that all
+ * size arithmetic below stays well inside 64 bits (and products the forward
+ * pass forms in int, such as heads x head_dim, inside 32). */
+static const struct {
+    const char *name;
+    size_t offset;
+    long long max;
+} dim_bounds[] = {
+    {"hidden size (dim)", offsetof(Config, dim), 1 << 17},
+    {"intermediate size", offsetof(Config, hidden_dim), 1 << 20},
+    {"layers", offsetof(Config, n_layers), 1 << 12},
+    {"attention heads", offsetof(Config, n_heads), 1 << 12},
+    {"KV heads", offsetof(Config, n_kv_heads), 1 << 12},
+    {"head_dim", offsetof(Config, head_dim), 1 << 12},
+    {"vocabulary", offsetof(Config, vocab_size), 1 << 24},
+    {"maximum positions", offsetof(Config, max_seq_len), 1 << 24},
+};
+
 static int validate_config(const char *path, const Config *c)
 {
-    if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
-        c->vocab_size <= 0 || c->max_seq_len <= 0 || c->head_dim <= 0)
-        return dcp_fail("%s: invalid model shape (dim %d hidden %d layers %d heads %d kv_heads %d head_dim %d "
-                        "vocab %d max_len %d)",
-                        path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
-                        c->vocab_size, c->max_seq_len);
+    for (size_t i = 0; i < sizeof dim_bounds / sizeof *dim_bounds; i++) {
+        int v = *(const int *)((const char *)c + dim_bounds[i].offset);
+        if (v <= 0 || v > dim_bounds[i].max)
+            return dcp_fail("%s: %s is %d; it must be from 1 to %lld", path, dim_bounds[i].name, v,
+                            dim_bounds[i].max);
+    }
+    if ((long long)c->n_heads * c->head_dim > 1 << 20)
+        return dcp_fail("%s: %d heads x head_dim %d is above %d", path, c->n_heads, c->head_dim, 1 << 20);
+    if (c->bos_id >= c->vocab_size)
+        return dcp_fail("%s: bos_token_id %d is outside the vocabulary of %d", path, c->bos_id, c->vocab_size);
+    if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
+        return dcp_fail("%s: rms_norm_eps %g must be a positive number", path, c->norm_eps);
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
+        return dcp_fail("%s: rope_theta %g must be a positive number", path, c->rope_theta);
     if (c->n_heads % c->n_kv_heads)
         return dcp_fail("%s: %d query heads are not a multiple of %d KV heads", path, c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2) return dcp_fail("%s: head_dim %d is odd; RoPE needs pairs", path, c->head_dim);
@@ -108,6 +135,7 @@ static int validate_config(const char *path, const Config *c)
  * vocab_size (negative: separate classifier), seq_len. */
 static int read_llama2c_config(const char *path, Config *c, size_t *file_size)
 {
+    if (check_regular_file(path, "model")) return -1;
     FILE *f = fopen(path, "rb");
     if (!f) return dcp_fail("%s: %s", path, strerror(errno));
     int32_t h[7];
@@ -123,7 +151,8 @@ static int read_llama2c_config(const char *path, Config *c, size_t *file_size)
     c->n_heads = h[3];
     c->n_kv_heads = h[4];
     c->tied_embeddings = h[5] > 0;
-    c->vocab_size = h[5] > 0 ? h[5] : -h[5];
+    /* negative: a separate classifier; INT32_MIN has no positive twin */
+    c->vocab_size = h[5] > 0 ? h[5] : h[5] == INT32_MIN ? 0 : -h[5];
     c->max_seq_len = h[6];
     c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
     c->rope_theta = 10000.0f;
@@ -135,9 +164,13 @@ static int read_llama2c_config(const char *path, Config *c, size_t *file_size)
     c->format = FORMAT_LLAMA2C;
     if (validate_config(path, c)) return -1;
     *file_size = (size_t)size;
+    /* the shapes bound above keep this sum far inside 64 bits */
     size_t need = 7 * 4 + 4 * (model_param_count(c) + (size_t)c->max_seq_len * c->head_dim);
-    if ((size_t)size < need)
-        return dcp_fail("%s: %ld bytes, but the header's shapes need %zu (truncated file?)", path, size, need);
+    if ((size_t)size != need)
+        return dcp_fail("%s: %ld bytes, but the header's shapes (dim %d, hidden %d, %d layers, %d heads, %d KV "
+                        "heads, vocab %d, seq_len %d) need exactly %zu (%s)",
+                        path, size, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
+                        c->max_seq_len, need, (size_t)size < need ? "truncated file?" : "a different header?");
     return 0;
 }
 
@@ -149,7 +182,10 @@ static int json_int_field(json_t *root, const char *key, int *out, int required,
         return 0;
     }
     if (!json_is_integer(v)) return dcp_fail("%s: \"%s\" must be an integer", path, key);
-    *out = (int)json_integer_value(v);
+    json_int_t x = json_integer_value(v);
+    if (x < INT32_MIN || x > INT32_MAX)
+        return dcp_fail("%s: \"%s\" is %lld, out of range", path, key, (long long)x);
+    *out = (int)x;
     return 0;
 }
 
@@ -157,6 +193,7 @@ static int read_hf_config(const char *dir, Config *c)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
+    if (check_regular_file(path, "config")) return -1;
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
     if (!root) return dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
@@ -180,6 +217,9 @@ static int read_hf_config(const char *dir, Config *c)
     c->rope_theta = json_is_number(v) ? (float)json_number_value(v) : 10000.0f;
     v = json_object_get(root, "rms_norm_eps");
     c->norm_eps = json_is_number(v) ? (float)json_number_value(v) : 1e-6f;
+    if (!rc && c->n_heads > 0 && c->dim % c->n_heads && !json_object_get(root, "head_dim"))
+        rc = dcp_fail("%s: hidden_size %d is not a multiple of num_attention_heads %d, and no head_dim is given",
+                      path, c->dim, c->n_heads);
     v = json_object_get(root, "tie_word_embeddings");
     c->tied_embeddings = json_is_true(v);
     c->attn_bias = json_is_true(json_object_get(root, "attention_bias"));
@@ -188,12 +228,13 @@ static int read_hf_config(const char *dir, Config *c)
         c->attn_bias = 1;
     if (json_is_string(v) && !strncmp(json_string_value(v), "qwen3", 5)) c->qk_norm = 1;
     v = json_object_get(root, "eos_token_id");
-    if (json_is_integer(v)) {
+    if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= INT32_MAX) {
         c->eos_ids[c->n_eos++] = (int)json_integer_value(v);
     } else if (json_is_array(v)) {
         size_t i;
         json_t *e;
-        json_array_foreach(v, i, e) if (json_is_integer(e) && c->n_eos < 8) c->eos_ids[c->n_eos++] =
+        json_array_foreach(v, i, e) if (json_is_integer(e) && c->n_eos < 8 && json_integer_value(e) >= 0 &&
+                                        json_integer_value(e) <= INT32_MAX) c->eos_ids[c->n_eos++] =
             (int)json_integer_value(e);
     }
     json_decref(root);
@@ -278,6 +319,7 @@ static int source_open(Source *src, const char *path, const Config *c)
         return 0;
     }
     if (c->format == FORMAT_HF) return st_checkpoint_open(&src->ck, path);
+    if (check_regular_file(path, "model")) return -1;
     int fd = open(path, O_RDONLY);
     if (fd < 0) return dcp_fail("%s: %s", path, strerror(errno));
     struct stat st;

@@ -1,13 +1,16 @@
 #include "options.h"
 
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
 #include "kvcache.h"
+#include "requests.h"
 #include "util.h"
 
 enum {
@@ -116,13 +119,15 @@ void options_usage(FILE *f)
             "OMP_NUM_THREADS overrides.\n");
 }
 
-static int parse_int(const char *opt, const char *s, int lo, int *out)
+/* Every integer option has an upper bound far above real use, so that the
+ * sizes derived from it stay inside their types. */
+static int parse_int(const char *opt, const char *s, int lo, int hi, int *out)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > 1 << 30)
-        return dcp_fail("%s: '%s' is not an integer >= %d", opt, s, lo);
+    if (errno || *end || end == s || v < lo || v > hi)
+        return dcp_fail("%s: '%s' is not an integer from %d to %d", opt, s, lo, hi);
     *out = (int)v;
     return 0;
 }
@@ -156,15 +161,16 @@ int options_parse(Options *o, int argc, char **argv, int print)
         case OPT_OUTPUT: o->output = optarg; break;
         case OPT_BACKEND: o->backend = optarg; break;
         case OPT_CPU_GEMM: o->cpu_gemm = optarg; break;
-        case OPT_TP: rc = parse_int("-tp", optarg, 1, &o->tp); break;
-        case OPT_DCP: rc = parse_int("-dcp", optarg, 1, &o->dcp); break;
-        case OPT_DP: rc = parse_int("-dp", optarg, 1, &o->dp); break;
-        case OPT_INTERLEAVE: rc = parse_int("--cp-kv-cache-interleave-size", optarg, 0, &o->interleave); break;
+        case OPT_TP: rc = parse_int("-tp", optarg, 1, 1 << 16, &o->tp); break;
+        case OPT_DCP: rc = parse_int("-dcp", optarg, 1, 1 << 16, &o->dcp); break;
+        case OPT_DP: rc = parse_int("-dp", optarg, 1, 1 << 16, &o->dp); break;
+        case OPT_INTERLEAVE: rc = parse_int("--cp-kv-cache-interleave-size", optarg, 0, 1 << 16, &o->interleave); break;
         case OPT_KV_MEMORY:
             if (parse_bytes(optarg, &o->kv_cache_memory))
-                rc = dcp_fail("--kv-cache-memory: '%s' is not a size (e.g. 536870912, 512M, 2G)", optarg);
+                rc = dcp_fail("--kv-cache-memory: '%s' is not a size from 1K to 1P (e.g. 536870912, 512M, 2G)",
+                              optarg);
             break;
-        case OPT_BLOCK_SIZE: rc = parse_int("--block-size", optarg, 1, &o->block_size); break;
+        case OPT_BLOCK_SIZE: rc = parse_int("--block-size", optarg, 1, 1 << 16, &o->block_size); break;
         case OPT_DTYPE:
             o->dtype = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16"))
@@ -180,9 +186,15 @@ int options_parse(Options *o, int argc, char **argv, int print)
             if (strcmp(optarg, "ag_rs") && strcmp(optarg, "a2a"))
                 rc = dcp_fail("--dcp-comm-backend %s: choose ag_rs or a2a", optarg);
             break;
-        case OPT_MAX_TOKENS: rc = parse_int("--max-tokens", optarg, 1, &o->max_tokens); break;
-        case OPT_TEMPERATURE: rc = parse_float("--temperature", optarg, 0, 1e6f, 0, &o->temperature); break;
-        case OPT_TOP_P: rc = parse_float("--top-p", optarg, 0, 1, 1, &o->top_p); break;
+        case OPT_MAX_TOKENS: rc = parse_int("--max-tokens", optarg, 1, 1 << 30, &o->max_tokens); break;
+        case OPT_TEMPERATURE:
+            rc = parse_float("--temperature", optarg, 0, 1e6f, 0, &o->temperature);
+            o->temperature = request_temperature(o->temperature);
+            break;
+        case OPT_TOP_P:
+            rc = parse_float("--top-p", optarg, 0, 1, 1, &o->top_p);
+            o->top_p = fmaxf(o->top_p, FLT_MIN); /* tiny but positive: the most likely token only */
+            break;
         case OPT_SEED: {
             char *end;
             errno = 0;
@@ -191,9 +203,9 @@ int options_parse(Options *o, int argc, char **argv, int print)
                 rc = dcp_fail("--seed: '%s' is not a non-negative integer", optarg);
             break;
         }
-        case OPT_MAX_MODEL_LEN: rc = parse_int("--max-model-len", optarg, 2, &o->max_model_len); break;
-        case OPT_MAX_NUM_SEQS: rc = parse_int("--max-num-seqs", optarg, 1, &o->max_num_seqs); break;
-        case OPT_MAX_BATCHED: rc = parse_int("--max-num-batched-tokens", optarg, 1, &o->max_batched_tokens); break;
+        case OPT_MAX_MODEL_LEN: rc = parse_int("--max-model-len", optarg, 2, 1 << 24, &o->max_model_len); break;
+        case OPT_MAX_NUM_SEQS: rc = parse_int("--max-num-seqs", optarg, 1, 1 << 20, &o->max_num_seqs); break;
+        case OPT_MAX_BATCHED: rc = parse_int("--max-num-batched-tokens", optarg, 1, 1 << 20, &o->max_batched_tokens); break;
         case OPT_SKIP_INVALID: o->skip_invalid = 1; break;
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NO_PROGRESS: o->progress = 0; break;

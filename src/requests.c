@@ -1,6 +1,7 @@
 #include "requests.h"
 
 #include <errno.h>
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -44,25 +45,36 @@ static int int_array(json_t *a, int **out, int *n, const char *field, char *why,
     return 0;
 }
 
+/* The fields each kind of object may hold; anything else is refused, so
+ * that a misspelled field cannot pass silently. */
 static const char *plain_keys[] = {"id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p",
                                    "seed", "stop_token_ids", NULL};
+/* an OpenAI batch body: the same request fields; "model" names the model
+ * the line was written for (the run's model is --model) */
+static const char *body_keys[] = {"model", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p",
+                                  "seed", "stop_token_ids", NULL};
+static const char *batch_keys[] = {"custom_id", "method", "url", "body", NULL};
 
-/* Fills r from a request object (plain line, or an OpenAI body). */
-static int parse_fields(json_t *o, Request *r, int strict, char *why, size_t wn)
+static int check_keys(json_t *o, const char *const *keys, const char *where, char *why, size_t wn)
 {
-    if (strict) {
-        const char *k;
-        json_t *v;
-        json_object_foreach(o, k, v)
-        {
-            int known = 0;
-            for (int i = 0; plain_keys[i] && !known; i++) known = !strcmp(k, plain_keys[i]);
-            if (!known) {
-                snprintf(why, wn, "unknown field \"%s\"", k);
-                return -1;
-            }
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v)
+    {
+        int known = 0;
+        for (int i = 0; keys[i] && !known; i++) known = !strcmp(k, keys[i]);
+        if (!known) {
+            snprintf(why, wn, "unknown field \"%s\"%s", k, where);
+            return -1;
         }
     }
+    return 0;
+}
+
+/* Fills r from a request object (plain line, or an OpenAI body). */
+static int parse_fields(json_t *o, Request *r, const char *const *keys, const char *where, char *why, size_t wn)
+{
+    if (check_keys(o, keys, where, why, wn)) return -1;
     json_t *p = json_object_get(o, "prompt"), *ids = json_object_get(o, "prompt_token_ids");
     if (json_object_get(o, "messages")) {
         snprintf(why, wn, "chat \"messages\" are not supported; give \"prompt\" or \"prompt_token_ids\"");
@@ -99,18 +111,20 @@ static int parse_fields(json_t *o, Request *r, int strict, char *why, size_t wn)
         r->max_tokens = (int)json_integer_value(v);
     }
     if ((v = json_object_get(o, "temperature")) && !json_is_null(v)) {
-        if (!json_is_number(v) || json_number_value(v) < 0 || !isfinite(json_number_value(v))) {
-            snprintf(why, wn, "\"temperature\" must be a number >= 0");
+        if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 1e6)) {
+            snprintf(why, wn, "\"temperature\" must be a number in [0, 1e6]");
             return -1;
         }
-        r->temperature = (float)json_number_value(v);
+        r->temperature = request_temperature(json_number_value(v));
     }
     if ((v = json_object_get(o, "top_p")) && !json_is_null(v)) {
         if (!json_is_number(v) || !(json_number_value(v) > 0 && json_number_value(v) <= 1)) {
             snprintf(why, wn, "\"top_p\" must be a number in (0, 1]");
             return -1;
         }
-        r->top_p = (float)json_number_value(v);
+        /* a positive top_p too small for a float still keeps only the most
+         * likely token, not "no top-p" */
+        r->top_p = fmaxf((float)json_number_value(v), FLT_MIN);
     }
     if ((v = json_object_get(o, "seed")) && !json_is_null(v)) {
         if (!json_is_integer(v)) {
@@ -123,6 +137,8 @@ static int parse_fields(json_t *o, Request *r, int strict, char *why, size_t wn)
         if (int_array(v, &r->stop_ids, &r->n_stop, "stop_token_ids", why, wn)) return -1;
     return 0;
 }
+
+float request_temperature(double t) { return t < TEMPERATURE_GREEDY_BELOW ? 0.0f : (float)t; }
 
 static char *id_text(json_t *v)
 {
@@ -150,13 +166,55 @@ static int parse_line(json_t *o, Request *r, char *why, size_t wn)
             snprintf(why, wn, "wrong field type: \"body\" must be an object");
             return -1;
         }
-        return parse_fields(body, r, 0, why, wn);
+        json_t *url = json_object_get(o, "url");
+        if (url && (!json_is_string(url) || strcmp(json_string_value(url), "/v1/completions"))) {
+            snprintf(why, wn, "\"url\" must be \"/v1/completions\" (dcpinfer runs completions)");
+            return -1;
+        }
+        if (check_keys(o, batch_keys, " (OpenAI batch line)", why, wn)) return -1;
+        return parse_fields(body, r, body_keys, " in \"body\"", why, wn);
     }
-    return parse_fields(o, r, 1, why, wn);
+    return parse_fields(o, r, plain_keys, "", why, wn);
+}
+
+/* Request ids seen so far: an open-addressing hash set of request indices,
+ * so that checking 100,000 ids for duplicates is linear. */
+typedef struct {
+    int *slot; /* request index + 1; 0 is empty */
+    size_t cap, n;
+} IdSet;
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Returns the index of an earlier request with r's id, or -1 after adding it. */
+static int idset_add(IdSet *ids, const RequestSet *set, int index)
+{
+    if (2 * (ids->n + 1) > ids->cap) {
+        IdSet grown = {xcalloc(ids->cap ? 2 * ids->cap : 256, sizeof(int)), ids->cap ? 2 * ids->cap : 256, 0};
+        for (size_t i = 0; i < ids->cap; i++)
+            if (ids->slot[i]) idset_add(&grown, set, ids->slot[i] - 1);
+        free(ids->slot);
+        *ids = grown;
+    }
+    const char *id = set->r[index].id;
+    for (size_t i = hash_str(id) & (ids->cap - 1);; i = (i + 1) & (ids->cap - 1)) {
+        if (!ids->slot[i]) {
+            ids->slot[i] = index + 1;
+            ids->n++;
+            return -1;
+        }
+        if (!strcmp(set->r[ids->slot[i] - 1].id, id)) return ids->slot[i] - 1;
+    }
 }
 
 int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *set)
 {
+    IdSet ids = {0};
     memset(set, 0, sizeof *set);
     FILE *f = fopen(path, "r");
     if (!f) return dcp_fail("%s: %s", path, strerror(errno));
@@ -183,8 +241,11 @@ int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, 
         r->seed = splitmix64(&s);
         char why[400] = "";
         json_error_t jerr;
-        json_t *o = json_loadb(line, (size_t)len, 0, &jerr);
-        if (!o) snprintf(why, sizeof why, "invalid JSON: %s (column %d)", jerr.text, jerr.column);
+        const char *nul = memchr(line, '\0', (size_t)len);
+        json_t *o = nul ? NULL : json_loadb(line, (size_t)len, 0, &jerr);
+        if (nul) snprintf(why, sizeof why, "a NUL byte at column %ld (binary data in the prompt file?)",
+                          (long)(nul - line) + 1);
+        else if (!o) snprintf(why, sizeof why, "invalid JSON: %s (column %d)", jerr.text, jerr.column);
         else parse_line(o, r, why, sizeof why);
         json_decref(o);
         if (!r->id) {
@@ -192,12 +253,9 @@ int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, 
             snprintf(buf, sizeof buf, "line-%d", lineno);
             r->id = xstrdup(buf);
         }
-        if (!why[0])
-            for (int j = 0; j < set->n - 1; j++)
-                if (!strcmp(set->r[j].id, r->id)) {
-                    snprintf(why, sizeof why, "duplicate id \"%s\" (first on line %d)", r->id, set->r[j].line);
-                    break;
-                }
+        int first = why[0] ? -1 : idset_add(&ids, set, set->n - 1);
+        if (first >= 0)
+            snprintf(why, sizeof why, "duplicate id \"%s\" (first on line %d)", r->id, set->r[first].line);
         if (why[0]) {
             request_fail(r, "%s:%d: %s", path, lineno, why);
             if (!skip_invalid) {
@@ -207,6 +265,7 @@ int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, 
         }
     }
     free(line);
+    free(ids.slot);
     fclose(f);
     if (rc == 0 && set->n == 0) rc = dcp_fail("%s: no requests (the prompt file is empty)", path);
     if (rc) requests_free(set);

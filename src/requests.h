@@ -40,6 +40,10 @@ typedef struct {
 int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *set);
 /* Token ids outside [0, vocab) are input errors of the same kind. */
 int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid);
+/* Temperatures below this sample greedily (as vLLM does): dividing logits
+ * by them would overflow. */
+#define TEMPERATURE_GREEDY_BELOW 1e-5
+float request_temperature(double t);
 void request_fail(Request *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void requests_free(RequestSet *set);
 

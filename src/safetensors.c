@@ -44,7 +44,8 @@ static int parse_entry(StFile *f, const char *name, json_t *e, const unsigned ch
         if (!json_is_integer(d) || json_integer_value(d) < 0)
             return dcp_fail("%s: tensor '%s': bad shape", f->path, name);
         t->shape[i] = json_integer_value(d);
-        numel *= (uint64_t)t->shape[i];
+        if (__builtin_mul_overflow(numel, (uint64_t)t->shape[i], &numel) || numel > ((uint64_t)1 << 48))
+            return dcp_fail("%s: tensor '%s': shape has more than 2^48 elements", f->path, name);
     }
     json_t *b = json_array_get(jo, 0), *en = json_array_get(jo, 1);
     if (!json_is_integer(b) || !json_is_integer(en))
@@ -69,6 +70,7 @@ int st_open(StFile *f, const char *path)
 {
     memset(f, 0, sizeof *f);
     f->path = xstrdup(path);
+    if (check_regular_file(path, "safetensors")) goto fail;
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
         dcp_fail("%s: %s", path, strerror(errno));
@@ -154,8 +156,9 @@ int st_checkpoint_open(StCheckpoint *ck, const char *dir)
             rc = 0;
         }
     } else if (path_exists(index)) {
-        json_error_t jerr;
-        json_t *root = json_load_file(index, 0, &jerr);
+        json_error_t jerr = {0};
+        json_t *root = check_regular_file(index, "index") ? NULL : json_load_file(index, 0, &jerr);
+        if (!root && !jerr.text[0]) snprintf(jerr.text, sizeof jerr.text, "%s", dcp_error());
         json_t *map = root ? json_object_get(root, "weight_map") : NULL;
         if (!json_is_object(map)) {
             dcp_fail("%s:%d: %s", index, jerr.line, root ? "no \"weight_map\" object" : jerr.text);

@@ -35,6 +35,14 @@ int argmax_f32(const float *x, int n)
     return best;
 }
 
+int logits_finite(const float *x, int n)
+{
+    /* a sum is NaN or inf when any term is; one pass, no branch per entry */
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += x[i] * 0.0f;
+    return s == 0.0f;
+}
+
 static void softmax(float *x, int n)
 {
     float m = x[0];
@@ -59,6 +67,7 @@ static int cmp_desc(const void *a, const void *b)
 
 int sampler_sample(Sampler *s, float *logits, int n, void *scratch)
 {
+    if (!logits_finite(logits, n)) return SAMPLE_NONFINITE;
     if (s->temperature == 0.0f) return argmax_f32(logits, n);
     for (int i = 0; i < n; i++) logits[i] /= s->temperature;
     softmax(logits, n);

@@ -16,7 +16,13 @@ typedef struct {
 
 void sampler_init(Sampler *s, float temperature, float top_p, uint64_t seed);
 int argmax_f32(const float *x, int n);
-/* logits (n) are overwritten (scaled, softmaxed); scratch holds n (prob, index) pairs */
+/* 1 when every logit is a finite number */
+int logits_finite(const float *x, int n);
+/* The chosen token, or SAMPLE_NONFINITE when a logit is NaN or infinite
+ * (broken weights or config): there is no distribution to sample from.
+ * logits (n) are overwritten (scaled, softmaxed); scratch holds n (prob,
+ * index) pairs. */
+#define SAMPLE_NONFINITE (-1)
 int sampler_sample(Sampler *s, float *logits, int n, void *scratch);
 size_t sampler_scratch_bytes(int n);
 

@@ -184,8 +184,14 @@ void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, doubl
     for (int i = 0; i < p->nc; i++) {
         int r = p->req[i];
         if (!p->samples[i]) continue;
-        const Request *q = &s->rs->r[r];
+        Request *q = &s->rs->r[r];
         Result *out = &s->res[r];
+        if (sampled[i] == SAMPLE_NONFINITE) {
+            request_fail(q, "%s:%d: request \"%s\": %s", s->rs->path, q->line, q->id, NONFINITE_REASON);
+            out->finish_reason = "error";
+            out->e2e_s = now;
+            continue;
+        }
         push_token(out, sampled[i], now);
         if (out->n == 1) out->ttft_s = now;
         if (is_stop_token(s->cfg, q, sampled[i])) out->finish_reason = "stop";

@@ -17,8 +17,18 @@ static int cmp_piece(const void *a, const void *b)
 int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
 {
     memset(t, 0, sizeof *t);
+    if (check_regular_file(path, "tokenizer")) return -1;
     FILE *f = fopen(path, "rb");
     if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    /* each piece takes at least 8 bytes (score, length): a vocabulary the
+     * file cannot hold is refused before anything is allocated for it */
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    if (size < 4 + 8 * (long)vocab_size) {
+        fclose(f);
+        return dcp_fail("%s: %ld bytes cannot hold the model's %d pieces (wrong tokenizer?)", path, size, vocab_size);
+    }
     t->path = xstrdup(path);
     t->vocab_size = vocab_size;
     t->vocab = xcalloc((size_t)vocab_size, sizeof(char *));
@@ -82,6 +92,105 @@ static int lookup(const Tokenizer *t, const char *s)
     return -1;
 }
 
+/* A candidate merge of the adjacent tokens at nodes left and right into
+ * id, valid while both nodes still hold the tokens they held when it was
+ * made (their versions). */
+typedef struct {
+    float score;
+    int left, right, id;
+    unsigned lver, rver;
+} Merge;
+
+typedef struct {
+    Merge *h;
+    int n, cap;
+} MergeHeap;
+
+/* best score first; among equal scores the leftmost pair, as llama2.c's
+ * scan (strictly greater wins) picks it */
+static int merge_before(const Merge *a, const Merge *b)
+{
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void merge_push(MergeHeap *q, Merge m)
+{
+    if (q->n == q->cap) q->h = xrealloc(q->h, sizeof(Merge) * (size_t)(q->cap = q->cap ? 2 * q->cap : 64));
+    int i = q->n++;
+    while (i > 0 && merge_before(&m, &q->h[(i - 1) / 2])) {
+        q->h[i] = q->h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    q->h[i] = m;
+}
+
+static Merge merge_pop(MergeHeap *q)
+{
+    Merge top = q->h[0], last = q->h[--q->n];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= q->n) break;
+        if (c + 1 < q->n && merge_before(&q->h[c + 1], &q->h[c])) c++;
+        if (!merge_before(&q->h[c], &last)) break;
+        q->h[i] = q->h[c];
+        i = c;
+    }
+    if (q->n) q->h[i] = last;
+    return top;
+}
+
+/* Merges the adjacent pair with the best score until none merges, as
+ * llama2.c's run.c does, but in O(n log n): the tokens are a linked list
+ * and the candidate pairs a heap, refreshed around each merge. */
+static void merge_pairs(const Tokenizer *t, int *tok, int *n_io)
+{
+    int n = *n_io;
+    if (n < 2) return;
+    int *next = xmalloc(sizeof(int) * (size_t)n), *prev = xmalloc(sizeof(int) * (size_t)n);
+    unsigned *ver = xcalloc((size_t)n, sizeof(unsigned));
+    char *pair = xmalloc((size_t)t->max_token_length * 2 + 3);
+    MergeHeap q = {0};
+    for (int i = 0; i < n; i++) {
+        next[i] = i + 1 < n ? i + 1 : -1;
+        prev[i] = i - 1;
+    }
+#define CANDIDATE(i)                                                                                           \
+    do {                                                                                                       \
+        int l_ = (i), r_ = l_ >= 0 ? next[l_] : -1;                                                            \
+        if (r_ < 0) break;                                                                                     \
+        size_t a_ = strlen(t->vocab[tok[l_]]), b_ = strlen(t->vocab[tok[r_]]);                                 \
+        if (a_ + b_ > (size_t)t->max_token_length * 2) break;                                                  \
+        memcpy(pair, t->vocab[tok[l_]], a_);                                                                   \
+        memcpy(pair + a_, t->vocab[tok[r_]], b_ + 1);                                                          \
+        int id_ = lookup(t, pair);                                                                             \
+        if (id_ >= 0 && t->scores[id_] > -1e10f)                                                               \
+            merge_push(&q, (Merge){t->scores[id_], l_, r_, id_, ver[l_], ver[r_]});                            \
+    } while (0)
+    for (int i = 0; i + 1 < n; i++) CANDIDATE(i);
+    while (q.n) {
+        Merge m = merge_pop(&q);
+        if (next[m.left] != m.right || ver[m.left] != m.lver || ver[m.right] != m.rver) continue; /* stale */
+        tok[m.left] = m.id;
+        ver[m.left]++;
+        ver[m.right]++;
+        next[m.left] = next[m.right];
+        if (next[m.right] >= 0) prev[next[m.right]] = m.left;
+        next[m.right] = -2; /* removed */
+        CANDIDATE(prev[m.left]);
+        CANDIDATE(m.left);
+    }
+#undef CANDIDATE
+    int k = 0;
+    for (int i = 0; i >= 0; i = next[i]) tok[k++] = tok[i];
+    *n_io = k;
+    free(q.h);
+    free(pair);
+    free(next);
+    free(prev);
+    free(ver);
+}
+
 int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int **out, int *n_out)
 {
     size_t len = strlen(text);
@@ -108,30 +217,18 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int **out, i
         }
         blen = 0;
     }
-    /* merge the adjacent pair with the best score until none merges */
-    char *pair = xmalloc((size_t)t->max_token_length * 2 + 3);
-    for (;;) {
-        float best = -1e10f;
-        int best_id = -1, best_i = -1;
-        for (int i = 0; i + 1 < n; i++) {
-            size_t a = strlen(t->vocab[tok[i]]), b = strlen(t->vocab[tok[i + 1]]);
-            if (a + b > (size_t)t->max_token_length * 2) continue;
-            memcpy(pair, t->vocab[tok[i]], a);
-            memcpy(pair + a, t->vocab[tok[i + 1]], b + 1);
-            int id = lookup(t, pair);
-            if (id >= 0 && t->scores[id] > best) {
-                best = t->scores[id];
-                best_id = id;
-                best_i = i;
-            }
-        }
-        if (best_i < 0) break;
-        tok[best_i] = best_id;
-        memmove(tok + best_i + 1, tok + best_i + 2, sizeof(int) * (size_t)(n - best_i - 2));
-        n--;
-    }
-    free(pair);
     free(buf);
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= t->vocab_size) {
+            int bad = tok[i];
+            free(tok);
+            *out = NULL;
+            *n_out = 0;
+            return dcp_fail("%s yields token id %d, outside the model's vocabulary of %d (byte fallback or BOS id "
+                            "on a vocabulary without those pieces)",
+                            t->path ? t->path : "the tokenizer", bad, t->vocab_size);
+        }
+    merge_pairs(t, tok, &n);
     *out = tok;
     *n_out = n;
     return 0;

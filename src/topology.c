@@ -11,9 +11,9 @@ int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int
         return dcp_fail("invalid layout: -tp %d, -dcp %d, -dp %d must be positive", tp, dcp, dp);
     if (world_size % tp)
         return dcp_fail("invalid layout: %d ranks are not divisible by -tp %d (world = dp x tp)", world_size, tp);
-    if (dp && dp * tp != world_size)
-        return dcp_fail("invalid layout: -dp %d x -tp %d = %d, but there are %d ranks (world = dp x tp)", dp, tp,
-                        dp * tp, world_size);
+    if (dp && (long long)dp * tp != world_size)
+        return dcp_fail("invalid layout: -dp %d x -tp %d = %lld, but there are %d ranks (world = dp x tp)", dp, tp,
+                        (long long)dp * tp, world_size);
     if (tp % dcp) return dcp_fail("invalid layout: -dcp %d does not divide -tp %d", dcp, tp);
     if (Hq % tp)
         return dcp_fail("invalid layout: the model's %d query heads are not divisible by -tp %d", Hq, tp);

@@ -143,6 +143,16 @@ int path_is_dir(const char *path)
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+int check_regular_file(const char *path, const char *what)
+{
+    struct stat st;
+    if (stat(path, &st)) return dcp_fail("%s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return dcp_fail("%s: the %s file is not a regular file (a %s)", path, what,
+                        S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "device or socket");
+    return 0;
+}
+
 int path_exists(const char *path)
 {
     struct stat st;

@@ -31,5 +31,8 @@ float f16_to_f32(uint16_t h);
 int read_file(const char *path, char **data_out, size_t *len_out);
 int path_is_dir(const char *path);
 int path_exists(const char *path);
+/* Fails unless path is a regular file (not a FIFO, device or directory,
+ * which could block or never end); what names it in the message. */
+int check_regular_file(const char *path, const char *what);
 
 #endif

@@ -77,7 +77,8 @@ int main(int argc, char **argv)
     char *args[] = {"dcpinfer", "--quiet", "--skip-invalid", "--max-model-len", "12", "--output", out, prompts, NULL};
     Options o;
     CHECK(options_parse(&o, 8, args, 0) == 0, "options: %s", dcp_error());
-    CHECK(run_job(&o, MPI_COMM_WORLD, -1) == 0, "run_job failed");
+    /* three requests fail: results written, exit status 4 */
+    CHECK(run_job(&o, MPI_COMM_WORLD, -1) == EXIT_SOME_FAILED, "run_job did not report failed requests");
 
     /* the same requests through generate() directly */
     Model m;

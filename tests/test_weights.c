@@ -5,9 +5,12 @@
  * model, it must give bit for bit the logits of the CPU backend on the
  * same model with its GEMM weights rounded to bf16. Reading a layer at a
  * float-sized offset would read the wrong layer (different logits) and,
- * from the middle layer on, past the allocation (AddressSanitizer). */
+ * from the middle layer on, past the allocation (AddressSanitizer).
+ * Weights that make the logits NaN stop each request with a reason
+ * instead of sampling from garbage. */
 #include "backend.h"
 #include "engine.h"
+#include "generate.h"
 #include "model.h"
 #include "testutil.h"
 
@@ -112,6 +115,27 @@ int main(int argc, char **argv)
     CHECK(differ == 0, "%zu logits differ (max %g): a layer read the wrong weights", differ, worst);
     free(got);
     free(want);
+    model_free(&m);
+
+    CHECK(model_load(&m, NULL, 1, 0) == 0, "default model: %s", dcp_error());
+    m.w.rms_final[3] = NAN;
+    RequestSet rs = {0};
+    add_request(&rs, ids, 4, 5, 0.0f, 1.0f, 1);
+    add_request(&rs, ids, 6, 5, 0.8f, 0.9f, 2);
+    Result res[2];
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
+    GenOptions go = {.max_model_len = 64, .max_num_seqs = 4, .max_batched_tokens = 64};
+    generate(&e, &rs, res, &go, NULL);
+    for (int i = 0; i < 2; i++)
+        CHECK(res[i].n == 0 && res[i].finish_reason && !strcmp(res[i].finish_reason, "error") && rs.r[i].error &&
+                  strstr(rs.r[i].error, "logits are not finite"),
+              "NaN weights, request %d: %d tokens, finish %s, error %s", i, res[i].n, res[i].finish_reason,
+              rs.r[i].error ? rs.r[i].error : "(none)");
+    engine_free(&e);
+    results_free(res, 2);
+    requests_free(&rs);
     model_free(&m);
     MPI_Finalize();
     return test_finish("test_weights");
