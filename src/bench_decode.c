@@ -18,6 +18,7 @@
 #include "job.h"
 #include "model.h"
 #include "topology.h"
+#include "check.h"
 #include "util.h"
 
 typedef struct {
@@ -40,7 +41,7 @@ static int device = -1;
 static void bench(const char *model_path, int tp, Variant v, int b, int L, int steps)
 {
     int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    DCP_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     Topology t;
     topology_init(&t, MPI_COMM_WORLD, tp, v.dcp, 1);
     Model m;
@@ -93,11 +94,11 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     memset(&tm, 0, sizeof tm);
     double total = 0;
     for (int s = 0; s < steps; s++) {
-        MPI_Barrier(MPI_COMM_WORLD);
+        DCP_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         double t0 = now_s();
         engine_forward(&e, tokens, chunks, b, 0, logits);
         double dt = now_s() - t0, worst;
-        MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        DCP_CHECK(MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
         total += worst;
         for (int i = 0; i < b; i++) chunks[i].pos0++;
     }
@@ -107,7 +108,7 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     long long merge_b = c[COMM_q_allgather].bytes + c[COMM_lse_allgather].bytes + c[COMM_reduce_scatter].bytes +
                         c[COMM_all_to_all].bytes;
     double mine[3] = {merge_s, tm.attention, tm.matmul + tm.lm_head}, worst[3];
-    MPI_Reduce(mine, worst, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    DCP_CHECK(MPI_Reduce(mine, worst, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
     const Config *cf = &m.cfg;
     const Shard *sh = &m.shard;
     double weight_bytes = 4.0 * ((double)cf->n_layers * ((2.0 * sh->q_heads + 2.0 * sh->kv_heads) * cf->head_dim * cf->dim +
@@ -136,8 +137,8 @@ int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
     int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    DCP_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    DCP_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
     device = device_select_before_mpi(argc, argv);
     const char *model = NULL, *cases = "1:1024,8:1024,8:4096,32:4096", *backend = "cpu";
     int steps = 5, max_dcp = 0;

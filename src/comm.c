@@ -16,7 +16,7 @@ const char *const phase_names[PHASE_N] = {"prefill", "decode"};
 static int size_of(MPI_Comm comm)
 {
     int n;
-    MPI_Comm_size(comm, &n);
+    DCP_CHECK(MPI_Comm_size(comm, &n));
     return n;
 }
 

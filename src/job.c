@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "check.h"
 #include "device.h"
 #include "config.h"
 #include "engine.h"
@@ -19,6 +20,7 @@
 #include "requests.h"
 #include "timing.h"
 #include "tokenizer.h"
+#include "transfer.h"
 #include "util.h"
 
 int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share)
@@ -26,10 +28,10 @@ int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share)
     cpu_set_t set;
     int bound = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
     MPI_Comm node;
-    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    DCP_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
     int local;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
+    DCP_CHECK(MPI_Comm_size(node, &local));
+    DCP_CHECK(MPI_Comm_free(&node));
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int t = (int)(cores / local);
     if (bound_cpus) *bound_cpus = bound;
@@ -141,15 +143,39 @@ static int check_host_kv_memory(size_t bytes)
     return 0;
 }
 
+/* The prompt file, read by rank 0 alone and broadcast, so that every rank
+ * parses the same bytes even if the file changes or differs between nodes
+ * (a shared file system caught mid-write, node-local copies): their
+ * schedulers must agree. */
+static int read_prompts(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *rs, MPI_Comm world)
+{
+    int rank;
+    DCP_CHECK(MPI_Comm_rank(world, &rank));
+    char *data = NULL;
+    size_t size = 0;
+    uint64_t n = UINT64_MAX; /* rank 0 could not read it */
+    if (rank == 0 && read_file(path, &data, &size) == 0) n = size;
+    DCP_CHECK(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, world));
+    if (n == UINT64_MAX) {
+        memset(rs, 0, sizeof *rs);
+        return rank == 0 ? -1 : dcp_fail("rank 0 could not read the prompt file %s", path);
+    }
+    if (rank) data = xmalloc((size_t)n + 1);
+    xfer_bcast(data, (size_t)n, 0, world);
+    int rc = requests_parse(path, data, (size_t)n, d, skip_invalid, rs);
+    free(data);
+    return rc;
+}
+
 /* Every rank passes its status; if any failed, the lowest failing rank
  * prints its reason once and all return 1 together (no hang, no abort). */
 static int failed_anywhere(int rc, MPI_Comm world)
 {
     int rank, size;
-    MPI_Comm_rank(world, &rank);
-    MPI_Comm_size(world, &size);
+    DCP_CHECK(MPI_Comm_rank(world, &rank));
+    DCP_CHECK(MPI_Comm_size(world, &size));
     int mine = rc ? rank : size, first;
-    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world);
+    DCP_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world));
     if (first == size) return 0;
     if (rank == first) {
         if (rank) fprintf(stderr, "dcpinfer: rank %d: %s\n", rank, dcp_error());
@@ -269,36 +295,27 @@ static void gather_results(RequestSet *rs, const int *group, Result *res, const 
         mine += res[i].n;
     }
     int root = t->world_rank == 0;
-    MPI_Reduce(root ? MPI_IN_PLACE : count, count, n, MPI_INT, MPI_SUM, 0, t->world);
-    MPI_Reduce(root ? MPI_IN_PLACE : fin, fin, n, MPI_INT, MPI_SUM, 0, t->world);
-    MPI_Reduce(root ? MPI_IN_PLACE : times, times, 3 * n, MPI_DOUBLE, MPI_SUM, 0, t->world);
+    xfer_reduce(count, (size_t)n, MPI_INT, MPI_SUM, 0, t->world);
+    xfer_reduce(fin, (size_t)n, MPI_INT, MPI_SUM, 0, t->world);
+    xfer_reduce(times, 3 * (size_t)n, MPI_DOUBLE, MPI_SUM, 0, t->world);
     /* tokens and their times: each leader's requests concatenated in file order */
-    int *send = xmalloc(sizeof(int) * (size_t)(mine + 1)), m = 0;
+    int *send = xmalloc(sizeof(int) * (size_t)(mine + 1));
     double *send_t = xmalloc(sizeof(double) * (size_t)(mine + 1));
+    size_t m = 0;
     for (int i = 0; i < n; i++)
         if (leader && group[i] == t->dp_rank)
-            for (int j = 0; j < res[i].n; j++) {
+            for (int j = 0; j < res[i].n; j++, m++) {
                 send_t[m] = res[i].times[j];
-                send[m++] = res[i].tokens[j];
+                send[m] = res[i].tokens[j];
             }
-    int *counts = root ? xmalloc(sizeof(int) * t->world_size) : NULL, *displs = NULL, *all = NULL;
-    double *all_t = NULL;
-    MPI_Gather(&m, 1, MPI_INT, counts, 1, MPI_INT, 0, t->world);
+    size_t *bytes = root ? xmalloc(2 * sizeof(size_t) * (size_t)t->world_size) : NULL;
+    int *all = xfer_gather(send, sizeof(int) * m, bytes, 0, t->world);
+    double *all_t = xfer_gather(send_t, sizeof(double) * m, root ? bytes + t->world_size : NULL, 0, t->world);
     if (root) {
-        displs = xmalloc(sizeof(int) * t->world_size);
-        int total = 0;
-        for (int r = 0; r < t->world_size; r++) {
-            displs[r] = total;
-            total += counts[r];
-        }
-        all = xmalloc(sizeof(int) * (size_t)(total + 1));
-        all_t = xmalloc(sizeof(double) * (size_t)(total + 1));
-    }
-    MPI_Gatherv(send, m, MPI_INT, all, counts, displs, MPI_INT, 0, t->world);
-    MPI_Gatherv(send_t, m, MPI_DOUBLE, all_t, counts, displs, MPI_DOUBLE, 0, t->world);
-    if (root) {
-        int *next = xmalloc(sizeof(int) * t->dp);
-        for (int g = 0; g < t->dp; g++) next[g] = displs[g * t->tp];
+        /* group g's tokens start after those of the ranks before its leader */
+        size_t *next = xcalloc((size_t)t->dp, sizeof(size_t));
+        for (int g = 0; g < t->dp; g++)
+            for (int r = 0; r < g * t->tp; r++) next[g] += bytes[r] / sizeof(int);
         for (int i = 0; i < n; i++) {
             Result *r = &res[i];
             free(r->tokens);
@@ -327,8 +344,7 @@ static void gather_results(RequestSet *rs, const int *group, Result *res, const 
     free(times);
     free(send);
     free(send_t);
-    free(counts);
-    free(displs);
+    free(bytes);
     free(all);
     free(all_t);
 }
@@ -338,25 +354,15 @@ static void gather_results(RequestSet *rs, const int *group, Result *res, const 
 static int gather_steps(const GenStats *gs, const Topology *t, StepRecord **steps, int **dp_of_step)
 {
     int mine = t->tp_rank == 0 ? gs->n_steps : 0, root = t->world_rank == 0;
-    int *counts = root ? xmalloc(sizeof(int) * t->world_size) : NULL, *displs = NULL, total = 0;
-    MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, t->world);
-    if (root) {
-        displs = xmalloc(sizeof(int) * t->world_size);
-        for (int r = 0; r < t->world_size; r++) {
-            displs[r] = total * (int)sizeof(StepRecord);
-            total += counts[r];
-            counts[r] *= (int)sizeof(StepRecord);
-        }
-        *steps = xmalloc(sizeof(StepRecord) * (size_t)(total + 1));
-        *dp_of_step = xmalloc(sizeof(int) * (size_t)(total + 1));
-        for (int r = 0, k = 0; r < t->world_size; r++)
-            for (int j = 0; j < counts[r] / (int)sizeof(StepRecord); j++) (*dp_of_step)[k++] = r / t->tp;
-    }
-    MPI_Gatherv(gs->steps, mine * (int)sizeof(StepRecord), MPI_BYTE, root ? *steps : NULL, counts, displs, MPI_BYTE,
-                0, t->world);
-    free(counts);
-    free(displs);
-    return total;
+    size_t *bytes = root ? xmalloc(sizeof(size_t) * (size_t)t->world_size) : NULL, total = 0;
+    *steps = xfer_gather(gs->steps, sizeof(StepRecord) * (size_t)mine, bytes, 0, t->world);
+    if (!root) return 0;
+    for (int r = 0; r < t->world_size; r++) total += bytes[r] / sizeof(StepRecord);
+    *dp_of_step = xmalloc(sizeof(int) * (total + 1));
+    for (int r = 0, k = 0; r < t->world_size; r++)
+        for (size_t j = 0; j < bytes[r] / sizeof(StepRecord); j++) (*dp_of_step)[k++] = r / t->tp;
+    free(bytes);
+    return (int)total;
 }
 
 /* The launcher's local rank, from which the GPU was chosen, against MPI's
@@ -366,10 +372,10 @@ static void check_local_rank(MPI_Comm world, int rank)
     const char *from = NULL;
     int launcher = launcher_local_rank(&from);
     MPI_Comm node;
-    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    DCP_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
     int local;
-    MPI_Comm_rank(node, &local);
-    MPI_Comm_free(&node);
+    DCP_CHECK(MPI_Comm_rank(node, &local));
+    DCP_CHECK(MPI_Comm_free(&node));
     if (launcher >= 0 && launcher != local)
         fprintf(stderr, "dcpinfer: rank %d: the launcher says local rank %d (%s), MPI's node communicator says %d; the "
                         "GPU was chosen from %s\n",
@@ -379,8 +385,8 @@ static void check_local_rank(MPI_Comm world, int rank)
 int run_job(const Options *o, MPI_Comm world, int device)
 {
     int rank, world_size;
-    MPI_Comm_rank(world, &rank);
-    MPI_Comm_size(world, &world_size);
+    DCP_CHECK(MPI_Comm_rank(world, &rank));
+    DCP_CHECK(MPI_Comm_size(world, &world_size));
     Timings tm = {0};
     double t_begin = now_s();
     int bound_cpus, share;
@@ -401,7 +407,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     /* the prompts and the layout are checked before any weight is read */
     RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed};
     RequestSet rs;
-    if (failed_anywhere(requests_read(o->prompts, &defaults, o->skip_invalid, &rs), world)) return EXIT_RUN_FAILED;
+    if (failed_anywhere(read_prompts(o->prompts, &defaults, o->skip_invalid, &rs, world), world)) return EXIT_RUN_FAILED;
     Config cfg;
     Model model = {0};
     Tokenizer tok_storage, *tok = NULL;
@@ -441,7 +447,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
                    .device = be->host_memory ? -1 : device};
     gethostname(me.host, sizeof me.host - 1);
     RankInfo *ranks = rank == 0 ? xmalloc(sizeof(RankInfo) * world_size) : NULL;
-    MPI_Gather(&me, sizeof me, MPI_BYTE, ranks, sizeof me, MPI_BYTE, 0, world);
+    DCP_CHECK(MPI_Gather(&me, sizeof me, MPI_BYTE, ranks, sizeof me, MPI_BYTE, 0, world));
     if (rank == 0 && !o->quiet) {
         printf("# dcpinfer %s: model %s (%d layers, dim %d, %d heads / %d KV heads, vocab %d), %d request(s), "
                "backend %s, %d thread(s) per rank\n",
@@ -477,10 +483,10 @@ int run_job(const Options *o, MPI_Comm world, int device)
                      .progress = rank == 0 && (o->progress >= 0 ? o->progress : isatty(2))};
     Result *mine_res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
     GenStats gs;
-    MPI_Barrier(world);
+    DCP_CHECK(MPI_Barrier(world));
     t0 = now_s();
     generate(&eng, &mine, mine_res, &go, &gs);
-    MPI_Barrier(world);
+    DCP_CHECK(MPI_Barrier(world));
     double gen_s = now_s() - t0;
     long long kv_peak = gs.kv_positions_peak * (long long)engine_kv_bytes_per_token(&eng);
     int block_size = eng.pool.block_size, kv_blocks = eng.pool.n_blocks;
@@ -501,9 +507,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
     double *all_tm = rank == 0 ? xmalloc(sizeof(double) * TIMING_N * (size_t)world_size) : NULL;
     CommStats *all_comm = rank == 0 ? xmalloc(sizeof(CommStats) * (size_t)world_size) : NULL;
     long long *all_kv = rank == 0 ? xmalloc(sizeof(long long) * (size_t)world_size) : NULL;
-    MPI_Gather(&tm, TIMING_N, MPI_DOUBLE, all_tm, TIMING_N, MPI_DOUBLE, 0, world);
-    MPI_Gather(&comm, sizeof comm, MPI_BYTE, all_comm, sizeof comm, MPI_BYTE, 0, world);
-    MPI_Gather(&kv_peak, 1, MPI_LONG_LONG, all_kv, 1, MPI_LONG_LONG, 0, world);
+    DCP_CHECK(MPI_Gather(&tm, TIMING_N, MPI_DOUBLE, all_tm, TIMING_N, MPI_DOUBLE, 0, world));
+    DCP_CHECK(MPI_Gather(&comm, sizeof comm, MPI_BYTE, all_comm, sizeof comm, MPI_BYTE, 0, world));
+    DCP_CHECK(MPI_Gather(&kv_peak, 1, MPI_LONG_LONG, all_kv, 1, MPI_LONG_LONG, 0, world));
     int write_rc = 0, failed = 0;
     if (rank == 0) {
         texts = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(char *));
@@ -567,7 +573,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     free(all_tm);
     free(all_comm);
     free(all_kv);
-    MPI_Bcast(&failed, 1, MPI_INT, 0, world);
+    DCP_CHECK(MPI_Bcast(&failed, 1, MPI_INT, 0, world));
     status = failed_anywhere(write_rc, world) ? EXIT_RUN_FAILED : failed ? EXIT_SOME_FAILED : EXIT_OK;
 out:
     if (texts)

@@ -4,6 +4,7 @@
 #include "device.h"
 #include "job.h"
 #include "options.h"
+#include "check.h"
 #include "util.h"
 
 int main(int argc, char **argv)
@@ -13,9 +14,9 @@ int main(int argc, char **argv)
     int device = device_select_before_mpi(argc, argv);
     MPI_Init(&argc, &argv);
     /* MPI errors come back as codes, reported by DCP_CHECK with the place */
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    DCP_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    DCP_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     Options o;
     int rc = options_parse(&o, argc, argv, rank == 0);
     int status;

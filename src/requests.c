@@ -212,22 +212,20 @@ static int idset_add(IdSet *ids, const RequestSet *set, int index)
     }
 }
 
-int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *set)
+int requests_parse(const char *path, const char *data, size_t size, const RequestDefaults *d, int skip_invalid,
+                   RequestSet *set)
 {
     IdSet ids = {0};
     memset(set, 0, sizeof *set);
-    FILE *f = fopen(path, "r");
-    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
     set->path = xstrdup(path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
     int lineno = 0, cap_r = 0, rc = 0;
-    while ((len = getline(&line, &cap, f)) >= 0) {
+    for (size_t start = 0, len; start < size; start += len) {
+        const char *line = data + start, *nl = memchr(line, '\n', size - start);
+        len = nl ? (size_t)(nl - line) + 1 : size - start;
         lineno++;
         size_t i = 0;
-        while (i < (size_t)len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n')) i++;
-        if (i == (size_t)len) continue; /* blank line */
+        while (i < len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n')) i++;
+        if (i == len) continue; /* blank line */
         if (set->n == cap_r) set->r = xrealloc(set->r, sizeof(Request) * (size_t)(cap_r = cap_r ? 2 * cap_r : 64));
         Request *r = &set->r[set->n++];
         memset(r, 0, sizeof *r);
@@ -241,8 +239,8 @@ int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, 
         r->seed = splitmix64(&s);
         char why[400] = "";
         json_error_t jerr;
-        const char *nul = memchr(line, '\0', (size_t)len);
-        json_t *o = nul ? NULL : json_loadb(line, (size_t)len, 0, &jerr);
+        const char *nul = memchr(line, '\0', len);
+        json_t *o = nul ? NULL : json_loadb(line, len, 0, &jerr);
         if (nul) snprintf(why, sizeof why, "a NUL byte at column %ld (binary data in the prompt file?)",
                           (long)(nul - line) + 1);
         else if (!o) snprintf(why, sizeof why, "invalid JSON: %s (column %d)", jerr.text, jerr.column);
@@ -264,11 +262,20 @@ int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, 
             }
         }
     }
-    free(line);
     free(ids.slot);
-    fclose(f);
     if (rc == 0 && set->n == 0) rc = dcp_fail("%s: no requests (the prompt file is empty)", path);
     if (rc) requests_free(set);
+    return rc;
+}
+
+int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *set)
+{
+    char *data;
+    size_t size;
+    memset(set, 0, sizeof *set);
+    if (read_file(path, &data, &size)) return -1;
+    int rc = requests_parse(path, data, size, d, skip_invalid, set);
+    free(data);
     return rc;
 }
 

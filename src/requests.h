@@ -4,6 +4,7 @@
 #ifndef DCP_REQUESTS_H
 #define DCP_REQUESTS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -38,6 +39,10 @@ typedef struct {
  * skip_invalid it becomes a failed request and reading goes on, otherwise
  * reading stops with -1 and dcp_error() holds the message. */
 int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *set);
+/* The same from the file's bytes (size of them at data), read elsewhere:
+ * rank 0 reads the file once and every rank parses the same bytes. */
+int requests_parse(const char *path, const char *data, size_t size, const RequestDefaults *d, int skip_invalid,
+                   RequestSet *set);
 /* Token ids outside [0, vocab) are input errors of the same kind. */
 int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid);
 /* Temperatures below this sample greedily (as vLLM does): dividing logits

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "check.h"
 #include "util.h"
 
 int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave, int block_size)
@@ -45,8 +46,8 @@ void topology_init(Topology *t, MPI_Comm world, int tp, int dcp, int interleave)
 {
     memset(t, 0, sizeof *t);
     t->world = world;
-    MPI_Comm_size(world, &t->world_size);
-    MPI_Comm_rank(world, &t->world_rank);
+    DCP_CHECK(MPI_Comm_size(world, &t->world_size));
+    DCP_CHECK(MPI_Comm_rank(world, &t->world_rank));
     t->tp = tp;
     t->dcp = dcp;
     t->dp = t->world_size / tp;
@@ -55,13 +56,13 @@ void topology_init(Topology *t, MPI_Comm world, int tp, int dcp, int interleave)
     t->tp_rank = t->world_rank % tp;
     t->dcp_rank = t->tp_rank % dcp;
     t->dcp_group = t->tp_rank / dcp;
-    MPI_Comm_split(world, t->dp_rank, t->tp_rank, &t->tp_comm);
-    MPI_Comm_split(t->tp_comm, t->dcp_group, t->dcp_rank, &t->dcp_comm);
+    DCP_CHECK(MPI_Comm_split(world, t->dp_rank, t->tp_rank, &t->tp_comm));
+    DCP_CHECK(MPI_Comm_split(t->tp_comm, t->dcp_group, t->dcp_rank, &t->dcp_comm));
 }
 
 void topology_free(Topology *t)
 {
-    if (t->dcp_comm != MPI_COMM_NULL && t->dcp_comm) MPI_Comm_free(&t->dcp_comm);
-    if (t->tp_comm != MPI_COMM_NULL && t->tp_comm) MPI_Comm_free(&t->tp_comm);
+    if (t->dcp_comm != MPI_COMM_NULL && t->dcp_comm) DCP_CHECK(MPI_Comm_free(&t->dcp_comm));
+    if (t->tp_comm != MPI_COMM_NULL && t->tp_comm) DCP_CHECK(MPI_Comm_free(&t->tp_comm));
     memset(t, 0, sizeof *t);
 }

@@ -125,11 +125,11 @@ int read_file(const char *path, char **data_out, size_t *len_out)
         len += got;
         if (got == 0) break;
     }
-    int bad = ferror(f);
+    int bad = ferror(f), err = errno;
     fclose(f);
     if (bad) {
         free(buf);
-        return dcp_fail("%s: read error", path);
+        return dcp_fail("%s: %s", path, strerror(err));
     }
     buf[len] = '\0';
     *data_out = buf;

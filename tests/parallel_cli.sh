@@ -44,6 +44,24 @@ else
     fail "no collective counts in $f"
 fi
 
+# the prompt file differs between ranks (node-local copies, a file caught
+# mid-write): rank 0's file is the one every rank runs, so the result
+# equals a run of rank 0's file (before, the ranks' schedulers diverged)
+checks=$((checks + 1))
+head -n 3 "$P" >"$WORK/short.jsonl"
+timeout 120 "$MPIRUN" -q --oversubscribe --bind-to none -np 1 "$DCPINFER" $M -tp 2 --quiet --output "$WORK/mpmd.h5" \
+    "$WORK/short.jsonl" : -np 1 "$DCPINFER" $M -tp 2 --quiet --output "$WORK/mpmd.h5" "$P" \
+    >"$WORK/mpmd.out" 2>"$WORK/mpmd.err"
+rc=$?
+run_dcp short $M --output "$WORK/short.h5" "$WORK/short.jsonl"
+if [ "$rc" != 0 ]; then
+    fail "prompt file differing between ranks: exit $rc"; cat "$WORK/mpmd.err" >&2
+elif [ "$(dump "$WORK/short.h5" /requests/output_tokens)" != "$(dump "$WORK/mpmd.h5" /requests/output_tokens)" ]; then
+    fail "prompt file differing between ranks: tokens differ from a one-rank run of rank 0's file"
+else
+    pass "prompt file differing between ranks: rank 0's file ran on both"
+fi
+
 # invalid layouts: every rank exits non-zero within 10 s, one message
 "$MKMODEL" --out "$WORK/g6" --layers 1 --dim 96 --heads 12 --kv-heads 2 --hidden 64 --vocab 64
 "$MKMODEL" --out "$WORK/gqa" --layers 1 --dim 64 --heads 8 --kv-heads 4 --hidden 64 --vocab 64

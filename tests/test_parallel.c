@@ -13,6 +13,7 @@
 #include "mkmodel.h"
 #include "model.h"
 #include "testutil.h"
+#include "transfer.h"
 #include "topology.h"
 
 typedef struct {
@@ -457,6 +458,47 @@ static void chunked_prefill_4k(const char *path)
     requests_free(&rs);
 }
 
+/* The bulk transfers, with chunks of a few bytes so that every transfer
+ * crosses many chunk boundaries (as 2^30-byte chunks do past 2^31). */
+static void chunked_transfers(void)
+{
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    size_t saved = xfer_chunk;
+    xfer_chunk = 7;
+    char text[1000];
+    for (int i = 0; i < 1000; i++) text[i] = rank == 0 ? (char)('a' + i % 26) : 0;
+    xfer_bcast(text, sizeof text, 0, MPI_COMM_WORLD);
+    int same = 1;
+    for (int i = 0; i < 1000; i++) same &= text[i] == 'a' + i % 26;
+    CHECK(same, "rank %d: chunked broadcast differs", rank);
+    /* rank r sends 13 r + 1 bytes of value r */
+    size_t n = 13 * (size_t)rank + 1, counts[64];
+    char *mine = xmalloc(n);
+    memset(mine, rank, n);
+    char *all = xfer_gather(mine, n, counts, 0, MPI_COMM_WORLD);
+    if (rank == 0) {
+        size_t at = 0;
+        int ok = 1;
+        for (int r = 0; r < size; r++) {
+            ok &= counts[r] == 13 * (size_t)r + 1;
+            for (size_t j = 0; j < counts[r]; j++) ok &= all[at + j] == r;
+            at += counts[r];
+        }
+        CHECK(ok, "chunked gather: wrong counts or bytes");
+    }
+    long long sums[11];
+    for (int i = 0; i < 11; i++) sums[i] = (long long)rank * i;
+    xfer_reduce(sums, 11, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+        for (int i = 0; i < 11; i++)
+            CHECK(sums[i] == (long long)i * size * (size - 1) / 2, "chunked reduce: element %d is %lld", i, sums[i]);
+    free(mine);
+    free(all);
+    xfer_chunk = saved;
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -477,6 +519,7 @@ int main(int argc, char **argv)
     }
     MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
 
+    chunked_transfers();
     stories_layouts();
     char *mqa8 = write_mqa(dir, 8, 512), *mqa16 = write_mqa(dir, 16, 512), *mqa_long = write_mqa(dir, 8, 4200);
     mqa_layouts(mqa8, 8);
