@@ -35,13 +35,26 @@ for layout in "-tp 2 -dp 4" "-tp 4" "-tp 8 -dcp 2 --dcp-comm-backend a2a --cp-kv
         pass "np 8 $layout: same tokens and texts as one rank"
     fi
 done
+# the recorded collective counts and KV bytes against what the run implies:
+# a decode step (no prefill tokens: every token has cached context) makes
+# one all-to-all per layer; every position a rank holds costs 2 x 4 x
+# layers x head_dim bytes (one KV head per rank here), and at peak the
+# ranks of a DCP group hold between the longest request's share and all
+# requests' positions
 checks=$((checks + 1))
 f=$WORK/$a2a.h5
-if dump "$f" /comm/decode/all_to_all/calls | grep -q '(0): [1-9]' && dump "$f" /memory/kv_bytes_peak | grep -q '(0): [1-9]' &&
-    grep -q '^  all_to_all ' "$WORK/$a2a.out"; then
-    pass "collective counts and KV bytes recorded"
+vals() { h5dump -y -d "$2" "$1" | sed -n '/DATA {/,/}/p' | tr -c '0-9\n' ' ' | tr -s ' \n' '\n' | grep .; }
+attr() { h5dump -a "$2" "$1" | sed -n '/DATA {/,/}/p' | sed -n 's/.*(0): *//p'; }
+L=$(attr "$f" /n_layers) D=$(attr "$f" /head_dim)
+decode_steps=$(vals "$f" /steps/prefill_tokens | grep -c '^0$')
+calls=$(vals "$f" /comm/decode/all_to_all/calls | sort -u)
+total=$(($(vals "$f" /requests/prompt_offsets | tail -1) + $(vals "$f" /requests/output_offsets | tail -1)))
+bad_kv=$(vals "$f" /memory/kv_bytes_peak | awk -v b=$((8 * L * D)) -v t="$total" \
+    '$1 % b || $1 / b < 1 || $1 / b > t {print}')
+if [ "$calls" = $((L * decode_steps)) ] && [ -z "$bad_kv" ] && grep -q '^  all_to_all ' "$WORK/$a2a.out"; then
+    pass "all_to_all calls per rank = $L layers x $decode_steps decode steps; KV peaks in whole positions"
 else
-    fail "no collective counts in $f"
+    fail "$f: all_to_all calls '$calls', expected $((L * decode_steps)); KV peaks off: $bad_kv"
 fi
 
 # the prompt file differs between ranks (node-local copies, a file caught

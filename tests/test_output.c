@@ -46,6 +46,17 @@ static char **read_strings(hid_t f, const char *name)
     return s;
 }
 
+static double read_attr_double(hid_t f, const char *name)
+{
+    double v = -1;
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    if (a >= 0) {
+        H5Aread(a, H5T_NATIVE_DOUBLE, &v);
+        H5Aclose(a);
+    }
+    return v;
+}
+
 static long long read_attr_int(hid_t f, const char *name)
 {
     long long v = -1;
@@ -118,6 +129,10 @@ int main(int argc, char **argv)
         int *otok = read_all(f, "/requests/output_tokens", H5T_NATIVE_INT, 4);
         int *ptok = read_all(f, "/requests/prompt_tokens", H5T_NATIVE_INT, 4);
         double *e2e = read_all(f, "/requests/e2e_s", H5T_NATIVE_DOUBLE, 8);
+        double *ttft = read_all(f, "/requests/ttft_s", H5T_NATIVE_DOUBLE, 8);
+        int64_t *ioff = read_all(f, "/requests/itl_offsets", H5T_NATIVE_INT64, 8);
+        double *itl = read_all(f, "/requests/itl_s", H5T_NATIVE_DOUBLE, 8);
+        double gen_s = read_attr_double(f, "generation_s");
         CHECK(read_len(f, "/requests/id") == 6 && read_len(f, "/requests/output_offsets") == 7 &&
                   read_len(f, "/requests/text") == 6 && read_len(f, "/requests/ttft_s") == 6,
               "six requests");
@@ -135,7 +150,14 @@ int main(int argc, char **argv)
             long n = (long)(ooff[r + 1] - ooff[r]);
             CHECK(n == want[i].n && !memcmp(otok + ooff[r], want[i].tokens, sizeof(int) * (size_t)n),
                   "tokens of %s", ids[r]);
-            CHECK(e2e[r] > 0, "e2e of %s", ids[r]);
+            /* the first token comes at ttft, the last at e2e, and the gaps
+             * between them are the request's inter-token latencies; all
+             * of it inside the generation time */
+            double gaps = 0;
+            for (int64_t j = ioff[r]; j < ioff[r + 1]; j++) gaps += itl[j];
+            CHECK(ttft[r] > 0 && ttft[r] <= e2e[r] && e2e[r] <= gen_s && fabs(e2e[r] - ttft[r] - gaps) < 1e-9,
+                  "latencies of %s: ttft %g, e2e %g, sum of ITL %g, generation %g s", ids[r], ttft[r], e2e[r], gaps,
+                  gen_s);
         }
         CHECK(ooff[6] - ooff[5] == 2, "c stops at the context limit: 10 + 2 = 12");
         CHECK(poff[1] == 4 && ptok[0] == 5 && poff[6] == 4 + 1 + 0 + 13 + 0 + 10, "prompt offsets");
@@ -155,8 +177,6 @@ int main(int argc, char **argv)
         CHECK(n_steps > 0 && sum_pre == 4 + 1 + 10 && sum_dec == (8 - 1) + (4 - 1) + (2 - 1) && max_used > 0,
               "steps: %ld, prefill tokens %ld (15), decode tokens %ld (11), blocks %ld", n_steps, sum_pre, sum_dec,
               max_used);
-        int64_t *ioff = read_all(f, "/requests/itl_offsets", H5T_NATIVE_INT64, 8);
-        double *itl = read_all(f, "/requests/itl_s", H5T_NATIVE_DOUBLE, 8);
         CHECK(read_len(f, "/requests/itl_offsets") == 7 && ioff[6] == 11 && ioff[1] - ioff[0] == 7 && itl[0] >= 0,
               "inter-token latencies: one fewer than the tokens of each request");
         free(pre);
@@ -178,6 +198,7 @@ int main(int argc, char **argv)
         free(otok);
         free(ptok);
         free(e2e);
+        free(ttft);
     }
     /* stop_token_ids: the first occurrence of a stop token ends the request,
      * kept in its tokens, finish reason "stop" */

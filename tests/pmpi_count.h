@@ -1,0 +1,77 @@
+/* What really crossed MPI: the collectives the forward pass and the token
+ * choice use, counted at the MPI interface itself by PMPI interposition
+ * (these definitions replace the library's for the whole test program,
+ * libdcpinfer.a included, and call the PMPI_ entry points). The counts are
+ * independent of dcpinfer's own CommStats, which the tests compare with
+ * them. Bytes are those one rank sends, in comm.h's terms. */
+#ifndef DCP_PMPI_COUNT_H
+#define DCP_PMPI_COUNT_H
+
+#include <mpi.h>
+
+enum { PM_SUM, PM_MAXLOC, PM_ALLGATHER, PM_REDUCE_SCATTER, PM_ALLTOALL, PM_ALLGATHERV, PM_N };
+static const char *const pm_names[PM_N] = {"MPI_Allreduce(SUM)", "MPI_Allreduce(MAXLOC)", "MPI_Allgather",
+                                           "MPI_Reduce_scatter_block", "MPI_Alltoall", "MPI_Allgatherv"};
+
+typedef struct {
+    long long calls, bytes;
+} PmpiCount;
+
+static PmpiCount pmpi_counts[PM_N];
+static int pmpi_counting; /* set around the runs to count */
+
+static long long pm_bytes(int count, MPI_Datatype t)
+{
+    int size;
+    PMPI_Type_size(t, &size);
+    return (long long)count * size;
+}
+
+static int pm_size(MPI_Comm c)
+{
+    int n;
+    PMPI_Comm_size(c, &n);
+    return n;
+}
+
+static void pm_count(int kind, long long bytes)
+{
+    if (!pmpi_counting) return;
+    pmpi_counts[kind].calls++;
+    pmpi_counts[kind].bytes += bytes;
+}
+
+int MPI_Allreduce(const void *send, void *recv, int count, MPI_Datatype t, MPI_Op op, MPI_Comm comm)
+{
+    pm_count(op == MPI_MAXLOC ? PM_MAXLOC : PM_SUM, pm_bytes(count, t));
+    return PMPI_Allreduce(send, recv, count, t, op, comm);
+}
+
+int MPI_Allgather(const void *send, int scount, MPI_Datatype st, void *recv, int rcount, MPI_Datatype rt,
+                  MPI_Comm comm)
+{
+    pm_count(PM_ALLGATHER, pm_bytes(scount, st));
+    return PMPI_Allgather(send, scount, st, recv, rcount, rt, comm);
+}
+
+int MPI_Reduce_scatter_block(const void *send, void *recv, int rcount, MPI_Datatype t, MPI_Op op, MPI_Comm comm)
+{
+    pm_count(PM_REDUCE_SCATTER, pm_size(comm) * pm_bytes(rcount, t));
+    return PMPI_Reduce_scatter_block(send, recv, rcount, t, op, comm);
+}
+
+int MPI_Alltoall(const void *send, int scount, MPI_Datatype st, void *recv, int rcount, MPI_Datatype rt,
+                 MPI_Comm comm)
+{
+    pm_count(PM_ALLTOALL, pm_size(comm) * pm_bytes(scount, st));
+    return PMPI_Alltoall(send, scount, st, recv, rcount, rt, comm);
+}
+
+int MPI_Allgatherv(const void *send, int scount, MPI_Datatype st, void *recv, const int *rcounts,
+                   const int *displs, MPI_Datatype rt, MPI_Comm comm)
+{
+    pm_count(PM_ALLGATHERV, pm_bytes(scount, st));
+    return PMPI_Allgatherv(send, scount, st, recv, rcounts, displs, rt, comm);
+}
+
+#endif
