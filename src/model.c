@@ -133,17 +133,24 @@ static int validate_config(const char *path, const Config *c)
 
 /* llama2.c v0 header: dim, hidden_dim, n_layers, n_heads, n_kv_heads,
  * vocab_size (negative: separate classifier), seq_len. */
-static int read_llama2c_config(const char *path, Config *c, size_t *file_size)
+static int read_llama2c_config(const char *path, Config *c)
 {
     if (check_regular_file(path, "model")) return -1;
     FILE *f = fopen(path, "rb");
     if (!f) return dcp_fail("%s: %s", path, strerror(errno));
-    int32_t h[7];
-    size_t got = fread(h, sizeof(int32_t), 7, f);
+    unsigned char head[28];
+    size_t got = fread(head, 1, sizeof head, f);
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fclose(f);
-    if (got != 7) return dcp_fail("%s: %ld bytes, too short for a llama2.c header", path, size);
+    return config_from_llama2c_header(path, head, got, (size_t)size, c);
+}
+
+int config_from_llama2c_header(const char *path, const unsigned char *head, size_t head_bytes, size_t size, Config *c)
+{
+    int32_t h[7];
+    if (head_bytes < sizeof h) return dcp_fail("%s: %zu bytes, too short for a llama2.c header", path, size);
+    memcpy(h, head, sizeof h);
     memset(c, 0, sizeof *c);
     c->dim = h[0];
     c->hidden_dim = h[1];
@@ -163,14 +170,13 @@ static int read_llama2c_config(const char *path, Config *c, size_t *file_size)
     c->n_eos = 1;
     c->format = FORMAT_LLAMA2C;
     if (validate_config(path, c)) return -1;
-    *file_size = (size_t)size;
     /* the shapes bound above keep this sum far inside 64 bits */
     size_t need = 7 * 4 + 4 * (model_param_count(c) + (size_t)c->max_seq_len * c->head_dim);
-    if ((size_t)size != need)
-        return dcp_fail("%s: %ld bytes, but the header's shapes (dim %d, hidden %d, %d layers, %d heads, %d KV "
+    if (size != need)
+        return dcp_fail("%s: %zu bytes, but the header's shapes (dim %d, hidden %d, %d layers, %d heads, %d KV "
                         "heads, vocab %d, seq_len %d) need exactly %zu (%s)",
                         path, size, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
-                        c->max_seq_len, need, (size_t)size < need ? "truncated file?" : "a different header?");
+                        c->max_seq_len, need, size < need ? "truncated file?" : "a different header?");
     return 0;
 }
 
@@ -191,12 +197,24 @@ static int json_int_field(json_t *root, const char *key, int *out, int required,
 
 static int read_hf_config(const char *dir, Config *c)
 {
-    char path[4096];
+    char path[4096], *text;
+    size_t len;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (check_regular_file(path, "config")) return -1;
+    if (check_regular_file(path, "config") || read_file(path, &text, &len)) return -1;
+    int rc = config_from_json(path, text, len, c);
+    free(text);
+    return rc;
+}
+
+int config_from_json(const char *path, const char *text, size_t len, Config *c)
+{
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
+    json_t *root = json_loadb(text, len, 0, &jerr);
     if (!root) return dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return dcp_fail("%s: not a JSON object", path);
+    }
     memset(c, 0, sizeof *c);
     c->rope_style = ROPE_ROTATE_HALF;
     c->format = FORMAT_HF;
@@ -252,8 +270,7 @@ int model_read_config(const char *path, Config *cfg)
     }
     if (!path_exists(path)) return dcp_fail("%s: model path does not exist", path);
     if (path_is_dir(path)) return read_hf_config(path, cfg);
-    size_t size;
-    return read_llama2c_config(path, cfg, &size);
+    return read_llama2c_config(path, cfg);
 }
 
 /* ---- weight sources ---------------------------------------------------- */

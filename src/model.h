@@ -78,6 +78,11 @@ void shard_init(Shard *s, const Config *c, int tp, int tp_rank);
 /* Reads shapes only (cheap): llama2.c .bin header or HF config.json.
  * path NULL means the generated default model. */
 int model_read_config(const char *path, Config *cfg);
+/* The same from the bytes of a config.json, or from the first head_bytes
+ * (28 or fewer) bytes of a llama2.c file of size bytes; path names the file
+ * in messages. */
+int config_from_json(const char *path, const char *text, size_t len, Config *c);
+int config_from_llama2c_header(const char *path, const unsigned char *head, size_t head_bytes, size_t size, Config *c);
 /* Loads this rank's shard of the weights (path NULL: generated default). */
 int model_load(Model *m, const char *path, int tp, int tp_rank);
 

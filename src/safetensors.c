@@ -91,39 +91,43 @@ int st_open(StFile *f, const char *path)
         dcp_fail("%s: mmap: %s", path, strerror(errno));
         goto fail;
     }
-    const unsigned char *p = f->map;
+    if (st_parse(f, path, f->map, f->size) == 0) return 0;
+fail:
+    st_close(f);
+    return -1;
+}
+
+int st_parse(StFile *f, const char *path, const unsigned char *p, size_t size)
+{
+    if (size < 8)
+        return dcp_fail("%s: %zu bytes, too short for a safetensors header (truncated file?)", path, size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
-    if (hlen > ST_MAX_HEADER || hlen > f->size - 8) {
-        dcp_fail("%s: header length %llu exceeds the file size %zu (truncated file?)", path,
-                 (unsigned long long)hlen, f->size);
-        goto fail;
-    }
+    if (hlen > ST_MAX_HEADER || hlen > size - 8)
+        return dcp_fail("%s: header length %llu exceeds the file size %zu (truncated file?)", path,
+                        (unsigned long long)hlen, size);
     json_error_t jerr;
     json_t *root = json_loadb((const char *)p + 8, hlen, 0, &jerr);
     if (!root || !json_is_object(root)) {
-        dcp_fail("%s: header is not a JSON object: %s", path, root ? "" : jerr.text);
         json_decref(root);
-        goto fail;
+        return dcp_fail("%s: header is not a JSON object: %s", path, root ? "" : jerr.text);
     }
-    f->tensors = xcalloc(json_object_size(root), sizeof(StTensor));
+    free(f->tensors);
+    f->tensors = xcalloc(json_object_size(root) + 1, sizeof(StTensor));
     const char *key;
     json_t *val;
     const unsigned char *data = p + 8 + hlen;
-    size_t data_len = f->size - 8 - hlen;
+    size_t data_len = size - 8 - hlen;
     json_object_foreach(root, key, val)
     {
         if (!strcmp(key, "__metadata__")) continue;
         if (parse_entry(f, key, val, data, data_len)) {
             json_decref(root);
-            goto fail;
+            return -1;
         }
     }
     json_decref(root);
     return 0;
-fail:
-    st_close(f);
-    return -1;
 }
 
 void st_close(StFile *f)
@@ -143,6 +147,45 @@ static char *join(const char *dir, const char *name)
     return s;
 }
 
+int st_index_parse(const char *path, const char *text, size_t len, char ***names_out, int *n_out)
+{
+    *names_out = NULL;
+    *n_out = 0;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (!root) return dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
+    json_t *map = json_object_get(root, "weight_map");
+    if (!json_is_object(map)) {
+        json_decref(root);
+        return dcp_fail("%s: no \"weight_map\" object", path);
+    }
+    /* distinct shard file names, in first-seen order */
+    char **names = xcalloc(json_object_size(map) + 1, sizeof(char *));
+    int n = 0, rc = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(map, key, val)
+    {
+        const char *fn = json_is_string(val) ? json_string_value(val) : NULL;
+        if (!fn || !fn[0] || strchr(fn, '/')) {
+            rc = dcp_fail("%s: weight_map entry '%s' is not a file name in the model folder", path, key);
+            break;
+        }
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++) seen = !strcmp(names[i], fn);
+        if (!seen) names[n++] = xstrdup(fn);
+    }
+    json_decref(root);
+    if (rc) {
+        for (int i = 0; i < n; i++) free(names[i]);
+        free(names);
+        return -1;
+    }
+    *names_out = names;
+    *n_out = n;
+    return 0;
+}
+
 int st_checkpoint_open(StCheckpoint *ck, const char *dir)
 {
     memset(ck, 0, sizeof *ck);
@@ -156,40 +199,23 @@ int st_checkpoint_open(StCheckpoint *ck, const char *dir)
             rc = 0;
         }
     } else if (path_exists(index)) {
-        json_error_t jerr = {0};
-        json_t *root = check_regular_file(index, "index") ? NULL : json_load_file(index, 0, &jerr);
-        if (!root && !jerr.text[0]) snprintf(jerr.text, sizeof jerr.text, "%s", dcp_error());
-        json_t *map = root ? json_object_get(root, "weight_map") : NULL;
-        if (!json_is_object(map)) {
-            dcp_fail("%s:%d: %s", index, jerr.line, root ? "no \"weight_map\" object" : jerr.text);
-        } else {
-            /* distinct shard file names, in first-seen order */
-            const char **names = xcalloc(json_object_size(map), sizeof(char *));
-            int n = 0;
-            const char *key;
-            json_t *val;
-            rc = 0;
-            json_object_foreach(map, key, val)
-            {
-                if (!json_is_string(val)) {
-                    rc = dcp_fail("%s: weight_map entry '%s' is not a file name", index, key);
-                    break;
-                }
-                const char *fn = json_string_value(val);
-                int seen = 0;
-                for (int i = 0; i < n && !seen; i++) seen = !strcmp(names[i], fn);
-                if (!seen) names[n++] = fn;
-            }
-            ck->files = xcalloc(n ? n : 1, sizeof(StFile));
-            for (int i = 0; i < n && rc == 0; i++) {
-                char *p = join(dir, names[i]);
-                rc = st_open(&ck->files[i], p);
-                free(p);
-                if (rc == 0) ck->n_files++;
-            }
-            free(names);
+        char *text = NULL, **names = NULL;
+        size_t len;
+        int n = 0;
+        rc = check_regular_file(index, "index") || read_file(index, &text, &len) ||
+                     st_index_parse(index, text, len, &names, &n)
+                 ? -1
+                 : 0;
+        free(text);
+        ck->files = xcalloc(n ? (size_t)n : 1, sizeof(StFile));
+        for (int i = 0; i < n && rc == 0; i++) {
+            char *p = join(dir, names[i]);
+            rc = st_open(&ck->files[i], p);
+            free(p);
+            if (rc == 0) ck->n_files++;
         }
-        json_decref(root);
+        for (int i = 0; i < n; i++) free(names[i]);
+        free(names);
     } else {
         dcp_fail("%s: neither model.safetensors nor model.safetensors.index.json found", dir);
     }

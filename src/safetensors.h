@@ -33,6 +33,11 @@ typedef struct {
 } StCheckpoint;
 
 int st_open(StFile *f, const char *path);
+/* The tensors of a safetensors image of size bytes at data (st_open maps
+ * the file and calls this); f->tensors point into data. */
+int st_parse(StFile *f, const char *path, const unsigned char *data, size_t size);
+/* The distinct shard file names of an index's weight_map (malloc'ed). */
+int st_index_parse(const char *path, const char *text, size_t len, char ***names, int *n);
 void st_close(StFile *f);
 
 /* dir holds model.safetensors or model.safetensors.index.json. */

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "util.h"
 
@@ -14,45 +15,37 @@ static int cmp_piece(const void *a, const void *b)
     return strcmp(sort_ctx->vocab[*(const int *)a], sort_ctx->vocab[*(const int *)b]);
 }
 
-int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
+int tokenizer_parse(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int vocab_size)
 {
     memset(t, 0, sizeof *t);
-    if (check_regular_file(path, "tokenizer")) return -1;
-    FILE *f = fopen(path, "rb");
-    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
     /* each piece takes at least 8 bytes (score, length): a vocabulary the
      * file cannot hold is refused before anything is allocated for it */
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    rewind(f);
-    if (size < 4 + 8 * (long)vocab_size) {
-        fclose(f);
-        return dcp_fail("%s: %ld bytes cannot hold the model's %d pieces (wrong tokenizer?)", path, size, vocab_size);
-    }
+    if (vocab_size <= 0 || size < 4 + 8 * (size_t)vocab_size)
+        return dcp_fail("%s: %zu bytes cannot hold the model's %d pieces (wrong tokenizer?)", path, size, vocab_size);
     t->path = xstrdup(path);
     t->vocab_size = vocab_size;
     t->vocab = xcalloc((size_t)vocab_size, sizeof(char *));
     t->scores = xcalloc((size_t)vocab_size, sizeof(float));
+    size_t at = 0;
+#define TAKE(dst, n) (size - at >= (size_t)(n) ? (memcpy((dst), data + at, (size_t)(n)), at += (size_t)(n), 1) : 0)
     int rc = 0;
-    if (fread(&t->max_token_length, sizeof(int), 1, f) != 1 || t->max_token_length <= 0 ||
-        t->max_token_length > 1 << 16)
+    if (!TAKE(&t->max_token_length, sizeof(int)) || t->max_token_length <= 0 || t->max_token_length > 1 << 16)
         rc = dcp_fail("%s: not a llama2.c tokenizer file (bad max_token_length)", path);
     for (int i = 0; i < vocab_size && !rc; i++) {
         int len;
-        if (fread(&t->scores[i], sizeof(float), 1, f) != 1 || fread(&len, sizeof(int), 1, f) != 1)
+        if (!TAKE(&t->scores[i], sizeof(float)) || !TAKE(&len, sizeof(int)))
             rc = dcp_fail("%s: ends after %d pieces, the model has %d (wrong tokenizer?)", path, i, vocab_size);
         else if (len < 0 || len > t->max_token_length)
             rc = dcp_fail("%s: piece %d has length %d", path, i, len);
         else {
             t->vocab[i] = xmalloc((size_t)len + 1);
-            if (fread(t->vocab[i], 1, (size_t)len, f) != (size_t)len)
-                rc = dcp_fail("%s: truncated in piece %d", path, i);
+            if (!TAKE(t->vocab[i], len)) rc = dcp_fail("%s: truncated in piece %d", path, i);
             t->vocab[i][len] = '\0';
         }
     }
-    if (!rc && fgetc(f) != EOF)
+#undef TAKE
+    if (!rc && at != size)
         rc = dcp_fail("%s: holds more than the model's %d pieces (wrong tokenizer?)", path, vocab_size);
-    fclose(f);
     if (rc) {
         tokenizer_free(t);
         return -1;
@@ -66,6 +59,22 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
     sort_ctx = t;
     qsort(t->sorted, (size_t)vocab_size, sizeof(int), cmp_piece);
     return 0;
+}
+
+int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
+{
+    memset(t, 0, sizeof *t);
+    struct stat st;
+    if (check_regular_file(path, "tokenizer")) return -1;
+    if (stat(path, &st) == 0 && (size_t)st.st_size < 4 + 8 * (size_t)vocab_size)
+        return dcp_fail("%s: %lld bytes cannot hold the model's %d pieces (wrong tokenizer?)", path,
+                        (long long)st.st_size, vocab_size);
+    char *data;
+    size_t size;
+    if (read_file(path, &data, &size)) return -1;
+    int rc = tokenizer_parse(t, path, (const unsigned char *)data, size, vocab_size);
+    free(data);
+    return rc;
 }
 
 void tokenizer_free(Tokenizer *t)

@@ -4,6 +4,8 @@
 #ifndef DCP_TOKENIZER_H
 #define DCP_TOKENIZER_H
 
+#include <stddef.h>
+
 typedef struct {
     char **vocab;
     float *scores;
@@ -16,6 +18,8 @@ typedef struct {
 
 /* vocab_size: the model's; the file must hold exactly that many pieces. */
 int tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
+/* The same from the file's bytes (path names it in messages). */
+int tokenizer_parse(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int vocab_size);
 void tokenizer_free(Tokenizer *t);
 
 /* Encodes text, with BOS (id bos, when >= 0) first. *out is malloc'ed. */

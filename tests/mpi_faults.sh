@@ -1,9 +1,9 @@
 #!/bin/sh
 # A failing MPI call in the result reduction, the rank-map gather or the
-# topology set-up is
-# reported with rank, file, line and the call, and ends the job with exit
-# status 3 and no results file (before, the return codes were ignored and
-# a run could write results it never gathered). tests/dcpinfer-mpifault is
+# topology set-up is reported with rank, file, line and the call, and ends
+# the job with exit status 3 and no results file (before, the return codes
+# were ignored and a run could write results it never gathered).
+# tests/dcpinfer-mpifault is
 # dcpinfer with the calls named by DCP_FAIL_MPI failing (tests/pmpi_fault.c).
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 DCPINFER=$BUILD/tests/dcpinfer-mpifault
