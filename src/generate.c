@@ -151,6 +151,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     bufs.counts = xmalloc(sizeof(int) * (size_t)e->topo->tp);
     bufs.displs = xmalloc(sizeof(int) * (size_t)e->topo->tp);
     int *sampled = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
+    int *finished = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
 
@@ -177,7 +178,13 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
                           .prefill_tokens = plan.prefill_tokens, .running = plan.nc, .waiting = sch.tail - sch.head,
                           .preempted = plan.preempted, .kv_blocks_used = pool_used(&e->pool)};
         scheduler_commit(&sch, &plan, sampled, t2 - t_start);
-        for (int i = 0; i < plan.nc; i++) generated += plan.samples[i];
+        int n_finished = 0;
+        for (int i = 0; i < plan.nc; i++) {
+            generated += plan.samples[i];
+            const char *fin = res[plan.req[i]].finish_reason;
+            if (plan.samples[i] && fin && strcmp(fin, "error")) finished[n_finished++] = plan.req[i];
+        }
+        if (o->on_step) o->on_step(o->on_step_ctx, finished, n_finished);
         record_step(st, &rec);
         if (o->progress && now_s() - last_progress >= 1.0) {
             last_progress = now_s();
@@ -200,6 +207,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     free(bufs.counts);
     free(bufs.displs);
     free(sampled);
+    free(finished);
     if (!stats) free(local_stats.steps);
     return 0;
 }
@@ -214,7 +222,7 @@ static int cmp_dp_order(const void *a, const void *b)
     return wx != wy ? (wx < wy ? 1 : -1) : x - y;
 }
 
-int *dp_assign(const RequestSet *rs, int dp)
+int *dp_assign(const RequestSet *rs, int dp, const char *skip)
 {
     int *group = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
     int *order = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
@@ -224,6 +232,10 @@ int *dp_assign(const RequestSet *rs, int dp)
     qsort(order, (size_t)rs->n, sizeof(int), cmp_dp_order);
     for (int k = 0; k < rs->n; k++) {
         int i = order[k], best = 0;
+        if (skip && skip[i]) {
+            group[i] = -1;
+            continue;
+        }
         for (int g = 1; g < dp; g++)
             if (load[g] < load[best]) best = g;
         group[i] = best;

@@ -25,6 +25,10 @@ typedef struct {
      * (forces logits for all prompt tokens too). */
     void (*on_logits)(void *ctx, int request, int pos, const float *logits, int vocab);
     void *on_logits_ctx;
+    /* When set, called after every step with the requests (indices in the
+     * request set) that finished in it, "stop" or "length". */
+    void (*on_step)(void *ctx, const int *finished, int n_finished);
+    void *on_step_ctx;
 } GenOptions;
 
 /* Why a request whose logits turned NaN or infinite stopped. */
@@ -57,8 +61,9 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
 void results_free(Result *res, int n);
 /* The DP group of each request (malloc'ed, rs->n entries): balanced by
  * prompt plus output tokens, longest first to the least-loaded group,
- * lowest group on ties; the same on every rank. */
-int *dp_assign(const RequestSet *rs, int dp);
+ * lowest group on ties; the same on every rank. Requests with skip[i]
+ * set (skip may be NULL) go to no group (-1). */
+int *dp_assign(const RequestSet *rs, int dp, const char *skip);
 /* The requests of DP group g, in file order: out shares rs's requests
  * (free only out->r) and index[k] is the position in rs of out->r[k]. */
 void dp_select(const RequestSet *rs, const int *group, int g, RequestSet *out, int *index);

@@ -20,7 +20,9 @@
 #include "requests.h"
 #include "timing.h"
 #include "tokenizer.h"
+#include "journal.h"
 #include "transfer.h"
+#include "watchdog.h"
 #include "util.h"
 
 int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share)
@@ -147,7 +149,8 @@ static int check_host_kv_memory(size_t bytes)
  * parses the same bytes even if the file changes or differs between nodes
  * (a shared file system caught mid-write, node-local copies): their
  * schedulers must agree. */
-static int read_prompts(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *rs, MPI_Comm world)
+static int read_prompts(const char *path, const RequestDefaults *d, int skip_invalid, RequestSet *rs, MPI_Comm world,
+                        uint64_t *hash)
 {
     int rank;
     DCP_CHECK(MPI_Comm_rank(world, &rank));
@@ -162,6 +165,7 @@ static int read_prompts(const char *path, const RequestDefaults *d, int skip_inv
     }
     if (rank) data = xmalloc((size_t)n + 1);
     xfer_bcast(data, (size_t)n, 0, world);
+    *hash = fnv1a(FNV_START, data, (size_t)n);
     int rc = requests_parse(path, data, (size_t)n, d, skip_invalid, rs);
     free(data);
     return rc;
@@ -318,6 +322,7 @@ static void gather_results(RequestSet *rs, const int *group, Result *res, const 
             for (int r = 0; r < g * t->tp; r++) next[g] += bytes[r] / sizeof(int);
         for (int i = 0; i < n; i++) {
             Result *r = &res[i];
+            if (group[i] < 0) continue; /* finished by an earlier run */
             free(r->tokens);
             free(r->times);
             r->n = r->cap = count[i];
@@ -382,6 +387,73 @@ static void check_local_rank(MPI_Comm world, int rank)
                 rank, launcher, from, local, from);
 }
 
+/* What this run's tokens depend on: the model (path and shapes), the
+ * prompt file's bytes, and the options that change tokens. */
+static void run_fingerprint(const Options *o, const Config *cfg, uint64_t prompts_hash, int max_model_len,
+                            const char *tok_path, Fingerprint *fp)
+{
+    const char *model = o->model ? o->model : "(generated default model)";
+    uint64_t h = fnv1a(FNV_START, model, strlen(model) + 1);
+    fingerprint_hex(fnv1a(h, cfg, sizeof *cfg), fp->model);
+    fingerprint_hex(prompts_hash, fp->prompts);
+    struct {
+        int max_tokens, max_model_len;
+        float temperature, top_p;
+        uint64_t seed;
+    } sampling = {o->max_tokens, max_model_len, o->temperature, o->top_p, o->seed};
+    h = fnv1a(FNV_START, &sampling, sizeof sampling);
+    fingerprint_hex(fnv1a(h, tok_path ? tok_path : "", tok_path ? strlen(tok_path) + 1 : 1), fp->sampling);
+}
+
+/* Rank 0, before generation: a fresh run removes the journal of an
+ * earlier run of the same output; --resume takes the requests it finished
+ * (done, earlier) and rewrites them as this run's starting journal.
+ * complete: the output file is already the finished result of these
+ * inputs, and nothing is left to do. */
+static int prepare_journal(const Options *o, const Fingerprint *fp, const RequestSet *rs, Result *earlier, char *done,
+                           int *n_done, int *complete)
+{
+    *n_done = *complete = 0;
+    if (!o->resume) {
+        int n = journal_remove(o->output);
+        if (n && !o->quiet)
+            printf("# removed %d journal file(s) of an earlier run of %s (--resume would have continued it)\n", n,
+                   o->output);
+        return 0;
+    }
+    int n = journal_load(o->output, fp, rs, earlier, done);
+    if (n < 0) return -1;
+    char line[128], stored[128] = "";
+    fingerprint_line(fp, line, sizeof line);
+    if (n == 0 && output_read_fingerprint(o->output, stored, sizeof stored) == 0 && !strcmp(stored, line)) {
+        *complete = 1;
+        printf("# %s is already the complete result of these inputs: nothing to resume\n", o->output);
+        return 0;
+    }
+    *n_done = n;
+    if (!o->quiet)
+        printf("# resumed: %d of %d request(s) finished by earlier runs (%s.journal*), %d to run\n", n, rs->n,
+               o->output, rs->n - n);
+    return journal_consolidate(o->output, fp, rs, earlier, done);
+}
+
+/* After each step: progress for the watchdog, and the finished requests
+ * into this DP group's journal (its TP rank 0 writes it). */
+typedef struct {
+    Journal journal;
+    const RequestSet *mine;
+    const Result *res;
+    const int *index; /* position in the prompt file of each of mine */
+} StepHook;
+
+static void after_step(void *ctx, const int *finished, int n)
+{
+    StepHook *h = ctx;
+    watchdog_beat();
+    for (int k = 0; k < n; k++)
+        journal_append(&h->journal, h->index[finished[k]], &h->mine->r[finished[k]], &h->res[finished[k]]);
+}
+
 int run_job(const Options *o, MPI_Comm world, int device)
 {
     int rank, world_size;
@@ -407,7 +479,8 @@ int run_job(const Options *o, MPI_Comm world, int device)
     /* the prompts and the layout are checked before any weight is read */
     RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed};
     RequestSet rs;
-    if (failed_anywhere(read_prompts(o->prompts, &defaults, o->skip_invalid, &rs, world), world)) return EXIT_RUN_FAILED;
+    uint64_t prompts_hash = 0;
+    if (failed_anywhere(read_prompts(o->prompts, &defaults, o->skip_invalid, &rs, world, &prompts_hash), world)) return EXIT_RUN_FAILED;
     Config cfg;
     Model model = {0};
     Tokenizer tok_storage, *tok = NULL;
@@ -415,8 +488,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
     int status = EXIT_RUN_FAILED, topo_ready = 0;
     Topology topo;
     Result *res = NULL;
-    char **texts = NULL;
+    char **texts = NULL, *done = NULL;
     int *group = NULL;
+    Result *earlier = NULL;
     if (failed_anywhere(model_read_config(o->model, &cfg) ||
                             topology_check(&cfg, world_size, o->tp, o->dcp, o->dp, o->interleave, o->block_size) ||
                             requests_check_vocab(&rs, cfg.vocab_size, o->skip_invalid),
@@ -433,6 +507,22 @@ int run_job(const Options *o, MPI_Comm world, int device)
     if (tok_path) tok = &tok_storage;
     prepare_prompts(&rs, tok, &cfg, max_model_len);
     tm.tokenize = now_s() - t0;
+
+    /* requests finished by earlier runs (--resume): rank 0 reads the
+     * journal, every rank learns which they are */
+    Fingerprint fp;
+    run_fingerprint(o, &cfg, prompts_hash, max_model_len, tok_path, &fp);
+    done = xcalloc((size_t)rs.n + 1, 1);
+    earlier = rank == 0 ? xcalloc((size_t)rs.n + 1, sizeof(Result)) : NULL;
+    int n_done = 0, complete = 0;
+    if (failed_anywhere(rank == 0 && prepare_journal(o, &fp, &rs, earlier, done, &n_done, &complete), world))
+        goto out;
+    DCP_CHECK(MPI_Bcast(&complete, 1, MPI_INT, 0, world));
+    if (complete) {
+        status = EXIT_OK;
+        goto out;
+    }
+    xfer_bcast(done, (size_t)rs.n, 0, world);
 
     if (failed_anywhere(be->host_memory && check_host_kv_memory(o->kv_cache_memory), world)) goto out;
     topology_init(&topo, world, o->tp, o->dcp, o->interleave);
@@ -473,8 +563,8 @@ int run_job(const Options *o, MPI_Comm world, int device)
                topo.dcp, capacity, max_model_len, (double)capacity / max_model_len);
     requests_check_kv(&rs, &topo, &eng.pool, max_model_len);
 
-    /* this DP group's requests, in file order */
-    group = dp_assign(&rs, topo.dp);
+    /* this DP group's requests, in file order, less those done earlier */
+    group = dp_assign(&rs, topo.dp, done);
     RequestSet mine;
     int *index = xmalloc(sizeof(int) * (size_t)(rs.n ? rs.n : 1));
     dp_select(&rs, group, topo.dp_rank, &mine, index);
@@ -482,10 +572,18 @@ int run_job(const Options *o, MPI_Comm world, int device)
                      .max_batched_tokens = o->max_batched_tokens,
                      .progress = rank == 0 && (o->progress >= 0 ? o->progress : isatty(2))};
     Result *mine_res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
+    StepHook hook = {.mine = &mine, .res = mine_res, .index = index};
+    if (o->journal && topo.tp_rank == 0 &&
+        journal_open(&hook.journal, o->output, topo.dp_rank, &fp) && rank == 0 && !o->quiet)
+        fprintf(stderr, "dcpinfer: %s; the run goes on without it\n", dcp_error());
+    go.on_step = after_step;
+    go.on_step_ctx = &hook;
     GenStats gs;
     DCP_CHECK(MPI_Barrier(world));
+    watchdog_start(o->step_timeout, rank, EXIT_STALLED);
     t0 = now_s();
     generate(&eng, &mine, mine_res, &go, &gs);
+    journal_close(&hook.journal);
     DCP_CHECK(MPI_Barrier(world));
     double gen_s = now_s() - t0;
     long long kv_peak = gs.kv_positions_peak * (long long)engine_kv_bytes_per_token(&eng);
@@ -499,6 +597,12 @@ int run_job(const Options *o, MPI_Comm world, int device)
     for (int i = 0; i < rs.n; i++)
         if (rs.r[i].error) res[i].finish_reason = "error";
     gather_results(&rs, group, res, &topo);
+    if (rank == 0)
+        for (int i = 0; i < rs.n; i++)
+            if (done[i]) { /* from the journal */
+                res[i] = earlier[i];
+                memset(&earlier[i], 0, sizeof earlier[i]);
+            }
     StepRecord *steps = NULL;
     int *step_dp = NULL, n_steps = gather_steps(&gs, &topo, &steps, &step_dp);
     free(gs.steps);
@@ -510,13 +614,16 @@ int run_job(const Options *o, MPI_Comm world, int device)
     DCP_CHECK(MPI_Gather(&tm, TIMING_N, MPI_DOUBLE, all_tm, TIMING_N, MPI_DOUBLE, 0, world));
     DCP_CHECK(MPI_Gather(&comm, sizeof comm, MPI_BYTE, all_comm, sizeof comm, MPI_BYTE, 0, world));
     DCP_CHECK(MPI_Gather(&kv_peak, 1, MPI_LONG_LONG, all_kv, 1, MPI_LONG_LONG, 0, world));
+    /* the rest is rank 0's alone (writing may take longer than a step) */
+    watchdog_stop();
     int write_rc = 0, failed = 0;
     if (rank == 0) {
         texts = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(char *));
-        long out_tokens = 0;
+        long out_tokens = 0, run_tokens = 0; /* run_tokens: generated by this run (not resumed) */
         for (int i = 0; i < rs.n; i++) {
             texts[i] = decode_text(tok, &cfg, &rs.r[i], &res[i]);
             out_tokens += res[i].n;
+            run_tokens += done[i] ? 0 : res[i].n;
             if (rs.r[i].error) {
                 failed++;
                 fprintf(stderr, "dcpinfer: %s\n", rs.r[i].error);
@@ -553,19 +660,24 @@ int run_job(const Options *o, MPI_Comm world, int device)
             printf("# decode-only steps: %ld tokens in %.3f s: %.1f tokens/s\n", decode_only, decode_s,
                    decode_only / decode_s);
         print_latency(&rs, res);
-        printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s, %.2f requests/s\n", rs.n,
-               failed, out_tokens, gen_s, gen_s > 0 ? out_tokens / gen_s : 0.0,
-               gen_s > 0 ? (rs.n - failed) / gen_s : 0.0);
+        int run_requests = rs.n - failed - n_done;
+        printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s, %.2f requests/s%s\n", rs.n,
+               failed, out_tokens, gen_s, gen_s > 0 ? run_tokens / gen_s : 0.0, gen_s > 0 ? run_requests / gen_s : 0.0,
+               n_done ? " (rates of this run's requests; the resumed ones are not counted)" : "");
+        char fp_line[128];
+        fingerprint_line(&fp, fp_line, sizeof fp_line);
         RunInfo info = {.model_path = model.path, .cfg = &cfg, .max_model_len = max_model_len,
                         .world_size = world_size, .tp = topo.tp, .dcp = topo.dcp, .dp = topo.dp,
                         .interleave = topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
                         .threads_per_rank = threads, .backend = be->name, .mpi_buffers = mpi_buffers,
                         .seed = o->seed,
-                        .prompts_path = o->prompts};
+                        .prompts_path = o->prompts, .fingerprint = fp_line, .resumed_requests = n_done,
+                        .run_tokens = run_tokens, .run_requests = run_requests};
         RankReports rep = {ranks, all_tm, all_comm, all_kv};
         StepReport sr = {steps, step_dp, n_steps, kv_blocks, block_size, capacity, gen_s};
         write_rc = output_write(o->output, &info, &rs, res, texts, &rep, &sr);
         if (!write_rc && !o->quiet) printf("# results written to %s\n", o->output);
+        if (!write_rc) journal_remove(o->output); /* the results file holds it all now */
     }
     free(steps);
     free(step_dp);
@@ -581,6 +693,9 @@ out:
     free(texts);
     if (res) results_free(res, rs.n);
     free(res);
+    if (earlier) results_free(earlier, rs.n);
+    free(earlier);
+    free(done);
     free(group);
     if (tok) tokenizer_free(tok);
     free(tok_path);

@@ -16,7 +16,8 @@
 enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
-    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE
+    OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
+    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT
 };
 
 static const struct option long_opts[] = {
@@ -45,6 +46,9 @@ static const struct option long_opts[] = {
     {"max-num-seqs", required_argument, 0, OPT_MAX_NUM_SEQS},
     {"max-num-batched-tokens", required_argument, 0, OPT_MAX_BATCHED},
     {"skip-invalid", no_argument, 0, OPT_SKIP_INVALID},
+    {"resume", no_argument, 0, OPT_RESUME},
+    {"no-journal", no_argument, 0, OPT_NO_JOURNAL},
+    {"step-timeout", required_argument, 0, OPT_STEP_TIMEOUT},
     {"progress", no_argument, 0, OPT_PROGRESS},
     {"no-progress", no_argument, 0, OPT_NO_PROGRESS},
     {"quiet", no_argument, 0, OPT_QUIET},
@@ -111,6 +115,12 @@ void options_usage(FILE *f)
             "  --output FILE            HDF5 results file (default dcpinfer.h5)\n"
             "  --skip-invalid           record a bad prompt line as a failed request and go on,\n"
             "                           instead of stopping before the model is loaded\n"
+            "  --resume                 continue an earlier run of the same --output that stopped\n"
+            "                           (crash, kill, time limit): requests in its journal\n"
+            "                           (OUTPUT.journal*) are not run again; the inputs must match\n"
+            "  --no-journal             do not record finished requests (no --resume possible)\n"
+            "  --step-timeout S         end the job when no step completes in S seconds (a\n"
+            "                           stopped or hung rank); default 0: never\n"
             "  --progress, --no-progress  progress line on stderr (default: when it is a terminal)\n"
             "  --quiet                  no per-request lines on stdout\n"
             "  --help, --version\n"
@@ -149,7 +159,8 @@ int options_parse(Options *o, int argc, char **argv, int print)
                    .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
                    .block_size = 16, .mpi_device_buffers = "auto",
                    .dtype = "auto", .max_tokens = 16, .temperature = 1.0f,
-                   .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1};
+                   .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1,
+                   .journal = 1};
     optind = 1;
     opterr = 0;
     int c;
@@ -207,6 +218,14 @@ int options_parse(Options *o, int argc, char **argv, int print)
         case OPT_MAX_NUM_SEQS: rc = parse_int("--max-num-seqs", optarg, 1, 1 << 20, &o->max_num_seqs); break;
         case OPT_MAX_BATCHED: rc = parse_int("--max-num-batched-tokens", optarg, 1, 1 << 20, &o->max_batched_tokens); break;
         case OPT_SKIP_INVALID: o->skip_invalid = 1; break;
+        case OPT_RESUME: o->resume = 1; break;
+        case OPT_NO_JOURNAL: o->journal = 0; break;
+        case OPT_STEP_TIMEOUT: {
+            float t;
+            rc = parse_float("--step-timeout", optarg, 0, 1e7f, 0, &t);
+            o->step_timeout = t;
+            break;
+        }
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NO_PROGRESS: o->progress = 0; break;
         case OPT_QUIET: o->quiet = 1; break;
@@ -226,6 +245,8 @@ int options_parse(Options *o, int argc, char **argv, int print)
     if (optind + 1 < argc) return dcp_fail("one prompt file expected, got '%s' and '%s'", argv[optind], argv[optind + 1]);
     o->prompts = argv[optind];
 
+    if (o->resume && !o->journal)
+        return dcp_fail("--resume and --no-journal: a resumed run records its own finished requests too");
     if (o->max_num_seqs > o->max_batched_tokens)
         return dcp_fail("--max-num-seqs %d exceeds --max-num-batched-tokens %d: every running request needs "
                         "a token in each step",

@@ -29,6 +29,9 @@ typedef struct {
     int block_size;          /* positions per KV block per rank */
     const char *mpi_device_buffers; /* auto | yes | no */
     const char *dtype;               /* auto | float32 | bfloat16: GEMM weights */
+    int resume;            /* reuse the journal of an earlier run of the same output */
+    int journal;           /* record finished requests as they finish (default on) */
+    double step_timeout;   /* seconds without a finished step before the job ends; 0: off */
 } Options;
 
 /* 0: run; 1: --help or --version printed, exit 0; -1: error in dcp_error(). */

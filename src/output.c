@@ -95,6 +95,31 @@ static void write_root_attrs(hid_t f, const RunInfo *in)
     time_t now = time(NULL);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     attr_str(f, "created", when);
+    attr_str(f, "resume_fingerprint", in->fingerprint ? in->fingerprint : "");
+    attr_int(f, "resumed_requests", in->resumed_requests);
+}
+
+int output_read_fingerprint(const char *path, char *buf, size_t n)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    if (access(path, R_OK) || H5Fis_hdf5(path) <= 0) return -1;
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) return -1;
+    int rc = -1;
+    hid_t a = H5Aexists(f, "resume_fingerprint") > 0 ? H5Aopen(f, "resume_fingerprint", H5P_DEFAULT) : -1;
+    if (a >= 0) {
+        hid_t t = string_type();
+        char *v = NULL;
+        if (H5Aread(a, t, &v) >= 0 && v) {
+            snprintf(buf, n, "%s", v);
+            rc = 0;
+        }
+        if (v) H5free_memory(v);
+        H5Tclose(t);
+        H5Aclose(a);
+    }
+    H5Fclose(f);
+    return rc;
 }
 
 static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char *const *texts)
@@ -377,12 +402,8 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
              write_timings(f, rep->timings, info->world_size) ||
              write_comm(f, rep->comm, rep->kv_peak_bytes, info->world_size) || write_steps(f, steps);
     if (!rc) {
-        long long out = 0, ok = 0;
-        for (int i = 0; i < rs->n; i++) {
-            out += res[i].n;
-            ok += rs->r[i].error == NULL;
-        }
-        double secs = steps->generation_s, tps = secs > 0 ? out / secs : 0, rps = secs > 0 ? ok / secs : 0;
+        double secs = steps->generation_s, tps = secs > 0 ? info->run_tokens / secs : 0,
+               rps = secs > 0 ? info->run_requests / secs : 0;
         attr_num(f, "generation_s", H5T_NATIVE_DOUBLE, &secs);
         attr_num(f, "output_tokens_per_s", H5T_NATIVE_DOUBLE, &tps);
         attr_num(f, "requests_per_s", H5T_NATIVE_DOUBLE, &rps);

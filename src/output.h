@@ -13,6 +13,7 @@
 #ifndef DCP_OUTPUT_H
 #define DCP_OUTPUT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "comm.h"
@@ -60,11 +61,19 @@ typedef struct {
     const char *mpi_buffers; /* host, device or staged */
     uint64_t seed;
     const char *prompts_path;
+    const char *fingerprint; /* what the results depend on (journal.h) */
+    int resumed_requests;    /* taken from an earlier run's journal */
+    long long run_tokens;    /* output tokens and finished requests of this run (the rates' basis) */
+    int run_requests;
 } RunInfo;
 
 /* Fails when the file's folder is missing or not writable, so that a run
  * stops before its work rather than after it. */
 int output_check_writable(const char *path);
+
+/* The "resume_fingerprint" attribute of a results file, into buf; -1 when
+ * the file or the attribute is missing. */
+int output_read_fingerprint(const char *path, char *buf, size_t n);
 
 /* texts: one per request. */
 int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,

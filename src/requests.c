@@ -184,13 +184,6 @@ typedef struct {
     size_t cap, n;
 } IdSet;
 
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 /* Returns the index of an earlier request with r's id, or -1 after adding it. */
 static int idset_add(IdSet *ids, const RequestSet *set, int index)
 {
@@ -202,7 +195,7 @@ static int idset_add(IdSet *ids, const RequestSet *set, int index)
         *ids = grown;
     }
     const char *id = set->r[index].id;
-    for (size_t i = hash_str(id) & (ids->cap - 1);; i = (i + 1) & (ids->cap - 1)) {
+    for (size_t i = fnv1a(FNV_START, id, strlen(id)) & (ids->cap - 1);; i = (i + 1) & (ids->cap - 1)) {
         if (!ids->slot[i]) {
             ids->slot[i] = index + 1;
             ids->n++;

@@ -71,6 +71,13 @@ uint64_t splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
 float bf16_to_f32(uint16_t h)
 {
     uint32_t u = (uint32_t)h << 16;

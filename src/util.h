@@ -22,6 +22,10 @@ double now_s(void);
 /* Deterministic generators shared by sampling and the test-model writer. */
 uint64_t splitmix64(uint64_t *state);
 
+/* 64-bit FNV-1a hash of n bytes, continued from h (start with FNV_START). */
+#define FNV_START 1469598103934665603ull
+uint64_t fnv1a(uint64_t h, const void *data, size_t n);
+
 /* fp16/bf16 <-> fp32 conversions used by the checkpoint readers/writers. */
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);

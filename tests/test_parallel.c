@@ -106,7 +106,7 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         topology_init(&t, sub, L.tp, L.dcp, L.I);
         Model m;
         CHECK(model_load(&m, path, t.tp, t.tp_rank) == 0, "load: %s", dcp_error());
-        int *group = dp_assign(rs, t.dp);
+        int *group = dp_assign(rs, t.dp, NULL);
         RequestSet mine;
         int *global = xmalloc(sizeof(int) * rs->n);
         dp_select(rs, group, t.dp_rank, &mine, global);
