@@ -107,6 +107,16 @@ __global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, size_t n)
     if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
+int cuda_sync_each_launch(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DCPINFER_CUDA_SYNC");
+        on = e && !strcmp(e, "1");
+    }
+    return on;
+}
+
 static void cuda_synchronize(void) { DCP_CHECK(cudaStreamSynchronize(stream)); }
 
 // ---- GEMM -------------------------------------------------------------
@@ -129,7 +139,7 @@ static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, in
         x_bf16 = (__nv_bfloat16 *)cuda_alloc(sizeof(__nv_bfloat16) * x_bf16_cap);
     }
     k_to_bf16<<<blocks_for(n, 256), 256, 0, stream>>>(x_bf16, x, n);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
     DCP_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w.data, CUDA_R_16BF, in, x_bf16, CUDA_R_16BF,
                            in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
@@ -156,7 +166,7 @@ __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, flo
 static void cuda_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
 {
     if (T) k_rmsnorm<<<T, 256, 0, stream>>>(y, x, w, dim, eps);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 __global__ void k_rope(float *x, const int *pos, int T, int heads, int head_dim, float theta, int adjacent)
@@ -178,7 +188,7 @@ static void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim
 {
     size_t n = (size_t)T * n_heads * (head_dim / 2);
     if (n) k_rope<<<blocks_for(n, 256), 256, 0, stream>>>(x, pos, T, n_heads, head_dim, theta, style == ROPE_ADJACENT_PAIRS);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 __global__ void k_silu_mul(float *g, const float *u, size_t n)
@@ -193,7 +203,7 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n)
 static void cuda_silu_mul(float *gate, const float *up, size_t n)
 {
     if (n) k_silu_mul<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 __global__ void k_add(float *y, const float *x, size_t n)
@@ -205,7 +215,7 @@ __global__ void k_add(float *y, const float *x, size_t n)
 static void cuda_add(float *y, const float *x, size_t n)
 {
     if (n) k_add<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 // dst row r = src row rows[r] (embedding: src = table, rows = tokens)
@@ -219,7 +229,7 @@ __global__ void k_gather_rows(float *dst, const float *src, const int *rows, int
 static void cuda_gather_rows(float *dst, const float *src, const int *rows, int R, int dim)
 {
     if (R) k_gather_rows<<<R, 128, 0, stream>>>(dst, src, rows, dim);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 static void cuda_embedding(float *x, const float *table, const int *tokens, int T, int dim)
@@ -241,7 +251,7 @@ static void cuda_kv_write(float *k_pool, float *v_pool, const float *k, const fl
                           int kvd)
 {
     if (T) k_kv_write<<<T, 128, 0, stream>>>(k_pool, v_pool, k, v, slots, kvd);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 // ---- attention --------------------------------------------------------
@@ -338,7 +348,7 @@ static void cuda_attention(const AttnBatch *a)
     k_attention<<<a->T * a->n_heads, ATT_THREADS, 0, stream>>>(
         a->out, a->lse, a->q, d_kp, d_vp, d_nkeys, a->blocks ? d_tables : NULL, a->block_size, a->n_heads,
         a->n_heads / a->n_kv_heads, a->head_dim, a->kv_stride, a->scale);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 // ---- LSE merges (DESIGN.md section 4) ----------------------------------
@@ -367,7 +377,7 @@ static void cuda_merge_attention(float *o1, float *lse1, const float *o2, const 
 {
     dim3 threads(32, 8);
     if (rows) k_merge<<<blocks_for(rows, 8), threads, 0, stream>>>(o1, lse1, o2, lse2, rows, head_dim);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 __global__ void k_lse_rescale(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows,
@@ -395,7 +405,7 @@ static void cuda_lse_rescale(float *o, float *lse_merged, const float *lse_ranks
 {
     dim3 threads(32, 8);
     if (rows) k_lse_rescale<<<blocks_for(rows, 8), threads, 0, stream>>>(o, lse_merged, lse_ranks, me, N, rows, head_dim);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 __global__ void k_lse_combine(float *out, float *lse, const float *parts, int N, int rows, int head_dim)
@@ -428,7 +438,7 @@ static void cuda_lse_combine(float *out, float *lse, const float *parts, int N, 
 {
     dim3 threads(32, 8);
     if (rows) k_lse_combine<<<blocks_for(rows, 8), threads, 0, stream>>>(out, lse, parts, N, rows, head_dim);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 __global__ void k_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
@@ -444,7 +454,7 @@ static void cuda_pack_partials(float *parts, const float *o, const float *lse, i
 {
     size_t n = (size_t)rows * (head_dim + 1);
     if (n) k_pack_partials<<<blocks_for(n, 256), 256, 0, stream>>>(parts, o, lse, rows, head_dim);
-    DCP_CHECK(cudaGetLastError());
+    DCP_CHECK_LAUNCH(stream);
 }
 
 // ---- the table ----------------------------------------------------------

@@ -8,20 +8,9 @@ extern "C" {
 #include "device.h"
 }
 
-static int wants_cuda(int argc, char **argv)
+extern "C" int device_select(const char *backend)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        while (*a == '-') a++;
-        if (!strcmp(a, "backend=cuda")) return 1;
-        if (!strcmp(a, "backend") && i + 1 < argc && !strcmp(argv[i + 1], "cuda")) return 1;
-    }
-    return 0;
-}
-
-extern "C" int device_select_before_mpi(int argc, char **argv)
-{
-    if (!wants_cuda(argc, argv)) return -1;
+    if (!backend || strcmp(backend, "cuda")) return -1;
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return -1; // backend_cuda() says why
     int local = launcher_local_rank(NULL);

@@ -60,7 +60,8 @@ make -C "$BUILD_DIR" -j"$(nproc)" >"$BUILD_DIR/make.out" 2>&1 || { tail -30 "$BU
 
 # ---- GPU tests -------------------------------------------------------
 say "GPU tests"
-make -C "$BUILD_DIR" check DCP_SHARED="$SHARED" TESTS="tests/test_backends tests/gpu_stories.sh" \
+# every kernel launch synchronised and checked, so that a fault names its launch
+DCPINFER_CUDA_SYNC=1 make -C "$BUILD_DIR" check DCP_SHARED="$SHARED" TESTS="tests/test_backends tests/gpu_stories.sh" \
     >"$BUILD_DIR/gpu-tests.out" 2>&1
 grep -E '^(PASS|FAIL|SKIP|ERROR):' "$BUILD_DIR/gpu-tests.out"
 for t in test_backends gpu_stories.sh; do sed 's/^/    /' "$BUILD_DIR/tests/$t.log" 2>/dev/null | grep -vE '^    $' | tail -25; done

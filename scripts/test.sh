@@ -1,11 +1,15 @@
 #!/bin/bash
 # Builds dcpinfer (installing its Debian packages if missing) and runs the
 # test suite twice: a normal build, and an AddressSanitizer +
-# UndefinedBehaviorSanitizer build; in between it builds the CUDA variant
-# (build only) where nvcc exists. Ends with "N passed, N failed".
+# UndefinedBehaviorSanitizer build with a short fuzzing run of every parser;
+# in between it builds the CUDA variant (build only) where nvcc exists.
+# Last, make distcheck builds and tests the release tarball. Ends with
+# "N passed, N failed, N skipped".
 set -u
 . "$(dirname "$0")/setup.sh"
 ensure_packages || exit 1
+# the shared models and tokenizers beside the checkout (tests skip without them)
+export DCP_SHARED=${DCP_SHARED:-$(cd "$TOP/.." && pwd)/shared}
 
 passed=0 failed=0 skipped=0
 run_suite() { # NAME BUILD_DIR CONFIGURE_ARGS
@@ -48,6 +52,15 @@ cuda_build() {
         build_dcpinfer; then
         echo "   PASS: configure --enable-cuda && make"
         passed=$((passed + 1))
+        # machine code for each listed architecture plus PTX of the newest,
+        # so that GPUs newer than the list still run (no "no kernel image")
+        if grep -q '^NVCC_ARCH_FLAGS = .*code=sm_80.*code=compute_90' "$TOP/build-cuda/Makefile"; then
+            echo "   PASS: CUDA build embeds sm_80/sm_90 code and compute_90 PTX"
+            passed=$((passed + 1))
+        else
+            echo "   FAIL: CUDA build lacks PTX for its newest architecture: $(grep '^NVCC_ARCH_FLAGS' "$TOP/build-cuda/Makefile")"
+            failed=$((failed + 1))
+        fi
     else
         echo "   FAIL: configure --enable-cuda && make"
         failed=$((failed + 1))
@@ -57,9 +70,26 @@ cuda_build() {
 run_suite normal "$TOP/build" ""
 cuda_build
 # Open MPI keeps allocations until exit; valgrind_leaks.sh checks leaks in
-# the normal build, so LeakSanitizer stays off here.
-export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-run_suite sanitizers "$TOP/build-sanitizers" "--enable-sanitizers"
+# the normal build, so LeakSanitizer stays off here. tests/fuzz.sh fuzzes
+# each parser for DCP_FUZZ_SECONDS (scripts/fuzz.sh 600 for long runs).
+(
+    export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    export DCP_FUZZ_SECONDS=${DCP_FUZZ_SECONDS:-20}
+    run_suite sanitizers "$TOP/build-sanitizers" "--enable-sanitizers"
+    echo "$passed $failed $skipped" >"$TOP/build-sanitizers/counts"
+)
+read -r passed failed skipped <"$TOP/build-sanitizers/counts"
+
+# the release tarball: every file the build and the tests need is in it
+echo "== make distcheck ($TOP/build)"
+if make -C "$TOP/build" distcheck >"$TOP/build/distcheck.out" 2>&1; then
+    echo "   PASS: make distcheck"
+    passed=$((passed + 1))
+else
+    echo "   FAIL: make distcheck"
+    grep -E '^(FAIL|ERROR):|Error|error:' "$TOP/build/distcheck.out" | head -20
+    failed=$((failed + 1))
+fi
 
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]

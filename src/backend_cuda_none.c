@@ -11,10 +11,9 @@ const Backend *backend_cuda(void)
     return NULL;
 }
 
-int device_select_before_mpi(int argc, char **argv)
+int device_select(const char *backend)
 {
-    (void)argc;
-    (void)argv;
+    (void)backend;
     return -1;
 }
 

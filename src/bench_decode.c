@@ -135,11 +135,8 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
-    int rank, size;
-    DCP_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-    DCP_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-    device = device_select_before_mpi(argc, argv);
+    /* the options first: the GPU is chosen from --backend before MPI_Init */
+    int rank = dcp_env_rank(), size;
     const char *model = NULL, *cases = "1:1024,8:1024,8:4096,32:4096", *backend = "cpu";
     int steps = 5, max_dcp = 0;
     static const struct option opts[] = {{"model", 1, 0, 'm'},   {"cases", 1, 0, 'c'},   {"steps", 1, 0, 's'},
@@ -155,10 +152,13 @@ int main(int argc, char **argv)
             if (rank == 0)
                 fprintf(stderr, "usage: mpirun -np N dcpinfer-bench-decode --model PATH [--cases b:L,...] "
                                 "[--steps S] [--max-dcp N] [--backend cpu|cuda]\n");
-            MPI_Finalize();
             return 2;
         }
     }
+    device = device_select(backend);
+    MPI_Init(&argc, &argv);
+    DCP_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    DCP_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
     backend_set_threads(threads_per_rank(MPI_COMM_WORLD, NULL, NULL));
     be = backend_find(backend);
     if (!be) {

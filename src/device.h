@@ -2,13 +2,14 @@
 #ifndef DCP_DEVICE_H
 #define DCP_DEVICE_H
 
-/* Before MPI_Init: when the command line asks for --backend cuda, picks
- * the GPU from the launcher's local rank (OMPI_COMM_WORLD_LOCAL_RANK, then
+/* The one place a program chooses its GPU, from its parsed --backend,
+ * before MPI_Init (no CUDA context may exist yet): for "cuda", picks the
+ * GPU from the launcher's local rank (OMPI_COMM_WORLD_LOCAL_RANK, then
  * MV2_COMM_WORLD_LOCAL_RANK, then SLURM_LOCALID; device = local rank modulo
  * the visible devices) and makes it current. Returns the device, or -1
- * (no CUDA requested, or none usable: --backend cuda then fails with the
+ * (another backend, or no usable GPU: --backend cuda then fails with the
  * reason). */
-int device_select_before_mpi(int argc, char **argv);
+int device_select(const char *backend);
 /* The node-local rank the launcher put in the environment
  * (OMPI_COMM_WORLD_LOCAL_RANK, then MV2_COMM_WORLD_LOCAL_RANK, then
  * SLURM_LOCALID), or -1 when none is set; *from names the variable. */

@@ -1,35 +1,56 @@
 #!/bin/sh
-# End to end on the GPU: stories260K greedy with --backend cuda gives the
-# tokens of llama2.c's run.c (cases 1 and 2), as the CPU backend does: on
-# one rank, and on two ranks (one GPU each, or both on one GPU) with tp 2,
-# with dcp 2, and with MPI staging through host memory. Skips without a GPU.
+# End to end on a backend (DCP_E2E_BACKEND, default cuda): stories260K
+# greedy gives the tokens of llama2.c's run.c (cases 1 and 2), as the CPU
+# backend on one rank does, on one rank and on layouts the model allows:
+# tp 2, and tp 8 with dcp 2 (4 KV heads: 2 ranks per head), with both
+# merges and with MPI staged through host memory; an MQA model (1 KV head)
+# at tp 2 dcp 2 gives the tokens of the CPU on one rank. Skips without a
+# GPU. tests/stories_layouts.sh runs the same layouts on the CPU backend in
+# every suite, so that a layout the model refuses cannot hide here.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+BACKEND=${DCP_E2E_BACKEND:-cuda}
 model=$SHARED/models/stories260K
 [ -f "$model/stories260K.bin" ] || { echo "stories260K not found under $SHARED: skipped" >&2; exit 77; }
 command -v h5dump >/dev/null 2>&1 || { echo "h5dump not installed: skipped" >&2; exit 77; }
 P=$WORK/p.jsonl
 printf '{"id": "c1", "prompt": "Once upon a time", "max_tokens": 60, "temperature": 0}\n{"id": "c2", "prompt": "", "max_tokens": 256, "temperature": 0}\n' >"$P"
 M="--model $model/stories260K.bin --tokenizer $model/tok512.bin"
-run_dcp probe $M --backend cuda --max-tokens 1 --output "$WORK/probe.h5" "$P"
-if grep -qE "built without CUDA|no usable GPU" "$WORK/probe.err"; then
-    echo "$(cat "$WORK/probe.err"): skipped" >&2
-    exit 77
+if [ "$BACKEND" = cuda ]; then
+    run_dcp probe $M --backend cuda --max-tokens 1 --output "$WORK/probe.h5" "$P"
+    if grep -qE "built without CUDA|no usable GPU" "$WORK/probe.err"; then
+        echo "$(cat "$WORK/probe.err"): skipped" >&2
+        exit 77
+    fi
 fi
 dump() { h5dump -d /requests/output_tokens "$1" | sed -n '/DATA {/,$p'; }
 run_dcp cpu $M --output "$WORK/cpu.h5" "$P"
 # the first greedy tokens of run.c's case 1, after the prompt 1 403 407 261 378
 checks=$((checks + 1))
 if dump "$WORK/cpu.h5" | grep -q '(0): 432, 383, 286, 261, 376, 298'; then pass "CPU run matches run.c"; else fail "CPU run"; fi
-for layout in "" "-tp 2" "-tp 2 -dcp 2 --dcp-comm-backend a2a" "-tp 2 -dcp 2 --mpi-device-buffers no"; do
-    checks=$((checks + 1))
-    name=gpu$(echo "$layout" | tr -c 'a-z0-9\n' '_')
-    np=1
-    case $layout in *tp\ 2*) np=2 ;; esac
-    NP=$np run_dcp "$name" $M --backend cuda $layout --output "$WORK/$name.h5" "$P"
-    if [ "$(cat "$WORK/$name.rc")" = 0 ] && [ "$(dump "$WORK/cpu.h5")" = "$(dump "$WORK/$name.h5")" ]; then
-        pass "cuda $layout: the reference tokens"
-    else
-        fail "cuda $layout: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" >&2
-    fi
-done
+
+# run_layouts REFERENCE MODEL_ARGS LAYOUT...: each layout on $BACKEND gives
+# the reference's tokens
+run_layouts() {
+    ref=$1 args=$2
+    shift 2
+    for layout in "$@"; do
+        checks=$((checks + 1))
+        name=$BACKEND$(echo "$layout $args" | md5sum | cut -c1-8)
+        np=$(echo " $layout" | sed -n 's/.* -tp \([0-9]*\).*/\1/p')
+        NP=${np:-1} run_dcp "$name" $args --backend "$BACKEND" $layout --output "$WORK/$name.h5" "$P"
+        if [ "$(cat "$WORK/$name.rc")" = 0 ] && [ "$(dump "$ref")" = "$(dump "$WORK/$name.h5")" ]; then
+            pass "$BACKEND $layout: the reference tokens"
+        else
+            fail "$BACKEND $layout: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" >&2
+        fi
+    done
+}
+run_layouts "$WORK/cpu.h5" "$M" "" "-tp 2" "-tp 8 -dcp 2" "-tp 8 -dcp 2 --dcp-comm-backend a2a" \
+    "-tp 8 -dcp 2 --mpi-device-buffers no"
+
+# MQA: one KV head, so tp 2 can split its cache with dcp 2
+"$MKMODEL" --out "$WORK/mqa" --layers 2 --dim 64 --heads 8 --kv-heads 1 --hidden 96 --vocab 512 >/dev/null
+printf '{"id": "m1", "prompt_token_ids": [1, 403, 407, 261, 378], "max_tokens": 40, "temperature": 0}\n{"id": "m2", "prompt_token_ids": [1], "max_tokens": 90, "temperature": 0}\n' >"$P"
+run_dcp mqa-cpu --model "$WORK/mqa" --output "$WORK/mqa-cpu.h5" "$P"
+run_layouts "$WORK/mqa-cpu.h5" "--model $WORK/mqa" "" "-tp 2 -dcp 2" "-tp 2 -dcp 2 --dcp-comm-backend a2a"
 finish
