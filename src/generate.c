@@ -139,19 +139,23 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     scheduler_init(&sch, rs, res, c, e->topo, &e->pool, o);
     StepPlan plan;
     plan_init(&plan, o);
-    size_t logits_rows = o->on_logits ? (size_t)o->max_batched_tokens : (size_t)o->max_num_seqs;
+    /* a step has at most one chunk per request: buffers by the requests
+     * there are, not by --max-num-seqs (1M of them would be 128 GB of
+     * logits rows at a 32K vocabulary) */
+    size_t seqs = (size_t)(o->max_num_seqs < rs->n ? o->max_num_seqs : rs->n > 0 ? rs->n : 1);
+    size_t logits_rows = o->on_logits ? (size_t)o->max_batched_tokens : seqs;
     float *local = xmalloc(sizeof(float) * logits_rows * e->model->shard.vocab);
     PickBuffers bufs = {0};
     bufs.full = e->topo->tp > 1 ? xmalloc(sizeof(float) * logits_rows * vocab) : NULL;
     bufs.tmp = e->topo->tp > 1 ? xmalloc(sizeof(float) * logits_rows * vocab) : NULL;
-    bufs.pairs = xmalloc(sizeof(ValueIndex) * (size_t)o->max_num_seqs);
+    bufs.pairs = xmalloc(sizeof(ValueIndex) * seqs);
     bufs.scratch_bytes = sampler_scratch_bytes(vocab);
     bufs.scratch = xmalloc(bufs.scratch_bytes * (size_t)omp_get_max_threads());
-    bufs.rows = xmalloc(sizeof(float *) * (size_t)o->max_num_seqs);
+    bufs.rows = xmalloc(sizeof(float *) * seqs);
     bufs.counts = xmalloc(sizeof(int) * (size_t)e->topo->tp);
     bufs.displs = xmalloc(sizeof(int) * (size_t)e->topo->tp);
-    int *sampled = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
-    int *finished = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
+    int *sampled = xmalloc(sizeof(int) * seqs);
+    int *finished = xmalloc(sizeof(int) * seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
 

@@ -90,6 +90,18 @@ expect_error dp_huge 2 "-dp: '1073741824' is not an integer from 1 to 65536" -dp
 expect_error block_huge 2 "--block-size: '1073741824' is not an integer from 1 to 65536" \
     --block-size 1073741824 --cp-kv-cache-interleave-size 1073741824 "$P"
 
+# buffers follow the requests there are, not the limits: a million
+# sequences per step used to ask for a million logits rows up front
+"$MKMODEL" --out "$WORK/v32k" --layers 1 --dim 16 --heads 2 --kv-heads 1 --hidden 16 --vocab 32000 >/dev/null
+run_dcp huge_limits --model "$WORK/v32k" --max-num-seqs 1048576 --max-num-batched-tokens 1048576 \
+    --max-tokens 1073741824 --max-model-len 64 --output "$WORK/hl.h5" "$P"
+checks=$((checks + 1))
+if [ "$(cat "$WORK/huge_limits.rc")" = 0 ] && grep -q '^  g .* 2 length' "$WORK/huge_limits.out"; then
+    pass "--max-num-seqs 2^20, --max-num-batched-tokens 2^20, --max-tokens 2^30: runs in the memory of its one request"
+else
+    fail "huge limits: exit $(cat "$WORK/huge_limits.rc")"; cat "$WORK/huge_limits.err" >&2
+fi
+
 # ---- a text prompt that encodes to no tokens (no BOS on an HF model) ---------
 TOK=$SHARED/models/stories260K/tok512.bin
 if [ -f "$TOK" ]; then
