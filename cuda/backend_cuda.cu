@@ -28,7 +28,7 @@ static size_t x_bf16_cap;
 // pointers, see AttnBatch).
 static const float **d_kp, **d_vp;
 static const int **d_tables;
-static int *d_nkeys;
+static int *d_nkeys, *d_key0;
 static int meta_cap;
 
 static unsigned blocks_for(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -169,14 +169,14 @@ static void cuda_rmsnorm(float *y, const float *x, const float *w, int T, int di
     DCP_CHECK_LAUNCH(stream);
 }
 
-__global__ void k_rope(float *x, const int *pos, int T, int heads, int head_dim, float theta, int adjacent)
+__global__ void k_rope(float *x, const int *pos, int T, int heads, int head_dim, const float *inv_freq, float scale,
+                       int adjacent)
 {
     int half = head_dim / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * heads * half) return;
     int i = (int)(idx % half), h = (int)((idx / half) % heads), t = (int)(idx / half / heads);
-    float freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
-    float angle = pos[t] * freq, c = cosf(angle), s = sinf(angle);
+    float angle = pos[t] * inv_freq[i], c = cosf(angle) * scale, s = sinf(angle) * scale;
     float *v = x + ((size_t)t * heads + h) * head_dim;
     int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
     float v0 = v[a], v1 = v[b];
@@ -184,10 +184,13 @@ __global__ void k_rope(float *x, const int *pos, int T, int heads, int head_dim,
     v[b] = v0 * s + v1 * c;
 }
 
-static void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim, float theta, RopeStyle style)
+static void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
+                      RopeStyle style)
 {
     size_t n = (size_t)T * n_heads * (head_dim / 2);
-    if (n) k_rope<<<blocks_for(n, 256), 256, 0, stream>>>(x, pos, T, n_heads, head_dim, theta, style == ROPE_ADJACENT_PAIRS);
+    if (n)
+        k_rope<<<blocks_for(n, 256), 256, 0, stream>>>(x, pos, T, n_heads, head_dim, inv_freq, scale,
+                                                        style == ROPE_ADJACENT_PAIRS);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -203,6 +206,19 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n)
 static void cuda_silu_mul(float *gate, const float *up, size_t n)
 {
     if (n) k_silu_mul<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+    DCP_CHECK_LAUNCH(stream);
+}
+
+__global__ void k_add_bias(float *y, const float *b, int T, int n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)T * n) y[i] += b[i % n];
+}
+
+static void cuda_add_bias(float *y, const float *b, int T, int n)
+{
+    size_t total = (size_t)T * n;
+    if (total) k_add_bias<<<blocks_for(total, 256), 256, 0, stream>>>(y, b, T, n);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -264,11 +280,11 @@ static void cuda_kv_write(float *k_pool, float *v_pool, const float *k, const fl
 // threads d < head_dim. Keys are contiguous rows, or paged through the
 // token's block table.
 __global__ void k_attention(float *out, float *lse, const float *q, const float *const *kp, const float *const *vp,
-                            const int *n_keys, const int *const *tables, int block_size, int n_heads, int group,
-                            int head_dim, int kv_stride, float scale)
+                            const int *n_keys, const int *key0, const int *const *tables, int block_size, int n_heads,
+                            int group, int head_dim, int kv_stride, float scale)
 {
     int r = blockIdx.x, t = r / n_heads, h = r % n_heads, kvh = h / group;
-    int n = n_keys[t], tid = threadIdx.x;
+    int n = n_keys[t], first = key0 ? key0[t] : 0, tid = threadIdx.x;
     const float *qr = q + (size_t)r * head_dim;
     const float *k = kp[t] + (size_t)kvh * head_dim, *v = vp[t] + (size_t)kvh * head_dim;
     const int *table = tables ? tables[t] : NULL;
@@ -276,7 +292,7 @@ __global__ void k_attention(float *out, float *lse, const float *q, const float 
     for (int d = tid; d < head_dim; d += blockDim.x) qs[d] = qr[d];
     __syncthreads();
     float m = -INFINITY, sum = 0.0f, acc[ATT_MAX_D / ATT_THREADS] = {0};
-    for (int j0 = 0; j0 < n; j0 += ATT_THREADS) {
+    for (int j0 = first; j0 < n; j0 += ATT_THREADS) {
         int j = j0 + tid;
         float s = -INFINITY;
         size_t row = 0;
@@ -320,8 +336,8 @@ __global__ void k_attention(float *out, float *lse, const float *q, const float 
         __syncthreads();
     }
     float *o = out + (size_t)r * head_dim;
-    for (int c = 0; c * ATT_THREADS + tid < head_dim; c++) o[c * ATT_THREADS + tid] = n > 0 ? acc[c] / sum : 0.0f;
-    if (tid == 0) lse[r] = n > 0 ? m + logf(sum) : -INFINITY;
+    for (int c = 0; c * ATT_THREADS + tid < head_dim; c++) o[c * ATT_THREADS + tid] = n > first ? acc[c] / sum : 0.0f;
+    if (tid == 0) lse[r] = n > first ? m + logf(sum) : -INFINITY;
 }
 
 static void cuda_attention(const AttnBatch *a)
@@ -334,19 +350,23 @@ static void cuda_attention(const AttnBatch *a)
             cuda_release(d_vp);
             cuda_release(d_tables);
             cuda_release(d_nkeys);
+            cuda_release(d_key0);
         }
         meta_cap = a->T * 2;
         d_kp = (const float **)cuda_alloc(sizeof(float *) * meta_cap);
         d_vp = (const float **)cuda_alloc(sizeof(float *) * meta_cap);
         d_tables = (const int **)cuda_alloc(sizeof(int *) * meta_cap);
         d_nkeys = (int *)cuda_alloc(sizeof(int) * meta_cap);
+        d_key0 = (int *)cuda_alloc(sizeof(int) * meta_cap);
     }
     cuda_upload(d_kp, a->k, sizeof(float *) * a->T);
     cuda_upload(d_vp, a->v, sizeof(float *) * a->T);
     cuda_upload(d_nkeys, a->n_keys, sizeof(int) * a->T);
     if (a->blocks) cuda_upload(d_tables, a->blocks, sizeof(int *) * a->T);
+    if (a->key0) cuda_upload(d_key0, a->key0, sizeof(int) * a->T);
     k_attention<<<a->T * a->n_heads, ATT_THREADS, 0, stream>>>(
-        a->out, a->lse, a->q, d_kp, d_vp, d_nkeys, a->blocks ? d_tables : NULL, a->block_size, a->n_heads,
+        a->out, a->lse, a->q, d_kp, d_vp, d_nkeys, a->key0 ? d_key0 : NULL, a->blocks ? d_tables : NULL, a->block_size,
+        a->n_heads,
         a->n_heads / a->n_kv_heads, a->head_dim, a->kv_stride, a->scale);
     DCP_CHECK_LAUNCH(stream);
 }
@@ -498,6 +518,7 @@ extern "C" const Backend *backend_cuda(void)
     b.rope = cuda_rope;
     b.silu_mul = cuda_silu_mul;
     b.add = cuda_add;
+    b.add_bias = cuda_add_bias;
     b.embedding = cuda_embedding;
     b.gather_rows = cuda_gather_rows;
     b.kv_write = cuda_kv_write;

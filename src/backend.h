@@ -44,6 +44,8 @@ typedef struct {
     const float *const *k;    /* per token: its first key row (n_kv_heads*head_dim floats) */
     const float *const *v;    /* per token: its first value row */
     const int *n_keys;        /* per token: rows to attend to */
+    const int *key0;          /* per token: first key attended to (keys before it are outside a sliding
+                                 window); NULL: 0 */
     int kv_stride;            /* floats from one key row to the next */
     /* Paged keys: when blocks is set, key j of token t is row
      * blocks[t][j / block_size] * block_size + j % block_size from k[t]. */
@@ -84,8 +86,13 @@ typedef struct Backend {
     void (*matmul)(float *y, const float *x, WeightRef w, int T, int in, int out);
     /* y (T, dim) = x / rms(x) * w, per row */
     void (*rmsnorm)(float *y, const float *x, const float *w, int T, int dim, float eps);
-    /* rotates x (T, n_heads, head_dim) in place for the positions pos (T) */
-    void (*rope)(float *x, const int *pos, int T, int n_heads, int head_dim, float theta, RopeStyle style);
+    /* rotates x (T, n_heads, head_dim) in place for the positions pos (T):
+     * angle pos * inv_freq[i] (head_dim/2 frequencies, a backend buffer),
+     * cos and sin multiplied by scale (YaRN's attention factor, else 1) */
+    void (*rope)(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
+                 RopeStyle style);
+    /* y (T, n) += b (n), per row */
+    void (*add_bias)(float *y, const float *b, int T, int n);
     /* gate (n) = silu(gate) * up */
     void (*silu_mul)(float *gate, const float *up, size_t n);
     /* y (n) += x */

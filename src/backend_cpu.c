@@ -62,15 +62,15 @@ static void cpu_rmsnorm(float *y, const float *x, const float *w, int T, int dim
     }
 }
 
-static void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, float theta, RopeStyle style)
+static void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
+                     RopeStyle style)
 {
     int half = head_dim / 2;
 #pragma omp parallel for if (T > 4)
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
-            float freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
-            float angle = pos[t] * freq;
-            float c = cosf(angle), s = sinf(angle);
+            float angle = pos[t] * inv_freq[i];
+            float c = cosf(angle) * scale, s = sinf(angle) * scale;
             for (int h = 0; h < n_heads; h++) {
                 float *v = x + ((size_t)t * n_heads + h) * head_dim;
                 /* adjacent pairs (2i, 2i+1), as llama2.c; or halves (i, i+D/2), as HF */
@@ -91,6 +91,12 @@ static void cpu_silu_mul(float *gate, const float *up, size_t n)
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+static void cpu_add_bias(float *y, const float *b, int T, int n)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++) y[(size_t)t * n + i] += b[i];
 }
 
 static void cpu_add(float *y, const float *x, size_t n)
@@ -115,11 +121,11 @@ static void cpu_attention(const AttnBatch *a)
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
             int t = r / a->n_heads, h = r % a->n_heads, kvh = h / group;
-            int n = a->n_keys[t];
+            int n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
             const float *q = a->q + (size_t)r * D;
             float *o = a->out + (size_t)r * D;
             memset(o, 0, sizeof(float) * D);
-            if (n <= 0) {
+            if (n - j0 <= 0) {
                 a->lse[r] = -INFINITY;
                 continue;
             }
@@ -132,7 +138,7 @@ static void cpu_attention(const AttnBatch *a)
             int B = a->block_size;
 #define KEY_ROW(j) ((size_t)(table ? (size_t)table[(j) / B] * B + (j) % B : (size_t)(j)) * a->kv_stride)
             float m = -INFINITY;
-            for (int j = 0; j < n; j++) {
+            for (int j = j0; j < n; j++) {
                 const float *kj = k + KEY_ROW(j);
                 float s = 0.0f;
                 for (int d = 0; d < D; d++) s += q[d] * kj[d];
@@ -141,7 +147,7 @@ static void cpu_attention(const AttnBatch *a)
                 if (s > m) m = s;
             }
             float sum = 0.0f;
-            for (int j = 0; j < n; j++) {
+            for (int j = j0; j < n; j++) {
                 float p = expf(score[j] - m);
                 sum += p;
                 const float *vj = v + KEY_ROW(j);
@@ -291,6 +297,7 @@ static const Backend cpu = {
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
     .embedding = cpu_embedding,
     .attention = cpu_attention,
     .merge_attention = cpu_merge_attention,

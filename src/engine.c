@@ -42,9 +42,23 @@ static void upload_weights(Engine *e)
     w->w_gate = be->gemm_weights(h->w_gate, L * hid * dim);
     w->w_up = be->gemm_weights(h->w_up, L * hid * dim);
     w->w_down = be->gemm_weights(h->w_down, L * dim * hid);
+    /* the optional vectors: biases and q/k norms, one row per layer */
+    size_t D = (size_t)c->head_dim;
+    const float *const host_vec[] = {h->bq, h->bk, h->bv, h->bo, h->b_gate, h->b_up, h->b_down, h->q_norm, h->k_norm};
+    const float **dev_vec[] = {&w->bq, &w->bk, &w->bv, &w->bo, &w->b_gate, &w->b_up, &w->b_down, &w->q_norm, &w->k_norm};
+    const size_t per_layer[] = {qd, kvd, kvd, dim, hid, hid, dim, D, D};
+    for (int i = 0; i < 9; i++) *dev_vec[i] = host_vec[i] ? be->weights(host_vec[i], L * per_layer[i]) : NULL;
+    float *freq = xmalloc(sizeof(float) * (D / 2 + 1));
+    rope_frequencies(c, freq, &w->rope_scale);
+    w->inv_freq = be->weights(freq, D / 2);
+    e->rope_host = freq; /* the CPU backend computes on it in place */
     w->layer = xcalloc(L, sizeof(LayerWeights));
     for (size_t l = 0; l < L; l++) {
         LayerWeights *lw = &w->layer[l];
+        const float **lv[] = {&lw->bq, &lw->bk, &lw->bv, &lw->bo, &lw->b_gate, &lw->b_up, &lw->b_down, &lw->q_norm,
+                              &lw->k_norm};
+        for (int i = 0; i < 9; i++) *lv[i] = *dev_vec[i] ? *dev_vec[i] + l * per_layer[i] : NULL;
+        lw->sliding = c->sliding_window > 0 && (int)l >= c->window_first_layer;
         lw->rms_att = w->rms_att + l * dim;
         lw->rms_ffn = w->rms_ffn + l * dim;
         lw->wq = weight_at(w->wq, l * qd * dim);
@@ -62,10 +76,13 @@ static void release_weights(Engine *e)
     EngineWeights *w = &e->w;
     const void *all[] = {w->token_embedding, w->rms_final, w->lm_head.data, w->rms_att, w->rms_ffn, w->wq.data,
                          w->wk.data,         w->wv.data,   w->wo.data,      w->w_gate.data, w->w_up.data,
-                         w->w_down.data};
+                         w->w_down.data,     w->bq,        w->bk,           w->bv,         w->bo,
+                         w->b_gate,          w->b_up,      w->b_down,       w->q_norm,     w->k_norm,
+                         w->inv_freq};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i]) e->be->release_weights(all[i]);
     free(w->layer);
+    free(e->rope_host);
 }
 
 void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, const EngineOptions *eo,
@@ -121,8 +138,9 @@ static void free_activations(Engine *e)
     free(e->kp);
     free(e->vp);
     free(e->n_keys);
+    free(e->key0);
     free(e->tables);
-    e->pos = e->slots = e->rows = e->n_keys = NULL;
+    e->pos = e->slots = e->rows = e->n_keys = e->key0 = NULL;
     e->kp = e->vp = NULL;
     e->tables = NULL;
 }
@@ -176,6 +194,7 @@ static void ensure_capacity(Engine *e, int T)
     e->kp = xmalloc(sizeof(float *) * T * N);
     e->vp = xmalloc(sizeof(float *) * T * N);
     e->n_keys = xmalloc(sizeof(int) * T * N);
+    e->key0 = xmalloc(sizeof(int) * T * N);
     e->tables = xmalloc(sizeof(int *) * T * N);
     if (N > 1) {
         e->q_all = be->alloc(f * N * T * qd);
@@ -254,22 +273,29 @@ static void attend(Engine *e, const Chunk *chunks, const int *const *tables, int
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
     const Topology *tp = e->topo;
-    int kvd = s->kv_heads * c->head_dim, T = 0;
+    int kvd = s->kv_heads * c->head_dim, T = 0, W = e->w.layer[layer].sliding ? c->sliding_window : 0;
     for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
     size_t layer_off = kv_offset(e, layer, 0, 0);
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
         int local = kv_local_len(tp, ch->pos0, tp->dcp_rank);
         for (int j = 0; j < ch->n; j++, t++) {
+            /* a sliding window keeps the keys at positions > p - W: in the
+             * cached shard those after this rank's first local positions
+             * (local indices grow with the position), in the chunk those
+             * after its first j - W + 1 */
+            int p = ch->pos0 + j, first = W && p - W + 1 > 0 ? p - W + 1 : 0;
             if (context) {
                 e->kp[t] = e->k_pool + layer_off;
                 e->vp[t] = e->v_pool + layer_off;
                 e->n_keys[t] = local;
+                e->key0[t] = first ? kv_local_len(tp, first < ch->pos0 ? first : ch->pos0, tp->dcp_rank) : 0;
                 e->tables[t] = tables[i];
             } else {
                 e->kp[t] = e->k + (size_t)(t - j) * kvd;
                 e->vp[t] = e->v + (size_t)(t - j) * kvd;
                 e->n_keys[t] = j + 1;
+                e->key0[t] = first > ch->pos0 ? first - ch->pos0 : 0;
             }
         }
     }
@@ -277,11 +303,12 @@ static void attend(Engine *e, const Chunk *chunks, const int *const *tables, int
         memcpy(e->kp + (size_t)r * T, e->kp, sizeof(float *) * T);
         memcpy(e->vp + (size_t)r * T, e->vp, sizeof(float *) * T);
         memcpy(e->n_keys + (size_t)r * T, e->n_keys, sizeof(int) * T);
+        memcpy(e->key0 + (size_t)r * T, e->key0, sizeof(int) * T);
         memcpy(e->tables + (size_t)r * T, e->tables, sizeof(int *) * T);
     }
     AttnBatch ab = {.T = T * copies, .n_heads = n_heads, .n_kv_heads = s->kv_heads, .head_dim = c->head_dim,
                     .scale = 1.0f / sqrtf((float)c->head_dim), .q = q, .out = out, .lse = lse,
-                    .k = e->kp, .v = e->vp, .n_keys = e->n_keys, .kv_stride = kvd,
+                    .k = e->kp, .v = e->vp, .n_keys = e->n_keys, .key0 = W ? e->key0 : NULL, .kv_stride = kvd,
                     .blocks = context ? e->tables : NULL, .block_size = e->pool.block_size};
     e->be->attention(&ab);
 }
@@ -347,8 +374,17 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         timed_matmul(e, e->q, e->xb, lw->wq, T, dim, qd);
         timed_matmul(e, e->k, e->xb, lw->wk, T, dim, kvd);
         timed_matmul(e, e->v, e->xb, lw->wv, T, dim, kvd);
-        be->rope(e->q, e->d_pos, T, s->q_heads, D, c->rope_theta, c->rope_style);
-        be->rope(e->k, e->d_pos, T, s->kv_heads, D, c->rope_theta, c->rope_style);
+        if (lw->bq) {
+            be->add_bias(e->q, lw->bq, T, qd);
+            be->add_bias(e->k, lw->bk, T, kvd);
+            be->add_bias(e->v, lw->bv, T, kvd);
+        }
+        if (lw->q_norm) { /* per head, before RoPE */
+            be->rmsnorm(e->q, e->q, lw->q_norm, T * s->q_heads, D, c->norm_eps);
+            be->rmsnorm(e->k, e->k, lw->k_norm, T * s->kv_heads, D, c->norm_eps);
+        }
+        be->rope(e->q, e->d_pos, T, s->q_heads, D, w->inv_freq, w->rope_scale, c->rope_style);
+        be->rope(e->k, e->d_pos, T, s->kv_heads, D, w->inv_freq, w->rope_scale, c->rope_style);
         double t0 = clock_now(e);
         attend(e, chunks, tables, n_chunks, l, 0, e->q, 1, s->q_heads, e->att, e->lse);
         if (has_context) {
@@ -363,15 +399,21 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         /* row-parallel output projection, summed over the TP group */
         timed_matmul(e, e->xb2, e->att, lw->wo, T, qd, dim);
         comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
+        if (lw->bo) be->add_bias(e->xb2, lw->bo, T, dim); /* once, after the sum */
         be->add(e->x, e->xb2, (size_t)T * dim);
 
         /* feed-forward block: column-parallel gate/up, row-parallel down */
         be->rmsnorm(e->xb, e->x, lw->rms_ffn, T, dim, c->norm_eps);
         timed_matmul(e, e->hb, e->xb, lw->w_gate, T, dim, hidden);
         timed_matmul(e, e->hb2, e->xb, lw->w_up, T, dim, hidden);
+        if (lw->b_gate) {
+            be->add_bias(e->hb, lw->b_gate, T, hidden);
+            be->add_bias(e->hb2, lw->b_up, T, hidden);
+        }
         be->silu_mul(e->hb, e->hb2, (size_t)T * hidden);
         timed_matmul(e, e->xb2, e->hb, lw->w_down, T, hidden, dim);
         comm_allreduce_sum(e->comm, e->xb2, T * dim, tp->tp_comm);
+        if (lw->b_down) be->add_bias(e->xb2, lw->b_down, T, dim);
         be->add(e->x, e->xb2, (size_t)T * dim);
     }
 

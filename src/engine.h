@@ -42,6 +42,9 @@ typedef struct {
     const float *rms_ffn;           /* (dim) */
     WeightRef w_gate, w_up;         /* (hidden, dim) */
     WeightRef w_down;               /* (dim, hidden) */
+    /* NULL unless the config has them (Weights in model.h) */
+    const float *bq, *bk, *bv, *bo, *b_gate, *b_up, *b_down, *q_norm, *k_norm;
+    int sliding;                    /* this layer attends within the sliding window */
 } LayerWeights;
 
 /* The backend's copies of the model's weights: whole per-layer stacks as
@@ -53,6 +56,9 @@ typedef struct {
     LayerWeights *layer;            /* n_layers views */
     const float *rms_att, *rms_ffn; /* stacks: (layer, dim) */
     WeightRef wq, wk, wv, wo, w_gate, w_up, w_down; /* stacks: (layer, rows, cols) */
+    const float *bq, *bk, *bv, *bo, *b_gate, *b_up, *b_down, *q_norm, *k_norm; /* stacks, or NULL */
+    const float *inv_freq;          /* (head_dim/2): RoPE frequencies (model.h rope_frequencies) */
+    float rope_scale;               /* cos/sin scale (YaRN), else 1 */
 } EngineWeights;
 
 typedef struct {
@@ -76,10 +82,11 @@ typedef struct {
     int *d_tokens, *d_pos, *d_slots, *d_rows, *d_tables;
     int cap_tables;
     const float **kp, **vp;
-    int *n_keys;
+    int *n_keys, *key0;
     const int **tables;
     const int **chunk_tables; /* per chunk: its block table in backend memory */
     int cap_chunks;
+    float *rope_host;      /* the RoPE frequencies as computed on the host */
 } Engine;
 
 /* topo NULL: one rank (tp = dcp = 1); stats may then be NULL too.

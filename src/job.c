@@ -491,7 +491,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     char **texts = NULL, *done = NULL;
     int *group = NULL;
     Result *earlier = NULL;
-    if (failed_anywhere(model_read_config(o->model, &cfg) ||
+    if (failed_anywhere(model_read_config(o->model, &cfg) || model_check_checkpoint(o->model, &cfg) ||
                             topology_check(&cfg, world_size, o->tp, o->dcp, o->dp, o->interleave, o->block_size) ||
                             requests_check_vocab(&rs, cfg.vocab_size, o->skip_invalid),
                         world))

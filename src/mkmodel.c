@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "arch.h"
 #include "util.h"
 
 void mkmodel_default_spec(ModelSpec *s)
@@ -24,8 +25,15 @@ int mkmodel_check_spec(const ModelSpec *s)
         return dcp_fail("every size must be positive (layers %d dim %d heads %d kv-heads %d hidden %d vocab %d "
                         "max-len %d)",
                         s->layers, s->dim, s->heads, s->kv_heads, s->hidden, s->vocab, s->max_len);
-    if (s->dim % s->heads) return dcp_fail("--dim %d is not divisible by --heads %d", s->dim, s->heads);
-    if ((s->dim / s->heads) % 2) return dcp_fail("head dim %d must be even for RoPE", s->dim / s->heads);
+    if (!s->head_dim && s->dim % s->heads) return dcp_fail("--dim %d is not divisible by --heads %d", s->dim, s->heads);
+    int D = s->head_dim ? s->head_dim : s->dim / s->heads;
+    if (D % 2) return dcp_fail("head dim %d must be even for RoPE", D);
+    if (s->arch < 0 || s->arch >= arch_count) return dcp_fail("unknown architecture %d", s->arch);
+    const Arch *a = &arch_table[s->arch];
+    if (s->attention_bias && !a->attention_bias)
+        return dcp_fail("--attention-bias: %s has no attention_bias field", a->name);
+    if (s->mlp_bias && !a->mlp_bias) return dcp_fail("--mlp-bias: %s has no mlp_bias field", a->name);
+    if (s->sliding_window && a->window == WINDOW_NONE) return dcp_fail("--sliding-window: %s has none", a->name);
     if (s->heads % s->kv_heads)
         return dcp_fail("--heads %d is not divisible by --kv-heads %d", s->heads, s->kv_heads);
     if (s->eos >= s->vocab) return dcp_fail("--eos %d outside the vocabulary of %d", s->eos, s->vocab);
@@ -40,10 +48,28 @@ void mkmodel_config(const ModelSpec *s, Config *c)
     c->n_layers = s->layers;
     c->n_heads = s->heads;
     c->n_kv_heads = s->kv_heads;
-    c->head_dim = s->dim / s->heads;
+    c->head_dim = s->head_dim ? s->head_dim : s->dim / s->heads;
     c->vocab_size = s->vocab;
     c->max_seq_len = s->max_len;
     c->rope_theta = s->rope_theta;
+    c->rope = s->rope;
+    if (c->rope.type == ROPE_DEFAULT) memset(&c->rope, 0, sizeof c->rope);
+    if (c->rope.type == ROPE_YARN) { /* transformers' defaults */
+        if (!c->rope.beta_fast) c->rope.beta_fast = 32;
+        if (!c->rope.beta_slow) c->rope.beta_slow = 1;
+        c->rope.truncate = 1;
+        c->rope.attention_factor = c->rope.factor > 1 ? 0.1f * logf(c->rope.factor) + 1.0f : 1.0f;
+    }
+    const Arch *a = &arch_table[s->arch >= 0 && s->arch < arch_count ? s->arch : 0];
+    c->arch = s->arch;
+    c->qkv_bias = a->qkv_bias || s->attention_bias;
+    c->o_bias = s->attention_bias;
+    c->mlp_bias = s->mlp_bias;
+    c->qk_norm = a->qk_norm;
+    c->sliding_window = s->sliding_window;
+    c->window_first_layer = a->window == WINDOW_UPPER ? (s->max_window_layers < s->layers ? s->max_window_layers
+                                                                                          : s->layers)
+                                                      : 0;
     c->norm_eps = 1e-5f;
     c->rope_style = ROPE_ROTATE_HALF;
     c->tied_embeddings = s->tied;
@@ -62,10 +88,11 @@ void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out)
     uint64_t st = s->seed * 0x100000001B3ull + (uint64_t)k * 1000003u + (uint64_t)layer * 7919u;
     splitmix64(&st);
     size_t n = (size_t)rows * cols;
-    int is_norm = (k == T_RMS_ATT || k == T_RMS_FFN || k == T_RMS_FINAL);
+    int is_norm = (k == T_RMS_ATT || k == T_RMS_FFN || k == T_RMS_FINAL || k == T_Q_NORM || k == T_K_NORM);
+    int is_bias = k >= T_BQ && k <= T_B_DOWN;
     /* Uniform weights scaled by 1/sqrt(fan-in) keep activations O(1), so
      * the logits spread and greedy argmax has few near-ties. */
-    float scale = is_norm ? 0.1f : (k == T_EMBED ? 1.0f : 1.7f / sqrtf((float)cols));
+    float scale = is_norm ? 0.1f : is_bias ? 0.2f : (k == T_EMBED ? 1.0f : 1.7f / sqrtf((float)cols));
     for (size_t i = 0; i < n; i++) {
         double u = (double)(splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0); /* [0,1) */
         float v = (float)(2.0 * u - 1.0) * scale;
@@ -79,9 +106,29 @@ static int write_all(FILE *f, const void *p, size_t n, const char *path)
     return 0;
 }
 
-static int tensor_present(const ModelSpec *s, TensorKind k)
+/* The rope block in the spelling asked for. */
+static void write_rope(FILE *f, const ModelSpec *s)
 {
-    return !(k == T_LM_HEAD && s->tied);
+    static const char *types[] = {"default", "linear", "llama3", "yarn"};
+    const RopeScaling *r = &s->rope;
+    if (r->type == ROPE_DEFAULT && !s->rope_parameters) {
+        fprintf(f, "  \"rope_theta\": %.1f,\n  \"rope_scaling\": null,\n", (double)s->rope_theta);
+        return;
+    }
+    if (!s->rope_parameters) fprintf(f, "  \"rope_theta\": %.1f,\n", (double)s->rope_theta);
+    fprintf(f, "  \"%s\": {\"%s\": \"%s\"", s->rope_parameters ? "rope_parameters" : "rope_scaling",
+            s->rope_parameters ? "rope_type" : "type", types[r->type]);
+    if (s->rope_parameters) fprintf(f, ", \"rope_theta\": %.1f", (double)s->rope_theta);
+    if (r->type != ROPE_DEFAULT) fprintf(f, ", \"factor\": %.9g", (double)r->factor);
+    if (r->type == ROPE_LLAMA3)
+        fprintf(f, ", \"low_freq_factor\": %.9g, \"high_freq_factor\": %.9g", (double)r->low_freq_factor,
+                (double)r->high_freq_factor);
+    if (r->type == ROPE_LLAMA3 || r->type == ROPE_YARN)
+        fprintf(f, ", \"original_max_position_embeddings\": %d", r->original_max_position_embeddings);
+    if (r->type == ROPE_YARN)
+        fprintf(f, ", \"beta_fast\": %.9g, \"beta_slow\": %.9g", (double)(r->beta_fast ? r->beta_fast : 32),
+                (double)(r->beta_slow ? r->beta_slow : 1));
+    fprintf(f, "},\n");
 }
 
 static int write_config_json(const ModelSpec *s, const char *dir)
@@ -90,19 +137,35 @@ static int write_config_json(const ModelSpec *s, const char *dir)
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    const Arch *a = &arch_table[s->arch];
+    Config c;
+    mkmodel_config(s, &c);
     char eos[32];
     if (s->eos >= 0) snprintf(eos, sizeof eos, "%d", s->eos);
     else snprintf(eos, sizeof eos, "null");
     fprintf(f,
-            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+            "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
             "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
             "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
-            "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n  \"rope_theta\": %.1f,\n"
+            "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n",
+            a->name, a->model_type, s->dim, s->hidden, s->layers, s->heads, s->kv_heads, c.head_dim, s->vocab,
+            s->max_len);
+    write_rope(f, s);
+    if (a->attention_bias) fprintf(f, "  \"attention_bias\": %s,\n", s->attention_bias ? "true" : "false");
+    if (a->mlp_bias) fprintf(f, "  \"mlp_bias\": %s,\n", s->mlp_bias ? "true" : "false");
+    if (a->window == WINDOW_ALL) {
+        if (s->sliding_window) fprintf(f, "  \"sliding_window\": %d,\n", s->sliding_window);
+        else fprintf(f, "  \"sliding_window\": null,\n");
+    } else if (a->window == WINDOW_UPPER) {
+        fprintf(f, "  \"use_sliding_window\": %s,\n  \"sliding_window\": %d,\n  \"max_window_layers\": %d,\n",
+                s->sliding_window ? "true" : "false", s->sliding_window ? s->sliding_window : 4096,
+                s->sliding_window ? s->max_window_layers : s->layers);
+    }
+    fprintf(f,
             "  \"rms_norm_eps\": 1e-05,\n  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n"
-            "  \"attention_bias\": false,\n  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
+            "  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
             "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}\n",
-            s->dim, s->hidden, s->layers, s->heads, s->kv_heads, s->dim / s->heads, s->vocab, s->max_len,
-            (double)s->rope_theta, s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
+            s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
     if (fclose(f)) return dcp_fail("%s: write error", path);
     return 0;
 }
@@ -125,7 +188,7 @@ static int write_safetensors(const ModelSpec *s, const char *path, const TensorR
         char name[128];
         tensor_hf_name(refs[i].k, refs[i].layer, name, sizeof name);
         size_t bytes = (size_t)rows * cols * esize;
-        int one_d = (refs[i].k == T_RMS_ATT || refs[i].k == T_RMS_FFN || refs[i].k == T_RMS_FINAL);
+        int one_d = refs[i].k == T_RMS_ATT || refs[i].k == T_RMS_FFN || refs[i].k == T_RMS_FINAL || refs[i].k >= T_BQ;
         if (one_d)
             len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
                             name, bf16 ? "BF16" : "F32", cols, off, off + bytes);
@@ -171,13 +234,17 @@ int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
     if (mkmodel_check_spec(s)) return -1;
     if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
     if (write_config_json(s, dir)) return -1;
+    Config c;
+    mkmodel_config(s, &c);
     TensorRef *refs = xmalloc(sizeof(TensorRef) * (size_t)(T_COUNT * s->layers + T_COUNT));
     int n = 0;
     refs[n++] = (TensorRef){T_EMBED, 0};
     for (int l = 0; l < s->layers; l++)
-        for (int k = T_RMS_ATT; k <= T_DOWN; k++) refs[n++] = (TensorRef){(TensorKind)k, l};
+        for (int k = T_RMS_ATT; k < T_COUNT; k++)
+            if (tensor_is_per_layer((TensorKind)k) && tensor_present(&c, (TensorKind)k))
+                refs[n++] = (TensorRef){(TensorKind)k, l};
     refs[n++] = (TensorRef){T_RMS_FINAL, 0};
-    if (tensor_present(s, T_LM_HEAD)) refs[n++] = (TensorRef){T_LM_HEAD, 0};
+    if (tensor_present(&c, T_LM_HEAD)) refs[n++] = (TensorRef){T_LM_HEAD, 0};
     int rc = 0;
     char path[4096];
     if (shards <= 1) {
@@ -218,6 +285,8 @@ int mkmodel_write_llama2c(const ModelSpec *s, const char *path)
     mkmodel_config(s, &c);
     if (c.n_heads * c.head_dim != c.dim) return dcp_fail("llama2.c format needs heads * head_dim == dim");
     if (s->rope_theta != 10000.0f) return dcp_fail("llama2.c format has RoPE theta 10000 only");
+    if (s->arch || c.qkv_bias || c.mlp_bias || c.sliding_window || c.rope.type != ROPE_DEFAULT || s->head_dim)
+        return dcp_fail("llama2.c format holds plain Llama models only (no --arch, biases, window, RoPE scaling)");
     FILE *f = fopen(path, "wb");
     if (!f) return dcp_fail("%s: %s", path, strerror(errno));
     int32_t hdr[7] = {s->dim, s->hidden, s->layers, s->heads, s->kv_heads, s->tied ? s->vocab : -s->vocab,

@@ -14,6 +14,15 @@ typedef struct {
     int eos;           /* -1: none */
     float rope_theta;
     uint64_t seed;
+    /* Hugging Face architecture (arch.h's table; 0: Llama) and its options */
+    int arch;
+    int head_dim;         /* 0: dim / heads */
+    int attention_bias;   /* Llama, Qwen3: q/k/v/o biases */
+    int mlp_bias;         /* Llama */
+    RopeScaling rope;     /* type ROPE_DEFAULT: none */
+    int rope_parameters;  /* write the rope block as "rope_parameters" (transformers 5) instead of "rope_scaling" */
+    int sliding_window;   /* Mistral, Qwen2, Qwen3; 0: none */
+    int max_window_layers; /* Qwen2, Qwen3: the first layer with the window */
 } ModelSpec;
 
 /* The model dcpinfer runs when no --model is given. */

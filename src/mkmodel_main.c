@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch.h"
 #include "mkmodel.h"
 #include "util.h"
 
@@ -11,7 +12,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "Usage: dcpinfer-mkmodel --out PATH [options]\n"
-            "Writes a deterministic Llama-architecture model with uniform random weights.\n"
+            "Writes a deterministic model with uniform random weights.\n"
             "  --out PATH        directory (Hugging Face layout) or file (--format llama2c)\n"
             "  --format F        hf (config.json + safetensors, default) or llama2c (.bin)\n"
             "  --layers N        decoder layers (default 4)\n"
@@ -26,6 +27,20 @@ static void usage(FILE *f)
             "  --shards N        split the safetensors into N files with an index (hf only)\n"
             "  --tied            share the token embedding with the LM head\n"
             "  --eos N           end-of-sequence token id (default: none)\n"
+            "Hugging Face architectures (hf format):\n"
+            "  --arch A          llama (default), mistral, qwen2 (q/k/v biases) or qwen3 (q/k norms)\n"
+            "  --head-dim N      head size when it is not dim / heads\n"
+            "  --attention-bias  q/k/v/o biases (llama, qwen3)\n"
+            "  --mlp-bias        gate/up/down biases (llama)\n"
+            "  --rope-theta X    RoPE base (default 10000)\n"
+            "  --rope-type T     default, linear, llama3 or yarn scaling\n"
+            "  --rope-factor X, --rope-low-freq-factor X, --rope-high-freq-factor X,\n"
+            "  --rope-original-max N, --rope-beta-fast X, --rope-beta-slow X   its parameters\n"
+            "  --rope-parameters write the rope block as \"rope_parameters\" (transformers 5), not\n"
+            "                    \"rope_scaling\"\n"
+            "  --sliding-window N  attend to the last N positions (mistral: every layer;\n"
+            "                    qwen2/qwen3: the layers from --max-window-layers on)\n"
+            "  --max-window-layers N\n"
             "Defaults are the model dcpinfer runs when no --model is given.\n");
 }
 
@@ -39,12 +54,18 @@ int main(int argc, char **argv)
         {"out", 1, 0, 'o'},    {"format", 1, 0, 'f'}, {"layers", 1, 0, 'l'}, {"dim", 1, 0, 'd'},
         {"heads", 1, 0, 'H'},  {"kv-heads", 1, 0, 'k'}, {"hidden", 1, 0, 'h'}, {"vocab", 1, 0, 'v'},
         {"max-len", 1, 0, 'm'}, {"seed", 1, 0, 's'},   {"dtype", 1, 0, 't'},  {"shards", 1, 0, 'S'},
-        {"tied", 0, 0, 'T'},   {"eos", 1, 0, 'e'},    {"help", 0, 0, '?'},   {0, 0, 0, 0}};
+        {"tied", 0, 0, 'T'},   {"eos", 1, 0, 'e'},    {"help", 0, 0, '?'},
+        {"arch", 1, 0, 'A'}, {"head-dim", 1, 0, 'D'}, {"attention-bias", 0, 0, 'B'}, {"mlp-bias", 0, 0, 'M'},
+        {"rope-theta", 1, 0, 'R'}, {"rope-type", 1, 0, 'Y'}, {"rope-factor", 1, 0, 'F'},
+        {"rope-low-freq-factor", 1, 0, 'L'}, {"rope-high-freq-factor", 1, 0, 'G'}, {"rope-original-max", 1, 0, 'O'},
+        {"rope-beta-fast", 1, 0, 'X'}, {"rope-beta-slow", 1, 0, 'Z'}, {"rope-parameters", 0, 0, 'P'},
+        {"sliding-window", 1, 0, 'W'}, {"max-window-layers", 1, 0, 'N'}, {0, 0, 0, 0}};
     int c, li = 0;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         char *end = NULL;
         long v = optarg ? strtol(optarg, &end, 10) : 0;
-        int numeric = strchr("ldHkhvmsSe", c) != NULL;
+        int numeric = strchr("ldHkhvmsSeDOWN", c) != NULL;
+        double x = optarg ? strtod(optarg, NULL) : 0;
         if (numeric && (!optarg[0] || *end)) {
             fprintf(stderr, "dcpinfer-mkmodel: --%s: '%s' is not an integer\n", opts[li].name, optarg);
             return 2;
@@ -64,6 +85,42 @@ int main(int argc, char **argv)
         case 'S': shards = (int)v; break;
         case 'T': s.tied = 1; break;
         case 'e': s.eos = (int)v; break;
+        case 'A': {
+            int found = -1;
+            for (int i = 0; i < arch_count; i++)
+                if (!strcmp(optarg, arch_table[i].model_type)) found = i;
+            if (found < 0) {
+                fprintf(stderr, "dcpinfer-mkmodel: --arch %s: choose llama, mistral, qwen2 or qwen3\n", optarg);
+                return 2;
+            }
+            s.arch = found;
+            break;
+        }
+        case 'D': s.head_dim = (int)v; break;
+        case 'B': s.attention_bias = 1; break;
+        case 'M': s.mlp_bias = 1; break;
+        case 'R': s.rope_theta = (float)x; break;
+        case 'Y': {
+            static const char *types[] = {"default", "linear", "llama3", "yarn"};
+            int found = -1;
+            for (int i = 0; i < 4; i++)
+                if (!strcmp(optarg, types[i])) found = i;
+            if (found < 0) {
+                fprintf(stderr, "dcpinfer-mkmodel: --rope-type %s: choose default, linear, llama3 or yarn\n", optarg);
+                return 2;
+            }
+            s.rope.type = (RopeType)found;
+            break;
+        }
+        case 'F': s.rope.factor = (float)x; break;
+        case 'L': s.rope.low_freq_factor = (float)x; break;
+        case 'G': s.rope.high_freq_factor = (float)x; break;
+        case 'O': s.rope.original_max_position_embeddings = (int)v; break;
+        case 'X': s.rope.beta_fast = (float)x; break;
+        case 'Z': s.rope.beta_slow = (float)x; break;
+        case 'P': s.rope_parameters = 1; break;
+        case 'W': s.sliding_window = (int)v; break;
+        case 'N': s.max_window_layers = (int)v; break;
         case '?':
             if (optopt == 0 && !strcmp(argv[optind - 1], "--help")) {
                 usage(stdout);
@@ -99,5 +156,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "dcpinfer-mkmodel: %s\n", dcp_error());
         return 1;
     }
+    printf("dcpinfer-mkmodel: wrote %s (%s)\n", out, !strcmp(format, "hf") ? arch_table[s.arch].name : "llama2.c");
     return 0;
 }

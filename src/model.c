@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "arch.h"
 #include "mkmodel.h"
 #include "safetensors.h"
 #include "util.h"
@@ -44,6 +45,15 @@ void shard_init(Shard *s, const Config *c, int tp, int tp_rank)
 void tensor_full_shape(const Config *c, TensorKind k, int *rows, int *cols)
 {
     int q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+    *rows = 1; /* the 1-D tensors */
+    switch (k) {
+    case T_BQ: *cols = q; return;
+    case T_BK: case T_BV: *cols = kv; return;
+    case T_BO: case T_B_DOWN: *cols = c->dim; return;
+    case T_B_GATE: case T_B_UP: *cols = c->hidden_dim; return;
+    case T_Q_NORM: case T_K_NORM: *cols = c->head_dim; return;
+    default: break;
+    }
     switch (k) {
     case T_EMBED: case T_LM_HEAD: *rows = c->vocab_size; *cols = c->dim; break;
     case T_RMS_ATT: case T_RMS_FFN: case T_RMS_FINAL: *rows = 1; *cols = c->dim; break;
@@ -61,6 +71,73 @@ int tensor_is_per_layer(TensorKind k)
     return k != T_EMBED && k != T_RMS_FINAL && k != T_LM_HEAD;
 }
 
+int tensor_present(const Config *c, TensorKind k)
+{
+    switch (k) {
+    case T_LM_HEAD: return !c->tied_embeddings;
+    case T_BQ: case T_BK: case T_BV: return c->qkv_bias;
+    case T_BO: return c->o_bias;
+    case T_B_GATE: case T_B_UP: case T_B_DOWN: return c->mlp_bias;
+    case T_Q_NORM: case T_K_NORM: return c->qk_norm;
+    default: return k < T_COUNT;
+    }
+}
+
+void rope_frequencies(const Config *c, float *inv_freq, float *scale)
+{
+    const RopeScaling *r = &c->rope;
+    int half = c->head_dim / 2;
+    /* in float, as transformers computes them: theta^(2i/D), inverted */
+    for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+    *scale = 1.0f;
+    switch (r->type) {
+    case ROPE_DEFAULT: break;
+    case ROPE_LINEAR:
+        for (int i = 0; i < half; i++) inv_freq[i] /= r->factor;
+        break;
+    case ROPE_LLAMA3: {
+        /* wavelengths above original/low_freq_factor are divided by factor,
+         * below original/high_freq_factor kept, in between blended */
+        float old = (float)r->original_max_position_embeddings;
+        float low_wavelen = old / r->low_freq_factor, high_wavelen = old / r->high_freq_factor;
+        for (int i = 0; i < half; i++) {
+            float f = inv_freq[i], wavelen = 2.0f * (float)M_PI / f;
+            float scaled = wavelen > low_wavelen ? f / r->factor : f;
+            if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+                float smooth = (old / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                scaled = (1.0f - smooth) * scaled / r->factor + smooth * scaled;
+            }
+            inv_freq[i] = scaled;
+        }
+        break;
+    }
+    case ROPE_YARN: {
+        /* interpolated below the correction range, extrapolated above it,
+         * a linear ramp across it; cos/sin scaled by the attention factor */
+        double dim = c->head_dim, base = c->rope_theta, orig = r->original_max_position_embeddings;
+        double low = dim * log(orig / (r->beta_fast * 2 * M_PI)) / (2 * log(base));
+        double high = dim * log(orig / (r->beta_slow * 2 * M_PI)) / (2 * log(base));
+        if (r->truncate) {
+            low = floor(low);
+            high = ceil(high);
+        }
+        low = low > 0 ? low : 0;
+        high = high < dim - 1 ? high : dim - 1;
+        if (low == high) high += 0.001;
+        for (int i = 0; i < half; i++) {
+            float pos_freq = powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+            float extrapolation = 1.0f / pos_freq, interpolation = 1.0f / (r->factor * pos_freq);
+            float ramp = (float)(((float)i - low) / (high - low));
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            float keep = 1.0f - ramp; /* the extrapolation's share */
+            inv_freq[i] = interpolation * (1.0f - keep) + extrapolation * keep;
+        }
+        *scale = r->attention_factor;
+        break;
+    }
+    }
+}
+
 void tensor_hf_name(TensorKind k, int layer, char *buf, size_t n)
 {
     static const char *per_layer[] = {
@@ -68,7 +145,11 @@ void tensor_hf_name(TensorKind k, int layer, char *buf, size_t n)
         [T_WK] = "self_attn.k_proj.weight",         [T_WV] = "self_attn.v_proj.weight",
         [T_WO] = "self_attn.o_proj.weight",         [T_RMS_FFN] = "post_attention_layernorm.weight",
         [T_GATE] = "mlp.gate_proj.weight",          [T_UP] = "mlp.up_proj.weight",
-        [T_DOWN] = "mlp.down_proj.weight"};
+        [T_DOWN] = "mlp.down_proj.weight",          [T_BQ] = "self_attn.q_proj.bias",
+        [T_BK] = "self_attn.k_proj.bias",           [T_BV] = "self_attn.v_proj.bias",
+        [T_BO] = "self_attn.o_proj.bias",           [T_B_GATE] = "mlp.gate_proj.bias",
+        [T_B_UP] = "mlp.up_proj.bias",              [T_B_DOWN] = "mlp.down_proj.bias",
+        [T_Q_NORM] = "self_attn.q_norm.weight",     [T_K_NORM] = "self_attn.k_norm.weight"};
     if (k == T_EMBED) snprintf(buf, n, "model.embed_tokens.weight");
     else if (k == T_RMS_FINAL) snprintf(buf, n, "model.norm.weight");
     else if (k == T_LM_HEAD) snprintf(buf, n, "lm_head.weight");
@@ -79,7 +160,7 @@ size_t model_param_count(const Config *c)
 {
     size_t n = 0;
     for (int k = 0; k < T_COUNT; k++) {
-        if (k == T_LM_HEAD && c->tied_embeddings) continue;
+        if (!tensor_present(c, (TensorKind)k)) continue;
         int r, cl;
         tensor_full_shape(c, (TensorKind)k, &r, &cl);
         n += (size_t)r * cl * (tensor_is_per_layer((TensorKind)k) ? c->n_layers : 1);
@@ -126,8 +207,7 @@ static int validate_config(const char *path, const Config *c)
     if (c->n_heads % c->n_kv_heads)
         return dcp_fail("%s: %d query heads are not a multiple of %d KV heads", path, c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2) return dcp_fail("%s: head_dim %d is odd; RoPE needs pairs", path, c->head_dim);
-    if (c->attn_bias) return dcp_fail("%s: attention bias (Qwen2-style) is not supported yet", path);
-    if (c->qk_norm) return dcp_fail("%s: per-head q/k norm (Qwen3-style) is not supported yet", path);
+    if (c->sliding_window < 0) return dcp_fail("%s: sliding_window %d must be positive", path, c->sliding_window);
     return 0;
 }
 
@@ -180,21 +260,6 @@ int config_from_llama2c_header(const char *path, const unsigned char *head, size
     return 0;
 }
 
-static int json_int_field(json_t *root, const char *key, int *out, int required, const char *path)
-{
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        if (required) return dcp_fail("%s: missing \"%s\"", path, key);
-        return 0;
-    }
-    if (!json_is_integer(v)) return dcp_fail("%s: \"%s\" must be an integer", path, key);
-    json_int_t x = json_integer_value(v);
-    if (x < INT32_MIN || x > INT32_MAX)
-        return dcp_fail("%s: \"%s\" is %lld, out of range", path, key, (long long)x);
-    *out = (int)x;
-    return 0;
-}
-
 static int read_hf_config(const char *dir, Config *c)
 {
     char path[4096], *text;
@@ -208,56 +273,7 @@ static int read_hf_config(const char *dir, Config *c)
 
 int config_from_json(const char *path, const char *text, size_t len, Config *c)
 {
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
-    if (!root) return dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return dcp_fail("%s: not a JSON object", path);
-    }
-    memset(c, 0, sizeof *c);
-    c->rope_style = ROPE_ROTATE_HALF;
-    c->format = FORMAT_HF;
-    c->bos_id = -1;
-    int rc = json_int_field(root, "hidden_size", &c->dim, 1, path) ||
-             json_int_field(root, "intermediate_size", &c->hidden_dim, 1, path) ||
-             json_int_field(root, "num_hidden_layers", &c->n_layers, 1, path) ||
-             json_int_field(root, "num_attention_heads", &c->n_heads, 1, path) ||
-             json_int_field(root, "vocab_size", &c->vocab_size, 1, path);
-    c->n_kv_heads = c->n_heads;
-    c->max_seq_len = 2048;
-    rc = rc || json_int_field(root, "num_key_value_heads", &c->n_kv_heads, 0, path) ||
-         json_int_field(root, "max_position_embeddings", &c->max_seq_len, 0, path) ||
-         json_int_field(root, "bos_token_id", &c->bos_id, 0, path);
-    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
-    rc = rc || json_int_field(root, "head_dim", &c->head_dim, 0, path);
-    json_t *v = json_object_get(root, "rope_theta");
-    c->rope_theta = json_is_number(v) ? (float)json_number_value(v) : 10000.0f;
-    v = json_object_get(root, "rms_norm_eps");
-    c->norm_eps = json_is_number(v) ? (float)json_number_value(v) : 1e-6f;
-    if (!rc && c->n_heads > 0 && c->dim % c->n_heads && !json_object_get(root, "head_dim"))
-        rc = dcp_fail("%s: hidden_size %d is not a multiple of num_attention_heads %d, and no head_dim is given",
-                      path, c->dim, c->n_heads);
-    v = json_object_get(root, "tie_word_embeddings");
-    c->tied_embeddings = json_is_true(v);
-    c->attn_bias = json_is_true(json_object_get(root, "attention_bias"));
-    v = json_object_get(root, "model_type");
-    if (json_is_string(v) && !strcmp(json_string_value(v), "qwen2") && !json_object_get(root, "attention_bias"))
-        c->attn_bias = 1;
-    if (json_is_string(v) && !strncmp(json_string_value(v), "qwen3", 5)) c->qk_norm = 1;
-    v = json_object_get(root, "eos_token_id");
-    if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= INT32_MAX) {
-        c->eos_ids[c->n_eos++] = (int)json_integer_value(v);
-    } else if (json_is_array(v)) {
-        size_t i;
-        json_t *e;
-        json_array_foreach(v, i, e) if (json_is_integer(e) && c->n_eos < 8 && json_integer_value(e) >= 0 &&
-                                        json_integer_value(e) <= INT32_MAX) c->eos_ids[c->n_eos++] =
-            (int)json_integer_value(e);
-    }
-    json_decref(root);
-    if (rc) return -1;
-    return validate_config(path, c);
+    return arch_read_config(path, text, len, c) || validate_config(path, c) ? -1 : 0;
 }
 
 int model_read_config(const char *path, Config *cfg)
@@ -271,6 +287,59 @@ int model_read_config(const char *path, Config *cfg)
     if (!path_exists(path)) return dcp_fail("%s: model path does not exist", path);
     if (path_is_dir(path)) return read_hf_config(path, cfg);
     return read_llama2c_config(path, cfg);
+}
+
+/* ---- the checkpoint against the config --------------------------------- */
+
+/* Tensors a checkpoint may hold that no architecture reads. */
+static int ignorable_tensor(const char *name)
+{
+    size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
+    return n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq");
+}
+
+int model_check_checkpoint(const char *path, const Config *c)
+{
+    if (c->format != FORMAT_HF) return 0;
+    StCheckpoint ck;
+    if (st_checkpoint_open(&ck, path)) return -1;
+    /* every tensor the config implies, with its shape */
+    int n_names = 0, rc = 0;
+    char (*names)[128] = xmalloc(sizeof *names * ((size_t)T_COUNT * (c->n_layers + 1)));
+    for (int k = 0; k < T_COUNT && !rc; k++) {
+        if (!tensor_present(c, (TensorKind)k)) continue;
+        int nl = tensor_is_per_layer((TensorKind)k) ? c->n_layers : 1, rows, cols;
+        tensor_full_shape(c, (TensorKind)k, &rows, &cols);
+        int vector = k == T_RMS_ATT || k == T_RMS_FFN || k == T_RMS_FINAL || k >= T_BQ;
+        for (int l = 0; l < nl && !rc; l++) {
+            char *name = names[n_names++];
+            tensor_hf_name((TensorKind)k, l, name, sizeof *names);
+            const StTensor *t = st_find(&ck, name);
+            if (!t) rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", path, name);
+            else if (vector ? t->ndim != 1 || t->shape[0] != cols
+                            : t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+                rc = vector ? dcp_fail("%s: tensor '%s' has %d dimension(s) [%lld%s], config.json implies [%d]", path,
+                                       name, t->ndim, (long long)t->shape[0], t->ndim > 1 ? ", ..." : "", cols)
+                            : dcp_fail("%s: tensor '%s' has shape [%lld, %lld], config.json implies [%d, %d]", path,
+                                       name, (long long)t->shape[0], t->ndim > 1 ? (long long)t->shape[1] : 0LL,
+                                       rows, cols);
+        }
+    }
+    /* and nothing else: a tensor the config does not account for means
+     * that config and weights disagree */
+    for (int f = 0; f < ck.n_files && !rc; f++)
+        for (int i = 0; i < ck.files[f].n && !rc; i++) {
+            const char *name = ck.files[f].tensors[i].name;
+            int used = ignorable_tensor(name);
+            for (int j = 0; j < n_names && !used; j++) used = !strcmp(names[j], name);
+            if (!used)
+                rc = dcp_fail("%s: tensor '%s' is in the checkpoint, but config.json (%s) has no use for it: config "
+                              "and weights disagree",
+                              path, name, arch_table[c->arch].name);
+        }
+    free(names);
+    st_checkpoint_close(&ck);
+    return rc;
 }
 
 /* ---- weight sources ---------------------------------------------------- */
@@ -398,7 +467,7 @@ static int load_kind(Source *src, Weights *w, float **dst, TensorKind k, int row
 int model_load(Model *m, const char *path, int tp, int tp_rank)
 {
     memset(m, 0, sizeof *m);
-    if (model_read_config(path, &m->cfg)) return -1;
+    if (model_read_config(path, &m->cfg) || model_check_checkpoint(path, &m->cfg)) return -1;
     m->path = xstrdup(path ? path : "(generated default model)");
     const Config *c = &m->cfg;
     shard_init(&m->shard, c, tp, tp_rank);
@@ -422,6 +491,20 @@ int model_load(Model *m, const char *path, int tp, int tp_rank)
              load_kind(&src, w, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden) ||
              load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
              load_kind(&src, w, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
+    /* biases follow their matrices' split: column-parallel ones are
+     * sharded, row-parallel ones (o, down) are whole and added once after
+     * the TP sum; q/k norms act within a head and are whole */
+    if (!rc && c->qkv_bias)
+        rc = load_kind(&src, w, &w->bq, T_BQ, 0, 1, s->q_head0 * D, s->q_heads * D) ||
+             load_kind(&src, w, &w->bk, T_BK, 0, 1, s->kv_head0 * D, s->kv_heads * D) ||
+             load_kind(&src, w, &w->bv, T_BV, 0, 1, s->kv_head0 * D, s->kv_heads * D);
+    if (!rc && c->o_bias) rc = load_kind(&src, w, &w->bo, T_BO, 0, 1, 0, dim);
+    if (!rc && c->mlp_bias)
+        rc = load_kind(&src, w, &w->b_gate, T_B_GATE, 0, 1, s->hidden0, s->hidden) ||
+             load_kind(&src, w, &w->b_up, T_B_UP, 0, 1, s->hidden0, s->hidden) ||
+             load_kind(&src, w, &w->b_down, T_B_DOWN, 0, 1, 0, dim);
+    if (!rc && c->qk_norm)
+        rc = load_kind(&src, w, &w->q_norm, T_Q_NORM, 0, 1, 0, D) || load_kind(&src, w, &w->k_norm, T_K_NORM, 0, 1, 0, D);
     /* the mapping stays while weights point into it */
     w->map = (void *)src.map;
     w->map_size = src.map_size;

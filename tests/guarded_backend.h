@@ -78,8 +78,9 @@ static void g_matmul(float *y, const float *x, WeightRef w, int T, int in, int o
 { OPEN(); guarded_cpu->matmul(y, x, w, T, in, out); CLOSE(); }
 static void g_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
 { OPEN(); guarded_cpu->rmsnorm(y, x, w, T, dim, eps); CLOSE(); }
-static void g_rope(float *x, const int *pos, int T, int h, int d, float th, RopeStyle st)
-{ OPEN(); guarded_cpu->rope(x, pos, T, h, d, th, st); CLOSE(); }
+static void g_rope(float *x, const int *pos, int T, int h, int d, const float *f, float sc, RopeStyle st)
+{ OPEN(); guarded_cpu->rope(x, pos, T, h, d, f, sc, st); CLOSE(); }
+static void g_add_bias(float *y, const float *b, int T, int n) { OPEN(); guarded_cpu->add_bias(y, b, T, n); CLOSE(); }
 static void g_silu_mul(float *g, const float *u, size_t n) { OPEN(); guarded_cpu->silu_mul(g, u, n); CLOSE(); }
 static void g_add(float *y, const float *x, size_t n) { OPEN(); guarded_cpu->add(y, x, n); CLOSE(); }
 static void g_embedding(float *x, const float *t, const int *tok, int T, int dim)
@@ -118,6 +119,7 @@ static inline const Backend *backend_guarded(void)
     b.rope = g_rope;
     b.silu_mul = g_silu_mul;
     b.add = g_add;
+    b.add_bias = g_add_bias;
     b.embedding = g_embedding;
     b.gather_rows = g_gather_rows;
     b.kv_write = g_kv_write;

@@ -82,11 +82,14 @@ static void elementwise(uint64_t *st)
     /* rope, both conventions */
     int pos[T] = {0, 1, 5, 17, 100, 511, 4000};
     int *dpos = on_gpu(pos, sizeof pos);
+    float freq[D / 2];
+    for (int i = 0; i < D / 2; i++) freq[i] = 1.0f / powf(500000.0f, (float)(2 * i) / D) / (i % 3 + 1);
+    float *dfreq = on_gpu(freq, sizeof freq);
     for (int style = 0; style < 2; style++) {
         float *q = rnd(T * H * D, st);
         float *dq = on_gpu(q, sizeof(float) * T * H * D);
-        cpu->rope(q, pos, T, H, D, 10000.0f, (RopeStyle)style);
-        gpu->rope(dq, dpos, T, H, D, 10000.0f, (RopeStyle)style);
+        cpu->rope(q, pos, T, H, D, freq, 1.1f, (RopeStyle)style);
+        gpu->rope(dq, dpos, T, H, D, dfreq, 1.1f, (RopeStyle)style);
         float *gq = back(dq, T * H * D);
         EXPECT_CLOSE(style ? "rope rotate-half" : "rope adjacent", gq, q, T * H * D, 1e-5);
         free(gq);
@@ -121,7 +124,13 @@ static void elementwise(uint64_t *st)
     ge = back(dn, 3 * DIM);
     EXPECT_CLOSE("gather_rows", ge, e1, 3 * DIM, 0);
     free(ge);
-    void *bufs[] = {dx, dw, dy, dg, dn, dpos, da, db, dtok, drows};
+    /* a bias added to every row */
+    cpu->add_bias(a, g, T, DIM);
+    gpu->add_bias(da, dg, T, DIM);
+    ga = back(da, T * DIM);
+    EXPECT_CLOSE("add_bias", ga, a, T * DIM, 1e-6);
+    free(ga);
+    void *bufs[] = {dx, dw, dy, dg, dn, dpos, da, db, dtok, drows, dfreq};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
     free(x), free(w), free(g), free(a), free(b);
 }
@@ -142,9 +151,9 @@ static void attention_and_merges(uint64_t *st)
     for (int t = 0; t < T; t++) hk[t] = kpool, hv[t] = vpool, gk[t] = dk, gv[t] = dv;
     float out[T * H * D], lse[T * H];
     float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
-    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, n_keys, kvd, ht, B};
+    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, n_keys, NULL, kvd, ht, B};
     cpu->attention(&a);
-    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, n_keys, kvd, gt, B};
+    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, n_keys, NULL, kvd, gt, B};
     gpu->attention(&ga);
     float *go = back(dout, T * H * D), *gl = back(dlse, T * H);
     EXPECT_CLOSE("attention paged", go, out, T * H * D, 1e-5);
@@ -155,13 +164,22 @@ static void attention_and_merges(uint64_t *st)
     float *kk = rnd(300 * kvd, st), *vv = rnd(300 * kvd, st);
     float *dkk = on_gpu(kk, sizeof(float) * 300 * kvd), *dvv = on_gpu(vv, sizeof(float) * 300 * kvd);
     for (int t = 0; t < T; t++) hk[t] = kk, hv[t] = vv, gk[t] = dkk, gv[t] = dvv;
-    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, many, kvd, NULL, 0};
+    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, many, NULL, kvd, NULL, 0};
     cpu->attention(&c);
-    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, many, kvd, NULL, 0};
+    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, many, NULL, kvd, NULL, 0};
     gpu->attention(&gc);
     go = back(dout, T * H * D), gl = back(dlse, T * H);
     EXPECT_CLOSE("attention rows", go, out, T * H * D, 1e-5);
     EXPECT_CLOSE("attention lse2", gl, lse, T * H, 1e-5);
+    free(go), free(gl);
+    /* a sliding window (first key per token), across tiles and empty */
+    int first[T] = {170, 1, 0, 64};
+    c.key0 = gc.key0 = first;
+    cpu->attention(&c);
+    gpu->attention(&gc);
+    go = back(dout, T * H * D), gl = back(dlse, T * H);
+    EXPECT_CLOSE("attention window", go, out, T * H * D, 1e-5);
+    EXPECT_CLOSE("attention lse3", gl, lse, T * H, 1e-5);
     free(go), free(gl);
     /* merge of two partials, one side empty for row 1 */
     int rows = T * H;

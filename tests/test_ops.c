@@ -22,7 +22,8 @@ static void test_attention_split(const Backend *be)
     int nk[T];
     float full[T * H * D], lse_full[T * H], ctx[T * H * D], lse_ctx[T * H], nw[T * H * D], lse_nw[T * H];
     for (int t = 0; t < T; t++) kp[t] = k, vp[t] = v, nk[t] = n_all[t];
-    AttnBatch a = {T, H, KVH, D, 0.35f, q, full, lse_full, kp, vp, nk, KVH * D, NULL, 0};
+    AttnBatch a = {.T = T, .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .scale = 0.35f, .q = q, .out = full,
+                   .lse = lse_full, .k = kp, .v = vp, .n_keys = nk, .kv_stride = KVH * D};
     be->attention(&a);
     for (int t = 0; t < T; t++) nk[t] = split[t];
     a.out = ctx, a.lse = lse_ctx;
@@ -32,6 +33,25 @@ static void test_attention_split(const Backend *be)
     a.out = nw, a.lse = lse_nw;
     be->attention(&a);
     CHECK(isinf(lse_nw[1 * H]) && lse_nw[1 * H] < 0 && nw[1 * H * D] == 0.0f, "empty side: lse -inf, out 0");
+    /* a sliding window: keys before key0 are left out, which equals
+     * attending to the keys from key0 on */
+    {
+        int first[T] = {4, 5, 0};
+        float win[T * H * D], lse_win[T * H], shifted[T * H * D], lse_shifted[T * H];
+        for (int t = 0; t < T; t++) kp[t] = k, vp[t] = v, nk[t] = n_all[t];
+        a.key0 = first, a.out = win, a.lse = lse_win;
+        be->attention(&a);
+        for (int t = 0; t < T; t++)
+            kp[t] = k + first[t] * KVH * D, vp[t] = v + first[t] * KVH * D, nk[t] = n_all[t] - first[t];
+        a.key0 = NULL, a.out = shifted, a.lse = lse_shifted;
+        be->attention(&a);
+        double w = 0;
+        for (int i = 0; i < T * H * D; i++) w = fmax(w, fabs(win[i] - shifted[i]));
+        for (int i = 0; i < T * H; i++) w = fmax(w, isinf(lse_win[i]) && isinf(lse_shifted[i]) ? 0 : fabs(lse_win[i] - lse_shifted[i]));
+        CHECK(w == 0 && isinf(lse_win[1 * H]), "sliding window (key0) differs from shifted keys by %g", w);
+        for (int t = 0; t < T; t++)
+            kp[t] = k + split[t] * KVH * D, vp[t] = v + split[t] * KVH * D, nk[t] = n_all[t] - split[t];
+    }
     CHECK(isinf(lse_ctx[2 * H]) && lse_ctx[2 * H] < 0, "empty context: lse -inf");
     be->merge_attention(ctx, lse_ctx, nw, lse_nw, T * H, D);
     double worst = 0;
@@ -72,8 +92,10 @@ static void test_rope(const Backend *be)
                 half[h * D + j * D / 2 + i] = x;
             }
     int pos[1] = {37};
-    be->rope(adj, pos, 1, H, D, 10000.0f, ROPE_ADJACENT_PAIRS);
-    be->rope(half, pos, 1, H, D, 10000.0f, ROPE_ROTATE_HALF);
+    float freq[D / 2];
+    for (int i = 0; i < D / 2; i++) freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / D);
+    be->rope(adj, pos, 1, H, D, freq, 1.0f, ROPE_ADJACENT_PAIRS);
+    be->rope(half, pos, 1, H, D, freq, 1.0f, ROPE_ROTATE_HALF);
     double worst = 0;
     for (int h = 0; h < H; h++)
         for (int i = 0; i < D / 2; i++)
@@ -83,8 +105,18 @@ static void test_rope(const Backend *be)
     float x[D] = {1, 2, 3, 4, 5, 6, 7, 8}, y[D];
     memcpy(y, x, sizeof x);
     pos[0] = 0;
-    be->rope(y, pos, 1, 1, D, 10000.0f, ROPE_ROTATE_HALF);
+    be->rope(y, pos, 1, 1, D, freq, 1.0f, ROPE_ROTATE_HALF);
     CHECK(!memcmp(x, y, sizeof x), "RoPE at position 0 changes the vector");
+    /* the cos/sin scale multiplies the rotated vector */
+    float z[D];
+    memcpy(y, x, sizeof x);
+    memcpy(z, x, sizeof x);
+    pos[0] = 9;
+    be->rope(y, pos, 1, 1, D, freq, 1.0f, ROPE_ROTATE_HALF);
+    be->rope(z, pos, 1, 1, D, freq, 1.25f, ROPE_ROTATE_HALF);
+    worst = 0;
+    for (int i = 0; i < D; i++) worst = fmax(worst, fabs(z[i] - 1.25f * y[i]));
+    CHECK(worst < 1e-5, "RoPE scale: %g", worst);
 }
 
 static void test_matmul_rmsnorm(const Backend *be)

@@ -25,6 +25,14 @@ static int test_failures;
         }                                                                 \
     } while (0)
 
+/* CHECK that also yields the condition, to skip what depends on it */
+#define CHECK_OK(cond, ...)          \
+    ({                               \
+        int ok_ = !!(cond);          \
+        CHECK(ok_, __VA_ARGS__);     \
+        ok_;                         \
+    })
+
 #define TEST_SKIP 77
 
 /* ../shared beside the source tree, or DCP_SHARED */

@@ -1,0 +1,291 @@
+#include "arch.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+const Arch arch_table[] = {
+    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window */
+    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE},
+    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL},
+    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER},
+    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER},
+};
+const int arch_count = (int)(sizeof arch_table / sizeof *arch_table);
+
+const char *arch_supported_list(void)
+{
+    static char list[256];
+    if (!list[0])
+        for (int i = 0; i < arch_count; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s (%s)", i ? ", " : "", arch_table[i].name,
+                     arch_table[i].model_type);
+    return list;
+}
+
+/* ---- typed fields -------------------------------------------------------
+ * Each returns -1 with dcp_error() set for a value of the wrong type or out
+ * of range; a missing or null field leaves *out as it was. */
+
+static int get_int(json_t *o, const char *key, int *out, const char *path)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) return dcp_fail("%s: \"%s\" must be an integer", path, key);
+    json_int_t x = json_integer_value(v);
+    if (x < INT32_MIN || x > INT32_MAX) return dcp_fail("%s: \"%s\" is %lld, out of range", path, key, (long long)x);
+    *out = (int)x;
+    return 0;
+}
+
+static int get_float(json_t *o, const char *key, float *out, const char *path)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return dcp_fail("%s: \"%s\" must be a finite number", path, key);
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *key, int *out, const char *path)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return dcp_fail("%s: \"%s\" must be true or false", path, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* ---- the architecture --------------------------------------------------- */
+
+static int find_arch(json_t *root, const char *path)
+{
+    json_t *archs = json_object_get(root, "architectures"), *mt = json_object_get(root, "model_type");
+    const char *name = json_is_array(archs) ? json_string_value(json_array_get(archs, 0)) : NULL;
+    const char *type = json_string_value(mt);
+    if (archs && !json_is_null(archs) && (!json_is_array(archs) || (json_array_size(archs) && !name)))
+        return dcp_fail("%s: \"architectures\" must be a list of names", path);
+    if (!name && !type)
+        return dcp_fail("%s: names no architecture (\"architectures\" or \"model_type\"); supported: %s", path,
+                        arch_supported_list());
+    for (int i = 0; i < arch_count; i++) {
+        const Arch *a = &arch_table[i];
+        if ((name && strcmp(name, a->name)) || (!name && strcmp(type, a->model_type))) continue;
+        if (type && strcmp(type, a->model_type))
+            return dcp_fail("%s: architecture %s with model_type \"%s\" (expected \"%s\")", path, a->name, type,
+                            a->model_type);
+        return i;
+    }
+    return dcp_fail("%s: architecture %s is not supported; supported: %s", path, name ? name : type,
+                    arch_supported_list());
+}
+
+/* ---- RoPE ---------------------------------------------------------------- */
+
+/* The rope block, spelled rope_parameters (transformers 5) or rope_scaling
+ * (older), with its type as "rope_type" or "type". */
+static int read_rope(json_t *root, Config *c, const char *path)
+{
+    json_t *params = json_object_get(root, "rope_parameters"), *scaling = json_object_get(root, "rope_scaling");
+    if (params && !json_is_null(params) && scaling && !json_is_null(scaling))
+        return dcp_fail("%s: both \"rope_parameters\" and \"rope_scaling\" are given; give one", path);
+    json_t *r = params && !json_is_null(params) ? params : scaling;
+    const char *field = r == params ? "rope_parameters" : "rope_scaling";
+    c->rope_theta = 10000.0f;
+    if (get_float(root, "rope_theta", &c->rope_theta, path)) return -1;
+    memset(&c->rope, 0, sizeof c->rope);
+    c->rope.type = ROPE_DEFAULT;
+    if (!r || json_is_null(r)) return 0;
+    if (!json_is_object(r)) return dcp_fail("%s: \"%s\" must be an object", path, field);
+    static const char *known[] = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+                                  "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
+                                  "mscale", "mscale_all_dim", "truncate", "partial_rotary_factor", NULL};
+    const char *key;
+    json_t *v;
+    json_object_foreach(r, key, v)
+    {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++) ok = !strcmp(key, known[i]);
+        if (!ok) return dcp_fail("%s: \"%s\" has the field \"%s\", which dcpinfer does not know", path, field, key);
+    }
+    const char *type = json_string_value(json_object_get(r, "rope_type"));
+    if (!type) type = json_string_value(json_object_get(r, "type"));
+    if (!type) return dcp_fail("%s: \"%s\" gives no \"rope_type\"", path, field);
+    float partial = 1.0f;
+    if (get_float(r, "rope_theta", &c->rope_theta, path) || get_float(r, "partial_rotary_factor", &partial, path))
+        return -1;
+    if (partial != 1.0f) return dcp_fail("%s: partial_rotary_factor %g is not supported (1 only)", path, partial);
+    RopeScaling *s = &c->rope;
+    s->factor = 0;
+    s->truncate = 1;
+    s->beta_fast = 32;
+    s->beta_slow = 1;
+    if (get_float(r, "factor", &s->factor, path) || get_float(r, "low_freq_factor", &s->low_freq_factor, path) ||
+        get_float(r, "high_freq_factor", &s->high_freq_factor, path) ||
+        get_int(r, "original_max_position_embeddings", &s->original_max_position_embeddings, path) ||
+        get_float(r, "beta_fast", &s->beta_fast, path) || get_float(r, "beta_slow", &s->beta_slow, path) ||
+        get_bool(r, "truncate", &s->truncate, path))
+        return -1;
+    if (!strcmp(type, "default")) {
+        s->type = ROPE_DEFAULT;
+    } else if (!strcmp(type, "linear")) {
+        s->type = ROPE_LINEAR;
+        if (!(s->factor > 0)) return dcp_fail("%s: rope type linear needs a positive \"factor\"", path);
+    } else if (!strcmp(type, "llama3")) {
+        s->type = ROPE_LLAMA3;
+        if (!(s->factor > 0) || !(s->low_freq_factor > 0) || !(s->high_freq_factor > s->low_freq_factor) ||
+            s->original_max_position_embeddings <= 0)
+            return dcp_fail("%s: rope type llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                            "original_max_position_embeddings > 0",
+                            path);
+    } else if (!strcmp(type, "yarn")) {
+        s->type = ROPE_YARN;
+        if (s->original_max_position_embeddings <= 0) s->original_max_position_embeddings = c->max_seq_len;
+        if (!(s->factor > 0)) s->factor = (float)c->max_seq_len / (float)s->original_max_position_embeddings;
+        if (!(s->factor > 0) || !(s->beta_fast > 0) || !(s->beta_slow > 0))
+            return dcp_fail("%s: rope type yarn needs positive factor, beta_fast and beta_slow", path);
+        /* the cos/sin scale, as transformers derives it when none is given */
+        float attention = 0, mscale = 0, mscale_all = 0;
+        if (get_float(r, "attention_factor", &attention, path) || get_float(r, "mscale", &mscale, path) ||
+            get_float(r, "mscale_all_dim", &mscale_all, path))
+            return -1;
+        if (attention > 0) {
+            s->attention_factor = attention;
+        } else {
+#define YARN_MSCALE(scale, m) ((scale) <= 1 ? 1.0 : 0.1 * (m) * log(scale) + 1.0)
+            s->attention_factor = mscale && mscale_all ? (float)(YARN_MSCALE(s->factor, mscale) /
+                                                                 YARN_MSCALE(s->factor, mscale_all))
+                                                       : (float)YARN_MSCALE(s->factor, 1.0);
+#undef YARN_MSCALE
+        }
+    } else if (!strcmp(type, "dynamic")) {
+        return dcp_fail("%s: rope type dynamic is not supported (its frequencies change with the sequence length); "
+                        "supported: default, linear, llama3, yarn",
+                        path);
+    } else {
+        return dcp_fail("%s: rope type \"%s\" is not supported; supported: default, linear, llama3, yarn", path,
+                        type);
+    }
+    return 0;
+}
+
+/* ---- the sliding window -------------------------------------------------- */
+
+static int read_window(json_t *root, const Arch *a, Config *c, const char *path)
+{
+    c->sliding_window = 0;
+    c->window_first_layer = 0;
+    int window = 0, use = a->window == WINDOW_ALL, first = 0;
+    if (a->window != WINDOW_NONE && get_int(root, "sliding_window", &window, path)) return -1;
+    if (a->window == WINDOW_UPPER) {
+        first = c->n_layers;
+        if (get_bool(root, "use_sliding_window", &use, path) || get_int(root, "max_window_layers", &first, path))
+            return -1;
+    }
+    if (use && window > 0) {
+        c->sliding_window = window;
+        c->window_first_layer = first < c->n_layers ? (first > 0 ? first : 0) : c->n_layers;
+    } else if (use && json_is_integer(json_object_get(root, "sliding_window")) && window <= 0) {
+        return dcp_fail("%s: sliding_window %d must be positive", path, window);
+    }
+    /* layer_types, when given, must say the same */
+    json_t *types = json_object_get(root, "layer_types");
+    if (types && !json_is_null(types)) {
+        if (!json_is_array(types) || (int)json_array_size(types) != c->n_layers)
+            return dcp_fail("%s: \"layer_types\" must list one type per layer (%d)", path, c->n_layers);
+        for (int l = 0; l < c->n_layers; l++) {
+            const char *t = json_string_value(json_array_get(types, (size_t)l));
+            int sliding = c->sliding_window > 0 && l >= c->window_first_layer;
+            if (!t || (strcmp(t, "full_attention") && strcmp(t, "sliding_attention")))
+                return dcp_fail("%s: layer_types[%d] is not \"full_attention\" or \"sliding_attention\"", path, l);
+            if ((strcmp(t, "sliding_attention") == 0) != sliding)
+                return dcp_fail("%s: layer_types[%d] is \"%s\", but sliding_window, use_sliding_window and "
+                                "max_window_layers make it %s",
+                                path, l, t, sliding ? "sliding_attention" : "full_attention");
+        }
+    }
+    return 0;
+}
+
+int arch_read_config(const char *path, const char *text, size_t len, Config *c)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (!root) return dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
+    int rc = -1;
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(root)) {
+        dcp_fail("%s: not a JSON object", path);
+        goto out;
+    }
+    /* the architecture before anything else: a Gemma config is "not
+     * supported", not "gelu not supported" */
+    int ai = find_arch(root, path);
+    if (ai < 0) goto out;
+    const Arch *a = &arch_table[ai];
+    c->arch = ai;
+    c->rope_style = ROPE_ROTATE_HALF;
+    c->format = FORMAT_HF;
+    c->bos_id = -1;
+    c->max_seq_len = 2048;
+    c->norm_eps = 1e-6f;
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
+        dcp_fail("%s: hidden_act %s is not supported (silu only)", path,
+                 json_is_string(act) ? json_string_value(act) : "(not a string)");
+        goto out;
+    }
+    static const char *required[] = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                     "vocab_size"};
+    int *req_out[] = {&c->dim, &c->hidden_dim, &c->n_layers, &c->n_heads, &c->vocab_size};
+    for (int i = 0; i < 5; i++) {
+        json_t *v = json_object_get(root, required[i]);
+        if (!v || json_is_null(v)) {
+            dcp_fail("%s: missing \"%s\"", path, required[i]);
+            goto out;
+        }
+        if (get_int(root, required[i], req_out[i], path)) goto out;
+    }
+    c->n_kv_heads = c->n_heads;
+    int attention_bias = 0, mlp_bias = 0;
+    if (get_int(root, "num_key_value_heads", &c->n_kv_heads, path) ||
+        get_int(root, "max_position_embeddings", &c->max_seq_len, path) ||
+        get_int(root, "bos_token_id", &c->bos_id, path) || get_float(root, "rms_norm_eps", &c->norm_eps, path) ||
+        get_bool(root, "tie_word_embeddings", &c->tied_embeddings, path) ||
+        (a->attention_bias && get_bool(root, "attention_bias", &attention_bias, path)) ||
+        (a->mlp_bias && get_bool(root, "mlp_bias", &mlp_bias, path)))
+        goto out;
+    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
+    json_t *hd = json_object_get(root, "head_dim");
+    if (hd && !json_is_null(hd)) {
+        if (get_int(root, "head_dim", &c->head_dim, path)) goto out;
+    } else if (c->n_heads > 0 && c->dim % c->n_heads) {
+        dcp_fail("%s: hidden_size %d is not a multiple of num_attention_heads %d, and no head_dim is given", path,
+                 c->dim, c->n_heads);
+        goto out;
+    }
+    c->qkv_bias = a->qkv_bias || attention_bias;
+    c->o_bias = attention_bias;
+    c->mlp_bias = mlp_bias;
+    c->qk_norm = a->qk_norm;
+    if (read_rope(root, c, path) || read_window(root, a, c, path)) goto out;
+    json_t *v = json_object_get(root, "eos_token_id");
+    if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= INT32_MAX) {
+        c->eos_ids[c->n_eos++] = (int)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) if (json_is_integer(e) && c->n_eos < 8 && json_integer_value(e) >= 0 &&
+                                        json_integer_value(e) <= INT32_MAX) c->eos_ids[c->n_eos++] =
+            (int)json_integer_value(e);
+    }
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}

@@ -1,0 +1,42 @@
+/* The architectures dcpinfer runs, one row each in arch.c's table: the
+ * names a Hugging Face config.json gives them (architectures[0],
+ * model_type) and what each allows. The Llama family (Llama, Mistral,
+ * Qwen2, Qwen3) shares one forward pass (engine.c); a row says which of
+ * its parts the architecture has: q/k/v biases, the attention_bias and
+ * mlp_bias fields, per-head q/k norms, and its kind of sliding window.
+ * Anything else is refused before any weight is read. */
+#ifndef DCP_ARCH_H
+#define DCP_ARCH_H
+
+#include <stddef.h>
+
+#include "model.h"
+
+typedef enum {
+    WINDOW_NONE,   /* sliding_window is not read (Llama ignores it) */
+    WINDOW_ALL,    /* Mistral: every layer, when sliding_window is set */
+    WINDOW_UPPER,  /* Qwen2/Qwen3: with use_sliding_window, the layers from max_window_layers on */
+} WindowKind;
+
+typedef struct {
+    const char *name;        /* architectures[0], e.g. "LlamaForCausalLM" */
+    const char *model_type;  /* e.g. "llama" */
+    int qkv_bias;            /* q/k/v biases always (Qwen2) */
+    int attention_bias;      /* reads attention_bias: q/k/v/o biases (Llama, Qwen3) */
+    int mlp_bias;            /* reads mlp_bias: gate/up/down biases (Llama) */
+    int qk_norm;             /* q_norm/k_norm over head_dim before RoPE (Qwen3) */
+    WindowKind window;
+} Arch;
+
+extern const Arch arch_table[];
+extern const int arch_count;
+
+/* The shapes and features of a config.json (text of len bytes; path names
+ * it in messages): the architecture first, then every field that changes
+ * the math, each read or refused with one line. */
+int arch_read_config(const char *path, const char *text, size_t len, Config *c);
+
+/* "LlamaForCausalLM, MistralForCausalLM, ...", for messages and --help. */
+const char *arch_supported_list(void);
+
+#endif

@@ -1,0 +1,98 @@
+/* Hugging Face model families against transformers: for each model under
+ * tests/data/hf (written by tests/ref/make_hf_refs.py: Llama with llama3,
+ * linear, yarn and rope_parameters-style RoPE, Mistral with a sliding
+ * window shorter than the prompt, Qwen2 with biases, Qwen3 with q/k norms,
+ * Llama with MLP and attention biases), dcpinfer's logits at every prompt
+ * position are within 1e-4 of transformers' (relative to the row's largest
+ * absolute logit), and its 32 greedy tokens are transformers' tokens. */
+#include "arch.h"
+#include "backend.h"
+#include "engine.h"
+#include "generate.h"
+#include "model.h"
+#include "testutil.h"
+
+static const char *cases[] = {"llama3", "rope_parameters", "linear", "yarn", "mistral_window", "qwen2_bias",
+                              "qwen3_qk_norm", "mlp_bias"};
+
+static int read_ids(const char *path, int *ids, int cap)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f && n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
+    if (f) fclose(f);
+    return n;
+}
+
+typedef struct {
+    float *logits; /* (positions, vocab) */
+    int vocab;
+} Capture;
+
+static void capture(void *ctx, int request, int pos, const float *logits, int vocab)
+{
+    Capture *c = ctx;
+    (void)request;
+    memcpy(c->logits + (size_t)pos * vocab, logits, sizeof(float) * vocab);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char dir[4096], path[4200];
+        snprintf(dir, sizeof dir, "%s/tests/data/hf/%s", src, cases[k]);
+        int prompt[1024], want[64];
+        snprintf(path, sizeof path, "%s/prompt.txt", dir);
+        int n = read_ids(path, prompt, 1024);
+        snprintf(path, sizeof path, "%s/greedy.txt", dir);
+        int n_want = read_ids(path, want, 64);
+        Model m;
+        if (!CHECK_OK(n >= 300 && n_want == 32, "%s: reference data missing (%d prompt, %d greedy ids)", cases[k], n,
+                      n_want) ||
+            !CHECK_OK(model_load(&m, dir, 1, 0) == 0, "%s: %s", cases[k], dcp_error()))
+            continue;
+        int vocab = m.cfg.vocab_size;
+        float *ref = xmalloc(sizeof(float) * (size_t)n * vocab);
+        snprintf(path, sizeof path, "%s/logits.f32", dir);
+        FILE *f = fopen(path, "rb");
+        size_t got = f ? fread(ref, sizeof(float), (size_t)n * vocab, f) : 0;
+        if (f) fclose(f);
+        CHECK(got == (size_t)n * vocab, "%s: logits.f32 holds %zu of %d floats", cases[k], got, n * vocab);
+        /* every position's logits, then the greedy continuation */
+        RequestSet rs = {0};
+        add_request(&rs, prompt, n, 32, 0.0f, 1.0f, 0);
+        Capture cap = {xcalloc((size_t)(n + 32) * vocab, sizeof(float)), vocab};
+        Timings tm = {0};
+        Engine e;
+        engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
+        GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
+                         .on_logits = capture, .on_logits_ctx = &cap};
+        Result res;
+        generate(&e, &rs, &res, &go, NULL);
+        double worst = 0;
+        for (int p = 0; p < n; p++) {
+            const float *a = cap.logits + (size_t)p * vocab, *b = ref + (size_t)p * vocab;
+            double big = 0, d = 0;
+            for (int v = 0; v < vocab; v++) {
+                big = fmax(big, fabs(b[v]));
+                d = fmax(d, fabs((double)a[v] - b[v]));
+            }
+            worst = fmax(worst, d / (big > 0 ? big : 1));
+        }
+        int same = res.n == 32 && !memcmp(res.tokens, want, sizeof(int) * 32);
+        fprintf(stderr, "%-16s %-20s max |logit - transformers| / max |logit| = %.2g over %d positions; greedy %s\n",
+                cases[k], arch_table[m.cfg.arch].name, worst, n, same ? "identical" : "DIFFER");
+        CHECK(worst <= 1e-4, "%s: logits differ from transformers by %g (relative)", cases[k], worst);
+        CHECK(same, "%s: greedy tokens differ from transformers' (%d tokens)", cases[k], res.n);
+        engine_free(&e);
+        results_free(&res, 1);
+        requests_free(&rs);
+        free(cap.logits);
+        free(ref);
+        model_free(&m);
+    }
+    MPI_Finalize();
+    return test_finish("test_hf_reference");
+}
