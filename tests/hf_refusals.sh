@@ -1,0 +1,36 @@
+#!/bin/sh
+# What dcpinfer cannot run exactly is refused before any weight is read,
+# with one line and exit status 1: an architecture outside the supported
+# list (named as such, before its other fields), an activation other than
+# SiLU, an unknown or unsupported RoPE type, a tensor the config has no use
+# for, a tensor whose shape differs from what the config implies.
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+P=$WORK/p.jsonl
+printf '{"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 2}\n' >"$P"
+"$MKMODEL" --out "$WORK/base" --layers 1 --dim 32 --heads 4 --kv-heads 2 --hidden 48 --vocab 64 >/dev/null
+"$MKMODEL" --out "$WORK/biased" --layers 1 --dim 32 --heads 4 --kv-heads 2 --hidden 48 --vocab 64 --mlp-bias >/dev/null
+variant() { # NAME SED: a copy of the base model with its config.json edited
+    rm -rf "${WORK:?}/$1"
+    cp -r "$WORK/${3:-base}" "$WORK/$1"
+    sed -i "$2" "$WORK/$1/config.json"
+}
+variant gemma 's/"LlamaForCausalLM"/"GemmaForCausalLM"/; s/"llama"/"gemma"/; s/"silu"/"gelu_pytorch_tanh"/'
+expect_error unknown_architecture 1 "architecture GemmaForCausalLM is not supported; supported: LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3)" \
+    --model "$WORK/gemma" --output "$WORK/o.h5" "$P"
+variant gelu 's/"silu"/"gelu"/'
+expect_error hidden_act 1 "hidden_act gelu is not supported (silu only)" --model "$WORK/gelu" "$P"
+variant longrope 's/"rope_scaling": null/"rope_scaling": {"rope_type": "longrope", "factor": 2.0}/'
+expect_error unknown_rope_type 1 'rope type "longrope" is not supported; supported: default, linear, llama3, yarn' \
+    --model "$WORK/longrope" "$P"
+variant dynamic 's/"rope_scaling": null/"rope_scaling": {"type": "dynamic", "factor": 2.0}/'
+expect_error dynamic_rope 1 "rope type dynamic is not supported (its frequencies change with the sequence length)" \
+    --model "$WORK/dynamic" "$P"
+variant leftover 's/"mlp_bias": true/"mlp_bias": false/' biased
+expect_error leftover_tensor 1 "tensor 'model.layers.0.mlp.gate_proj.bias' is in the checkpoint, but config.json (LlamaForCausalLM) has no use for it" \
+    --model "$WORK/leftover" "$P"
+variant shape 's/"intermediate_size": 48/"intermediate_size": 40/'
+expect_error shape_mismatch 1 "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [48, 32], config.json implies [40, 32]" \
+    --model "$WORK/shape" "$P"
+checks=$((checks + 1))
+if [ ! -e "$WORK/o.h5" ]; then pass "no results file after a refusal"; else fail "a refused run wrote results"; fi
+finish
