@@ -17,7 +17,7 @@ targets=${*:-requests config safetensors llama2c}
 CLANG=${CLANG:-clang}
 command -v "$CLANG" >/dev/null || { echo "fuzz: $CLANG not found (apt-get install clang)" >&2; exit 77; }
 mkdir -p "$OUT"
-SRCS="src/util.c src/requests.c src/model.c src/arch.c src/mkmodel.c src/safetensors.c src/tokenizer.c"
+SRCS="src/util.c src/requests.c src/hparams.c src/model.c src/arch.c src/mkmodel.c src/safetensors.c src/tokenizer.c"
 findings=0
 for t in $targets; do
     bin=$OUT/fuzz_$t

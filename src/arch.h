@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "model.h"
+#include "hparams.h"
 
 typedef enum {
     WINDOW_NONE,   /* sliding_window is not read (Llama ignores it) */

@@ -10,14 +10,6 @@
 #include "scheduler.h"
 #include "util.h"
 
-int is_stop_token(const Config *c, const Request *q, int tok)
-{
-    for (int i = 0; i < c->n_eos; i++)
-        if (tok == c->eos_ids[i]) return 1;
-    for (int i = 0; i < q->n_stop; i++)
-        if (tok == q->stop_ids[i]) return 1;
-    return 0;
-}
 
 typedef struct {
     float *full;        /* (rows, vocab): gathered vocabulary shards, tp > 1 */
@@ -136,9 +128,10 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     memset(st, 0, sizeof *st);
     memset(res, 0, sizeof(Result) * (size_t)rs->n);
     Scheduler sch;
-    scheduler_init(&sch, rs, res, c, e->topo, &e->pool, o);
+    SchedulerLimits limits = {o->max_model_len, o->max_num_seqs, o->max_batched_tokens};
+    scheduler_init(&sch, rs, res, c, e->topo, &e->pool, &limits);
     StepPlan plan;
-    plan_init(&plan, o);
+    plan_init(&plan, &limits);
     /* a step has at most one chunk per request: buffers by the requests
      * there are, not by --max-num-seqs (1M of them would be 128 GB of
      * logits rows at a 32K vocabulary) */
@@ -260,10 +253,3 @@ void dp_select(const RequestSet *rs, const int *group, int g, RequestSet *out, i
         }
 }
 
-void results_free(Result *res, int n)
-{
-    for (int i = 0; i < n; i++) {
-        free(res[i].tokens);
-        free(res[i].times);
-    }
-}

@@ -9,14 +9,6 @@
 #include "requests.h"
 
 typedef struct {
-    int *tokens;
-    double *times;  /* seconds from the start at which each token was sampled */
-    int n, cap;
-    const char *finish_reason; /* "stop", "length" or "error" */
-    double ttft_s, tpot_s, e2e_s;
-} Result;
-
-typedef struct {
     int max_model_len;       /* context limit: prompt + output tokens */
     int max_num_seqs;        /* requests decoding together */
     int max_batched_tokens;  /* tokens per forward pass */
@@ -30,11 +22,6 @@ typedef struct {
     void (*on_step)(void *ctx, const int *finished, int n_finished);
     void *on_step_ctx;
 } GenOptions;
-
-/* Why a request whose logits turned NaN or infinite stopped. */
-#define NONFINITE_REASON                                                                                      \
-    "the model's logits are not finite (NaN or inf); its weights or config (rms_norm_eps, rope_theta, a "    \
-    "corrupt tensor) are broken"
 
 /* One scheduler step, as recorded. */
 typedef struct {
@@ -58,7 +45,6 @@ typedef struct {
  * requests that could never fit the KV cache (they get an error). res has
  * one entry per request; stats (may be NULL) receives the step records. */
 int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenStats *stats);
-void results_free(Result *res, int n);
 /* The DP group of each request (malloc'ed, rs->n entries): balanced by
  * prompt plus output tokens, longest first to the least-loaded group,
  * lowest group on ties; the same on every rank. Requests with skip[i]
@@ -67,7 +53,5 @@ int *dp_assign(const RequestSet *rs, int dp, const char *skip);
 /* The requests of DP group g, in file order: out shares rs's requests
  * (free only out->r) and index[k] is the position in rs of out->r[k]. */
 void dp_select(const RequestSet *rs, const int *group, int g, RequestSet *out, int *index);
-/* EOS of the model or one of the request's stop_token_ids */
-int is_stop_token(const Config *c, const Request *q, int tok);
 
 #endif

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "model.h"
+#include "hparams.h"
 
 typedef struct {
     int layers, dim, heads, kv_heads, hidden, vocab, max_len;

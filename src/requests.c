@@ -302,3 +302,11 @@ void requests_free(RequestSet *set)
     free(set->path);
     memset(set, 0, sizeof *set);
 }
+
+void results_free(Result *res, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(res[i].tokens);
+        free(res[i].times);
+    }
+}

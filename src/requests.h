@@ -35,6 +35,16 @@ typedef struct {
     char *path;
 } RequestSet;
 
+/* What a request produced. */
+typedef struct {
+    int *tokens;
+    double *times;  /* seconds from the start at which each token was sampled */
+    int n, cap;
+    const char *finish_reason; /* "stop", "length" or "error" */
+    double ttft_s, tpot_s, e2e_s;
+} Result;
+void results_free(Result *res, int n);
+
 /* Reads and validates every line. A bad line is "FILE:LINE: reason": with
  * skip_invalid it becomes a failed request and reading goes on, otherwise
  * reading stops with -1 and dcp_error() holds the message. */

@@ -24,6 +24,11 @@ int logits_finite(const float *x, int n);
  * index) pairs. */
 #define SAMPLE_NONFINITE (-1)
 int sampler_sample(Sampler *s, float *logits, int n, void *scratch);
+/* Why a request whose logits turned NaN or infinite stopped. */
+#define NONFINITE_REASON                                                                                      \
+    "the model's logits are not finite (NaN or inf); its weights or config (rms_norm_eps, rope_theta, a "    \
+    "corrupt tensor) are broken"
+
 size_t sampler_scratch_bytes(int n);
 
 #endif

@@ -5,6 +5,15 @@
 
 #include "util.h"
 
+int is_stop_token(const Config *c, const Request *q, int tok)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (tok == c->eos_ids[i]) return 1;
+    for (int i = 0; i < q->n_stop; i++)
+        if (tok == q->stop_ids[i]) return 1;
+    return 0;
+}
+
 static int seq_len(const Scheduler *s, int r) { return s->rs->r[r].n_prompt + s->res[r].n; }
 
 static int token_at(const Scheduler *s, int r, int p)
@@ -34,7 +43,7 @@ void requests_check_kv(RequestSet *rs, const Topology *topo, const BlockPool *po
 }
 
 void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg, const Topology *topo,
-                    BlockPool *pool, const GenOptions *o)
+                    BlockPool *pool, const SchedulerLimits *o)
 {
     memset(s, 0, sizeof *s);
     s->rs = rs;
@@ -75,7 +84,7 @@ void scheduler_free(Scheduler *s)
     memset(s, 0, sizeof *s);
 }
 
-void plan_init(StepPlan *p, const GenOptions *o)
+void plan_init(StepPlan *p, const SchedulerLimits *o)
 {
     memset(p, 0, sizeof *p);
     p->chunks = xmalloc(sizeof(Chunk) * (size_t)o->max_num_seqs);

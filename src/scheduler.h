@@ -17,7 +17,6 @@
 #define DCP_SCHEDULER_H
 
 #include "engine.h"
-#include "generate.h"
 #include "kvcache.h"
 #include "requests.h"
 #include "sampler.h"
@@ -57,13 +56,23 @@ typedef struct {
     int prefill_tokens, decode_tokens, preempted;
 } StepPlan;
 
+/* The limits a scheduler works within (GenOptions in generate.h has the same fields). */
+typedef struct {
+    int max_model_len;      /* context limit: prompt + output tokens */
+    int max_num_seqs;       /* requests decoding together */
+    int max_batched_tokens; /* tokens per forward pass */
+} SchedulerLimits;
+
+/* EOS of the model or one of the request's stop_token_ids */
+int is_stop_token(const Config *c, const Request *q, int tok);
+
 /* Fails the requests that could never fit the cache, even alone. */
 void requests_check_kv(RequestSet *rs, const Topology *topo, const BlockPool *pool, int max_model_len);
 /* Requests that could never fit the cache fail here too. */
 void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg, const Topology *topo,
-                    BlockPool *pool, const GenOptions *o);
+                    BlockPool *pool, const SchedulerLimits *o);
 void scheduler_free(Scheduler *s);
-void plan_init(StepPlan *p, const GenOptions *o);
+void plan_init(StepPlan *p, const SchedulerLimits *o);
 void plan_free(StepPlan *p);
 
 /* Fills p with the next step; returns 0 when every request is done. */

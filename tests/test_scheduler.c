@@ -57,7 +57,7 @@ static void test_admission_and_chunks(void)
     for (int i = 0; i < 5; i++) add_request(&rs, ids, 10 + 5 * i, 3, 0, 1, 0);
     Result res[5];
     memset(res, 0, sizeof res);
-    GenOptions o = {.max_model_len = 1000, .max_num_seqs = 2, .max_batched_tokens = 16};
+    SchedulerLimits o = {.max_model_len = 1000, .max_num_seqs = 2, .max_batched_tokens = 16};
     Scheduler s;
     scheduler_init(&s, &rs, res, &c, &t, &pool, &o);
     StepPlan p;
@@ -102,7 +102,7 @@ static void test_preemption(void)
     for (int i = 0; i < 3; i++) add_request(&rs, ids, 7, 8, 0, 1, 0);
     Result res[3];
     memset(res, 0, sizeof res);
-    GenOptions o = {.max_model_len = 1000, .max_num_seqs = 8, .max_batched_tokens = 64};
+    SchedulerLimits o = {.max_model_len = 1000, .max_num_seqs = 8, .max_batched_tokens = 64};
     Scheduler s;
     scheduler_init(&s, &rs, res, &c, &t, &pool, &o);
     StepPlan p;
@@ -148,7 +148,7 @@ static void test_never_fits(void)
     add_request(&rs, ids, 20, 4, 0, 1, 0);  /* 24: never */
     Result res[2];
     memset(res, 0, sizeof res);
-    GenOptions o = {.max_model_len = 1000, .max_num_seqs = 8, .max_batched_tokens = 64};
+    SchedulerLimits o = {.max_model_len = 1000, .max_num_seqs = 8, .max_batched_tokens = 64};
     Scheduler s;
     scheduler_init(&s, &rs, res, &c, &t, &pool, &o);
     CHECK(rs.r[1].error && strstr(rs.r[1].error, "24 positions need 6 KV blocks of 4 per rank, the cache has 4") &&
