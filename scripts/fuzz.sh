@@ -17,12 +17,12 @@ targets=${*:-requests config safetensors llama2c}
 CLANG=${CLANG:-clang}
 command -v "$CLANG" >/dev/null || { echo "fuzz: $CLANG not found (apt-get install clang)" >&2; exit 77; }
 mkdir -p "$OUT"
-SRCS="src/util.c src/requests.c src/hparams.c src/model.c src/arch.c src/mkmodel.c src/safetensors.c src/tokenizer.c"
+SRCS="src/base/util.c src/io/requests.c src/model/hparams.c src/model/model.c src/model/arch.c src/model/mkmodel.c src/io/safetensors.c src/io/tokenizer.c"
 findings=0
 for t in $targets; do
     bin=$OUT/fuzz_$t
     if ! (cd "$TOP" && $CLANG -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-        -D_GNU_SOURCE -Isrc "tests/fuzz/fuzz_$t.c" $SRCS -ljansson -lm -o "$bin") 2>"$OUT/$t.build"; then
+        -D_GNU_SOURCE -Isrc/base -Isrc/io -Isrc/model "tests/fuzz/fuzz_$t.c" $SRCS -ljansson -lm -o "$bin") 2>"$OUT/$t.build"; then
         if grep -q "fuzzer" "$OUT/$t.build"; then
             echo "fuzz: $CLANG cannot link libFuzzer here: $(head -1 "$OUT/$t.build")" >&2; exit 77
         fi

@@ -9,7 +9,7 @@
 DCPINFER=$BUILD/tests/dcpinfer-mpifault
 P=$WORK/p.jsonl
 printf '{"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 3}\n' >"$P"
-for case in "MPI_Reduce src/transfer.c" "MPI_Comm_split src/topology.c" "MPI_Gather src/job.c"; do
+for case in "MPI_Reduce src/parallel/transfer.c" "MPI_Comm_split src/parallel/topology.c" "MPI_Gather src/app/job.c"; do
     set -- $case
     checks=$((checks + 1))
     export DCP_FAIL_MPI=$1 NP=2 LIMIT=60
