@@ -5,7 +5,7 @@ set -u
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$TOP/build}
 PACKAGES="gcc make autoconf automake pkg-config openmpi-bin libopenmpi-dev libhdf5-dev hdf5-tools \
-libopenblas-dev libjansson-dev valgrind clang"
+libopenblas-dev libjansson-dev libpcre2-dev libutf8proc-dev valgrind clang"
 
 ensure_packages() {
     local missing="" p

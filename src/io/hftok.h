@@ -1,0 +1,28 @@
+/* Hugging Face tokenizer.json (the `tokenizers` format), exact: a BPE
+ * model (merges as "a b" or [a, b], ignore_merges, byte_fallback, unk and
+ * fuse_unk), normalizers (NFC/NFKC/NFD/NFKD through utf8proc, Prepend,
+ * Replace, Sequence), pre-tokenizers (Split with a PCRE2 regex, ByteLevel,
+ * Metaspace, Digits, Sequence), added tokens matched before the model
+ * (leftmost-longest), TemplateProcessing's BOS/EOS, and decoders
+ * (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence).
+ * A component outside this list is an error naming it. */
+#ifndef DCP_HFTOK_H
+#define DCP_HFTOK_H
+
+#include <stddef.h>
+
+typedef struct HfTokenizer HfTokenizer;
+
+/* Reads path (a tokenizer.json); NULL with dcp_error() on failure. */
+HfTokenizer *hftok_load(const char *path);
+void hftok_free(HfTokenizer *t);
+int hftok_vocab_size(const HfTokenizer *t);
+
+/* The ids of len bytes of UTF-8 text; with add_special, the
+ * post-processor's tokens too (e.g. <s>). *ids is malloc'ed. */
+int hftok_encode(const HfTokenizer *t, const char *text, size_t len, int add_special, int **ids, int *n);
+/* The text of n ids (malloc'ed, NUL-terminated); special tokens left out
+ * with skip_special; invalid UTF-8 becomes U+FFFD. */
+char *hftok_decode(const HfTokenizer *t, const int *ids, int n, int skip_special);
+
+#endif
