@@ -46,10 +46,18 @@ int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share)
     return t > 0 ? t : 1;
 }
 
-/* tokenizer.bin beside a llama2.c checkpoint, if the user named none */
+/* tokenizer.bin beside a llama2.c checkpoint, or the tokenizer.json of a
+ * Hugging Face folder, if the user named none */
 static char *default_tokenizer(const char *model)
 {
-    if (!model || path_is_dir(model)) return NULL;
+    if (!model) return NULL;
+    if (path_is_dir(model)) {
+        char *p = xmalloc(strlen(model) + 32);
+        sprintf(p, "%s/tokenizer.json", model);
+        if (path_exists(p)) return p;
+        free(p);
+        return NULL;
+    }
     const char *slash = strrchr(model, '/');
     size_t dir = slash ? (size_t)(slash - model + 1) : 0;
     char *p = xmalloc(dir + 16);
@@ -90,25 +98,15 @@ static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const Config *
     }
 }
 
-/* Output text of a request: its generated pieces, stop tokens left out. */
+/* Output text of a request: its generated tokens, stop tokens left out. */
 static char *decode_text(const Tokenizer *tok, const Config *c, const Request *q, const Result *r)
 {
     if (!tok || !q->prompt_tokens || q->n_prompt == 0) return xstrdup("");
-    size_t cap = 64, len = 0;
-    char *s = xmalloc(cap);
-    int prev = q->prompt_tokens[q->n_prompt - 1];
-    for (int i = 0; i < r->n; i++) {
-        int t = r->tokens[i];
-        if (!is_stop_token(c, q, t)) {
-            const char *piece = tokenizer_decode(tok, prev, t, c->bos_id);
-            size_t n = strlen(piece);
-            if (len + n + 1 > cap) s = xrealloc(s, cap = 2 * (len + n + 1));
-            memcpy(s + len, piece, n);
-            len += n;
-        }
-        prev = t;
-    }
-    s[len] = '\0';
+    int *keep = xmalloc(sizeof(int) * (size_t)(r->n + 1)), n = 0;
+    for (int i = 0; i < r->n; i++)
+        if (!is_stop_token(c, q, r->tokens[i])) keep[n++] = r->tokens[i];
+    char *s = tokenizer_decode_all(tok, q->prompt_tokens[q->n_prompt - 1], keep, n, c->bos_id);
+    free(keep);
     return s;
 }
 

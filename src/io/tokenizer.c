@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "hftok.h"
 #include "util.h"
 
 static const Tokenizer *sort_ctx;
@@ -61,9 +62,41 @@ int tokenizer_parse(Tokenizer *t, const char *path, const unsigned char *data, s
     return 0;
 }
 
+/* a tokenizer.json: a folder holding one, or a file that starts with '{' */
+static char *hf_tokenizer_path(const char *path)
+{
+    if (path_is_dir(path)) {
+        char *p = xmalloc(strlen(path) + 32);
+        sprintf(p, "%s/tokenizer.json", path);
+        return p;
+    }
+    FILE *f = fopen(path, "rb");
+    int c = f ? fgetc(f) : EOF;
+    while (c == ' ' || c == '\n' || c == '\t' || c == '\r') c = fgetc(f);
+    if (f) fclose(f);
+    return c == '{' ? xstrdup(path) : NULL;
+}
+
 int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
 {
     memset(t, 0, sizeof *t);
+    if (!path_is_dir(path) && check_regular_file(path, "tokenizer")) return -1; /* a FIFO would block the sniffing */
+    char *json = hf_tokenizer_path(path);
+    if (json) {
+        t->hf = hftok_load(json);
+        free(json);
+        if (!t->hf) return -1;
+        if (hftok_vocab_size(t->hf) > vocab_size) {
+            int n = hftok_vocab_size(t->hf);
+            hftok_free(t->hf);
+            t->hf = NULL;
+            return dcp_fail("%s: the tokenizer has ids up to %d, the model's vocabulary only %d (wrong tokenizer?)",
+                            path, n - 1, vocab_size);
+        }
+        t->path = xstrdup(path);
+        t->vocab_size = vocab_size;
+        return 0;
+    }
     struct stat st;
     if (check_regular_file(path, "tokenizer")) return -1;
     if (stat(path, &st) == 0 && (size_t)st.st_size < 4 + 8 * (size_t)vocab_size)
@@ -79,6 +112,7 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
 
 void tokenizer_free(Tokenizer *t)
 {
+    hftok_free(t->hf);
     if (t->vocab)
         for (int i = 0; i < t->vocab_size; i++) free(t->vocab[i]);
     free(t->vocab);
@@ -202,6 +236,7 @@ static void merge_pairs(const Tokenizer *t, int *tok, int *n_io)
 
 int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int **out, int *n_out)
 {
+    if (t->hf) return hftok_encode(t->hf, text, strlen(text), 1, out, n_out);
     size_t len = strlen(text);
     /* BOS + dummy prefix + at most one token per byte */
     int *tok = xmalloc(sizeof(int) * (len + 3));
@@ -253,4 +288,21 @@ const char *tokenizer_decode(const Tokenizer *t, int prev, int token, int bos)
     if (sscanf(piece, "<0x%02X%c", &byte, &tail) == 2 && tail == '>' && byte < 256)
         piece = (const char *)t->byte_pieces + byte * 2;
     return piece;
+}
+
+char *tokenizer_decode_all(const Tokenizer *t, int prev, const int *ids, int n, int bos)
+{
+    if (t->hf) return hftok_decode(t->hf, ids, n, 1);
+    size_t cap = 64, len = 0;
+    char *s = xmalloc(cap);
+    for (int i = 0; i < n; i++) {
+        const char *piece = tokenizer_decode(t, prev, ids[i], bos);
+        size_t k = strlen(piece);
+        if (len + k + 1 > cap) s = xrealloc(s, cap = 2 * (len + k + 1));
+        memcpy(s + len, piece, k);
+        len += k;
+        prev = ids[i];
+    }
+    s[len] = '\0';
+    return s;
 }

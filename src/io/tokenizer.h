@@ -6,7 +6,10 @@
 
 #include <stddef.h>
 
+struct HfTokenizer;
+
 typedef struct {
+    struct HfTokenizer *hf;    /* a Hugging Face tokenizer.json (hftok.h); the fields below are then unused */
     char **vocab;
     float *scores;
     int vocab_size;
@@ -16,17 +19,24 @@ typedef struct {
     char *path;
 } Tokenizer;
 
-/* vocab_size: the model's; the file must hold exactly that many pieces. */
+/* A llama2.c tokenizer file, or a Hugging Face tokenizer.json (a file
+ * starting with '{', or a folder holding tokenizer.json). vocab_size: the
+ * model's; a llama2.c file must hold exactly that many pieces, a
+ * tokenizer.json no id at or above it. */
 int tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
 /* The same from the file's bytes (path names it in messages). */
 int tokenizer_parse(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int vocab_size);
 void tokenizer_free(Tokenizer *t);
 
-/* Encodes text, with BOS (id bos, when >= 0) first. *out is malloc'ed. */
+/* Encodes text, with BOS (id bos, when >= 0) first; a tokenizer.json adds
+ * what its post-processor adds instead. *out is malloc'ed. */
 int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int **out, int *n_out);
 
 /* The bytes that token stands for after prev (llama2.c's decode): the leading
  * space is dropped after BOS and <0xNN> pieces become the raw byte. */
 const char *tokenizer_decode(const Tokenizer *t, int prev, int token, int bos);
+/* The text of n generated ids following prev (the last prompt token);
+ * special tokens of a tokenizer.json are left out. malloc'ed. */
+char *tokenizer_decode_all(const Tokenizer *t, int prev, const int *ids, int n, int bos);
 
 #endif

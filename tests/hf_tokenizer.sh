@@ -1,0 +1,44 @@
+#!/bin/sh
+# Text prompts through a Hugging Face tokenizer.json: given with
+# --tokenizer (the file or its folder) or found in the model's folder, the
+# prompt ids dcpinfer runs are those the tokenizers package gives with
+# special tokens (tests/data/tok, from tests/ref/make_tok_refs.py); a
+# tokenizer with ids beyond the model's vocabulary is refused.
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
+TOK=$SHARED/tokenizers/mistral-sp/tokenizer.json
+[ -f "$TOK" ] || { echo "$TOK not found: skipped" >&2; exit 77; }
+"$MKMODEL" --out "$WORK/m" --layers 1 --dim 16 --heads 2 --kv-heads 1 --hidden 16 --vocab 32000 >/dev/null
+REF=$SRC/tests/data/tok/mistral-sp.jsonl
+P=$WORK/p.jsonl
+printf '{"id": "a", "prompt": "Hello world", "max_tokens": 3}\n{"id": "b", "prompt": "Once upon a time, there was a little girl named Lily.", "max_tokens": 3}\n{"id": "c", "prompt": "Emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️", "max_tokens": 3}\n' >"$P"
+# the reference ids (with special tokens) of a corpus text
+want() { grep -F "{\"text\": \"$1\"," "$REF" | sed 's/.*"with_special": \[\([^]]*\)\].*/\1/' | tr -d ' '; }
+prompts() { # FILE: each request's prompt ids, comma-joined, one line each
+    off=$(h5dump -y -d /requests/prompt_offsets "$1" | sed -n '/DATA {/,/}/p' | tr -c '0-9\n' ' ' | tr -s ' \n' '\n' | grep .)
+    ids=$(h5dump -y -d /requests/prompt_tokens "$1" | sed -n '/DATA {/,/}/p' | tr -c '0-9\n' ' ' | tr -s ' \n' '\n' | grep . | tr '\n' ' ')
+    echo "$off" | awk -v ids="$ids" 'BEGIN {n = split(ids, t, " ")} NR > 1 {s = ""; for (i = prev + 1; i <= $1; i++) s = s (s ? "," : "") t[i]; print s} {prev = $1}'
+}
+expected=$(printf '%s\n%s\n%s\n' "$(want "Hello world")" "$(want "Once upon a time, there was a little girl named Lily.")" \
+    "$(want "Emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️")")
+for how in file folder model; do
+    checks=$((checks + 1))
+    case $how in
+        file) args="--model $WORK/m --tokenizer $TOK" ;;
+        folder) args="--model $WORK/m --tokenizer $(dirname "$TOK")" ;;
+        model) cp "$TOK" "$WORK/m/tokenizer.json"; args="--model $WORK/m" ;;
+    esac
+    run_dcp "$how" $args --output "$WORK/$how.h5" "$P"
+    got=$(prompts "$WORK/$how.h5")
+    if [ "$(cat "$WORK/$how.rc")" = 0 ] && [ -n "$got" ] && [ "$got" = "$expected" ]; then
+        pass "tokenizer.json ($how): the prompt ids of tokenizers"
+    else
+        fail "tokenizer.json ($how): exit $(cat "$WORK/$how.rc"); got '$got', want '$expected'"; cat "$WORK/$how.err" >&2
+    fi
+done
+rm -f "$WORK/m/tokenizer.json"
+if [ -f "$SHARED/tokenizers/llama3/tokenizer.json" ]; then
+    expect_error tokenizer_too_big 1 "the tokenizer has ids up to 128255, the model's vocabulary only 32000" \
+        --model "$WORK/m" --tokenizer "$SHARED/tokenizers/llama3/tokenizer.json" "$P"
+fi
+finish
