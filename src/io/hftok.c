@@ -181,17 +181,31 @@ static const char *pattern_of(json_t *p, int *is_regex)
     return json_string_value(json_object_get(p, "Regex"));
 }
 
+/* The type of one pipeline component (what names its kind in messages).
+ * A missing component, or a Sequence, which is loaded here item by item
+ * (its list under list_key) through load, gives NULL with *rc set. */
+static const char *component(HfTokenizer *t, json_t *c, const char *what, const char *list_key,
+                             int (*load)(HfTokenizer *, json_t *), int *rc)
+{
+    *rc = 0;
+    if (!c || json_is_null(c)) return NULL;
+    const char *type = json_string_value(json_object_get(c, "type"));
+    if (!type) {
+        *rc = dcp_fail("%s: %s without a type", t->path, what);
+        return NULL;
+    }
+    if (strcmp(type, "Sequence")) return type;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(c, list_key), i, e) if ((*rc = load(t, e))) break;
+    return NULL;
+}
+
 static int load_normalizer(HfTokenizer *t, json_t *n)
 {
-    if (!n || json_is_null(n)) return 0;
-    const char *type = json_string_value(json_object_get(n, "type"));
-    if (!type) return dcp_fail("%s: normalizer without a type", t->path);
-    if (!strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *e;
-        json_array_foreach(json_object_get(n, "normalizers"), i, e) if (load_normalizer(t, e)) return -1;
-        return 0;
-    }
+    int rc;
+    const char *type = component(t, n, "normalizer", "normalizers", load_normalizer, &rc);
+    if (!type) return rc;
     Norm x = {0};
     if (!strcmp(type, "NFC")) x.kind = N_NFC;
     else if (!strcmp(type, "NFD")) x.kind = N_NFD;
@@ -217,15 +231,9 @@ static const char *gpt2_pattern =
 
 static int load_pre(HfTokenizer *t, json_t *p)
 {
-    if (!p || json_is_null(p)) return 0;
-    const char *type = json_string_value(json_object_get(p, "type"));
-    if (!type) return dcp_fail("%s: pre-tokenizer without a type", t->path);
-    if (!strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *e;
-        json_array_foreach(json_object_get(p, "pretokenizers"), i, e) if (load_pre(t, e)) return -1;
-        return 0;
-    }
+    int rc;
+    const char *type = component(t, p, "pre-tokenizer", "pretokenizers", load_pre, &rc);
+    if (!type) return rc;
     Pre x = {0};
     if (!strcmp(type, "Split")) {
         int regex;
@@ -273,15 +281,9 @@ static int load_pre(HfTokenizer *t, json_t *p)
 
 static int load_decoder(HfTokenizer *t, json_t *d)
 {
-    if (!d || json_is_null(d)) return 0;
-    const char *type = json_string_value(json_object_get(d, "type"));
-    if (!type) return dcp_fail("%s: decoder without a type", t->path);
-    if (!strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *e;
-        json_array_foreach(json_object_get(d, "decoders"), i, e) if (load_decoder(t, e)) return -1;
-        return 0;
-    }
+    int rc;
+    const char *type = component(t, d, "decoder", "decoders", load_decoder, &rc);
+    if (!type) return rc;
     Dec x = {0};
     if (!strcmp(type, "ByteLevel")) x.kind = D_BYTELEVEL;
     else if (!strcmp(type, "ByteFallback")) x.kind = D_BYTEFALLBACK;
