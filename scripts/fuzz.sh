@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds dcpinfer's fuzz targets (clang: libFuzzer + AddressSanitizer +
 # UndefinedBehaviorSanitizer) and runs each for SECONDS (default 600):
-#   scripts/fuzz.sh [SECONDS] [TARGET...]      targets: requests config safetensors llama2c
+#   scripts/fuzz.sh [SECONDS] [TARGET...]      targets: requests config safetensors llama2c tokjson
 # Each target first replays its regression inputs (tests/fuzz/regressions/
 # TARGET, crash reproducers kept from earlier findings), then mutates a
 # working copy of its seed corpus (tests/fuzz/corpus/TARGET) in
@@ -13,16 +13,16 @@ TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${FUZZ_OUT:-$TOP/build-fuzz}
 secs=${1:-600}
 shift $(($# ? 1 : 0))
-targets=${*:-requests config safetensors llama2c}
+targets=${*:-requests config safetensors llama2c tokjson}
 CLANG=${CLANG:-clang}
 command -v "$CLANG" >/dev/null || { echo "fuzz: $CLANG not found (apt-get install clang)" >&2; exit 77; }
 mkdir -p "$OUT"
-SRCS="src/base/util.c src/io/requests.c src/model/hparams.c src/model/model.c src/model/arch.c src/model/mkmodel.c src/io/safetensors.c src/io/tokenizer.c"
+SRCS="src/base/util.c src/io/requests.c src/model/hparams.c src/model/model.c src/model/arch.c src/model/mkmodel.c src/io/safetensors.c src/io/tokenizer.c src/io/hftok.c"
 findings=0
 for t in $targets; do
     bin=$OUT/fuzz_$t
     if ! (cd "$TOP" && $CLANG -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-        -D_GNU_SOURCE -Isrc/base -Isrc/io -Isrc/model "tests/fuzz/fuzz_$t.c" $SRCS -ljansson -lm -o "$bin") 2>"$OUT/$t.build"; then
+        -D_GNU_SOURCE -Isrc/base -Isrc/io -Isrc/model "tests/fuzz/fuzz_$t.c" $SRCS -ljansson $(pkg-config --libs libpcre2-8 libutf8proc) -lm -o "$bin") 2>"$OUT/$t.build"; then
         if grep -q "fuzzer" "$OUT/$t.build"; then
             echo "fuzz: $CLANG cannot link libFuzzer here: $(head -1 "$OUT/$t.build")" >&2; exit 77
         fi

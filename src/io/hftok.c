@@ -219,7 +219,7 @@ static int load_normalizer(HfTokenizer *t, json_t *n)
         x.kind = N_REPLACE, x.a = xstrdup(p), x.b = dup_str(json_object_get(n, "content"));
     } else return dcp_fail("%s: normalizer %s is not supported", t->path, type);
     if ((x.kind == N_PREPEND && !x.a) || (x.kind == N_REPLACE && !x.b))
-        return dcp_fail("%s: normalizer %s lacks its strings", t->path, type);
+        return free(x.a), free(x.b), dcp_fail("%s: normalizer %s lacks its strings", t->path, type);
     t->norm = xrealloc(t->norm, sizeof(Norm) * (size_t)(t->n_norm + 1));
     t->norm[t->n_norm++] = x;
     return 0;
@@ -293,14 +293,14 @@ static int load_decoder(HfTokenizer *t, json_t *d)
         const char *p = pattern_of(json_object_get(d, "pattern"), &regex);
         if (!p || regex) return dcp_fail("%s: Replace decoder with a regex pattern is not supported", t->path);
         x.kind = D_REPLACE, x.a = xstrdup(p), x.b = dup_str(json_object_get(d, "content"));
-        if (!x.b) return dcp_fail("%s: Replace decoder without content", t->path);
+        if (!x.b) return free(x.a), dcp_fail("%s: Replace decoder without content", t->path);
     } else if (!strcmp(type, "Strip")) {
         x.kind = D_STRIP;
         x.a = dup_str(json_object_get(d, "content"));
         x.start = (int)json_integer_value(json_object_get(d, "start"));
         x.stop = (int)json_integer_value(json_object_get(d, "stop"));
         if (!x.a || utf8proc_iterate((const utf8proc_uint8_t *)x.a, -1, &(utf8proc_int32_t){0}) != (int)strlen(x.a))
-            return dcp_fail("%s: Strip decoder needs one character of content", t->path);
+            return free(x.a), dcp_fail("%s: Strip decoder needs one character of content", t->path);
     } else if (!strcmp(type, "Metaspace")) {
         x.kind = D_METASPACE;
         x.a = dup_str(json_object_get(d, "replacement"));
@@ -329,13 +329,19 @@ static int load_model(HfTokenizer *t, json_t *m)
     const char *key;
     json_t *v;
     int max_id = -1;
-    json_object_foreach(vocab, key, v) if (json_integer_value(v) > max_id) max_id = (int)json_integer_value(v);
+    json_object_foreach(vocab, key, v)
+    {
+        /* ids index a table: bounded as the model's vocabulary is */
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= 1 << 24)
+            return dcp_fail("%s: vocab entry '%s' has no id from 0 to 2^24", t->path, key);
+        if (json_integer_value(v) > max_id) max_id = (int)json_integer_value(v);
+    }
     t->n_vocab = max_id + 1;
     t->token = xcalloc((size_t)t->n_vocab + 1, sizeof(char *));
     json_object_foreach(vocab, key, v)
     {
         json_int_t id = json_integer_value(v);
-        if (!json_is_integer(v) || id < 0) return dcp_fail("%s: vocab entry '%s' has no valid id", t->path, key);
+        if (t->token[id]) return dcp_fail("%s: vocab id %lld is given to '%s' and '%s'", t->path, (long long)id, t->token[id], key);
         t->token[id] = xstrdup(key);
         map_put(&t->vocab, t->token[id], strlen(key), (int)id);
     }
@@ -379,7 +385,9 @@ static int load_model(HfTokenizer *t, json_t *m)
         t->merged_id[t->n_merges] = iab;
         int32_t *key = xmalloc(8);
         key[0] = ia, key[1] = ib;
-        map_put(&t->merges, (const char *)key, 8, t->n_merges++);
+        int seen = map_get(&t->merges, (const char *)key, 8) >= 0;
+        map_put(&t->merges, (const char *)key, 8, t->n_merges++); /* a later duplicate overrides the earlier one */
+        if (seen) free(key); /* the map keeps the earlier key */
     }
     return 0;
 }
@@ -424,19 +432,23 @@ static int load_post(HfTokenizer *t, json_t *p)
 
 HfTokenizer *hftok_load(const char *path)
 {
+    char *text;
+    size_t len;
+    if (check_regular_file(path, "tokenizer") || read_file(path, &text, &len)) return NULL;
+    HfTokenizer *t = hftok_parse(path, text, len);
+    free(text);
+    return t;
+}
+
+HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
+{
     bytelevel_table();
     HfTokenizer *t = xcalloc(1, sizeof *t);
     t->path = xstrdup(path);
-    char *text;
-    size_t len;
-    if (check_regular_file(path, "tokenizer") || read_file(path, &text, &len)) {
-        hftok_free(t);
-        return NULL;
-    }
     json_error_t jerr;
     json_t *root = json_loadb(text, len, 0, &jerr);
-    free(text);
-    int rc = root ? 0 : dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
+    int rc = root ? (json_is_object(root) ? 0 : dcp_fail("%s: not a JSON object", path))
+                  : dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
     rc = rc || load_model(t, json_object_get(root, "model")) || load_normalizer(t, json_object_get(root, "normalizer")) ||
          load_pre(t, json_object_get(root, "pre_tokenizer")) || load_decoder(t, json_object_get(root, "decoder"));
     if (!rc) {
@@ -446,8 +458,8 @@ HfTokenizer *hftok_load(const char *path)
         {
             const char *c = json_string_value(json_object_get(e, "content"));
             json_int_t id = json_integer_value(json_object_get(e, "id"));
-            if (!c || id < 0) {
-                rc = dcp_fail("%s: added token %zu lacks content or id", path, i);
+            if (!c || !json_is_integer(json_object_get(e, "id")) || id < 0 || id >= 1 << 24) {
+                rc = dcp_fail("%s: added token %zu lacks content or an id from 0 to 2^24", path, i);
                 break;
             }
             if (id >= t->n_vocab) {

@@ -15,6 +15,8 @@ typedef struct HfTokenizer HfTokenizer;
 
 /* Reads path (a tokenizer.json); NULL with dcp_error() on failure. */
 HfTokenizer *hftok_load(const char *path);
+/* The same from the file's len bytes (path names it in messages). */
+HfTokenizer *hftok_parse(const char *path, const char *text, size_t len);
 void hftok_free(HfTokenizer *t);
 int hftok_vocab_size(const HfTokenizer *t);
 
