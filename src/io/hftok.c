@@ -873,6 +873,35 @@ static void add_lossy(Buf *o, const char *s, size_t n)
     }
 }
 
+int hftok_token_id(const HfTokenizer *t, const char *s)
+{
+    for (int i = 0; i < t->n_added; i++)
+        if (!strcmp(t->added[i].content, s)) return t->added[i].id;
+    return map_get(&t->vocab, s, strlen(s));
+}
+
+void hftok_set_template(HfTokenizer *t, int add_bos, int bos, int add_eos, int eos)
+{
+    int flag[2] = {add_bos, add_eos}, id[2] = {bos, eos};
+    int **list[2] = {&t->bos, &t->eos}, *n[2] = {&t->n_bos, &t->n_eos};
+    for (int k = 0; k < 2; k++) {
+        if (flag[k] < 0 || (flag[k] && id[k] < 0)) continue;
+        free(*list[k]);
+        *list[k] = xmalloc(sizeof(int));
+        **list[k] = id[k];
+        *n[k] = flag[k];
+    }
+}
+
+char *hftok_utf8_lossy(const char *s, size_t n, size_t *out_n)
+{
+    Buf o = {0};
+    buf_add(&o, "", 0);
+    add_lossy(&o, s, n);
+    *out_n = o.n;
+    return o.s;
+}
+
 char *hftok_decode(const HfTokenizer *t, const int *ids, int n, int skip_special)
 {
     /* the decoders work on the list of token strings */

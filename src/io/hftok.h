@@ -27,4 +27,14 @@ int hftok_encode(const HfTokenizer *t, const char *text, size_t len, int add_spe
  * with skip_special; invalid UTF-8 becomes U+FFFD. */
 char *hftok_decode(const HfTokenizer *t, const int *ids, int n, int skip_special);
 
+/* The id of a token's text (an added token or a vocabulary entry), -1 if none. */
+int hftok_token_id(const HfTokenizer *t, const char *s);
+/* tokenizer_config.json's add_bos_token/add_eos_token (-1 when absent): the
+ * post-processor then adds that BOS (EOS) id, or none. */
+void hftok_set_template(HfTokenizer *t, int add_bos, int bos, int add_eos, int eos);
+
+/* n bytes with each invalid UTF-8 subpart replaced by U+FFFD, as Rust's
+ * String::from_utf8_lossy does (malloc'ed, NUL-terminated; *out_n bytes). */
+char *hftok_utf8_lossy(const char *s, size_t n, size_t *out_n);
+
 #endif

@@ -1,6 +1,7 @@
 #include "tokenizer.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@ static int cmp_piece(const void *a, const void *b)
 int tokenizer_parse(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int vocab_size)
 {
     memset(t, 0, sizeof *t);
+    t->eos_id = -1;
     /* each piece takes at least 8 bytes (score, length): a vocabulary the
      * file cannot hold is refused before anything is allocated for it */
     if (vocab_size <= 0 || size < 4 + 8 * (size_t)vocab_size)
@@ -77,25 +79,67 @@ static char *hf_tokenizer_path(const char *path)
     return c == '{' ? xstrdup(path) : NULL;
 }
 
+/* A special token of tokenizer_config.json: "text" or {"content": "text"}; its id or -1. */
+static int config_token(const HfTokenizer *hf, json_t *v)
+{
+    if (json_is_object(v)) v = json_object_get(v, "content");
+    return json_is_string(v) ? hftok_token_id(hf, json_string_value(v)) : -1;
+}
+
+/* tokenizer_config.json beside the tokenizer.json at json, if any */
+static int read_tokenizer_config(Tokenizer *t, const char *json)
+{
+    const char *slash = strrchr(json, '/');
+    size_t dir = slash ? (size_t)(slash - json + 1) : 0;
+    char *p = xmalloc(dir + 32);
+    memcpy(p, json, dir);
+    strcpy(p + dir, "tokenizer_config.json");
+    if (!path_exists(p)) {
+        free(p);
+        return 0;
+    }
+    json_error_t err;
+    json_t *root = json_load_file(p, JSON_DECODE_INT_AS_REAL, &err); /* model_max_length may be 1e30 */
+    int rc = 0;
+    if (!json_is_object(root)) {
+        rc = dcp_fail("%s:%d: not a JSON object: %s", p, err.line, root ? "" : err.text);
+    } else {
+        json_t *ab = json_object_get(root, "add_bos_token"), *ae = json_object_get(root, "add_eos_token");
+        int bos = config_token(t->hf, json_object_get(root, "bos_token"));
+        t->eos_id = config_token(t->hf, json_object_get(root, "eos_token"));
+        hftok_set_template(t->hf, json_is_boolean(ab) ? json_is_true(ab) : -1, bos,
+                           json_is_boolean(ae) ? json_is_true(ae) : -1, t->eos_id);
+    }
+    json_decref(root);
+    free(p);
+    return rc;
+}
+
 int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
 {
     memset(t, 0, sizeof *t);
+    t->eos_id = -1;
     if (!path_is_dir(path) && check_regular_file(path, "tokenizer")) return -1; /* a FIFO would block the sniffing */
     char *json = hf_tokenizer_path(path);
     if (json) {
         t->hf = hftok_load(json);
-        free(json);
-        if (!t->hf) return -1;
+        if (!t->hf) {
+            free(json);
+            return -1;
+        }
         if (hftok_vocab_size(t->hf) > vocab_size) {
             int n = hftok_vocab_size(t->hf);
             hftok_free(t->hf);
             t->hf = NULL;
+            free(json);
             return dcp_fail("%s: the tokenizer has ids up to %d, the model's vocabulary only %d (wrong tokenizer?)",
                             path, n - 1, vocab_size);
         }
         t->path = xstrdup(path);
         t->vocab_size = vocab_size;
-        return 0;
+        int rc = read_tokenizer_config(t, json);
+        free(json);
+        return rc;
     }
     struct stat st;
     if (check_regular_file(path, "tokenizer")) return -1;
@@ -120,6 +164,7 @@ void tokenizer_free(Tokenizer *t)
     free(t->sorted);
     free(t->path);
     memset(t, 0, sizeof *t);
+    t->eos_id = -1;
 }
 
 static int lookup(const Tokenizer *t, const char *s)
@@ -290,19 +335,27 @@ const char *tokenizer_decode(const Tokenizer *t, int prev, int token, int bos)
     return piece;
 }
 
-char *tokenizer_decode_all(const Tokenizer *t, int prev, const int *ids, int n, int bos)
+char *tokenizer_decode_span(const Tokenizer *t, int prev, const int *ids, int n, int bos, int skip_special,
+                            size_t *len)
 {
-    if (t->hf) return hftok_decode(t->hf, ids, n, 1);
-    size_t cap = 64, len = 0;
+    if (t->hf) {
+        char *s = hftok_decode(t->hf, ids, n, skip_special);
+        *len = strlen(s);
+        return s;
+    }
+    size_t cap = 64, k = 0;
     char *s = xmalloc(cap);
     for (int i = 0; i < n; i++) {
-        const char *piece = tokenizer_decode(t, prev, ids[i], bos);
-        size_t k = strlen(piece);
-        if (len + k + 1 > cap) s = xrealloc(s, cap = 2 * (len + k + 1));
-        memcpy(s + len, piece, k);
-        len += k;
+        if (!(skip_special && ids[i] >= 0 && ids[i] < 3)) {
+            const char *piece = tokenizer_decode(t, prev, ids[i], bos);
+            size_t m = ids[i] >= 3 && ids[i] < 259 && !piece[0] ? 1 : strlen(piece); /* <0x00> is one byte */
+            if (k + m + 1 > cap) s = xrealloc(s, cap = 2 * (k + m + 1));
+            memcpy(s + k, piece, m);
+            k += m;
+        }
         prev = ids[i];
     }
-    s[len] = '\0';
+    s[k] = '\0';
+    *len = k;
     return s;
 }

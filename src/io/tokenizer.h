@@ -17,10 +17,13 @@ typedef struct {
     int *sorted;               /* ids ordered by piece, for lookup */
     unsigned char byte_pieces[512];
     char *path;
+    int eos_id;                /* tokenizer_config.json's eos_token, or -1 */
 } Tokenizer;
 
 /* A llama2.c tokenizer file, or a Hugging Face tokenizer.json (a file
- * starting with '{', or a folder holding tokenizer.json). vocab_size: the
+ * starting with '{', or a folder holding tokenizer.json; a
+ * tokenizer_config.json beside it gives add_bos_token, add_eos_token and
+ * eos_token, as transformers reads them). vocab_size: the
  * model's; a llama2.c file must hold exactly that many pieces, a
  * tokenizer.json no id at or above it. */
 int tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
@@ -35,8 +38,12 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int **out, i
 /* The bytes that token stands for after prev (llama2.c's decode): the leading
  * space is dropped after BOS and <0xNN> pieces become the raw byte. */
 const char *tokenizer_decode(const Tokenizer *t, int prev, int token, int bos);
-/* The text of n generated ids following prev (the last prompt token);
- * special tokens of a tokenizer.json are left out. malloc'ed. */
-char *tokenizer_decode_all(const Tokenizer *t, int prev, const int *ids, int n, int bos);
+/* The text of n ids as one span (malloc'ed, *len bytes); prev is the id
+ * before them (llama2.c drops a piece's leading space after BOS). With
+ * skip_special, special tokens are left out (llama2.c: ids 0-2, its <unk>,
+ * <s> and </s>). llama2.c pieces give raw bytes, which may cut a
+ * character; a tokenizer.json's decoders give U+FFFD for those. */
+char *tokenizer_decode_span(const Tokenizer *t, int prev, const int *ids, int n, int bos, int skip_special,
+                            size_t *len);
 
 #endif

@@ -212,6 +212,30 @@ static int read_window(json_t *root, const Arch *a, Config *c, const char *path)
     return 0;
 }
 
+/* eos_token_id: an id or a list of them, added to c's (once each) */
+static void add_eos_ids(json_t *v, Config *c)
+{
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX) continue;
+        config_add_eos(c, (int)json_integer_value(e));
+    }
+}
+
+int arch_read_generation_config(const char *path, const char *text, size_t len, Config *c)
+{
+    json_error_t err;
+    json_t *root = json_loadb(text, len, 0, &err);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return dcp_fail("%s:%d: not a JSON object%s%s", path, err.line, root ? "" : ": ", root ? "" : err.text);
+    }
+    add_eos_ids(json_object_get(root, "eos_token_id"), c);
+    json_decref(root);
+    return 0;
+}
+
 int arch_read_config(const char *path, const char *text, size_t len, Config *c)
 {
     json_error_t jerr;
@@ -274,16 +298,7 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
     c->mlp_bias = mlp_bias;
     c->qk_norm = a->qk_norm;
     if (read_rope(root, c, path) || read_window(root, a, c, path)) goto out;
-    json_t *v = json_object_get(root, "eos_token_id");
-    if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= INT32_MAX) {
-        c->eos_ids[c->n_eos++] = (int)json_integer_value(v);
-    } else if (json_is_array(v)) {
-        size_t i;
-        json_t *e;
-        json_array_foreach(v, i, e) if (json_is_integer(e) && c->n_eos < 8 && json_integer_value(e) >= 0 &&
-                                        json_integer_value(e) <= INT32_MAX) c->eos_ids[c->n_eos++] =
-            (int)json_integer_value(e);
-    }
+    add_eos_ids(json_object_get(root, "eos_token_id"), c);
     rc = 0;
 out:
     json_decref(root);

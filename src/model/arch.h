@@ -35,6 +35,9 @@ extern const int arch_count;
  * it in messages): the architecture first, then every field that changes
  * the math, each read or refused with one line. */
 int arch_read_config(const char *path, const char *text, size_t len, Config *c);
+/* generation_config.json: its eos_token_id (an id or a list) join config.json's,
+ * as generation stops on either (transformers, vLLM). */
+int arch_read_generation_config(const char *path, const char *text, size_t len, Config *c);
 
 /* "LlamaForCausalLM, MistralForCausalLM, ...", for messages and --help. */
 const char *arch_supported_list(void);

@@ -136,3 +136,10 @@ size_t model_param_count(const Config *c)
     }
     return n;
 }
+
+void config_add_eos(Config *c, int id)
+{
+    for (int k = 0; k < c->n_eos; k++)
+        if (c->eos_ids[k] == id) return;
+    if (id >= 0 && c->n_eos < (int)(sizeof c->eos_ids / sizeof *c->eos_ids)) c->eos_ids[c->n_eos++] = id;
+}

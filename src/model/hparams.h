@@ -77,4 +77,7 @@ void rope_frequencies(const Config *c, float *inv_freq, float *scale);
 void tensor_hf_name(TensorKind k, int layer, char *buf, size_t n);
 size_t model_param_count(const Config *c);
 
+/* Adds id to the EOS ids (once; at most 8). */
+void config_add_eos(Config *c, int id);
+
 #endif

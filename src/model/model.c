@@ -141,6 +141,14 @@ static int read_hf_config(const char *dir, Config *c)
     if (check_regular_file(path, "config") || read_file(path, &text, &len)) return -1;
     int rc = config_from_json(path, text, len, c);
     free(text);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (!rc && path_exists(path)) {
+        rc = check_regular_file(path, "generation config") || read_file(path, &text, &len) ? -1 : 0;
+        if (!rc) {
+            rc = arch_read_generation_config(path, text, len, c);
+            free(text);
+        }
+    }
     return rc;
 }
 
