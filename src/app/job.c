@@ -98,18 +98,6 @@ static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const Config *
     }
 }
 
-/* Output text of a request: its generated tokens, stop tokens left out. */
-static char *decode_text(const Tokenizer *tok, const Config *c, const Request *q, const Result *r)
-{
-    if (!tok || !q->prompt_tokens || q->n_prompt == 0) return xstrdup("");
-    int *keep = xmalloc(sizeof(int) * (size_t)(r->n + 1)), n = 0;
-    for (int i = 0; i < r->n; i++)
-        if (!is_stop_token(c, q, r->tokens[i])) keep[n++] = r->tokens[i];
-    char *s = tokenizer_decode_all(tok, q->prompt_tokens[q->n_prompt - 1], keep, n, c->bos_id);
-    free(keep);
-    return s;
-}
-
 /* A short quoted preview of the text, or of the token ids when the model
  * has no tokenizer. */
 static void print_preview(const char *text, const Result *r)
@@ -278,78 +266,40 @@ static void print_comm_summary(const CommStats *cs, const long long *kv_peak, in
 }
 
 /* Results of every DP group to world rank 0, in file order. Each group's
- * TP rank 0 contributes the requests its group ran. */
+ * TP rank 0 contributes the requests its group ran, packed (result_pack). */
 static void gather_results(RequestSet *rs, const int *group, Result *res, const Topology *t)
 {
-    int n = rs->n, leader = t->tp_rank == 0;
-    int *count = xcalloc((size_t)n + 1, sizeof(int)), *fin = xcalloc((size_t)n + 1, sizeof(int));
-    double *times = xcalloc(3 * (size_t)n + 1, sizeof(double));
-    static const char *reasons[] = {NULL, "stop", "length", "error"};
-    long long mine = 0;
+    int n = rs->n, leader = t->tp_rank == 0, root = t->world_rank == 0;
+    char *send = NULL;
+    size_t len = 0, cap = 0;
     for (int i = 0; i < n; i++) {
         if (!leader || group[i] != t->dp_rank) continue;
-        count[i] = res[i].n;
-        for (int k = 1; k < 4; k++)
-            if (res[i].finish_reason && !strcmp(res[i].finish_reason, reasons[k])) fin[i] = k;
-        times[3 * i] = res[i].ttft_s;
-        times[3 * i + 1] = res[i].tpot_s;
-        times[3 * i + 2] = res[i].e2e_s;
-        mine += res[i].n;
+        if (len + sizeof i > cap) send = xrealloc(send, cap = 2 * (len + sizeof i) + 256);
+        memcpy(send + len, &i, sizeof i);
+        len += sizeof i;
+        result_pack(&res[i], &rs->r[i], &send, &len, &cap);
     }
-    int root = t->world_rank == 0;
-    xfer_reduce(count, (size_t)n, MPI_INT, MPI_SUM, 0, t->world);
-    xfer_reduce(fin, (size_t)n, MPI_INT, MPI_SUM, 0, t->world);
-    xfer_reduce(times, 3 * (size_t)n, MPI_DOUBLE, MPI_SUM, 0, t->world);
-    /* tokens and their times: each leader's requests concatenated in file order */
-    int *send = xmalloc(sizeof(int) * (size_t)(mine + 1));
-    double *send_t = xmalloc(sizeof(double) * (size_t)(mine + 1));
-    size_t m = 0;
-    for (int i = 0; i < n; i++)
-        if (leader && group[i] == t->dp_rank)
-            for (int j = 0; j < res[i].n; j++, m++) {
-                send_t[m] = res[i].times[j];
-                send[m] = res[i].tokens[j];
-            }
-    size_t *bytes = root ? xmalloc(2 * sizeof(size_t) * (size_t)t->world_size) : NULL;
-    int *all = xfer_gather(send, sizeof(int) * m, bytes, 0, t->world);
-    double *all_t = xfer_gather(send_t, sizeof(double) * m, root ? bytes + t->world_size : NULL, 0, t->world);
+    size_t *bytes = root ? xmalloc(sizeof(size_t) * (size_t)t->world_size) : NULL;
+    char *all = xfer_gather(send, len, bytes, 0, t->world);
     if (root) {
-        /* group g's tokens start after those of the ranks before its leader */
-        size_t *next = xcalloc((size_t)t->dp, sizeof(size_t));
-        for (int g = 0; g < t->dp; g++)
-            for (int r = 0; r < g * t->tp; r++) next[g] += bytes[r] / sizeof(int);
-        for (int i = 0; i < n; i++) {
-            Result *r = &res[i];
-            if (group[i] < 0) continue; /* finished by an earlier run */
-            free(r->tokens);
-            free(r->times);
-            r->n = r->cap = count[i];
-            r->tokens = xmalloc(sizeof(int) * (size_t)(r->n + 1));
-            r->times = xmalloc(sizeof(double) * (size_t)(r->n + 1));
-            memcpy(r->tokens, all + next[group[i]], sizeof(int) * (size_t)r->n);
-            memcpy(r->times, all_t + next[group[i]], sizeof(double) * (size_t)r->n);
-            next[group[i]] += r->n;
-            r->finish_reason = reasons[fin[i]];
+        size_t total = 0;
+        for (int r = 0; r < t->world_size; r++) total += bytes[r];
+        for (size_t at = 0; at < total;) {
+            int i;
+            memcpy(&i, all + at, sizeof i);
+            at += sizeof i;
+            at += result_unpack(&res[i], &rs->r[i], all + at);
             /* failed while generating in another DP group: only that
              * group's ranks have the message, and non-finite logits are
              * the one way there */
-            if (fin[i] == 3 && !rs->r[i].error)
+            if (res[i].finish_reason && !strcmp(res[i].finish_reason, "error") && !rs->r[i].error)
                 request_fail(&rs->r[i], "%s:%d: request \"%s\": %s", rs->path, rs->r[i].line, rs->r[i].id,
                              NONFINITE_REASON);
-            r->ttft_s = times[3 * i];
-            r->tpot_s = times[3 * i + 1];
-            r->e2e_s = times[3 * i + 2];
         }
-        free(next);
     }
-    free(count);
-    free(fin);
-    free(times);
     free(send);
-    free(send_t);
     free(bytes);
     free(all);
-    free(all_t);
 }
 
 /* The steps of every DP group (recorded by its TP rank 0) to world rank 0,
@@ -527,6 +477,8 @@ int run_job(const Options *o, MPI_Comm world, int device)
     topo_ready = 1;
     t0 = now_s();
     if (failed_anywhere(model_load(&model, o->model, topo.tp, topo.tp_rank), world)) goto out;
+    /* tokenizer_config.json's eos_token ends generation too (as vLLM) */
+    if (tok) config_add_eos(&model.cfg, tok->eos_id);
     tm.load = now_s() - t0;
 
     RankInfo me = {.world_rank = rank, .dp_rank = topo.dp_rank, .tp_rank = topo.tp_rank, .dcp_rank = topo.dcp_rank,
@@ -568,7 +520,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     dp_select(&rs, group, topo.dp_rank, &mine, index);
     GenOptions go = {.max_model_len = max_model_len, .max_num_seqs = o->max_num_seqs,
                      .max_batched_tokens = o->max_batched_tokens,
-                     .progress = rank == 0 && (o->progress >= 0 ? o->progress : isatty(2))};
+                     .progress = rank == 0 && (o->progress >= 0 ? o->progress : isatty(2)), .tok = tok};
     Result *mine_res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
     StepHook hook = {.mine = &mine, .res = mine_res, .index = index};
     if (o->journal && topo.tp_rank == 0 &&
@@ -619,7 +571,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
         texts = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(char *));
         long out_tokens = 0, run_tokens = 0; /* run_tokens: generated by this run (not resumed) */
         for (int i = 0; i < rs.n; i++) {
-            texts[i] = decode_text(tok, &cfg, &rs.r[i], &res[i]);
+            texts[i] = xstrdup(res[i].text ? res[i].text : "");
             out_tokens += res[i].n;
             run_tokens += done[i] ? 0 : res[i].n;
             if (rs.r[i].error) {
@@ -673,7 +625,8 @@ int run_job(const Options *o, MPI_Comm world, int device)
                         .run_tokens = run_tokens, .run_requests = run_requests};
         RankReports rep = {ranks, all_tm, all_comm, all_kv};
         StepReport sr = {steps, step_dp, n_steps, kv_blocks, block_size, capacity, gen_s};
-        write_rc = output_write(o->output, &info, &rs, res, texts, &rep, &sr);
+        write_rc = !strcmp(o->output_format, "jsonl") ? output_write_jsonl(o->output, &info, &rs, res, texts, tok)
+                                                      : output_write(o->output, &info, &rs, res, texts, &rep, &sr);
         if (!write_rc && !o->quiet) printf("# results written to %s\n", o->output);
         if (!write_rc) journal_remove(o->output); /* the results file holds it all now */
     }

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -83,6 +84,38 @@ static int check_header(const char *path, json_t *h, const Fingerprint *fp)
     return 0;
 }
 
+/* n numbers of a JSON array (null: NaN), malloc'ed */
+static float *floats_of(json_t *a, size_t n)
+{
+    float *v = xmalloc(sizeof(float) * (n + 1));
+    for (size_t k = 0; k < n; k++) {
+        json_t *e = json_array_get(a, k);
+        v[k] = json_is_number(e) ? (float)json_number_value(e) : NAN;
+    }
+    return v;
+}
+
+static int *ints_of(json_t *a, size_t n)
+{
+    int *v = xmalloc(sizeof(int) * (n + 1));
+    for (size_t k = 0; k < n; k++) v[k] = (int)json_integer_value(json_array_get(a, k));
+    return v;
+}
+
+static json_t *json_floats(const float *v, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t k = 0; k < n; k++) json_array_append_new(a, isfinite(v[k]) ? json_real(v[k]) : json_null());
+    return a;
+}
+
+static json_t *json_ints(const int *v, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t k = 0; k < n; k++) json_array_append_new(a, json_integer(v[k]));
+    return a;
+}
+
 /* One finished request from its line; 0 when the line is not whole. */
 static int parse_entry(json_t *o, const RequestSet *rs, Result *res, char *done)
 {
@@ -93,8 +126,7 @@ static int parse_entry(json_t *o, const RequestSet *rs, Result *res, char *done)
     json_int_t i = json_integer_value(ji);
     if (i < 0 || i >= rs->n || strcmp(rs->r[i].id, id) || json_array_size(toks) != json_array_size(times)) return 0;
     Result *r = &res[i];
-    free(r->tokens);
-    free(r->times);
+    results_free(r, 1);
     memset(r, 0, sizeof *r);
     r->n = r->cap = (int)json_array_size(toks);
     r->tokens = xmalloc(sizeof(int) * (size_t)(r->n + 1));
@@ -104,6 +136,27 @@ static int parse_entry(json_t *o, const RequestSet *rs, Result *res, char *done)
         r->times[k] = json_number_value(json_array_get(times, k));
     }
     r->finish_reason = !strcmp(fin, "stop") ? "stop" : "length";
+    r->stop_token = -1;
+    json_t *v;
+    if ((v = json_object_get(o, "stop_token"))) r->stop_token = (int)json_integer_value(v);
+    if ((v = json_object_get(o, "stop_str"))) r->stop_str = xstrdup(json_string_value(v));
+    if ((v = json_object_get(o, "text"))) {
+        r->text = xstrdup(json_string_value(v));
+        r->text_len = r->text_cap = strlen(r->text);
+    }
+    const Request *q = &rs->r[i];
+    if (json_object_get(o, "lp")) {
+        int k = q->logprobs;
+        r->lp = floats_of(json_object_get(o, "lp"), (size_t)r->n);
+        r->top_lp = floats_of(json_object_get(o, "top_lp"), (size_t)r->n * k);
+        r->top_id = ints_of(json_object_get(o, "top_id"), (size_t)r->n * k);
+    }
+    if (json_object_get(o, "plp")) {
+        int k = q->prompt_logprobs;
+        r->plp = floats_of(json_object_get(o, "plp"), (size_t)q->n_prompt);
+        r->ptop_lp = floats_of(json_object_get(o, "ptop_lp"), (size_t)q->n_prompt * k);
+        r->ptop_id = ints_of(json_object_get(o, "ptop_id"), (size_t)q->n_prompt * k);
+    }
     r->ttft_s = json_number_value(json_object_get(o, "ttft"));
     r->tpot_s = json_number_value(json_object_get(o, "tpot"));
     r->e2e_s = json_number_value(json_object_get(o, "e2e"));
@@ -156,6 +209,21 @@ void journal_append(Journal *j, int i, const Request *q, const Result *r)
     json_object_set_new(o, "e2e", json_real(r->e2e_s));
     json_object_set_new(o, "tokens", toks);
     json_object_set_new(o, "times", times);
+    if (r->stop_token >= 0) json_object_set_new(o, "stop_token", json_integer(r->stop_token));
+    if (r->stop_str) json_object_set_new(o, "stop_str", json_string(r->stop_str));
+    if (r->text) json_object_set_new(o, "text", json_string(r->text));
+    if (r->lp) {
+        size_t k = (size_t)q->logprobs;
+        json_object_set_new(o, "lp", json_floats(r->lp, (size_t)r->n));
+        json_object_set_new(o, "top_lp", json_floats(r->top_lp, (size_t)r->n * k));
+        json_object_set_new(o, "top_id", json_ints(r->top_id, (size_t)r->n * k));
+    }
+    if (r->plp) {
+        size_t k = (size_t)q->prompt_logprobs;
+        json_object_set_new(o, "plp", json_floats(r->plp, (size_t)q->n_prompt));
+        json_object_set_new(o, "ptop_lp", json_floats(r->ptop_lp, (size_t)q->n_prompt * k));
+        json_object_set_new(o, "ptop_id", json_ints(r->ptop_id, (size_t)q->n_prompt * k));
+    }
     json_dumpf(o, j->f, JSON_COMPACT);
     json_decref(o);
     fputc('\n', j->f);

@@ -17,13 +17,14 @@ enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
-    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT
+    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT
 };
 
 static const struct option long_opts[] = {
     {"model", required_argument, 0, OPT_MODEL},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
     {"output", required_argument, 0, OPT_OUTPUT},
+    {"output-format", required_argument, 0, OPT_OUTPUT_FORMAT},
     {"backend", required_argument, 0, OPT_BACKEND},
     {"cpu-gemm", required_argument, 0, OPT_CPU_GEMM},
     {"tensor-parallel-size", required_argument, 0, OPT_TP},
@@ -113,7 +114,10 @@ void options_usage(FILE *f)
             "  --max-num-batched-tokens N  tokens per forward pass (default 2048)\n"
             "\n"
             "Input and output:\n"
-            "  --output FILE            HDF5 results file (default dcpinfer.h5)\n"
+            "  --output FILE            results file (default dcpinfer.h5): HDF5, or JSON Lines\n"
+            "                           when FILE ends in .jsonl\n"
+            "  --output-format F        hdf5 or jsonl, whatever FILE's name (one JSON object per\n"
+            "                           request; the OpenAI batch output form for OpenAI batch input)\n"
             "  --skip-invalid           record a bad prompt line as a failed request and go on,\n"
             "                           instead of stopping before the model is loaded\n"
             "  --resume                 continue an earlier run of the same --output that stopped\n"
@@ -171,6 +175,11 @@ int options_parse(Options *o, int argc, char **argv, int print)
         case OPT_MODEL: o->model = optarg; break;
         case OPT_TOKENIZER: o->tokenizer = optarg; break;
         case OPT_OUTPUT: o->output = optarg; break;
+        case OPT_OUTPUT_FORMAT:
+            if (strcmp(optarg, "hdf5") && strcmp(optarg, "jsonl"))
+                rc = dcp_fail("--output-format %s: choose hdf5 or jsonl", optarg);
+            o->output_format = optarg;
+            break;
         case OPT_BACKEND: o->backend = optarg; break;
         case OPT_CPU_GEMM: o->cpu_gemm = optarg; break;
         case OPT_TP: rc = parse_int("-tp", optarg, 1, 1 << 16, &o->tp); break;
@@ -241,6 +250,10 @@ int options_parse(Options *o, int argc, char **argv, int print)
             return dcp_fail("unknown option '%s' (see --help)", argv[optind - 1]);
         }
         if (rc) return -1;
+    }
+    if (!o->output_format) {
+        size_t n = strlen(o->output);
+        o->output_format = n > 6 && !strcmp(o->output + n - 6, ".jsonl") ? "jsonl" : "hdf5";
     }
     if (optind >= argc) return dcp_fail("no prompt file given (usage: dcpinfer [OPTIONS] PROMPTS.jsonl)");
     if (optind + 1 < argc) return dcp_fail("one prompt file expected, got '%s' and '%s'", argv[optind], argv[optind + 1]);

@@ -10,6 +10,7 @@ typedef struct {
     const char *model;     /* NULL: generated default model */
     const char *tokenizer;
     const char *output;
+    const char *output_format; /* hdf5 | jsonl, from --output-format or the output's extension */
     const char *backend;
     const char *cpu_gemm;  /* invariant | openblas */
     int max_tokens;

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,89 @@ int output_read_fingerprint(const char *path, char *buf, size_t n)
     return rc;
 }
 
+/* One kind of log-probabilities (output or prompt) of every request, flat:
+ * per token the scored token's (NaN where not asked; aligned with the
+ * tokens) and the top N (N per request, -1 when not asked). */
+typedef struct {
+    int *n_top;
+    float *lp;
+    int64_t *top_off;
+    int *top_id;
+    float *top_lp;
+} FlatLogprobs;
+
+static void flatten_logprobs(const RequestSet *rs, const Result *res, const int64_t *tok_off, int prompt,
+                             FlatLogprobs *f)
+{
+    int n = rs->n;
+    f->n_top = xmalloc(sizeof(int) * (size_t)(n + 1));
+    f->top_off = xmalloc(sizeof(int64_t) * (size_t)(n + 1));
+    f->lp = xmalloc(sizeof(float) * (size_t)(tok_off[n] + 1));
+    f->top_off[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const float *lp = prompt ? res[i].plp : res[i].lp;
+        int k = prompt ? rs->r[i].prompt_logprobs : rs->r[i].logprobs;
+        f->n_top[i] = lp ? k : -1;
+        f->top_off[i + 1] = f->top_off[i] + (lp ? (tok_off[i + 1] - tok_off[i]) * k : 0);
+    }
+    f->top_id = xmalloc(sizeof(int) * (size_t)(f->top_off[n] + 1));
+    f->top_lp = xmalloc(sizeof(float) * (size_t)(f->top_off[n] + 1));
+    for (int i = 0; i < n; i++) {
+        const Result *r = &res[i];
+        const float *lp = prompt ? r->plp : r->lp;
+        size_t m = (size_t)(tok_off[i + 1] - tok_off[i]), tops = (size_t)(f->top_off[i + 1] - f->top_off[i]);
+        for (size_t j = 0; j < m; j++) f->lp[tok_off[i] + j] = lp ? lp[j] : NAN;
+        if (tops) {
+            memcpy(f->top_id + f->top_off[i], prompt ? r->ptop_id : r->top_id, sizeof(int) * tops);
+            memcpy(f->top_lp + f->top_off[i], prompt ? r->ptop_lp : r->top_lp, sizeof(float) * tops);
+        }
+    }
+}
+
+static int write_flat_logprobs(hid_t g, const char *prefix, const FlatLogprobs *f, int n)
+{
+    char name[5][64];
+    static const char *what[5] = {"", "logprobs_n", "top_offsets", "top_ids", "top_logprobs"};
+    for (int k = 1; k < 5; k++) snprintf(name[k], sizeof name[k], "%s%s", prefix, what[k]);
+    int rc = write_array(g, name[1], H5T_NATIVE_INT, f->n_top, (size_t)n) ||
+             write_array(g, name[2], H5T_NATIVE_INT64, f->top_off, (size_t)n + 1) ||
+             write_array(g, name[3], H5T_NATIVE_INT, f->top_id, (size_t)f->top_off[n]) ||
+             write_array(g, name[4], H5T_NATIVE_FLOAT, f->top_lp, (size_t)f->top_off[n]);
+    return rc;
+}
+
+/* stop_str, stop_token and the log-probability datasets of /requests */
+static int write_stops_and_logprobs(hid_t g, const RequestSet *rs, const Result *res, const int64_t *poff,
+                                    const int64_t *ooff)
+{
+    int n = rs->n;
+    const char **stop = xmalloc(sizeof(char *) * (size_t)(n + 1));
+    int *stop_tok = xmalloc(sizeof(int) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++) {
+        stop[i] = res[i].stop_str ? res[i].stop_str : "";
+        stop_tok[i] = res[i].finish_reason && !strcmp(res[i].finish_reason, "stop") ? res[i].stop_token : -1;
+    }
+    FlatLogprobs out, prompt;
+    flatten_logprobs(rs, res, ooff, 0, &out);
+    flatten_logprobs(rs, res, poff, 1, &prompt);
+    int rc = write_strings(g, "stop_str", stop, (size_t)n) || write_array(g, "stop_token", H5T_NATIVE_INT, stop_tok, (size_t)n) ||
+             write_array(g, "output_logprobs", H5T_NATIVE_FLOAT, out.lp, (size_t)ooff[n]) ||
+             write_flat_logprobs(g, "output_", &out, n) ||
+             write_array(g, "prompt_logprobs", H5T_NATIVE_FLOAT, prompt.lp, (size_t)poff[n]) ||
+             write_flat_logprobs(g, "prompt_", &prompt, n);
+    FlatLogprobs *both[2] = {&out, &prompt};
+    for (int k = 0; k < 2; k++) {
+        free(both[k]->n_top);
+        free(both[k]->lp);
+        free(both[k]->top_off);
+        free(both[k]->top_id);
+        free(both[k]->top_lp);
+    }
+    free(stop);
+    free(stop_tok);
+    return rc;
+}
+
 static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char *const *texts)
 {
     int n = rs->n;
@@ -172,6 +256,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
              write_array(g, "e2e_s", H5T_NATIVE_DOUBLE, e2e, n) ||
              write_array(g, "itl_offsets", H5T_NATIVE_INT64, ioff, n + 1) ||
              write_array(g, "itl_s", H5T_NATIVE_DOUBLE, itl, (size_t)ioff[n]);
+    rc = rc || write_stops_and_logprobs(g, rs, res, poff, ooff);
     free(ioff);
     free(itl);
     free(ids);
@@ -226,7 +311,7 @@ static int write_comm(hid_t f, const CommStats *stats, const long long *kv_peak,
 {
     hid_t g = group(f, "comm");
     if (g < 0) return dcp_fail("HDF5: cannot create /comm");
-    attr_str(g, "bytes", "bytes each rank sent: allreduce, q_allgather, lse_allgather, logits_gather: count*4; "
+    attr_str(g, "bytes", "bytes each rank sent: allreduce, q_allgather, lse_allgather, logits_gather, logprob_gather: count*4; "
                          "reduce_scatter: N*recvcount*4; all_to_all: N*count*4; argmax: rows*8");
     long long *calls = xmalloc(sizeof(long long) * (size_t)world), *bytes = xmalloc(sizeof(long long) * (size_t)world);
     double *secs = xmalloc(sizeof(double) * (size_t)world);
@@ -362,10 +447,7 @@ int output_check_writable(const char *path)
     return rc;
 }
 
-/* Writes the image to PATH.tmp.HOST.PID, syncs it, and renames it into
- * place: a failure (a full disk) leaves any earlier file at path as it was
- * and removes the temporary. */
-static int write_file_atomically(const char *path, const void *data, size_t n)
+int output_write_file(const char *path, const void *data, size_t n)
 {
     char *tmp = temp_name(path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644), rc = 0;
@@ -390,7 +472,7 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own one-line messages instead of HDF5's trace */
     /* The file is built in memory (HDF5's core driver, no backing store) and
-     * written out by write_file_atomically, so that every disk error is
+     * written out by output_write_file, so that every disk error is
      * ours to report and HDF5 never holds a half-written file. */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_fapl_core(fapl, 1 << 20, 0);
@@ -416,7 +498,7 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
     }
     H5Fclose(f);
     if (!rc && size <= 0) rc = dcp_fail("%s: HDF5 could not produce the file image", path);
-    if (!rc) rc = write_file_atomically(path, image, (size_t)size);
+    if (!rc) rc = output_write_file(path, image, (size_t)size);
     free(image);
     return rc ? -1 : 0;
 }

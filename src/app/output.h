@@ -21,6 +21,7 @@
 #include "model.h"
 #include "requests.h"
 #include "timing.h"
+#include "tokenizer.h"
 
 /* Where one rank sits and what it holds (the start-up rank map). */
 typedef struct {
@@ -75,8 +76,20 @@ int output_check_writable(const char *path);
  * the file or the attribute is missing. */
 int output_read_fingerprint(const char *path, char *buf, size_t n);
 
+/* Writes n bytes to PATH.tmp.HOST.PID, syncs them, and renames the file
+ * into place: a failure (a full disk) leaves any earlier file at path as it
+ * was and removes the temporary. */
+int output_write_file(const char *path, const void *data, size_t n);
+
 /* texts: one per request. */
 int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
                  char *const *texts, const RankReports *rep, const StepReport *steps);
+
+/* The results as JSON Lines, one object per request in input order
+ * (README "JSONL results"): dcpinfer's own form, or for OpenAI batch input
+ * the OpenAI batch output form with a completions body. tok (may be NULL)
+ * spells the tokens of log-probabilities. */
+int output_write_jsonl(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
+                       char *const *texts, const Tokenizer *tok);
 
 #endif

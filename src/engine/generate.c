@@ -1,5 +1,6 @@
 #include "generate.h"
 
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -19,7 +20,21 @@ typedef struct {
     size_t scratch_bytes;
     const float **rows; /* per chunk: its full logits row, or NULL */
     int *counts, *displs; /* per TP rank: its vocabulary shard, for the gather */
+    /* log-probabilities: one job per scored position */
+    struct LogprobJob *jobs;
+    float *lp_rows;       /* raw shard rows of sampled positions, before sampling changes them */
+    float *recs, *all_recs; /* this rank's records (logprob_record), and every TP rank's */
 } PickBuffers;
+
+/* A position whose log-probabilities a request asks for: the logits row
+ * (this rank's shard) and the token scored (a prompt token, or the one
+ * sampled there). */
+typedef struct LogprobJob {
+    const float *row;
+    int chosen, k;
+    int chunk;  /* sampled: the chunk whose token it is; -1 for a prompt token */
+    int req, pos; /* prompt token: the request and the position scored */
+} LogprobJob;
 
 /* Gathers rows (count, shard.vocab) of every TP rank's vocabulary shard
  * into full (count, vocab). */
@@ -50,12 +65,92 @@ static void gather_vocab(Engine *e, PickBuffers *b, const float *local, int coun
  * on_logits). With tensor parallelism greedy rows take the global argmax
  * by MPI_MAXLOC (lowest index wins ties) and sampled rows gather the whole
  * vocabulary, so every rank of the group picks the same token. */
-static void pick_tokens(Engine *e, Scheduler *sch, const StepPlan *p, float *local, PickBuffers *b,
+/* The jobs of a step: its prompt positions with prompt_logprobs (recorded
+ * now, as the rows may be overwritten by the token choice) and its sampled
+ * positions with logprobs (their raw rows copied, recorded once the token
+ * is chosen). Returns the jobs; *kmax: the most top tokens asked. */
+static int logprob_jobs(Engine *e, Scheduler *sch, const StepPlan *p, const float *local, int all, PickBuffers *b,
+                        int *kmax)
+{
+    const Shard *s = &e->model->shard;
+    int nj = 0, n_copy = 0;
+    *kmax = 0;
+    for (int i = 0, row = 0; i < p->nc; i++) {
+        const Request *q = &sch->rs->r[p->req[i]];
+        int rows = all ? p->chunks[i].n : 1;
+        for (int j = 0; all && q->prompt_logprobs >= 0 && j < rows; j++) {
+            int pos = p->chunks[i].pos0 + j + 1;
+            if (pos >= q->n_prompt) break;
+            b->jobs[nj++] = (LogprobJob){local + (size_t)(row + j) * s->vocab, q->prompt_tokens[pos],
+                                         q->prompt_logprobs, -1, p->req[i], pos};
+            *kmax = q->prompt_logprobs > *kmax ? q->prompt_logprobs : *kmax;
+        }
+        if (p->samples[i] && q->logprobs >= 0) {
+            float *copy = b->lp_rows + (size_t)n_copy++ * s->vocab;
+            memcpy(copy, local + (size_t)(row + rows - 1) * s->vocab, sizeof(float) * s->vocab);
+            b->jobs[nj++] = (LogprobJob){copy, -1, q->logprobs, i, p->req[i], -1};
+            *kmax = q->logprobs > *kmax ? q->logprobs : *kmax;
+        }
+        row += rows;
+    }
+    return nj;
+}
+
+/* Records every job's shard (sampled ones: wait for their tokens), gathers
+ * the TP group's records and stores the log-probabilities. */
+static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *b, int nj, int kmax,
+                           const int *out, int sampled_phase)
+{
+    const Shard *s = &e->model->shard;
+    size_t stride = LOGPROB_RECORD(kmax);
+    for (int j = 0; j < nj; j++) {
+        LogprobJob *jb = &b->jobs[j];
+        if ((jb->chunk >= 0) != sampled_phase) continue;
+        if (jb->chunk >= 0) jb->chosen = out[jb->chunk];
+        logprob_record(jb->row, s->vocab0, s->vocab, jb->chosen, kmax, b->recs + j * stride);
+    }
+    if (!sampled_phase) return;
+    int tp = e->topo->tp;
+    comm_gather_logprobs(e->comm, b->recs, (int)(nj * stride), b->all_recs, e->topo->tp_comm);
+    const float *all = tp > 1 ? b->all_recs : b->recs;
+    float *one = xmalloc(sizeof(float) * stride * (size_t)tp);
+    for (int j = 0; j < nj; j++) {
+        const LogprobJob *jb = &b->jobs[j];
+        for (int r = 0; r < tp; r++) memcpy(one + r * stride, all + ((size_t)r * nj + j) * stride, sizeof(float) * stride);
+        TokenLogprobs lp;
+        logprob_combine(one, tp, kmax, &lp);
+        if (jb->chunk >= 0) {
+            p->lp[jb->chunk] = lp;
+            continue;
+        }
+        Result *res = &sch->res[jb->req];
+        const Request *q = &sch->rs->r[jb->req];
+        result_prompt_logprobs(res, q->n_prompt, q->prompt_logprobs);
+        res->plp[jb->pos] = lp.lp;
+        memcpy(res->ptop_lp + (size_t)jb->pos * jb->k, lp.top_lp, sizeof(float) * (size_t)jb->k);
+        memcpy(res->ptop_id + (size_t)jb->pos * jb->k, lp.top_id, sizeof(int) * (size_t)jb->k);
+    }
+    free(one);
+}
+
+/* min_tokens: until a request has them, its stop tokens cannot be chosen
+ * (row holds the logits of ids v0..v0+vn-1) */
+static void mask_stop_tokens(float *row, int v0, int vn, const Config *c, const Request *q)
+{
+    for (int k = 0; k < c->n_eos + q->n_stop; k++) {
+        int id = k < c->n_eos ? (q->ignore_eos ? -1 : c->eos_ids[k]) : q->stop_ids[k - c->n_eos];
+        if (id >= v0 && id < v0 + vn) row[id - v0] = -FLT_MAX;
+    }
+}
+
+static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, int all, PickBuffers *b,
                         const GenOptions *o, int *out)
 {
     const Chunk *chunks = p->chunks;
     const int *sampling = p->samples;
-    int nc = p->nc, R = o->on_logits ? p->T : p->nc;
+    int nc = p->nc, R = all ? p->T : p->nc;
+    int kmax, nj = logprob_jobs(e, sch, p, local, all, b, &kmax);
+    logprob_finish(e, sch, p, b, nj, kmax, out, 0);
     RequestSet *rs = sch->rs;
     const Shard *s = &e->model->shard;
     int vocab = e->model->cfg.vocab_size, tp = e->topo->tp;
@@ -66,12 +161,16 @@ static void pick_tokens(Engine *e, Scheduler *sch, const StepPlan *p, float *loc
     }
     /* last row of each chunk */
     for (int i = 0, row = 0; i < nc; i++) {
-        int rows = o->on_logits ? chunks[i].n : 1;
+        int rows = all ? chunks[i].n : 1;
         if (o->on_logits)
             for (int j = 0; j < chunks[i].n; j++)
                 o->on_logits(o->on_logits_ctx, p->req[i], chunks[i].pos0 + j,
                              full + (size_t)(row + j) * vocab, vocab);
         b->rows[i] = sampling[i] ? full + (size_t)(row + rows - 1) * (full == local ? s->vocab : vocab) : NULL;
+        const Request *q = &rs->r[p->req[i]];
+        if (sampling[i] && sch->res[p->req[i]].n + 1 < q->min_tokens)
+            mask_stop_tokens((float *)b->rows[i], full == local ? s->vocab0 : 0, full == local ? s->vocab : vocab,
+                             &e->model->cfg, q);
         row += rows;
     }
     if (tp > 1 && !o->on_logits) {
@@ -109,6 +208,18 @@ static void pick_tokens(Engine *e, Scheduler *sch, const StepPlan *p, float *loc
         if (b->rows[i])
             out[i] = sampler_sample(&sch->seq[p->req[i]].sampler, (float *)b->rows[i], vocab,
                                     (char *)b->scratch + b->scratch_bytes * (size_t)omp_get_thread_num());
+    if (nj) logprob_finish(e, sch, p, b, nj, kmax, out, 1);
+}
+
+/* 1 when a chunk of the step scores prompt tokens (prompt_logprobs): the
+ * step then needs the logits of every position */
+static int wants_prompt_logprobs(const Scheduler *sch, const StepPlan *p)
+{
+    for (int i = 0; i < p->nc; i++) {
+        const Request *q = &sch->rs->r[p->req[i]];
+        if (q->prompt_logprobs >= 0 && p->chunks[i].pos0 < q->n_prompt - 1) return 1;
+    }
+    return 0;
 }
 
 static void record_step(GenStats *st, const StepRecord *r)
@@ -130,17 +241,32 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     Scheduler sch;
     SchedulerLimits limits = {o->max_model_len, o->max_num_seqs, o->max_batched_tokens};
     scheduler_init(&sch, rs, res, c, e->topo, &e->pool, &limits);
+    sch.tok = o->tok;
+    sch.bos = c->bos_id;
+    int prompt_lp = 0, any_lp = 0;
+    for (int i = 0; i < rs->n; i++) {
+        prompt_lp |= rs->r[i].prompt_logprobs >= 0;
+        any_lp |= rs->r[i].prompt_logprobs >= 0 || rs->r[i].logprobs >= 0;
+    }
     StepPlan plan;
     plan_init(&plan, &limits);
     /* a step has at most one chunk per request: buffers by the requests
      * there are, not by --max-num-seqs (1M of them would be 128 GB of
      * logits rows at a 32K vocabulary) */
     size_t seqs = (size_t)(o->max_num_seqs < rs->n ? o->max_num_seqs : rs->n > 0 ? rs->n : 1);
-    size_t logits_rows = o->on_logits ? (size_t)o->max_batched_tokens : seqs;
+    size_t logits_rows = o->on_logits || prompt_lp ? (size_t)o->max_batched_tokens : seqs;
+    size_t full_rows = o->on_logits ? (size_t)o->max_batched_tokens : seqs;
     float *local = xmalloc(sizeof(float) * logits_rows * e->model->shard.vocab);
     PickBuffers bufs = {0};
-    bufs.full = e->topo->tp > 1 ? xmalloc(sizeof(float) * logits_rows * vocab) : NULL;
-    bufs.tmp = e->topo->tp > 1 ? xmalloc(sizeof(float) * logits_rows * vocab) : NULL;
+    bufs.full = e->topo->tp > 1 ? xmalloc(sizeof(float) * full_rows * vocab) : NULL;
+    bufs.tmp = e->topo->tp > 1 ? xmalloc(sizeof(float) * full_rows * vocab) : NULL;
+    if (any_lp) {
+        size_t jobs = logits_rows + seqs, rec = jobs * LOGPROB_RECORD(MAX_LOGPROBS);
+        bufs.jobs = xmalloc(sizeof(LogprobJob) * jobs);
+        bufs.lp_rows = xmalloc(sizeof(float) * seqs * e->model->shard.vocab);
+        bufs.recs = xmalloc(sizeof(float) * rec);
+        bufs.all_recs = e->topo->tp > 1 ? xmalloc(sizeof(float) * rec * (size_t)e->topo->tp) : NULL;
+    }
     bufs.pairs = xmalloc(sizeof(ValueIndex) * seqs);
     bufs.scratch_bytes = sampler_scratch_bytes(vocab);
     bufs.scratch = xmalloc(bufs.scratch_bytes * (size_t)omp_get_max_threads());
@@ -164,11 +290,12 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         }
         double t0 = now_s();
         e->comm->phase = plan.prefill_tokens ? PHASE_PREFILL : PHASE_DECODE;
-        engine_forward(e, plan.tokens, plan.chunks, plan.nc, o->on_logits != NULL, local);
+        int all = o->on_logits || (prompt_lp && wants_prompt_logprobs(&sch, &plan));
+        engine_forward(e, plan.tokens, plan.chunks, plan.nc, all, local);
         double t1 = now_s();
         if (plan.prefill_tokens) tm->prefill += t1 - t0;
         else tm->decode += t1 - t0;
-        pick_tokens(e, &sch, &plan, local, &bufs, o, sampled);
+        pick_tokens(e, &sch, &plan, local, all, &bufs, o, sampled);
         double t2 = now_s();
         tm->sampling += t2 - t1;
         StepRecord rec = {.t_start = t0 - t_start, .seconds = t2 - t0, .decode_tokens = plan.decode_tokens,
@@ -203,6 +330,10 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     free(bufs.rows);
     free(bufs.counts);
     free(bufs.displs);
+    free(bufs.jobs);
+    free(bufs.lp_rows);
+    free(bufs.recs);
+    free(bufs.all_recs);
     free(sampled);
     free(finished);
     if (!stats) free(local_stats.steps);

@@ -7,12 +7,14 @@
 
 #include "engine.h"
 #include "requests.h"
+#include "tokenizer.h"
 
 typedef struct {
     int max_model_len;       /* context limit: prompt + output tokens */
     int max_num_seqs;        /* requests decoding together */
     int max_batched_tokens;  /* tokens per forward pass */
     int progress;            /* progress line on stderr, at most once a second */
+    const Tokenizer *tok;    /* when set: output text as tokens arrive, and stop strings */
     /* When set, called with the logits of every position of every request
      * (forces logits for all prompt tokens too). */
     void (*on_logits)(void *ctx, int request, int pos, const float *logits, int vocab);

@@ -104,3 +104,60 @@ int sampler_sample(Sampler *s, float *logits, int n, void *scratch)
     }
     return pi[last].index;
 }
+
+/* the k best (value, id) of a small sorted list, best first; equal values
+ * lower id first */
+static void top_insert(float *v, int *id, int *n, int k, float x, int i)
+{
+    if (k == 0 || (*n == k && (x < v[k - 1] || (x == v[k - 1] && i > id[k - 1])))) return;
+    int j = *n < k ? (*n)++ : k - 1;
+    while (j > 0 && (x > v[j - 1] || (x == v[j - 1] && i < id[j - 1]))) {
+        v[j] = v[j - 1];
+        id[j] = id[j - 1];
+        j--;
+    }
+    v[j] = x;
+    id[j] = i;
+}
+
+void logprob_record(const float *row, int v0, int vn, int chosen, int k, float *rec)
+{
+    float m = -INFINITY;
+    for (int i = 0; i < vn; i++) m = row[i] > m ? row[i] : m;
+    double sum = 0.0;
+    for (int i = 0; i < vn; i++) sum += exp((double)row[i] - m);
+    float *v = rec + 3;
+    int ids[MAX_LOGPROBS], n = 0;
+    for (int i = 0; i < vn; i++)
+        if (k && (n < k || row[i] >= v[k - 1])) top_insert(v, ids, &n, k, row[i], v0 + i);
+    for (int j = 0; j < k; j++) {
+        if (j >= n) v[j] = -INFINITY, ids[j] = -1;
+        rec[3 + k + j] = (float)ids[j]; /* ids below 2^24 are exact in a float */
+    }
+    rec[0] = m;
+    rec[1] = (float)sum;
+    rec[2] = chosen >= v0 && chosen < v0 + vn ? row[chosen - v0] : -INFINITY;
+}
+
+void logprob_combine(const float *recs, int n_shards, int k, TokenLogprobs *out)
+{
+    size_t stride = LOGPROB_RECORD(k);
+    double m = -INFINITY, sum = 0.0;
+    float chosen = -INFINITY;
+    for (int r = 0; r < n_shards; r++) m = recs[r * stride] > m ? recs[r * stride] : m;
+    for (int r = 0; r < n_shards; r++) {
+        const float *x = recs + r * stride;
+        sum += (double)x[1] * exp((double)x[0] - m);
+        chosen = x[2] > chosen ? x[2] : chosen;
+    }
+    double lse = m + log(sum);
+    int n = 0;
+    out->k = k;
+    for (int r = 0; r < n_shards; r++)
+        for (int j = 0; j < k; j++) {
+            const float *x = recs + r * stride;
+            if (x[3 + k + j] >= 0) top_insert(out->top_lp, out->top_id, &n, k, x[3 + j], (int)x[3 + k + j]);
+        }
+    for (int j = 0; j < n; j++) out->top_lp[j] = (float)(out->top_lp[j] - lse);
+    out->lp = (float)(chosen - lse);
+}

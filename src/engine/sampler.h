@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "requests.h"
+
 typedef struct {
     float temperature;
     float top_p;
@@ -30,5 +32,23 @@ int sampler_sample(Sampler *s, float *logits, int n, void *scratch);
     "corrupt tensor) are broken"
 
 size_t sampler_scratch_bytes(int n);
+
+/* The log-probabilities of one position: the chosen token's, and the top
+ * k tokens (best first; equal ones lower id first). */
+typedef struct {
+    float lp;
+    int k;
+    float top_lp[MAX_LOGPROBS];
+    int top_id[MAX_LOGPROBS];
+} TokenLogprobs;
+
+/* Log-probabilities from a vocabulary split over ranks: each rank makes a
+ * record of its shard (row: vn logits of ids v0..v0+vn-1), of
+ * LOGPROB_RECORD(k) floats: its max, sum of exp(logit - max), the chosen
+ * id's logit (-inf when outside the shard) and its top k (logits, ids);
+ * the records of all shards combine into the log-softmax's values. */
+#define LOGPROB_RECORD(k) (3 + 2 * (k))
+void logprob_record(const float *row, int v0, int vn, int chosen, int k, float *rec);
+void logprob_combine(const float *recs, int n_shards, int k, TokenLogprobs *out);
 
 #endif

@@ -3,11 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "detok.h"
 #include "util.h"
 
 int is_stop_token(const Config *c, const Request *q, int tok)
 {
-    for (int i = 0; i < c->n_eos; i++)
+    for (int i = 0; i < c->n_eos && !q->ignore_eos; i++)
         if (tok == c->eos_ids[i]) return 1;
     for (int i = 0; i < q->n_stop; i++)
         if (tok == q->stop_ids[i]) return 1;
@@ -62,6 +63,7 @@ void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg
     for (int i = 0; i < rs->n; i++) {
         Request *q = &rs->r[i];
         s->seq[i].admitted = -1;
+        res[i].stop_token = -1;
         sampler_init(&s->seq[i].sampler, q->temperature, q->top_p, q->seed);
         if (q->error) {
             res[i].finish_reason = "error";
@@ -91,6 +93,7 @@ void plan_init(StepPlan *p, const SchedulerLimits *o)
     p->req = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     p->samples = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     p->tokens = xmalloc(sizeof(int) * (size_t)o->max_batched_tokens);
+    p->lp = xmalloc(sizeof(TokenLogprobs) * (size_t)o->max_num_seqs);
 }
 
 void plan_free(StepPlan *p)
@@ -99,6 +102,7 @@ void plan_free(StepPlan *p)
     free(p->req);
     free(p->samples);
     free(p->tokens);
+    free(p->lp);
     memset(p, 0, sizeof *p);
 }
 
@@ -174,15 +178,46 @@ int scheduler_plan(Scheduler *s, StepPlan *p)
     return 1;
 }
 
-static void push_token(Result *r, int tok, double now)
+static void push_token(Result *r, const Request *q, int tok, const TokenLogprobs *lp, double now)
 {
-    if (r->n == r->cap) {
-        r->cap = r->cap ? 2 * r->cap : 16;
-        r->tokens = xrealloc(r->tokens, sizeof(int) * (size_t)r->cap);
-        r->times = xrealloc(r->times, sizeof(double) * (size_t)r->cap);
-    }
+    result_reserve(r, q->logprobs);
     r->times[r->n] = now;
+    if (q->logprobs >= 0) {
+        int k = q->logprobs;
+        r->lp[r->n] = lp->lp;
+        memcpy(r->top_lp + (size_t)r->n * k, lp->top_lp, sizeof(float) * (size_t)k);
+        memcpy(r->top_id + (size_t)r->n * k, lp->top_id, sizeof(int) * (size_t)k);
+    }
     r->tokens[r->n++] = tok;
+}
+
+/* The stop rules after out's newest token tok. */
+static void apply_stop_rules(Scheduler *s, const Request *q, Result *out, int tok)
+{
+    int may_stop = out->n >= q->min_tokens;
+    int by_token = may_stop && is_stop_token(s->cfg, q, tok);
+    int by_length = out->n >= q->max_tokens || q->n_prompt + out->n >= s->max_model_len;
+    if (s->tok) {
+        if (!out->text) detok_start(out, q->n_prompt);
+        /* a stop token's own text is left out unless include_stop_str_in_output */
+        size_t before = detok_update(out, s->tok, q, by_token && !q->include_stop_str ? out->n - 1 : out->n,
+                                     s->bos, by_token || by_length);
+        int which = 0;
+        long at = may_stop && !by_token ? stop_string_find(q, out->text, out->text_len, before, &which) : -1;
+        if (at >= 0) {
+            out->text_len = (size_t)at + (q->include_stop_str ? strlen(q->stop[which]) : 0);
+            out->text[out->text_len] = '\0';
+            out->stop_str = xstrdup(q->stop[which]);
+            out->finish_reason = "stop";
+            return;
+        }
+    }
+    if (by_token) {
+        out->finish_reason = "stop";
+        out->stop_token = tok;
+    } else if (by_length) {
+        out->finish_reason = "length";
+    }
 }
 
 void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, double now)
@@ -201,10 +236,9 @@ void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, doubl
             out->e2e_s = now;
             continue;
         }
-        push_token(out, sampled[i], now);
+        push_token(out, q, sampled[i], &p->lp[i], now);
         if (out->n == 1) out->ttft_s = now;
-        if (is_stop_token(s->cfg, q, sampled[i])) out->finish_reason = "stop";
-        else if (out->n >= q->max_tokens || q->n_prompt + out->n >= s->max_model_len) out->finish_reason = "length";
+        apply_stop_rules(s, q, out, sampled[i]);
         if (out->finish_reason) {
             out->e2e_s = now;
             out->tpot_s = out->n > 1 ? (out->e2e_s - out->ttft_s) / (out->n - 1) : 0.0;

@@ -20,6 +20,7 @@
 #include "kvcache.h"
 #include "requests.h"
 #include "sampler.h"
+#include "tokenizer.h"
 #include "topology.h"
 
 typedef struct {
@@ -45,6 +46,8 @@ typedef struct {
     int done;            /* requests finished or failed */
     long long preemptions;
     long long kv_positions_peak; /* most positions this rank stored at once */
+    const Tokenizer *tok; /* when set, output text is made as tokens arrive and stop strings apply */
+    int bos;
 } Scheduler;
 
 typedef struct {
@@ -53,6 +56,7 @@ typedef struct {
     int *req;              /* per chunk: request index */
     int *samples;          /* per chunk: 1 when its last token yields the next one */
     int *tokens;           /* T token ids, chunk after chunk */
+    TokenLogprobs *lp;     /* per chunk: the sampled token's log-probabilities, where its request asks */
     int prefill_tokens, decode_tokens, preempted;
 } StepPlan;
 
@@ -63,7 +67,7 @@ typedef struct {
     int max_batched_tokens; /* tokens per forward pass */
 } SchedulerLimits;
 
-/* EOS of the model or one of the request's stop_token_ids */
+/* EOS of the model (unless ignore_eos) or one of the request's stop_token_ids */
 int is_stop_token(const Config *c, const Request *q, int tok);
 
 /* Fails the requests that could never fit the cache, even alone. */
@@ -78,8 +82,11 @@ void plan_free(StepPlan *p);
 /* Fills p with the next step; returns 0 when every request is done. */
 int scheduler_plan(Scheduler *s, StepPlan *p);
 /* After the forward pass: sampled[i] is the token of chunk i where
- * p->samples[i]. Appends, applies the stop rules, frees finished requests'
- * blocks. now: seconds since the start, for the latency figures. */
+ * p->samples[i] (and p->lp[i] its log-probabilities, where its request
+ * asks). Appends, makes the text, applies the stop rules (stop tokens and
+ * strings once min_tokens are out, then max_tokens and the context limit),
+ * frees finished requests' blocks. now: seconds since the start, for the
+ * latency figures. */
 void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, double now);
 
 /* Positions this rank stores now (its shard of every running sequence). */

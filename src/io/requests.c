@@ -47,12 +47,14 @@ static int int_array(json_t *a, int **out, int *n, const char *field, char *why,
 
 /* The fields each kind of object may hold; anything else is refused, so
  * that a misspelled field cannot pass silently. */
-static const char *plain_keys[] = {"id", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p",
-                                   "seed", "stop_token_ids", NULL};
+#define SAMPLING_KEYS                                                                                         \
+    "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids", "stop",         \
+        "include_stop_str_in_output", "ignore_eos", "min_tokens", "logprobs", "prompt_logprobs",                  \
+        "skip_special_tokens"
+static const char *plain_keys[] = {"id", SAMPLING_KEYS, NULL};
 /* an OpenAI batch body: the same request fields; "model" names the model
  * the line was written for (the run's model is --model) */
-static const char *body_keys[] = {"model", "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p",
-                                  "seed", "stop_token_ids", NULL};
+static const char *body_keys[] = {"model", SAMPLING_KEYS, NULL};
 static const char *batch_keys[] = {"custom_id", "method", "url", "body", NULL};
 
 static int check_keys(json_t *o, const char *const *keys, const char *where, char *why, size_t wn)
@@ -67,6 +69,26 @@ static int check_keys(json_t *o, const char *const *keys, const char *where, cha
             snprintf(why, wn, "unknown field \"%s\"%s", k, where);
             return -1;
         }
+    }
+    return 0;
+}
+
+/* "stop": a string or a list of them, none empty. */
+static int parse_stop(json_t *v, Request *r, char *why, size_t wn)
+{
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (!json_is_string(v) && !json_is_array(v)) {
+        snprintf(why, wn, "wrong field type: \"stop\" must be a string or an array of strings");
+        return -1;
+    }
+    r->stop = xcalloc(n + 1, sizeof(char *));
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_string(e) || !json_string_length(e)) {
+            snprintf(why, wn, "\"stop\"[%zu] must be a non-empty string", i);
+            return -1;
+        }
+        r->stop[r->n_stop_str++] = xstrdup(json_string_value(e));
     }
     return 0;
 }
@@ -135,6 +157,32 @@ static int parse_fields(json_t *o, Request *r, const char *const *keys, const ch
     }
     if ((v = json_object_get(o, "stop_token_ids")) && !json_is_null(v))
         if (int_array(v, &r->stop_ids, &r->n_stop, "stop_token_ids", why, wn)) return -1;
+    if ((v = json_object_get(o, "stop")) && !json_is_null(v) && parse_stop(v, r, why, wn)) return -1;
+    static const char *flags[] = {"include_stop_str_in_output", "ignore_eos", "skip_special_tokens"};
+    int *flag_of[] = {&r->include_stop_str, &r->ignore_eos, &r->skip_special};
+    for (int k = 0; k < 3; k++)
+        if ((v = json_object_get(o, flags[k])) && !json_is_null(v)) {
+            if (!json_is_boolean(v)) {
+                snprintf(why, wn, "wrong field type: \"%s\" must be true or false", flags[k]);
+                return -1;
+            }
+            *flag_of[k] = json_is_true(v);
+        }
+    static const char *counts[] = {"min_tokens", "logprobs", "prompt_logprobs"};
+    int *count_of[] = {&r->min_tokens, &r->logprobs, &r->prompt_logprobs};
+    int limit[] = {INT32_MAX, MAX_LOGPROBS, MAX_LOGPROBS};
+    for (int k = 0; k < 3; k++)
+        if ((v = json_object_get(o, counts[k])) && !json_is_null(v)) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > limit[k]) {
+                snprintf(why, wn, "\"%s\" must be an integer in [0, %d]", counts[k], limit[k]);
+                return -1;
+            }
+            *count_of[k] = (int)json_integer_value(v);
+        }
+    if (r->min_tokens > r->max_tokens) {
+        snprintf(why, wn, "\"min_tokens\" (%d) is above \"max_tokens\" (%d)", r->min_tokens, r->max_tokens);
+        return -1;
+    }
     return 0;
 }
 
@@ -172,6 +220,7 @@ static int parse_line(json_t *o, Request *r, char *why, size_t wn)
             return -1;
         }
         if (check_keys(o, batch_keys, " (OpenAI batch line)", why, wn)) return -1;
+        r->batch = 1;
         return parse_fields(body, r, body_keys, " in \"body\"", why, wn);
     }
     return parse_fields(o, r, plain_keys, "", why, wn);
@@ -226,6 +275,8 @@ int requests_parse(const char *path, const char *data, size_t size, const Reques
         r->max_tokens = d->max_tokens;
         r->temperature = d->temperature;
         r->top_p = d->top_p;
+        r->logprobs = r->prompt_logprobs = -1;
+        r->skip_special = 1;
         /* a request without a seed gets one from the run seed and its line,
          * so its samples do not depend on the other requests */
         uint64_t s = d->seed ^ ((uint64_t)lineno * 0x9E3779B97F4A7C15ull);
@@ -256,6 +307,12 @@ int requests_parse(const char *path, const char *data, size_t size, const Reques
         }
     }
     free(ids.slot);
+    int plain = 0;
+    for (int i = 0; i < set->n; i++) {
+        set->batch += set->r[i].batch;
+        plain += !set->r[i].batch && !set->r[i].error;
+    }
+    set->batch = set->batch > 0 && !plain;
     if (rc == 0 && set->n == 0) rc = dcp_fail("%s: no requests (the prompt file is empty)", path);
     if (rc) requests_free(set);
     return rc;
@@ -296,6 +353,8 @@ void requests_free(RequestSet *set)
         free(r->prompt);
         free(r->prompt_tokens);
         free(r->stop_ids);
+        for (int k = 0; k < r->n_stop_str; k++) free(r->stop[k]);
+        free(r->stop);
         free(r->error);
     }
     free(set->r);
@@ -306,7 +365,126 @@ void requests_free(RequestSet *set)
 void results_free(Result *res, int n)
 {
     for (int i = 0; i < n; i++) {
-        free(res[i].tokens);
-        free(res[i].times);
+        Result *r = &res[i];
+        void *blocks[] = {r->tokens, r->times, r->text, r->stop_str, r->lp, r->top_lp, r->top_id,
+                          r->plp, r->ptop_lp, r->ptop_id};
+        for (size_t k = 0; k < sizeof blocks / sizeof *blocks; k++) free(blocks[k]);
     }
+}
+
+void result_reserve(Result *r, int logprobs)
+{
+    if (r->n < r->cap && (logprobs < 0 || r->lp)) return;
+    int cap = r->n < r->cap ? r->cap : r->cap ? 2 * r->cap : 16;
+    size_t k = logprobs > 0 ? (size_t)logprobs : 0;
+    r->tokens = xrealloc(r->tokens, sizeof(int) * (size_t)cap);
+    r->times = xrealloc(r->times, sizeof(double) * (size_t)cap);
+    if (logprobs >= 0) {
+        r->lp = xrealloc(r->lp, sizeof(float) * (size_t)cap);
+        r->top_lp = xrealloc(r->top_lp, sizeof(float) * (size_t)cap * k + 1);
+        r->top_id = xrealloc(r->top_id, sizeof(int) * (size_t)cap * k + 1);
+    }
+    r->cap = cap;
+}
+
+void result_prompt_logprobs(Result *r, int n, int top)
+{
+    if (r->plp) return;
+    size_t k = (size_t)n * (size_t)(top > 0 ? top : 0);
+    r->plp = xmalloc(sizeof(float) * (size_t)(n + 1));
+    r->ptop_lp = xmalloc(sizeof(float) * (k + 1));
+    r->ptop_id = xmalloc(sizeof(int) * (k + 1));
+    for (int i = 0; i < n; i++) r->plp[i] = NAN;
+    for (size_t i = 0; i < k; i++) {
+        r->ptop_lp[i] = NAN;
+        r->ptop_id[i] = -1;
+    }
+}
+
+static const char *finish_reasons[] = {"stop", "length", "error"};
+
+static void put(char **buf, size_t *n, size_t *cap, const void *p, size_t len)
+{
+    if (*n + len > *cap) *buf = xrealloc(*buf, *cap = 2 * (*n + len) + 256);
+    if (len) memcpy(*buf + *n, p, len);
+    *n += len;
+}
+
+void result_pack(const Result *r, const Request *q, char **buf, size_t *n, size_t *cap)
+{
+    int fin = -1;
+    for (int k = 0; k < 3; k++)
+        if (r->finish_reason && !strcmp(r->finish_reason, finish_reasons[k])) fin = k;
+    int has_text = r->text != NULL, stop_len = r->stop_str ? (int)strlen(r->stop_str) : -1;
+    int lp = r->lp ? q->logprobs : -1, plp = r->plp ? q->prompt_logprobs : -1;
+    int head[7] = {r->n, fin, r->stop_token, has_text, stop_len, lp, plp};
+    double t[3] = {r->ttft_s, r->tpot_s, r->e2e_s};
+    size_t len = r->text_len, tokens = (size_t)r->n, np = (size_t)q->n_prompt;
+    put(buf, n, cap, head, sizeof head);
+    put(buf, n, cap, t, sizeof t);
+    put(buf, n, cap, &len, sizeof len);
+    if (has_text) put(buf, n, cap, r->text, len);
+    if (stop_len > 0) put(buf, n, cap, r->stop_str, (size_t)stop_len);
+    put(buf, n, cap, r->tokens, sizeof(int) * tokens);
+    put(buf, n, cap, r->times, sizeof(double) * tokens);
+    if (lp >= 0) {
+        put(buf, n, cap, r->lp, sizeof(float) * tokens);
+        put(buf, n, cap, r->top_lp, sizeof(float) * tokens * (size_t)lp);
+        put(buf, n, cap, r->top_id, sizeof(int) * tokens * (size_t)lp);
+    }
+    if (plp >= 0) {
+        put(buf, n, cap, r->plp, sizeof(float) * np);
+        put(buf, n, cap, r->ptop_lp, sizeof(float) * np * (size_t)plp);
+        put(buf, n, cap, r->ptop_id, sizeof(int) * np * (size_t)plp);
+    }
+}
+
+static void *take(const char **p, size_t len, size_t extra)
+{
+    void *v = xmalloc(len + extra);
+    if (len) memcpy(v, *p, len);
+    *p += len;
+    return v;
+}
+
+size_t result_unpack(Result *r, const Request *q, const char *p)
+{
+    const char *p0 = p;
+    int head[7];
+    double t[3];
+    size_t len;
+    memcpy(head, p, sizeof head);
+    memcpy(t, p + sizeof head, sizeof t);
+    memcpy(&len, p + sizeof head + sizeof t, sizeof len);
+    p += sizeof head + sizeof t + sizeof len;
+    results_free(r, 1);
+    memset(r, 0, sizeof *r);
+    size_t tokens = (size_t)head[0], np = (size_t)q->n_prompt;
+    int lp = head[5], plp = head[6];
+    r->n = r->cap = head[0];
+    r->finish_reason = head[1] >= 0 ? finish_reasons[head[1]] : NULL;
+    r->stop_token = head[2];
+    r->ttft_s = t[0], r->tpot_s = t[1], r->e2e_s = t[2];
+    if (head[3]) {
+        r->text = take(&p, len, 1);
+        r->text[len] = '\0';
+        r->text_len = r->text_cap = len;
+    }
+    if (head[4] >= 0) {
+        r->stop_str = take(&p, (size_t)head[4], 1);
+        r->stop_str[head[4]] = '\0';
+    }
+    r->tokens = take(&p, sizeof(int) * tokens, sizeof(int));
+    r->times = take(&p, sizeof(double) * tokens, sizeof(double));
+    if (lp >= 0) {
+        r->lp = take(&p, sizeof(float) * tokens, sizeof(float));
+        r->top_lp = take(&p, sizeof(float) * tokens * (size_t)lp, sizeof(float));
+        r->top_id = take(&p, sizeof(int) * tokens * (size_t)lp, sizeof(int));
+    }
+    if (plp >= 0) {
+        r->plp = take(&p, sizeof(float) * np, sizeof(float));
+        r->ptop_lp = take(&p, sizeof(float) * np * (size_t)plp, sizeof(float));
+        r->ptop_id = take(&p, sizeof(int) * np * (size_t)plp, sizeof(int));
+    }
+    return (size_t)(p - p0);
 }

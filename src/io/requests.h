@@ -24,15 +24,28 @@ typedef struct {
     float temperature;
     float top_p;
     uint64_t seed;
-    int *stop_ids;
+    int *stop_ids;       /* stop_token_ids */
     int n_stop;
+    char **stop;         /* stop strings */
+    int n_stop_str;
+    int include_stop_str; /* include_stop_str_in_output: the text keeps the stop string */
+    int ignore_eos;      /* the model's EOS does not end the request */
+    int min_tokens;      /* no stop (token or string) before this many output tokens */
+    int logprobs;        /* per output token: its log-probability and the top N; -1: none */
+    int prompt_logprobs; /* the same per prompt token; -1: none */
+    int skip_special;    /* skip_special_tokens: special tokens are left out of the text */
+    int batch;           /* an OpenAI batch line */
     char *error;         /* set: the request failed with this reason */
 } Request;
+
+/* The most log-probabilities a request may ask for per position. */
+#define MAX_LOGPROBS 20
 
 typedef struct {
     Request *r;
     int n;
     char *path;
+    int batch; /* every valid line is an OpenAI batch line (and there is one) */
 } RequestSet;
 
 /* What a request produced. */
@@ -42,8 +55,32 @@ typedef struct {
     int n, cap;
     const char *finish_reason; /* "stop", "length" or "error" */
     double ttft_s, tpot_s, e2e_s;
+    /* the output text, made as the tokens arrive (NULL without a tokenizer) */
+    char *text;
+    size_t text_len, text_cap;
+    int detok_prefix, detok_read; /* detok.h: the token window still being decoded */
+    char *stop_str;   /* the stop string that ended the request, or NULL */
+    int stop_token;   /* the stop token that ended it, or -1 */
+    /* with logprobs N: per output token its log-probability (lp) and the
+     * top N (top_id, top_lp: N per token) */
+    float *lp, *top_lp;
+    int *top_id;
+    /* with prompt_logprobs N: the same per prompt token (position 0, which
+     * nothing predicts, is NaN) */
+    float *plp, *ptop_lp;
+    int *ptop_id;
 } Result;
 void results_free(Result *res, int n);
+/* Grows res's token arrays (and logprob arrays, for N >= 0) to hold one more. */
+void result_reserve(Result *res, int logprobs);
+/* A result as bytes (tokens, times, finish, text, stop, log-probabilities),
+ * appended to *buf (size *n, capacity *cap), to move it between ranks;
+ * result_unpack reads one back from p (q: its request) and returns the
+ * bytes read. */
+void result_pack(const Result *r, const Request *q, char **buf, size_t *n, size_t *cap);
+size_t result_unpack(Result *r, const Request *q, const char *p);
+/* Allocates the prompt log-probability arrays of n positions (NaN, ids -1). */
+void result_prompt_logprobs(Result *res, int n, int top);
 
 /* Reads and validates every line. A bad line is "FILE:LINE: reason": with
  * skip_invalid it becomes a failed request and reading goes on, otherwise

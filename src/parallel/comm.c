@@ -143,3 +143,11 @@ void comm_allgatherv(CommStats *s, const float *send, int n, float *recv, const 
     DCP_CHECK(MPI_Allgatherv(send, n, MPI_FLOAT, recv, counts, displs, MPI_FLOAT, comm));
     count(s, COMM_logits_gather, 4LL * n, t0);
 }
+
+void comm_gather_logprobs(CommStats *s, const float *send, int n, float *recv, MPI_Comm comm)
+{
+    if (size_of(comm) == 1) return;
+    double t0 = now_s();
+    DCP_CHECK(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm));
+    count(s, COMM_logprob_gather, 4LL * n, t0);
+}

@@ -7,10 +7,12 @@
  *   all_to_all       N * count * 4        (MPI_Alltoall of partials + LSE, a2a)
  *   argmax           rows * 8             (MPI_Allreduce MAXLOC of (float, int))
  *   logits_gather    count * 4            (MPI_Allgatherv of a vocabulary shard)
+ *   logprob_gather   count * 4            (MPI_Allgather of each shard's top-N and log-sum-exp)
  * where N is the communicator's size. A communicator of one rank makes no
  * call and counts nothing. allreduce, the allgathers of Q and LSE,
  * reduce_scatter and all_to_all take backend buffers (staged when MPI
- * cannot read device memory); argmax and logits_gather take host arrays. */
+ * cannot read device memory); argmax, logits_gather and logprob_gather take
+ * host arrays. */
 #ifndef DCP_COMM_H
 #define DCP_COMM_H
 
@@ -23,7 +25,8 @@
     X(reduce_scatter) \
     X(all_to_all)     \
     X(argmax)         \
-    X(logits_gather)
+    X(logits_gather)  \
+    X(logprob_gather)
 
 typedef enum {
 #define COMM_ENUM(name) COMM_##name,
@@ -72,5 +75,7 @@ typedef struct {
 void comm_argmax(CommStats *s, ValueIndex *pairs, int rows, MPI_Comm comm);
 void comm_allgatherv(CommStats *s, const float *send, int count, float *recv, const int *counts, const int *displs,
                      MPI_Comm comm);
+/* count host floats from every rank of comm, in rank order */
+void comm_gather_logprobs(CommStats *s, const float *send, int count, float *recv, MPI_Comm comm);
 
 #endif
