@@ -77,6 +77,8 @@ static inline Request *add_request(RequestSet *set, const int *ids, int n, int m
     set->r = xrealloc(set->r, sizeof(Request) * (size_t)(set->n + 1));
     Request *r = &set->r[set->n++];
     memset(r, 0, sizeof *r);
+    r->logprobs = r->prompt_logprobs = -1; /* none asked, as a prompt line without them */
+    r->skip_special = 1;
     char id[32];
     snprintf(id, sizeof id, "r%d", set->n - 1);
     r->id = xstrdup(id);
