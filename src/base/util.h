@@ -23,7 +23,7 @@ double now_s(void);
 uint64_t splitmix64(uint64_t *state);
 
 /* 64-bit FNV-1a hash of n bytes, continued from h (start with FNV_START). */
-#define FNV_START 1469598103934665603ull
+#define FNV_START 14695981039346656037ull
 uint64_t fnv1a(uint64_t h, const void *data, size_t n);
 
 /* fp16/bf16 <-> fp32 conversions used by the checkpoint readers/writers. */
