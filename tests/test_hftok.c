@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "hftok.h"
+#include "mixed_text.h"
 #include "testutil.h"
 
 static int same_ids(json_t *want, const int *ids, int n)
@@ -16,6 +17,52 @@ static int same_ids(json_t *want, const int *ids, int n)
     for (int i = 0; i < n; i++)
         if (json_integer_value(json_array_get(want, (size_t)i)) != ids[i]) return 0;
     return 1;
+}
+
+/* 10,000 random mixed-script lines (tests/mixed_text.h, seed 1): the same
+ * ids as tokenizers gives (their hash per line) and decode(encode(s)) == s
+ * exactly where it holds for tokenizers (tests/data/tok/roundtrip-NAME.txt,
+ * from tests/ref/make_roundtrip_refs.py). */
+static void test_roundtrip(const HfTokenizer *t, const char *name, const char *src)
+{
+    char ref[4200], head[128];
+    snprintf(ref, sizeof ref, "%s/tests/data/tok/roundtrip-%s.txt", src, name);
+    FILE *f = fopen(ref, "r");
+    if (!CHECK_OK(f != NULL, "%s: no reference %s", name, ref)) return;
+    unsigned long long want_text = 0, seed = 0;
+    int lines = 0;
+    CHECK(fgets(head, sizeof head, f) && sscanf(head, "# seed %llu, %d lines, text %llx", &seed, &lines, &want_text) == 3,
+          "%s: bad header in %s", name, ref);
+    uint64_t s = seed, text_hash = FNV_START;
+    char buf[MIX_LINE_MAX];
+    int same = 0, ids_differ = 0, rt_differ = 0, rt_both = 0;
+    for (int i = 0; i < lines; i++) {
+        size_t len = mixed_line(&s, buf);
+        text_hash = fnv1a(fnv1a(text_hash, buf, len), "\n", 1);
+        unsigned long long want_ids;
+        int want_rt, *ids, n;
+        if (fscanf(f, "%llx %d", &want_ids, &want_rt) != 2 || hftok_encode(t, buf, len, 0, &ids, &n)) {
+            CHECK(0, "%s: line %d: no reference, or encoding failed", name, i);
+            break;
+        }
+        char *dec = hftok_decode(t, ids, n, 1);
+        int rt = !strcmp(dec, buf), ok_ids = fnv1a(FNV_START, ids, sizeof(int) * (size_t)n) == want_ids;
+        ids_differ += !ok_ids;
+        rt_differ += rt != want_rt;
+        rt_both += rt && want_rt;
+        same += ok_ids && rt == want_rt;
+        if ((!ok_ids || rt != want_rt) && ids_differ + rt_differ <= 3)
+            fprintf(stderr, "%s: random line %d \"%s\": ids %s, round trip %d (tokenizers: %d)\n", name, i, buf,
+                    ok_ids ? "same" : "DIFFER", rt, want_rt);
+        free(ids);
+        free(dec);
+    }
+    fclose(f);
+    CHECK(text_hash == want_text, "%s: the random text is not the reference's (mixed_text.h and mixed_text.py differ)", name);
+    fprintf(stderr, "%-10s %d of %d random lines: same ids and round trip as tokenizers (%d round-trip in both)\n", name,
+            same, lines, rt_both);
+    CHECK(lines == 10000 && ids_differ == 0 && rt_differ == 0, "%s: %d lines' ids and %d round trips differ", name,
+          ids_differ, rt_differ);
 }
 
 int main(int argc, char **argv)
@@ -94,6 +141,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%-10s loaded in %.2f s; %d of %d texts encode and decode exactly as tokenizers does\n",
                 names[k], load_s, texts - bad, texts);
         CHECK(texts > 20 && bad == 0, "%s: %d of %d texts differ from tokenizers", names[k], bad, texts);
+        test_roundtrip(t, names[k], src);
         hftok_free(t);
     }
     MPI_Finalize();
