@@ -107,6 +107,7 @@ typedef struct {
 typedef struct {
     char *content;
     int id, special, lstrip, rstrip, single_word;
+    size_t len;
 } Added;
 
 struct HfTokenizer {
@@ -126,6 +127,7 @@ struct HfTokenizer {
     int n_dec;
     Added *added;
     int n_added;
+    char added_first[256]; /* 1 for a byte that begins an added token */
     char *is_special;   /* per id */
     int *bos, n_bos, *eos, n_eos; /* TemplateProcessing "single": tokens before and after the sequence */
     char *path;
@@ -472,7 +474,8 @@ HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
             t->added[t->n_added++] = (Added){xstrdup(c), (int)id, json_is_true(json_object_get(e, "special")),
                                              json_is_true(json_object_get(e, "lstrip")),
                                              json_is_true(json_object_get(e, "rstrip")),
-                                             json_is_true(json_object_get(e, "single_word"))};
+                                             json_is_true(json_object_get(e, "single_word")), strlen(c)};
+            t->added_first[(unsigned char)c[0]] = 1;
         }
     }
     if (!rc) {
@@ -770,9 +773,10 @@ static const Added *match_added(const HfTokenizer *t, const char *text, size_t l
 {
     const Added *best = NULL;
     size_t best_len = 0;
+    if (!t->added_first[(unsigned char)text[i]]) return NULL;
     for (int k = 0; k < t->n_added; k++) {
         const Added *a = &t->added[k];
-        size_t l = strlen(a->content);
+        size_t l = a->len;
         if (l <= best_len || i + l > len || memcmp(text + i, a->content, l)) continue;
         if (a->single_word) {
             int before = i > 0 && ((unsigned char)text[i - 1] > 127 || isalnum((unsigned char)text[i - 1]));
