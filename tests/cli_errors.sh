@@ -96,6 +96,13 @@ if [ -f "$WORK/nt.h5" ] && grep -q '# 1 request(s), 1 failed' "$WORK/all_failed_
 else
     fail "all_failed_no_tokenizer: no results file or wrong summary"
 fi
+printf '{"id": "s", "prompt_token_ids": [1, 2], "stop": "end"}\n' >"$P"
+expect_error stop_without_tokenizer 4 'request "s": "stop" strings need output text, but the model has no tokenizer' \
+    --output "$WORK/st.h5" "$P"
+printf '{"id": "m", "prompt_token_ids": [1, 2], "max_tokens": 4, "min_tokens": 5}\n' >"$P"
+expect_error min_above_max 1 '"min_tokens" (5) is above "max_tokens" (4)' --output "$WORK/mm.h5" "$P"
+printf '{"id": "l", "prompt_token_ids": [1, 2], "logprobs": 21}\n' >"$P"
+expect_error logprobs_too_many 1 '"logprobs" must be an integer in [0, 20]' --output "$WORK/lp.h5" "$P"
 printf '%s\n' "$good" >"$P"
 expect_error kv_too_small 4 'need 1 KV blocks of 16 per rank, the cache has 0' --kv-cache-memory 1K --output "$WORK/kv.h5" "$P"
 

@@ -17,7 +17,9 @@ P=$WORK/p.jsonl
 for i in $(seq 0 63); do
     t=$([ $((i % 2)) = 0 ] && echo 0.8 || echo 0)
     if [ -n "$M" ]; then prompt="\"prompt\": \"Once upon a time $i\""; else prompt="\"prompt_token_ids\": [$((i + 1)), 7]"; fi
-    echo "{\"id\": \"q$i\", $prompt, \"max_tokens\": $((40 + i % 50)), \"temperature\": $t, \"seed\": $i}"
+    # some ask for log-probabilities and a stop string, which the journal must keep too
+    extra=$([ -n "$M" ] && [ $((i % 4)) = 1 ] && echo ', "logprobs": 2, "prompt_logprobs": 1, "stop": [" park", "ball"]')
+    echo "{\"id\": \"q$i\", $prompt, \"max_tokens\": $((40 + i % 50)), \"temperature\": $t, \"seed\": $i$extra}"
 done >"$P"
 
 vals() { h5dump -y -d "$2" "$1" 2>/dev/null | sed -n '/DATA {/,/}/p'; }
@@ -25,6 +27,14 @@ attr() { h5dump -a "$2" "$1" 2>/dev/null | sed -n 's/.*(0): *//p'; }
 sum() { vals "$1" "$2" | tr -c '0-9\n' ' ' | tr -s ' \n' '\n' | grep . | awk '{s += $1} END {print s + 0}'; }
 # lines of a file, 0 when missing
 lines() { if [ -f "$1" ]; then grep -c '' "$1"; else echo 0; fi; }
+
+# same_results A B: the two files hold the same per-request results
+same_results() {
+    for d in output_tokens text stop_str stop_token output_logprobs output_top_ids output_top_logprobs prompt_logprobs \
+        prompt_top_ids; do
+        [ "$(vals "$1" /requests/$d)" = "$(vals "$2" /requests/$d)" ] || { echo "/requests/$d differs" >&2; return 1; }
+    done
+}
 
 # kill_and_resume NAME NP LAYOUT...: an uninterrupted run, a run whose
 # last rank is killed once its journal holds 16 finished requests, then
@@ -72,11 +82,10 @@ kill_and_resume() {
     got_prefill=$(sum "$out" /steps/prefill_tokens)
     if [ "$(cat "$WORK/$name-resumed.rc")" != 0 ]; then
         fail "$name: resumed run exit $(cat "$WORK/$name-resumed.rc")"; cat "$WORK/$name-resumed.err" >&2
-    elif [ "$(vals "$WORK/$name-full.h5" /requests/output_tokens)" != "$(vals "$out" /requests/output_tokens)" ] ||
-        [ "$(vals "$WORK/$name-full.h5" /requests/text)" != "$(vals "$out" /requests/text)" ]; then
-        fail "$name: resumed tokens or texts differ from the uninterrupted run"
+    elif ! same_results "$WORK/$name-full.h5" "$out"; then
+        fail "$name: resumed tokens, texts, stops or log-probabilities differ from the uninterrupted run"
     else
-        pass "$name: resumed $resumed requests from the journal; tokens and texts equal the uninterrupted run's"
+        pass "$name: resumed $resumed requests from the journal; tokens, texts, stops and log-probabilities equal the uninterrupted run's"
     fi
     echo "$name: the resumed run prefilled $got_prefill prompt tokens; the unfinished requests have $want_prefill" >&2
     checks=$((checks + 1))

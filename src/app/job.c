@@ -75,6 +75,12 @@ static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const Config *
     for (int i = 0; i < rs->n; i++) {
         Request *q = &rs->r[i];
         if (q->error) continue;
+        if (q->n_stop_str && !tok) {
+            request_fail(q, "%s:%d: request \"%s\": \"stop\" strings need output text, but the model has no "
+                         "tokenizer (give --tokenizer, or use stop_token_ids)",
+                         rs->path, q->line, q->id);
+            continue;
+        }
         if (q->prompt) {
             if (!tok) {
                 request_fail(q, "%s:%d: request \"%s\": text prompt, but the model has no tokenizer (give "
