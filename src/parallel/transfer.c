@@ -48,15 +48,3 @@ void *xfer_gather(const void *send, size_t bytes, size_t *counts, int root, MPI_
     free(all);
     return out;
 }
-
-void xfer_reduce(void *buf, size_t count, MPI_Datatype type, MPI_Op op, int root, MPI_Comm comm)
-{
-    int rank, tsize;
-    DCP_CHECK(MPI_Comm_rank(comm, &rank));
-    DCP_CHECK(MPI_Type_size(type, &tsize));
-    for (size_t off = 0; off < count; off += xfer_chunk) {
-        size_t n = count - off < xfer_chunk ? count - off : xfer_chunk;
-        void *at = (char *)buf + off * (size_t)tsize;
-        DCP_CHECK(MPI_Reduce(rank == root ? MPI_IN_PLACE : at, at, (int)n, type, op, root, comm));
-    }
-}

@@ -9,7 +9,7 @@
 #include <mpi.h>
 #include <stddef.h>
 
-/* bytes (or elements, for xfer_reduce) per call: 2^30; tests lower it to
+/* bytes per call: 2^30; tests lower it to
  * check the chunking */
 extern size_t xfer_chunk;
 
@@ -19,8 +19,5 @@ void xfer_bcast(void *buf, size_t bytes, int root, MPI_Comm comm);
  * order: root gets a malloc'ed buffer and, in counts (size ranks), each
  * rank's byte count; other ranks get NULL. */
 void *xfer_gather(const void *send, size_t bytes, size_t *counts, int root, MPI_Comm comm);
-/* Element-wise reduction of count elements of type onto root (in place
- * there; buf is unchanged elsewhere). */
-void xfer_reduce(void *buf, size_t count, MPI_Datatype type, MPI_Op op, int root, MPI_Comm comm);
 
 #endif
