@@ -36,7 +36,39 @@ for how in file folder model; do
         fail "tokenizer.json ($how): exit $(cat "$WORK/$how.rc"); got '$got', want '$expected'"; cat "$WORK/$how.err" >&2
     fi
 done
-rm -f "$WORK/m/tokenizer.json"
+# generation_config.json's eos_token_id joins config.json's: a greedy run
+# stops at the first token that is one of them; tokenizer_config.json's
+# add_bos_token / add_eos_token change the ids the prompt gets
+printf '{"id": "g", "prompt": "Hello world", "max_tokens": 6, "temperature": 0}\n' >"$WORK/g.jsonl"
+ids() { sed 's/.*"token_ids":\[\([^]]*\)\].*/\1/' "$1"; }
+prompt_len() { sed 's/.*"prompt_tokens":\([0-9]*\).*/\1/' "$1"; }
+run_dcp free --model "$WORK/m" --output "$WORK/free.jsonl" "$WORK/g.jsonl"
+free_ids=$(ids "$WORK/free.jsonl")
+third=$(echo "$free_ids" | cut -d, -f3)
+first_third=$(echo "$free_ids" | tr ',' '\n' | grep -n "^$third\$" | head -1 | cut -d: -f1)
+checks=$((checks + 1))
+printf '{"eos_token_id": [7, %s]}\n' "$third" >"$WORK/m/generation_config.json"
+run_dcp gen_eos --model "$WORK/m" --output "$WORK/gen_eos.jsonl" "$WORK/g.jsonl"
+want=$(echo "$free_ids" | cut -d, -f1-"$first_third")
+if [ "$(ids "$WORK/gen_eos.jsonl")" = "$want" ] && grep -q '"finish_reason":"stop"' "$WORK/gen_eos.jsonl"; then
+    pass "generation_config.json: EOS $third ends the request after $first_third tokens ($want)"
+else
+    fail "generation_config.json: ids $(ids "$WORK/gen_eos.jsonl"), want $want (free run $free_ids)"
+fi
+rm -f "$WORK/m/generation_config.json"
+checks=$((checks + 1))
+base=$(prompt_len "$WORK/free.jsonl")
+printf '{"add_bos_token": false, "bos_token": "<s>", "eos_token": "</s>"}\n' >"$WORK/m/tokenizer_config.json"
+run_dcp no_bos --model "$WORK/m" --output "$WORK/no_bos.jsonl" "$WORK/g.jsonl"
+printf '{"add_bos_token": true, "add_eos_token": true, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}\n' \
+    >"$WORK/m/tokenizer_config.json"
+run_dcp with_eos --model "$WORK/m" --output "$WORK/with_eos.jsonl" "$WORK/g.jsonl"
+if [ "$(prompt_len "$WORK/no_bos.jsonl")" = $((base - 1)) ] && [ "$(prompt_len "$WORK/with_eos.jsonl")" = $((base + 1)) ]; then
+    pass "tokenizer_config.json: add_bos_token false drops BOS, add_eos_token true appends EOS ($base prompt ids before)"
+else
+    fail "tokenizer_config.json: prompt ids $(prompt_len "$WORK/no_bos.jsonl") and $(prompt_len "$WORK/with_eos.jsonl"), base $base"
+fi
+rm -f "$WORK/m/tokenizer.json" "$WORK/m/tokenizer_config.json"
 if [ -f "$SHARED/tokenizers/llama3/tokenizer.json" ]; then
     expect_error tokenizer_too_big 1 "the tokenizer has ids up to 128255, the model's vocabulary only 32000" \
         --model "$WORK/m" --tokenizer "$SHARED/tokenizers/llama3/tokenizer.json" "$P"
