@@ -65,6 +65,59 @@ static void test_roundtrip(const HfTokenizer *t, const char *name, const char *s
           ids_differ, rt_differ);
 }
 
+/* Copies of the shared tokenizers with added tokens matched in the
+ * normalized text, or with lstrip / rstrip / single_word
+ * (tests/data/tok/added-variants.jsonl, from tests/ref/make_tok_refs.py):
+ * the same ids as tokenizers. */
+static void test_added_variants(const char *src)
+{
+    char ref[4200];
+    snprintf(ref, sizeof ref, "%s/tests/data/tok/added-variants.jsonl", src);
+    FILE *f = fopen(ref, "r");
+    if (!CHECK_OK(f != NULL, "no reference %s", ref)) return;
+    char *line = NULL;
+    size_t cap = 0;
+    int texts = 0, bad = 0;
+    while (getline(&line, &cap, f) > 0) {
+        json_t *o = json_loads(line, 0, NULL);
+        const char *base = json_string_value(json_object_get(o, "base"));
+        char rel[256];
+        snprintf(rel, sizeof rel, "tokenizers/%s/tokenizer.json", base ? base : "?");
+        char *path = shared_path(rel), *data;
+        size_t size;
+        if (!o || !base || access(path, R_OK) || read_file(path, &data, &size)) {
+            free(path);
+            json_decref(o);
+            continue;
+        }
+        json_t *spec = json_loadb(data, size, 0, NULL);
+        json_array_extend(json_object_get(spec, "added_tokens"), json_object_get(o, "add"));
+        char *text = json_dumps(spec, JSON_COMPACT);
+        HfTokenizer *t = hftok_parse(path, text, strlen(text));
+        const char *s = json_string_value(json_object_get(o, "text"));
+        int *ids = NULL, n = 0, ok = t && hftok_encode(t, s, strlen(s), 0, &ids, &n) == 0;
+        if (!(ok && same_ids(json_object_get(o, "ids"), ids, n))) {
+            bad++;
+            fprintf(stderr, "%s with added tokens: \"%s\" gives", base, s);
+            for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+            fprintf(stderr, "\n");
+        }
+        texts++;
+        free(ids);
+        hftok_free(t);
+        free(text);
+        json_decref(spec);
+        free(data);
+        free(path);
+        json_decref(o);
+    }
+    free(line);
+    fclose(f);
+    fprintf(stderr, "added tokens (normalized, lstrip, rstrip, single_word): %d of %d texts as tokenizers\n",
+            texts - bad, texts);
+    CHECK(bad == 0, "%d of %d texts with added tokens differ from tokenizers", bad, texts);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -144,6 +197,7 @@ int main(int argc, char **argv)
         test_roundtrip(t, names[k], src);
         hftok_free(t);
     }
+    if (ran) test_added_variants(src);
     MPI_Finalize();
     if (!ran && !test_failures) return TEST_SKIP;
     return test_finish("test_hftok");

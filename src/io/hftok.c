@@ -108,6 +108,9 @@ typedef struct {
     char *content;
     int id, special, lstrip, rstrip, single_word;
     size_t len;
+    int normalized;  /* matched in the normalized text, as its normalized form (norm) */
+    char *norm;
+    size_t norm_len;
 } Added;
 
 struct HfTokenizer {
@@ -127,7 +130,7 @@ struct HfTokenizer {
     int n_dec;
     Added *added;
     int n_added;
-    char added_first[256]; /* 1 for a byte that begins an added token */
+    char added_first[2][256]; /* [normalized][byte]: 1 when the byte begins such an added token */
     char *is_special;   /* per id */
     int *bos, n_bos, *eos, n_eos; /* TemplateProcessing "single": tokens before and after the sequence */
     char *path;
@@ -442,6 +445,8 @@ HfTokenizer *hftok_load(const char *path)
     return t;
 }
 
+static void normalize(const HfTokenizer *t, Buf *b);
+
 HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
 {
     bytelevel_table();
@@ -464,6 +469,9 @@ HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
                 rc = dcp_fail("%s: added token %zu lacks content or an id from 0 to 2^24", path, i);
                 break;
             }
+            /* as tokenizers: a content already in the vocabulary keeps its id there */
+            int in_vocab = map_get(&t->vocab, c, strlen(c));
+            if (in_vocab >= 0) id = in_vocab;
             if (id >= t->n_vocab) {
                 t->token = xrealloc(t->token, sizeof(char *) * (size_t)(id + 2));
                 memset(t->token + t->n_vocab, 0, sizeof(char *) * (size_t)(id + 2 - t->n_vocab));
@@ -474,8 +482,17 @@ HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
             t->added[t->n_added++] = (Added){xstrdup(c), (int)id, json_is_true(json_object_get(e, "special")),
                                              json_is_true(json_object_get(e, "lstrip")),
                                              json_is_true(json_object_get(e, "rstrip")),
-                                             json_is_true(json_object_get(e, "single_word")), strlen(c)};
-            t->added_first[(unsigned char)c[0]] = 1;
+                                             json_is_true(json_object_get(e, "single_word")), strlen(c), 0, NULL, 0};
+            Added *a = &t->added[t->n_added - 1];
+            /* tokenizers' default: special tokens are matched as written, others normalized */
+            json_t *nz = json_object_get(e, "normalized");
+            a->normalized = nz ? json_is_true(nz) : !a->special;
+            Buf b = {0};
+            buf_add(&b, c, a->len);
+            if (a->normalized) normalize(t, &b);
+            a->norm = b.s;
+            a->norm_len = b.n;
+            if (a->norm_len) t->added_first[a->normalized][(unsigned char)a->norm[0]] = 1;
         }
     }
     if (!rc) {
@@ -509,7 +526,10 @@ void hftok_free(HfTokenizer *t)
     free(t->pre);
     for (int i = 0; i < t->n_dec; i++) free(t->dec[i].a), free(t->dec[i].b);
     free(t->dec);
-    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int i = 0; i < t->n_added; i++) {
+        free(t->added[i].content);
+        free(t->added[i].norm);
+    }
     free(t->added);
     free(t->is_special);
     free(t->bos);
@@ -767,17 +787,19 @@ static int bpe(const HfTokenizer *t, const char *s, size_t n, int **ids, int *n_
     return 0;
 }
 
-/* The added token matching at text[i], longest first; its span (with the
- * whitespace lstrip/rstrip absorb) in *start, *end. */
-static const Added *match_added(const HfTokenizer *t, const char *text, size_t len, size_t i, size_t *end)
+/* The added token matching at text[i], longest first, among those matched
+ * in the raw text (normalized 0) or in the normalized text (1, as their
+ * normalized form); its end (with the whitespace rstrip absorbs) in *end. */
+static const Added *match_added(const HfTokenizer *t, int normalized, const char *text, size_t len, size_t i,
+                                size_t *end)
 {
     const Added *best = NULL;
     size_t best_len = 0;
-    if (!t->added_first[(unsigned char)text[i]]) return NULL;
+    if (!t->added_first[normalized][(unsigned char)text[i]]) return NULL;
     for (int k = 0; k < t->n_added; k++) {
         const Added *a = &t->added[k];
-        size_t l = a->len;
-        if (l <= best_len || i + l > len || memcmp(text + i, a->content, l)) continue;
+        size_t l = a->norm_len;
+        if (a->normalized != normalized || !l || l <= best_len || i + l > len || memcmp(text + i, a->norm, l)) continue;
         if (a->single_word) {
             int before = i > 0 && ((unsigned char)text[i - 1] > 127 || isalnum((unsigned char)text[i - 1]));
             int after = i + l < len && ((unsigned char)text[i + l] > 127 || isalnum((unsigned char)text[i + l]));
@@ -793,6 +815,51 @@ static const Added *match_added(const HfTokenizer *t, const char *text, size_t l
     return best;
 }
 
+static int is_space_byte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Splits text at the added tokens of one kind (raw or normalized): the
+ * text between them goes on (raw: normalized, then split again at the
+ * normalized tokens; normalized: pre-tokenized and through the model), an
+ * added token becomes its id. *first: the next piece begins the text (for
+ * Metaspace's prepend_scheme "first"). */
+static int encode_split(const HfTokenizer *t, int normalized, const char *text, size_t len, int *first, int **ids,
+                        int *n, int *cap)
+{
+    int rc = 0;
+    size_t seg = 0;
+    for (size_t i = 0; i <= len && !rc; i++) {
+        size_t end = 0;
+        const Added *a = i < len ? match_added(t, normalized, text, len, i, &end) : NULL;
+        if (!a && i < len) continue;
+        size_t seg_end = i;
+        if (a && a->lstrip)
+            while (seg_end > seg && is_space_byte(text[seg_end - 1])) seg_end--;
+        if (seg_end > seg) {
+            Buf b = {0};
+            buf_add(&b, text + seg, seg_end - seg);
+            if (!normalized) {
+                normalize(t, &b);
+                rc = encode_split(t, 1, b.s, b.n, first, ids, n, cap);
+            } else {
+                Pieces p = {0};
+                pretokenize(t, &b, *first, &p);
+                for (int k = 0; k < p.n && !rc; k++) rc = bpe(t, p.s[k].s, p.s[k].n, ids, n, cap);
+                pieces_free(&p);
+                *first = 0;
+            }
+            free(b.s);
+        }
+        if (a) {
+            if (*n == *cap) *ids = xrealloc(*ids, sizeof(int) * (size_t)(*cap = 2 * *cap + 16));
+            (*ids)[(*n)++] = a->id;
+            seg = end;
+            i = end - 1;
+            *first = 0;
+        }
+    }
+    return rc;
+}
+
 int hftok_encode(const HfTokenizer *t, const char *text, size_t len, int add_special, int **ids_out, int *n_out)
 {
     int *ids = NULL, n = 0, cap = 0, rc = 0;
@@ -801,38 +868,10 @@ int hftok_encode(const HfTokenizer *t, const char *text, size_t len, int add_spe
             if (n == cap) ids = xrealloc(ids, sizeof(int) * (size_t)(cap = 2 * cap + 16));
             ids[n++] = t->bos[k];
         }
-    /* the text between added tokens goes through the pipeline, segment by
-     * segment; an added token becomes its id */
-    size_t seg = 0;
+    /* added tokens first, those matched as written, then in each normalized
+     * piece between them those matched normalized (as tokenizers does) */
     int first = 1;
-    for (size_t i = 0; i <= len && !rc; i++) {
-        size_t end = 0;
-        const Added *a = i < len ? match_added(t, text, len, i, &end) : NULL;
-        if (!a && i < len) continue;
-        size_t seg_end = i;
-        if (a && a->lstrip)
-            while (seg_end > seg && (text[seg_end - 1] == ' ' || text[seg_end - 1] == '\t' ||
-                                     text[seg_end - 1] == '\n' || text[seg_end - 1] == '\r'))
-                seg_end--;
-        if (seg_end > seg) {
-            Buf b = {0};
-            buf_add(&b, text + seg, seg_end - seg);
-            normalize(t, &b);
-            Pieces p = {0};
-            pretokenize(t, &b, first, &p);
-            for (int k = 0; k < p.n && !rc; k++) rc = bpe(t, p.s[k].s, p.s[k].n, &ids, &n, &cap);
-            pieces_free(&p);
-            free(b.s);
-            first = 0;
-        }
-        if (a) {
-            if (n == cap) ids = xrealloc(ids, sizeof(int) * (size_t)(cap = 2 * cap + 16));
-            ids[n++] = a->id;
-            seg = end;
-            i = end - 1;
-            first = 0;
-        }
-    }
+    rc = encode_split(t, 0, text, len, &first, &ids, &n, &cap);
     if (add_special && !rc)
         for (int k = 0; k < t->n_eos; k++) {
             if (n == cap) ids = xrealloc(ids, sizeof(int) * (size_t)(cap = 2 * cap + 16));

@@ -5,6 +5,8 @@
  * Metaspace, Digits, Sequence), added tokens matched before the model
  * (leftmost-longest), TemplateProcessing's BOS/EOS, and decoders
  * (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence).
+ * Added tokens are matched as tokenizers does: those with "normalized"
+ * false in the raw text, the others (normalized) in each normalized piece.
  * A component outside this list is an error naming it. */
 #ifndef DCP_HFTOK_H
 #define DCP_HFTOK_H

@@ -71,3 +71,32 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+# Added tokens matched in the normalized text ("normalized": true), with
+# lstrip / rstrip / single_word, on copies of the shared tokenizers with a
+# few tokens added (tests/test_hftok.c adds the same): added-variants.jsonl,
+# one line per text: {"base", "add", "text", "ids"}.
+VARIANTS = [
+    ("mistral-sp", [
+        {"id": 32000, "content": "café", "single_word": False, "lstrip": False, "rstrip": False, "normalized": True, "special": False},
+        {"id": 32001, "content": "Once", "single_word": False, "lstrip": True, "rstrip": False, "normalized": False, "special": False},
+    ], ["Un café noir", "Once upon a café", "  Once upon", "cafécafé", "Hello world", "xcafé"]),
+    ("qwen3", [
+        {"id": 151669, "content": "e\u0301x", "single_word": False, "lstrip": False, "rstrip": False, "normalized": True, "special": False},
+        {"id": 151670, "content": "<tag>", "single_word": True, "lstrip": False, "rstrip": False, "normalized": True, "special": False},
+    ], ["the \u00e9x ray", "the e\u0301x ray", "a <tag> b", "a<tag>b", "<tag>"]),
+    ("llama3", [
+        {"id": 128256, "content": "world", "single_word": False, "lstrip": False, "rstrip": True, "normalized": True, "special": False},
+    ], ["Hello world  again", "worldwide world"]),
+]
+with open(os.path.join(OUT, "added-variants.jsonl"), "w") as f:
+    for base, add, texts in VARIANTS:
+        with open(os.path.join(SHARED, "tokenizers", base, "tokenizer.json"), encoding="utf-8") as src:
+            spec = json.load(src)
+        spec["added_tokens"] += add
+        tok = Tokenizer.from_str(json.dumps(spec))
+        for text in texts:
+            ids = tok.encode(text, add_special_tokens=False).ids
+            f.write(json.dumps({"base": base, "add": add, "text": text, "ids": ids}, ensure_ascii=False) + "\n")
+print("added-variants.jsonl written")
