@@ -4,7 +4,10 @@
  * to 1e-4, the top N are the reference's N best (ids where the values are
  * apart by more than the tolerance), and where min_tokens held back a stop
  * token the token chosen is the reference's best other one.
- * Usage: check_logprobs RESULTS.jsonl */
+ * With --same A B: two results files of the same requests hold the same
+ * token ids, texts, finish and stop reasons, and log-probabilities within
+ * 1e-4 (a layout against one rank).
+ * Usage: check_logprobs RESULTS.jsonl | check_logprobs --same A.jsonl B.jsonl */
 #include <jansson.h>
 
 #include "testutil.h"
@@ -48,8 +51,65 @@ static void check_position(json_t *e, int r, int want, int n_top, const char *wh
     }
 }
 
+static json_t *read_lines(const char *path)
+{
+    json_t *all = json_array();
+    FILE *in = fopen(path, "r");
+    static char buf[1 << 22];
+    while (in && fgets(buf, sizeof buf, in)) json_array_append_new(all, json_loads(buf, 0, NULL));
+    if (in) fclose(in);
+    return all;
+}
+
+/* the logprob entries of two lines agree to TOL (null where either is) */
+static double max_logprob_diff(json_t *a, json_t *b, int *shape_ok)
+{
+    double m = 0;
+    *shape_ok &= json_array_size(a) == json_array_size(b);
+    for (size_t i = 0; i < json_array_size(a) && i < json_array_size(b); i++) {
+        json_t *x = json_array_get(a, i), *y = json_array_get(b, i);
+        if (json_is_null(x) || json_is_null(y)) {
+            *shape_ok &= json_is_null(x) == json_is_null(y);
+            continue;
+        }
+        m = fmax(m, fabs(json_number_value(json_object_get(x, "logprob")) - json_number_value(json_object_get(y, "logprob"))));
+        json_t *tx = json_object_get(x, "top_logprobs"), *ty = json_object_get(y, "top_logprobs");
+        *shape_ok &= json_array_size(tx) == json_array_size(ty);
+        for (size_t j = 0; j < json_array_size(tx) && j < json_array_size(ty); j++)
+            m = fmax(m, fabs(json_number_value(json_object_get(json_array_get(tx, j), "logprob")) -
+                             json_number_value(json_object_get(json_array_get(ty, j), "logprob"))));
+    }
+    return m;
+}
+
+static int same_results(const char *pa, const char *pb)
+{
+    json_t *a = read_lines(pa), *b = read_lines(pb);
+    CHECK(json_array_size(a) > 0 && json_array_size(a) == json_array_size(b), "%zu and %zu lines", json_array_size(a),
+          json_array_size(b));
+    double worst = 0;
+    for (size_t i = 0; i < json_array_size(a) && i < json_array_size(b); i++) {
+        json_t *x = json_array_get(a, i), *y = json_array_get(b, i);
+        static const char *keys[] = {"id", "text", "token_ids", "finish_reason", "stop_reason", "error"};
+        for (int k = 0; k < 6; k++)
+            CHECK(json_equal(json_object_get(x, keys[k]), json_object_get(y, keys[k])), "line %zu: %s differs", i + 1,
+                  keys[k]);
+        int shape = 1;
+        double d = fmax(max_logprob_diff(json_object_get(x, "logprobs"), json_object_get(y, "logprobs"), &shape),
+                        max_logprob_diff(json_object_get(x, "prompt_logprobs"), json_object_get(y, "prompt_logprobs"),
+                                         &shape));
+        CHECK(shape && d <= TOL, "line %zu: log-probabilities differ (%.2e, or in number)", i + 1, d);
+        worst = fmax(worst, d);
+    }
+    fprintf(stderr, "check_logprobs: %zu requests the same; log-probabilities within %.2e\n", json_array_size(a), worst);
+    json_decref(a);
+    json_decref(b);
+    return test_finish("check_logprobs --same");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "--same")) return same_results(argv[2], argv[3]);
     if (argc != 2) {
         fprintf(stderr, "usage: check_logprobs RESULTS.jsonl\n");
         return 2;
