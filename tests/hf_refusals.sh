@@ -3,7 +3,10 @@
 # with one line and exit status 1: an architecture outside the supported
 # list (named as such, before its other fields), an activation other than
 # SiLU, an unknown or unsupported RoPE type, a tensor the config has no use
-# for, a tensor whose shape differs from what the config implies.
+# for, a tensor whose shape differs from what the config implies. DeepSeek-V2/V3
+# configs (tests/data/deepseek) are read and checked field by field: an
+# unsupported value is its own line, a valid one says dcpinfer does not run
+# such models yet.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 P=$WORK/p.jsonl
 printf '{"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 2}\n' >"$P"
@@ -31,6 +34,27 @@ expect_error leftover_tensor 1 "tensor 'model.layers.0.mlp.gate_proj.bias' is in
 variant shape 's/"intermediate_size": 48/"intermediate_size": 40/'
 expect_error shape_mismatch 1 "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [48, 32], config.json implies [40, 32]" \
     --model "$WORK/shape" "$P"
+# DeepSeek: only config.json is needed, weights are never read
+deepseek() { # NAME CASE SED
+    mkdir -p "$WORK/$1"
+    sed "$3" "$SRC/tests/data/deepseek/$2/config.json" >"$WORK/$1/config.json"
+}
+deepseek ds_v3 v3_yarn 's/x/x/'
+expect_error deepseek_v3_not_yet 1 "DeepseekV3ForCausalLM (multi-head latent attention, 8 routed experts) is recognised and its config checked, but dcpinfer does not run it yet" \
+    --model "$WORK/ds_v3" "$P"
+deepseek ds_scoring v3_yarn 's/"n_group": 4,/"n_group": 4, "scoring_func": "softmax",/'
+expect_error deepseek_scoring_func 1 'scoring_func "softmax" is not supported for DeepseekV3ForCausalLM (supported: sigmoid)' \
+    --model "$WORK/ds_scoring" "$P"
+deepseek ds_method v2_softmax 's/"topk_method": "group_limited_greedy"/"topk_method": "noaux_tc"/'
+expect_error deepseek_topk_method 1 'topk_method "noaux_tc" is not supported for DeepseekV2ForCausalLM (supported: greedy, group_limited_greedy)' \
+    --model "$WORK/ds_method" "$P"
+deepseek ds_rope v3_yarn 's/"rope_type": "yarn"/"rope_type": "longrope"/; s/"type": "yarn"/"type": "longrope"/'
+expect_error deepseek_rope_type 1 'rope type "longrope" is not supported; supported: default, linear, llama3, yarn' \
+    --model "$WORK/ds_rope" "$P"
+deepseek ds_fp8 v3_yarn 's/"n_group": 4,/"n_group": 4, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},/'
+expect_error deepseek_fp8 1 'quantization_config fp8 is not supported yet' --model "$WORK/ds_fp8" "$P"
+deepseek ds_head v2_softmax 's/"head_dim": 8/"head_dim": 16/'
+expect_error deepseek_head_dim 1 'head_dim 16 differs from qk_rope_head_dim 8' --model "$WORK/ds_head" "$P"
 checks=$((checks + 1))
 if [ ! -e "$WORK/o.h5" ]; then pass "no results file after a refusal"; else fail "a refused run wrote results"; fi
 finish

@@ -63,6 +63,8 @@ static int get_bool(json_t *o, const char *key, int *out, const char *path)
 
 /* ---- the architecture --------------------------------------------------- */
 
+static int read_deepseek(json_t *root, const char *arch, int v3, const char *path);
+
 static int find_arch(json_t *root, const char *path)
 {
     json_t *archs = json_object_get(root, "architectures"), *mt = json_object_get(root, "model_type");
@@ -73,6 +75,12 @@ static int find_arch(json_t *root, const char *path)
     if (!name && !type)
         return dcp_fail("%s: names no architecture (\"architectures\" or \"model_type\"); supported: %s", path,
                         arch_supported_list());
+    static const char *deepseek[2][2] = {{"DeepseekV2ForCausalLM", "deepseek_v2"}, {"DeepseekV3ForCausalLM", "deepseek_v3"}};
+    for (int v = 0; v < 2; v++)
+        if (name ? !strcmp(name, deepseek[v][0]) : !strcmp(type, deepseek[v][1])) {
+            read_deepseek(root, deepseek[v][0], v, path);
+            return -1;
+        }
     for (int i = 0; i < arch_count; i++) {
         const Arch *a = &arch_table[i];
         if ((name && strcmp(name, a->name)) || (!name && strcmp(type, a->model_type))) continue;
@@ -83,6 +91,108 @@ static int find_arch(json_t *root, const char *path)
     }
     return dcp_fail("%s: architecture %s is not supported; supported: %s", path, name ? name : type,
                     arch_supported_list());
+}
+
+/* ---- DeepSeek-V2/V3 ------------------------------------------------------ */
+
+static int read_rope(json_t *root, Config *c, const char *path);
+
+/* A string field that must be one of the choices (NULL-terminated; the
+ * first is the default when absent); its index, or -1 with the message. */
+static int get_choice(json_t *o, const char *key, const char *const *choices, const char *arch, const char *path)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    const char *s = json_string_value(v);
+    for (int i = 0; s && choices[i]; i++)
+        if (!strcmp(s, choices[i])) return i;
+    char list[128] = "";
+    for (int i = 0; choices[i]; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", choices[i]);
+    return dcp_fail("%s: %s \"%s\" is not supported for %s (supported: %s)", path, key, s ? s : "(not a string)", arch,
+                    list);
+}
+
+/* Reads and checks the MLA and MoE fields of a DeepSeek-V2/V3 config
+ * (README "Models"). Every field is checked; then the model is refused, as
+ * the forward pass does not run these layers yet. */
+static int read_deepseek(json_t *root, const char *arch, int v3, const char *path)
+{
+    Config c;
+    MlaConfig m;
+    memset(&c, 0, sizeof c);
+    memset(&m, 0, sizeof m);
+    m.v3 = v3;
+    m.rope_interleave = 1;
+    m.n_group = m.topk_group = m.moe_layer_freq = 1;
+    m.routed_scaling_factor = 1.0f;
+    m.norm_topk_prob = 0;
+    c.max_seq_len = 2048;
+    int head_dim = 0, attention_bias = 0;
+    static const char *required[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+                                     "intermediate_size", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                     "v_head_dim"};
+    int *req[] = {&c.dim, &c.n_layers, &c.n_heads, &c.vocab_size, &c.hidden_dim, &m.kv_lora_rank,
+                  &m.qk_nope_head_dim, &m.qk_rope_head_dim, &m.v_head_dim};
+    for (int i = 0; i < 9; i++) {
+        json_t *v = json_object_get(root, required[i]);
+        if (!v || json_is_null(v)) return dcp_fail("%s: missing \"%s\"", path, required[i]);
+        if (get_int(root, required[i], req[i], path)) return -1;
+        if (*req[i] <= 0) return dcp_fail("%s: \"%s\" must be positive, not %d", path, required[i], *req[i]);
+    }
+    if (get_int(root, "q_lora_rank", &m.q_lora_rank, path) || get_int(root, "head_dim", &head_dim, path) ||
+        get_int(root, "n_routed_experts", &m.n_routed_experts, path) ||
+        get_int(root, "n_shared_experts", &m.n_shared_experts, path) ||
+        get_int(root, "num_experts_per_tok", &m.experts_per_token, path) ||
+        get_int(root, "moe_intermediate_size", &m.moe_hidden, path) ||
+        get_int(root, "first_k_dense_replace", &m.first_k_dense_replace, path) ||
+        get_int(root, "moe_layer_freq", &m.moe_layer_freq, path) || get_int(root, "n_group", &m.n_group, path) ||
+        get_int(root, "topk_group", &m.topk_group, path) || get_bool(root, "norm_topk_prob", &m.norm_topk_prob, path) ||
+        get_float(root, "routed_scaling_factor", &m.routed_scaling_factor, path) ||
+        get_int(root, "num_nextn_predict_layers", &m.mtp_layers, path) ||
+        get_int(root, "max_position_embeddings", &c.max_seq_len, path) ||
+        get_bool(root, "attention_bias", &attention_bias, path) ||
+        (v3 && get_bool(root, "rope_interleave", &m.rope_interleave, path)))
+        return -1;
+    if (m.q_lora_rank < 0) return dcp_fail("%s: q_lora_rank %d must be positive or null", path, m.q_lora_rank);
+    if (head_dim && head_dim != m.qk_rope_head_dim)
+        return dcp_fail("%s: head_dim %d differs from qk_rope_head_dim %d (the RoPE part of a head)", path, head_dim,
+                        m.qk_rope_head_dim);
+    if (m.qk_rope_head_dim % 2) return dcp_fail("%s: qk_rope_head_dim %d must be even", path, m.qk_rope_head_dim);
+    if (attention_bias) return dcp_fail("%s: attention_bias true is not supported for %s", path, arch);
+    /* the router: V2 softmax with greedy or group-limited choice; V3 sigmoid with a correction bias */
+    static const char *v2_methods[] = {"greedy", "group_limited_greedy", NULL}, *v3_methods[] = {"noaux_tc", NULL};
+    static const char *v2_scores[] = {"softmax", NULL}, *v3_scores[] = {"sigmoid", NULL};
+    int method = get_choice(root, "topk_method", v3 ? v3_methods : v2_methods, arch, path);
+    if (method < 0 || get_choice(root, "scoring_func", v3 ? v3_scores : v2_scores, arch, path) < 0) return -1;
+    m.route = v3 ? ROUTE_NOAUX_TC : (RouteMethod)method;
+    if (m.n_routed_experts > 0) {
+        if (m.experts_per_token <= 0 || m.experts_per_token > m.n_routed_experts || m.moe_hidden <= 0)
+            return dcp_fail("%s: num_experts_per_tok %d must be from 1 to n_routed_experts %d, and "
+                            "moe_intermediate_size positive",
+                            path, m.experts_per_token, m.n_routed_experts);
+        if (m.n_group <= 0 || m.n_routed_experts % m.n_group || m.topk_group <= 0 || m.topk_group > m.n_group)
+            return dcp_fail("%s: n_group %d must divide n_routed_experts %d, and topk_group %d be from 1 to n_group",
+                            path, m.n_group, m.n_routed_experts, m.topk_group);
+        if (v3 && m.n_routed_experts / m.n_group < 2)
+            return dcp_fail("%s: a group scores by its two best experts, so n_routed_experts / n_group must be at "
+                            "least 2 (it is %d)",
+                            path, m.n_routed_experts / m.n_group);
+        if (m.moe_layer_freq <= 0 || m.first_k_dense_replace < 0)
+            return dcp_fail("%s: moe_layer_freq must be positive and first_k_dense_replace not negative", path);
+    }
+    const char *act = json_string_value(json_object_get(root, "hidden_act"));
+    if (act && strcmp(act, "silu")) return dcp_fail("%s: hidden_act %s is not supported (silu only)", path, act);
+    json_t *q = json_object_get(root, "quantization_config");
+    if (q && !json_is_null(q)) {
+        const char *qm = json_string_value(json_object_get(q, "quant_method"));
+        return dcp_fail("%s: quantization_config %s is not supported yet (float32, float16 and bfloat16 weights only)",
+                        path, qm ? qm : "(no quant_method)");
+    }
+    c.head_dim = m.qk_rope_head_dim; /* RoPE runs over the rope part of a head */
+    if (read_rope(root, &c, path)) return -1;
+    return dcp_fail("%s: %s (multi-head latent attention, %d routed experts) is recognised and its config checked, "
+                    "but dcpinfer does not run it yet; supported: %s",
+                    path, arch, m.n_routed_experts, arch_supported_list());
 }
 
 /* ---- RoPE ---------------------------------------------------------------- */

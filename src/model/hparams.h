@@ -24,6 +24,24 @@ typedef struct {
 } RopeScaling;
 typedef enum { FORMAT_GENERATED, FORMAT_LLAMA2C, FORMAT_HF } ModelFormat;
 
+/* DeepSeek-V2/V3 multi-head latent attention and mixture-of-experts
+ * layers, as config.json gives them (arch.c reads and checks them; the
+ * forward pass does not run them yet). */
+typedef enum { ROUTE_GREEDY, ROUTE_GROUP_LIMITED_GREEDY, ROUTE_NOAUX_TC } RouteMethod;
+typedef struct {
+    int v3;                        /* DeepseekV3 (sigmoid scores with a correction bias), else V2 (softmax) */
+    int q_lora_rank;               /* 0: q_proj instead of q_a_proj / q_a_layernorm / q_b_proj */
+    int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int rope_interleave;           /* RoPE on adjacent pairs (else rotate-half) */
+    int n_routed_experts, n_shared_experts, experts_per_token, moe_hidden;
+    int first_k_dense_replace, moe_layer_freq; /* MoE in layers l >= first_k_dense_replace with l % freq == 0 */
+    int n_group, topk_group;
+    RouteMethod route;
+    int norm_topk_prob;
+    float routed_scaling_factor;
+    int mtp_layers;                /* num_nextn_predict_layers: multi-token-prediction layers, skipped */
+} MlaConfig;
+
 typedef struct {
     int dim;          /* hidden size */
     int hidden_dim;   /* feed-forward size */

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Small random DeepSeek-V2/V3 models (multi-head latent attention and
+mixture-of-experts layers) with reference logits and greedy tokens from
+Hugging Face transformers (not run by the test suite).
+
+Each case is built by transformers from a config, its weights drawn again
+so that they are not near zero (normal, std 1/sqrt(fan-in); norms around 1;
+a non-zero e_score_correction_bias), saved as config.json +
+model.safetensors (float32) in tests/data/deepseek/CASE/, reloaded (no
+missing or unexpected weights allowed), and run on a prompt of PROMPT_LEN
+random ids. Beside the model:
+  prompt.txt   the prompt ids, one line
+  logits.f32   float32 little-endian logits, (PROMPT_LEN, vocab), every position
+  greedy.txt   the GREEDY ids transformers generates greedily after the prompt
+Cases: v3_yarn (DeepseekV3: q_lora_rank, YaRN with mscale, interleaved
+RoPE, 8 routed experts in 4 groups, sigmoid scores with a correction bias,
+a shared expert, the first layer dense) and v2_softmax (DeepseekV2: no
+q_lora_rank, softmax routing, group_limited_greedy).
+
+dcpinfer does not run these models yet: today they check that their
+configs are read and refused with the right line (tests/hf_refusals.sh).
+
+Usage: python3 tests/ref/make_deepseek_refs.py   (needs torch, transformers >= 5)
+"""
+import math
+import os
+
+import numpy as np
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config
+
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(TOP, "tests", "data", "deepseek")
+PROMPT_LEN, GREEDY = 224, 32
+
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+              num_attention_heads=8, num_key_value_heads=8, n_shared_experts=1, n_routed_experts=8,
+              kv_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, num_experts_per_tok=2,
+              first_k_dense_replace=1, rms_norm_eps=1e-6, tie_word_embeddings=False,
+              bos_token_id=None, eos_token_id=None, pad_token_id=None)
+CASES = {
+    "v3_yarn": DeepseekV3Config(
+        **COMMON, max_position_embeddings=512, q_lora_rank=24, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+        rope_interleave=True,
+        rope_scaling={"type": "yarn", "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}),
+    "v2_softmax": DeepseekV2Config(
+        **COMMON, max_position_embeddings=1024, q_lora_rank=None, n_group=4, topk_group=2, topk_method="group_limited_greedy",
+        norm_topk_prob=False, routed_scaling_factor=1.5),
+}
+
+
+def redraw(model, gen):
+    """Weights with some spread: linear layers std 1/sqrt(fan-in), norms 1 +- 0.1, biases +- 0.5."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif "e_score_correction_bias" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.copy_(0.5 * torch.randn(b.shape, generator=gen))
+
+
+def main():
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+    for name, cfg in CASES.items():
+        d = os.path.join(OUT, name)
+        os.makedirs(d, exist_ok=True)
+        gen = torch.Generator().manual_seed(1234)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        redraw(model, gen)
+        model.save_pretrained(d, safe_serialization=True)
+        for extra in ("generation_config.json",):
+            if os.path.exists(os.path.join(d, extra)):
+                os.remove(os.path.join(d, extra))
+        model, info = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, output_loading_info=True,
+                                                           attn_implementation="eager")
+        bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+        assert not bad, f"{name}: {bad}"
+        model.eval()
+        prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=gen)
+        with torch.no_grad():
+            logits = model(prompt).logits[0].float().numpy()
+            out = model.generate(prompt, max_new_tokens=GREEDY, do_sample=False, min_new_tokens=GREEDY)
+        greedy = out[0, PROMPT_LEN:].tolist()
+        np.asarray(logits, dtype="<f4").tofile(os.path.join(d, "logits.f32"))
+        with open(os.path.join(d, "prompt.txt"), "w") as f:
+            f.write(" ".join(map(str, prompt[0].tolist())) + "\n")
+        with open(os.path.join(d, "greedy.txt"), "w") as f:
+            f.write(" ".join(map(str, greedy)) + "\n")
+        gaps = np.sort(logits, axis=1)
+        print(f"{name}: logits |max| {np.abs(logits).max():.2f}, smallest top-2 gap {np.min(gaps[:, -1] - gaps[:, -2]):.2e}, "
+              f"greedy {greedy[:8]}...")
+
+
+if __name__ == "__main__":
+    main()
