@@ -5,8 +5,7 @@
 # SiLU, an unknown or unsupported RoPE type, a tensor the config has no use
 # for, a tensor whose shape differs from what the config implies. DeepSeek-V2/V3
 # configs (tests/data/deepseek) are read and checked field by field: an
-# unsupported value is its own line, a valid one says dcpinfer does not run
-# such models yet.
+# unsupported value is its own line.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 P=$WORK/p.jsonl
 printf '{"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 2}\n' >"$P"
@@ -39,9 +38,6 @@ deepseek() { # NAME CASE SED
     mkdir -p "$WORK/$1"
     sed "$3" "$SRC/tests/data/deepseek/$2/config.json" >"$WORK/$1/config.json"
 }
-deepseek ds_v3 v3_yarn 's/x/x/'
-expect_error deepseek_v3_not_yet 1 "DeepseekV3ForCausalLM (multi-head latent attention, 8 routed experts) is recognised and its config checked, but dcpinfer does not run it yet" \
-    --model "$WORK/ds_v3" "$P"
 deepseek ds_scoring v3_yarn 's/"n_group": 4,/"n_group": 4, "scoring_func": "softmax",/'
 expect_error deepseek_scoring_func 1 'scoring_func "softmax" is not supported for DeepseekV3ForCausalLM (supported: sigmoid)' \
     --model "$WORK/ds_scoring" "$P"

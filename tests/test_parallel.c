@@ -542,6 +542,79 @@ static void hf_layouts(void)
     }
 }
 
+/* DeepSeek-V2/V3 (tests/data/deepseek: MLA, one latent KV row per position,
+ * and MoE layers): greedy tokens identical to one rank and logits within
+ * 1e-4 at tp 2, tp 4 dcp 2, tp 4 dcp 4 and tp 8 dcp 8, interleave 1 and 16,
+ * both merges, 16-token steps, and with a KV budget that forces
+ * preemption; the latent bytes held per rank at dcp 8 are the dcp-1 figure
+ * over 8 (up to an interleave unit per request) and the KV capacity is
+ * exactly 8 times. */
+static void deepseek_layouts(void)
+{
+    static const char *cases[] = {"v3_yarn", "v2_softmax"};
+    const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    for (size_t k = 0; k < 2; k++) {
+        char dir[4096], path[4200];
+        snprintf(dir, sizeof dir, "%s/tests/data/deepseek/%s", src, cases[k]);
+        snprintf(path, sizeof path, "%s/prompt.txt", dir);
+        int prompt[1024], n = 0;
+        FILE *f = fopen(path, "r");
+        while (f && n < 1024 && fscanf(f, "%d", &prompt[n]) == 1) n++;
+        if (f) fclose(f);
+        if (!CHECK_OK(n >= 200, "%s: no prompt in %s", cases[k], path)) continue;
+        RequestSet rs = {0};
+        static const int start[] = {0, 100, 10, 50}, len[] = {0, 57, 120, 90}, gen[] = {32, 20, 24, 30};
+        for (int i = 0; i < 4; i++) add_request(&rs, prompt + start[i], len[i] ? len[i] : n, gen[i], 0.0f, 1.0f, 0);
+        Reference ref = reference_run(dir, &rs);
+        struct {
+            int tp, dcp, I;
+            MergeBackend merge;
+            int budget;
+        } L[] = {{2, 1, 1, MERGE_AG_RS, 16},  {4, 2, 16, MERGE_A2A, 16},  {4, 4, 1, MERGE_A2A, 4096},
+                 {4, 4, 16, MERGE_AG_RS, 16}, {8, 8, 1, MERGE_AG_RS, 16}, {8, 8, 16, MERGE_A2A, 4096}};
+        for (size_t j = 0; j < sizeof L / sizeof *L; j++) {
+            if (k == 1 && j % 2) continue; /* V2: half of them */
+            char label[128];
+            snprintf(label, sizeof label, "deepseek %s: tp %d dcp %d, interleave %d, %s, %d-token steps", cases[k],
+                     L[j].tp, L[j].dcp, L[j].I, merge_name(L[j].merge), L[j].budget);
+            run_layout(label, dir, &rs, &ref,
+                       (Layout){.np = L[j].tp, .tp = L[j].tp, .dcp = L[j].dcp, .I = L[j].I, .merge = L[j].merge,
+                                .budget = L[j].budget, .rel_tol = 1e-4},
+                       NULL);
+        }
+        if (k == 0) {
+            /* KV accounting: every rank of tp 8 holds the whole latent cache
+             * at dcp 1, an eighth of it at dcp 8 */
+            LayoutRun one = {0}, eight = {0};
+            run_layout("deepseek v3_yarn: kv accounting dcp 1", dir, &rs, &ref,
+                       (Layout){.np = 8, .tp = 8, .dcp = 1, .I = 1, .budget = 4096, .rel_tol = 1e-4}, &one);
+            run_layout("deepseek v3_yarn: kv accounting dcp 8", dir, &rs, &ref,
+                       (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .budget = 4096, .rel_tol = 1e-4}, &eight);
+            CHECK(eight.capacity == 8 * one.capacity, "MLA KV capacity at dcp 8: %lld positions, dcp 1: %lld",
+                  eight.capacity, one.capacity);
+            CHECK(llabs(eight.kv_peak * 8 - one.kv_peak) <= 8LL * rs.n, "MLA rank %d: %lld positions x 8 vs %lld", rank,
+                  eight.kv_peak, one.kv_peak);
+            if (rank == 0)
+                fprintf(stderr, "deepseek v3_yarn: latent rows held at dcp 8: %lld (x8 = %lld; dcp 1: %lld), "
+                                "capacity %lld vs %lld positions\n",
+                        eight.kv_peak, eight.kv_peak * 8, one.kv_peak, eight.capacity, one.capacity);
+            /* a KV budget below what the four requests need together */
+            size_t per_position = kv_bytes_per_position(3, 1, 40) / 2;
+            LayoutRun tight = {0};
+            run_layout("deepseek v3_yarn: tp 8 dcp 8, 4 KV blocks (preemption)", dir, &rs, &ref,
+                       (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .budget = 16, .block_size = 16,
+                                .kv_memory = 4 * 16 * per_position, .rel_tol = 1e-4},
+                       &tight);
+            CHECK(tight.preemptions > 0, "the small KV budget preempted nothing");
+            if (rank == 0) fprintf(stderr, "deepseek v3_yarn: %lld preemption(s) with 4 KV blocks\n", tight.preemptions);
+        }
+        free_reference(&ref, rs.n);
+        requests_free(&rs);
+    }
+}
+
 /* The bulk transfers, with chunks of a few bytes so that every transfer
  * crosses many chunk boundaries (as 2^30-byte chunks do past 2^31). */
 static void chunked_transfers(void)
@@ -599,6 +672,7 @@ int main(int argc, char **argv)
 
     chunked_transfers();
     hf_layouts();
+    deepseek_layouts();
     stories_layouts();
     char *mqa8 = write_mqa(dir, 8, 512), *mqa16 = write_mqa(dir, 16, 512), *mqa_long = write_mqa(dir, 8, 4200);
     mqa_layouts(mqa8, 8);

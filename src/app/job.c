@@ -450,6 +450,12 @@ int run_job(const Options *o, MPI_Comm world, int device)
                             requests_check_vocab(&rs, cfg.vocab_size, o->skip_invalid),
                         world))
         goto out;
+    if (failed_anywhere(cfg.mla && !be->strided_copy &&
+                            dcp_fail("%s: DeepSeek models (multi-head latent attention, experts) run on the cpu backend "
+                                     "only for now; the %s backend lacks their operations",
+                                     o->model, be->name),
+                        world))
+        goto out;
     int max_model_len = o->max_model_len ? o->max_model_len : cfg.max_seq_len;
     if (failed_anywhere(max_model_len > cfg.max_seq_len &&
                             dcp_fail("--max-model-len %d exceeds the model's maximum of %d positions",

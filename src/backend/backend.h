@@ -37,9 +37,10 @@ typedef struct {
     int n_heads;    /* query heads in q/out */
     int n_kv_heads; /* query head h reads KV head h / (n_heads / n_kv_heads) */
     int head_dim;
+    int v_dim;                /* values: the first v_dim floats of each value row (MLA); 0: head_dim */
     float scale;
     const float *q;           /* (T, n_heads, head_dim) */
-    float *out;               /* (T, n_heads, head_dim) */
+    float *out;               /* (T, n_heads, v_dim or head_dim) */
     float *lse;               /* (T, n_heads) */
     const float *const *k;    /* per token: its first key row (n_kv_heads*head_dim floats) */
     const float *const *v;    /* per token: its first value row */
@@ -101,6 +102,12 @@ typedef struct Backend {
     void (*embedding)(float *x, const float *table, const int *tokens, int T, int dim);
     /* dst (R, dim) = src[rows[r]] */
     void (*gather_rows)(float *dst, const float *src, const int *rows, int R, int dim);
+    /* Multi-head latent attention and mixture of experts (NULL on a backend
+     * without them: such models are refused there). strided_copy copies
+     * width floats of each of rows rows (strides in floats);
+     * scatter_add_rows adds weights[r] * src row r into y row rows[r]. */
+    void (*strided_copy)(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width);
+    void (*scatter_add_rows)(float *y, const float *src, const int *rows, const float *weights, int R, int dim);
     /* the slot mapping: for t with slots[t] >= 0, row slots[t] of one
      * layer's k_pool/v_pool (rows of kvd floats) receives k[t]/v[t] */
     void (*kv_write)(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int T, int kvd);

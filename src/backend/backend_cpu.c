@@ -112,7 +112,7 @@ static void cpu_embedding(float *x, const float *table, const int *tokens, int T
 
 static void cpu_attention(const AttnBatch *a)
 {
-    int group = a->n_heads / a->n_kv_heads, D = a->head_dim;
+    int group = a->n_heads / a->n_kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
     int rows = a->T * a->n_heads;
 #pragma omp parallel
     {
@@ -123,8 +123,8 @@ static void cpu_attention(const AttnBatch *a)
             int t = r / a->n_heads, h = r % a->n_heads, kvh = h / group;
             int n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
             const float *q = a->q + (size_t)r * D;
-            float *o = a->out + (size_t)r * D;
-            memset(o, 0, sizeof(float) * D);
+            float *o = a->out + (size_t)r * Dv;
+            memset(o, 0, sizeof(float) * Dv);
             if (n - j0 <= 0) {
                 a->lse[r] = -INFINITY;
                 continue;
@@ -151,10 +151,10 @@ static void cpu_attention(const AttnBatch *a)
                 float p = expf(score[j] - m);
                 sum += p;
                 const float *vj = v + KEY_ROW(j);
-                for (int d = 0; d < D; d++) o[d] += p * vj[d];
+                for (int d = 0; d < Dv; d++) o[d] += p * vj[d];
             }
             float inv = 1.0f / sum;
-            for (int d = 0; d < D; d++) o[d] *= inv;
+            for (int d = 0; d < Dv; d++) o[d] *= inv;
             a->lse[r] = m + logf(sum);
 #undef KEY_ROW
         }
@@ -262,7 +262,22 @@ static void cpu_kv_write(float *k_pool, float *v_pool, const float *k, const flo
     for (int t = 0; t < T; t++) {
         if (slots[t] < 0) continue;
         memcpy(k_pool + (size_t)slots[t] * kvd, k + (size_t)t * kvd, sizeof(float) * kvd);
-        memcpy(v_pool + (size_t)slots[t] * kvd, v + (size_t)t * kvd, sizeof(float) * kvd);
+        if (v_pool) memcpy(v_pool + (size_t)slots[t] * kvd, v + (size_t)t * kvd, sizeof(float) * kvd);
+    }
+}
+
+static void cpu_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width)
+{
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * src_stride, sizeof(float) * (size_t)width);
+}
+
+static void cpu_scatter_add_rows(float *y, const float *src, const int *rows, const float *weights, int R, int dim)
+{
+    for (int r = 0; r < R; r++) {
+        float *yr = y + (size_t)rows[r] * dim, w = weights[r];
+        const float *sr = src + (size_t)r * dim;
+        for (int d = 0; d < dim; d++) yr[d] += w * sr[d];
     }
 }
 
@@ -291,6 +306,8 @@ static const Backend cpu = {
     .synchronize = cpu_synchronize,
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,
+    .strided_copy = cpu_strided_copy,
+    .scatter_add_rows = cpu_scatter_add_rows,
     .pack_partials = cpu_pack_partials,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,

@@ -11,7 +11,8 @@ static CommStats solo_stats;
 
 size_t engine_kv_bytes_per_token(const Engine *e)
 {
-    return kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim);
+    size_t kv = kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim);
+    return e->model->cfg.mla ? kv / 2 : kv; /* MLA: one latent row, no separate values */
 }
 
 long long engine_kv_capacity(const Engine *e)
@@ -30,6 +31,10 @@ static void upload_weights(Engine *e)
     size_t L = (size_t)c->n_layers, dim = (size_t)c->dim, qd = (size_t)s->q_heads * c->head_dim,
            kvd = (size_t)s->kv_heads * c->head_dim, hid = (size_t)s->hidden;
     memset(w, 0, sizeof *w);
+    if (c->mla) {
+        mla_upload(e);
+        return;
+    }
     w->token_embedding = be->weights(h->token_embedding, (size_t)c->vocab_size * dim);
     w->rms_final = be->weights(h->rms_final, dim);
     w->lm_head = be->gemm_weights(h->lm_head, (size_t)s->vocab * dim);
@@ -74,6 +79,10 @@ static void upload_weights(Engine *e)
 static void release_weights(Engine *e)
 {
     EngineWeights *w = &e->w;
+    if (w->mla) {
+        mla_release(e);
+        return;
+    }
     const void *all[] = {w->token_embedding, w->rms_final, w->lm_head.data, w->rms_att, w->rms_ffn, w->wq.data,
                          w->wk.data,         w->wv.data,   w->wo.data,      w->w_gate.data, w->w_up.data,
                          w->w_down.data,     w->bq,        w->bk,           w->bv,         w->bo,
@@ -116,8 +125,9 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     pool_init(&e->pool, (int)n_blocks, B);
     /* on the CPU, untouched pages of the pool cost no memory until used */
     size_t bytes = n_blocks * per_block / 2;
+    if (m->cfg.mla) bytes *= 2; /* MLA: all of it for the latent rows */
     e->k_pool = be->alloc(bytes ? bytes : sizeof(float));
-    e->v_pool = be->alloc(bytes ? bytes : sizeof(float));
+    e->v_pool = m->cfg.mla ? NULL : be->alloc(bytes ? bytes : sizeof(float));
 }
 
 static void free_activations(Engine *e)
@@ -132,6 +142,7 @@ static void free_activations(Engine *e)
         if (*bufs[i]) e->be->release(*bufs[i]);
         *bufs[i] = NULL;
     }
+    mla_free_scratch(e);
     free(e->pos);
     free(e->slots);
     free(e->rows);
@@ -149,7 +160,7 @@ void engine_free(Engine *e)
 {
     if (e->logits) e->be->release(e->logits);
     e->be->release(e->k_pool);
-    e->be->release(e->v_pool);
+    if (e->v_pool) e->be->release(e->v_pool);
     if (e->d_tables) e->be->release(e->d_tables);
     pool_free_all(&e->pool);
     free(e->chunk_tables);
@@ -212,6 +223,8 @@ static size_t kv_offset(const Engine *e, int layer, int block, int slot)
     return (((size_t)layer * e->pool.n_blocks + block) * B + slot) * kvd;
 }
 
+size_t engine_kv_offset(const Engine *e, int layer) { return kv_offset(e, layer, 0, 0); }
+
 /* Per-step metadata, computed once on the host and handed to the backend:
  * positions, the slot mapping (row of this rank's pool each new token is
  * stored at, -1 where another DCP rank owns it), and the block tables of
@@ -267,13 +280,13 @@ static void timed_matmul(Engine *e, float *y, const float *x, WeightRef w, int T
  * rank's cached shard of positions [0, pos0), read through the chunk's
  * block table; in the new part the chunk's own keys up to and including
  * the token (causal). */
-static void attend(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, int context,
+void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, int context,
                    const float *q, int copies, int n_heads, float *out, float *lse)
 {
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
     const Topology *tp = e->topo;
-    int kvd = s->kv_heads * c->head_dim, T = 0, W = e->w.layer[layer].sliding ? c->sliding_window : 0;
+    int kvd = s->kv_heads * c->head_dim, T = 0, W = e->w.layer && e->w.layer[layer].sliding ? c->sliding_window : 0;
     for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
     size_t layer_off = kv_offset(e, layer, 0, 0);
     for (int i = 0, t = 0; i < n_chunks; i++) {
@@ -287,13 +300,13 @@ static void attend(Engine *e, const Chunk *chunks, const int *const *tables, int
             int p = ch->pos0 + j, first = W && p - W + 1 > 0 ? p - W + 1 : 0;
             if (context) {
                 e->kp[t] = e->k_pool + layer_off;
-                e->vp[t] = e->v_pool + layer_off;
+                e->vp[t] = (c->mla ? e->k_pool : e->v_pool) + layer_off; /* MLA: values are the latent rows */
                 e->n_keys[t] = local;
                 e->key0[t] = first ? kv_local_len(tp, first < ch->pos0 ? first : ch->pos0, tp->dcp_rank) : 0;
                 e->tables[t] = tables[i];
             } else {
                 e->kp[t] = e->k + (size_t)(t - j) * kvd;
-                e->vp[t] = e->v + (size_t)(t - j) * kvd;
+                e->vp[t] = (c->mla ? e->k : e->v) + (size_t)(t - j) * kvd;
                 e->n_keys[t] = j + 1;
                 e->key0[t] = first > ch->pos0 ? first - ch->pos0 : 0;
             }
@@ -307,7 +320,9 @@ static void attend(Engine *e, const Chunk *chunks, const int *const *tables, int
         memcpy(e->tables + (size_t)r * T, e->tables, sizeof(int *) * T);
     }
     AttnBatch ab = {.T = T * copies, .n_heads = n_heads, .n_kv_heads = s->kv_heads, .head_dim = c->head_dim,
-                    .scale = 1.0f / sqrtf((float)c->head_dim), .q = q, .out = out, .lse = lse,
+                    .v_dim = c->mla ? c->m.kv_lora_rank : 0,
+                    .scale = c->mla ? c->m.softmax_scale : 1.0f / sqrtf((float)c->head_dim), .q = q, .out = out,
+                    .lse = lse,
                     .k = e->kp, .v = e->vp, .n_keys = e->n_keys, .key0 = W ? e->key0 : NULL, .kv_stride = kvd,
                     .blocks = context ? e->tables : NULL, .block_size = e->pool.block_size};
     e->be->attention(&ab);
@@ -321,19 +336,21 @@ static void context_attention_dcp(Engine *e, const Chunk *chunks, const int *con
 {
     const Topology *tp = e->topo;
     const Shard *s = &e->model->shard;
+    const Config *c = &e->model->cfg;
     const Backend *be = e->be;
-    int N = tp->dcp, D = e->model->cfg.head_dim, H = s->q_heads;
-    int qd = H * D, rows = T * H; /* rows of one rank's heads */
+    /* D: an output row (MLA: the latent values, narrower than the query) */
+    int N = tp->dcp, D = c->mla ? c->m.kv_lora_rank : c->head_dim, H = s->q_heads;
+    int qd = H * c->head_dim, rows = T * H; /* rows of one rank's heads */
     CommStats *cs = e->comm;
-    /* queries of the whole group: (N, T, H, D) */
+    /* queries of the whole group: (N, T, H, head_dim) */
     comm_allgather(cs, COMM_q_allgather, e->q, T * qd, e->q_all, tp->dcp_comm);
-    attend(e, chunks, tables, n_chunks, layer, 1, e->q_all, N, H, e->o_all, e->lse_all);
+    engine_attend(e, chunks, tables, n_chunks, layer, 1, e->q_all, N, H, e->o_all, e->lse_all);
     if (e->merge == MERGE_AG_RS) {
         /* every rank's LSEs for all N*rows rows, then the scaled partials
          * summed so that rank d receives block d: its own heads */
         comm_allgather(cs, COMM_lse_allgather, e->lse_all, N * rows, e->lse_ranks, tp->dcp_comm);
         be->lse_rescale(e->o_all, e->lse_all, e->lse_ranks, tp->dcp_rank, N, N * rows, D);
-        comm_reduce_scatter_sum(cs, e->o_all, e->att_ctx, T * qd, tp->dcp_comm);
+        comm_reduce_scatter_sum(cs, e->o_all, e->att_ctx, rows * D, tp->dcp_comm);
         be->copy(e->lse_ctx, e->lse_all + (size_t)tp->dcp_rank * rows, sizeof(float) * rows);
     } else {
         /* block d of (partial, LSE) rows goes to rank d, which combines them */
@@ -342,6 +359,13 @@ static void context_attention_dcp(Engine *e, const Chunk *chunks, const int *con
         comm_alltoall(cs, send, recv, rows * (D + 1), tp->dcp_comm);
         be->lse_combine(e->att_ctx, e->lse_ctx, recv, N, rows, D);
     }
+}
+
+void engine_context_attention(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer,
+                              int T)
+{
+    if (e->topo->dcp > 1) context_attention_dcp(e, chunks, tables, n_chunks, layer, T);
+    else engine_attend(e, chunks, tables, n_chunks, layer, 1, e->q, 1, e->model->shard.q_heads, e->att_ctx, e->lse_ctx);
 }
 
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits)
@@ -368,6 +392,10 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
 
     be->embedding(e->x, w->token_embedding, e->d_tokens, T, dim);
     for (int l = 0; l < c->n_layers; l++) {
+        if (c->mla) {
+            mla_layer(e, l, chunks, tables, n_chunks, T, has_context);
+            continue;
+        }
         const LayerWeights *lw = &w->layer[l];
         /* attention block: column-parallel Q/K/V, this rank's heads */
         be->rmsnorm(e->xb, e->x, lw->rms_att, T, dim, c->norm_eps);
@@ -386,10 +414,9 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         be->rope(e->q, e->d_pos, T, s->q_heads, D, w->inv_freq, w->rope_scale, c->rope_style);
         be->rope(e->k, e->d_pos, T, s->kv_heads, D, w->inv_freq, w->rope_scale, c->rope_style);
         double t0 = clock_now(e);
-        attend(e, chunks, tables, n_chunks, l, 0, e->q, 1, s->q_heads, e->att, e->lse);
+        engine_attend(e, chunks, tables, n_chunks, l, 0, e->q, 1, s->q_heads, e->att, e->lse);
         if (has_context) {
-            if (tp->dcp > 1) context_attention_dcp(e, chunks, tables, n_chunks, l, T);
-            else attend(e, chunks, tables, n_chunks, l, 1, e->q, 1, s->q_heads, e->att_ctx, e->lse_ctx);
+            engine_context_attention(e, chunks, tables, n_chunks, l, T);
             be->merge_attention(e->att, e->lse, e->att_ctx, e->lse_ctx, T * s->q_heads, D);
         }
         /* the owners store the new tokens' K/V (DESIGN.md section 3) */

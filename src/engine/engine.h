@@ -47,6 +47,23 @@ typedef struct {
     int sliding;                    /* this layer attends within the sliding window */
 } LayerWeights;
 
+/* One layer of an MLA model (DeepSeek-V2/V3) as the backend holds it.
+ * kv_b_proj is kept per head: its key part transposed (kv_lora, nope), to
+ * fold into the query, and its value part (v, kv_lora), applied after the
+ * attention (the absorbed form). */
+typedef struct {
+    const float *rms_att, *rms_ffn, *q_a_norm, *kv_a_norm;
+    WeightRef q_a, q_b, q, kv_a, o;
+    WeightRef *uk_t, *uv;                 /* per head */
+    float *uk_t_host;                     /* the transposed key parts, on the host */
+    WeightRef gate, up, down;             /* dense layer */
+    WeightRef router;                     /* MoE layer */
+    const float *router_bias;             /* host: V3's e_score_correction_bias */
+    WeightRef *e_gate, *e_up, *e_down;    /* per expert */
+    WeightRef s_gate, s_up, s_down;       /* shared experts; data NULL when none */
+    int moe;
+} MlaLayerWeights;
+
 /* The backend's copies of the model's weights: whole per-layer stacks as
  * uploaded (released at the end), and a view of each layer into them. */
 typedef struct {
@@ -57,8 +74,11 @@ typedef struct {
     const float *rms_att, *rms_ffn; /* stacks: (layer, dim) */
     WeightRef wq, wk, wv, wo, w_gate, w_up, w_down; /* stacks: (layer, rows, cols) */
     const float *bq, *bk, *bv, *bo, *b_gate, *b_up, *b_down, *q_norm, *k_norm; /* stacks, or NULL */
-    const float *inv_freq;          /* (head_dim/2): RoPE frequencies (model.h rope_frequencies) */
+    const float *inv_freq;          /* (head_dim/2): RoPE frequencies (model.h rope_frequencies); MLA: qk_rope_head_dim/2 */
     float rope_scale;               /* cos/sin scale (YaRN), else 1 */
+    MlaLayerWeights *mla;           /* MLA models: per layer, instead of the stacks */
+    const void **uploaded;          /* MLA models: every array uploaded, to release */
+    int n_uploaded;
 } EngineWeights;
 
 typedef struct {
@@ -87,6 +107,11 @@ typedef struct {
     const int **chunk_tables; /* per chunk: its block table in backend memory */
     int cap_chunks;
     float *rope_host;      /* the RoPE frequencies as computed on the host */
+    /* MLA and MoE scratch (mla.c), sized for mla_cap tokens */
+    int mla_cap;
+    float *mla_buf[12];
+    int *d_moe_rows;
+    float *d_moe_weights;
 } Engine;
 
 /* topo NULL: one rank (tp = dcp = 1); stats may then be NULL too.
@@ -105,5 +130,25 @@ long long engine_kv_capacity(const Engine *e);
  * per chunk (its last token) or with all_logits per token, this rank's
  * vocabulary shard (shard.vocab floats per row). */
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits);
+
+/* For mla.c: attention of the step's queries over the new part (context 0)
+ * or the cached part (context 1) of each chunk (engine.c). */
+void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, int context,
+                   const float *q, int copies, int n_heads, float *out, float *lse);
+/* Attention of the step's queries (e->q) over the cached positions, this
+ * rank's heads' output and LSE into e->att_ctx and e->lse_ctx, merged over
+ * the DCP group when the cache is sharded (engine.c). */
+void engine_context_attention(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer,
+                              int T);
+/* The offset of a layer's part of the KV pool (engine.c). */
+size_t engine_kv_offset(const Engine *e, int layer);
+/* mla.c: the weights of an MLA model into the backend, and its release;
+ * its scratch buffers' release */
+void mla_upload(Engine *e);
+void mla_release(Engine *e);
+void mla_free_scratch(Engine *e);
+/* mla.c: one MLA layer (attention and feed-forward) on e->x */
+void mla_layer(Engine *e, int layer, const Chunk *chunks, const int *const *tables, int n_chunks, int T,
+               int has_context);
 
 #endif

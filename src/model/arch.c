@@ -9,11 +9,13 @@
 #include "util.h"
 
 const Arch arch_table[] = {
-    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window */
-    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE},
-    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL},
-    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER},
-    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER},
+    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window  mla */
+    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0},
+    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0},
+    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0},
+    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0},
+    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2},
 };
 const int arch_count = (int)(sizeof arch_table / sizeof *arch_table);
 
@@ -63,8 +65,6 @@ static int get_bool(json_t *o, const char *key, int *out, const char *path)
 
 /* ---- the architecture --------------------------------------------------- */
 
-static int read_deepseek(json_t *root, const char *arch, int v3, const char *path);
-
 static int find_arch(json_t *root, const char *path)
 {
     json_t *archs = json_object_get(root, "architectures"), *mt = json_object_get(root, "model_type");
@@ -75,12 +75,6 @@ static int find_arch(json_t *root, const char *path)
     if (!name && !type)
         return dcp_fail("%s: names no architecture (\"architectures\" or \"model_type\"); supported: %s", path,
                         arch_supported_list());
-    static const char *deepseek[2][2] = {{"DeepseekV2ForCausalLM", "deepseek_v2"}, {"DeepseekV3ForCausalLM", "deepseek_v3"}};
-    for (int v = 0; v < 2; v++)
-        if (name ? !strcmp(name, deepseek[v][0]) : !strcmp(type, deepseek[v][1])) {
-            read_deepseek(root, deepseek[v][0], v, path);
-            return -1;
-        }
     for (int i = 0; i < arch_count; i++) {
         const Arch *a = &arch_table[i];
         if ((name && strcmp(name, a->name)) || (!name && strcmp(type, a->model_type))) continue;
@@ -96,6 +90,7 @@ static int find_arch(json_t *root, const char *path)
 /* ---- DeepSeek-V2/V3 ------------------------------------------------------ */
 
 static int read_rope(json_t *root, Config *c, const char *path);
+static void add_eos_ids(json_t *v, Config *c);
 
 /* A string field that must be one of the choices (NULL-terminated; the
  * first is the default when absent); its index, or -1 with the message. */
@@ -112,14 +107,11 @@ static int get_choice(json_t *o, const char *key, const char *const *choices, co
                     list);
 }
 
-/* Reads and checks the MLA and MoE fields of a DeepSeek-V2/V3 config
- * (README "Models"). Every field is checked; then the model is refused, as
- * the forward pass does not run these layers yet. */
-static int read_deepseek(json_t *root, const char *arch, int v3, const char *path)
+/* Reads and checks a DeepSeek-V2/V3 config (README "Models") into c. */
+static int read_deepseek(json_t *root, const char *arch, int v3, const char *path, Config *cp)
 {
-    Config c;
+    Config c = *cp;
     MlaConfig m;
-    memset(&c, 0, sizeof c);
     memset(&m, 0, sizeof m);
     m.v3 = v3;
     m.rope_interleave = 1;
@@ -188,11 +180,28 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
         return dcp_fail("%s: quantization_config %s is not supported yet (float32, float16 and bfloat16 weights only)",
                         path, qm ? qm : "(no quant_method)");
     }
-    c.head_dim = m.qk_rope_head_dim; /* RoPE runs over the rope part of a head */
+    if (get_int(root, "bos_token_id", &c.bos_id, path) || get_float(root, "rms_norm_eps", &c.norm_eps, path) ||
+        get_bool(root, "tie_word_embeddings", &c.tied_embeddings, path))
+        return -1;
     if (read_rope(root, &c, path)) return -1;
-    return dcp_fail("%s: %s (multi-head latent attention, %d routed experts) is recognised and its config checked, "
-                    "but dcpinfer does not run it yet; supported: %s",
-                    path, arch, m.n_routed_experts, arch_supported_list());
+    /* the softmax scale: qk_head_dim^-0.5, times YaRN's mscale^2 from mscale_all_dim */
+    m.softmax_scale = 1.0f / sqrtf((float)(m.qk_nope_head_dim + m.qk_rope_head_dim));
+    json_t *r = json_object_get(root, "rope_parameters");
+    if (!r || json_is_null(r)) r = json_object_get(root, "rope_scaling");
+    float mscale_all = 0;
+    if (c.rope.type != ROPE_DEFAULT && r && get_float(r, "mscale_all_dim", &mscale_all, path)) return -1;
+    if (c.rope.type != ROPE_DEFAULT && mscale_all && c.rope.factor > 1) {
+        float ms = 0.1f * mscale_all * logf(c.rope.factor) + 1.0f;
+        m.softmax_scale *= ms * ms;
+    }
+    c.n_kv_heads = 1; /* one latent row per position, shared by every head */
+    c.head_dim = m.kv_lora_rank + m.qk_rope_head_dim;
+    c.rope_style = m.rope_interleave ? ROPE_ADJACENT_PAIRS : ROPE_ROTATE_HALF;
+    c.mla = 1;
+    c.m = m;
+    *cp = c;
+    add_eos_ids(json_object_get(root, "eos_token_id"), cp);
+    return 0;
 }
 
 /* ---- RoPE ---------------------------------------------------------------- */
@@ -368,6 +377,10 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
     c->bos_id = -1;
     c->max_seq_len = 2048;
     c->norm_eps = 1e-6f;
+    if (a->mla) {
+        rc = read_deepseek(root, a->name, a->mla == 2, path, c);
+        goto out;
+    }
     json_t *act = json_object_get(root, "hidden_act");
     if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
         dcp_fail("%s: hidden_act %s is not supported (silu only)", path,

@@ -26,6 +26,7 @@ typedef struct {
     int mlp_bias;            /* reads mlp_bias: gate/up/down biases (Llama) */
     int qk_norm;             /* q_norm/k_norm over head_dim before RoPE (Qwen3) */
     WindowKind window;
+    int mla;                 /* DeepSeek: 1 for V2 (softmax router), 2 for V3 (sigmoid with a correction bias) */
 } Arch;
 
 extern const Arch arch_table[];

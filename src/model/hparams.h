@@ -25,8 +25,7 @@ typedef struct {
 typedef enum { FORMAT_GENERATED, FORMAT_LLAMA2C, FORMAT_HF } ModelFormat;
 
 /* DeepSeek-V2/V3 multi-head latent attention and mixture-of-experts
- * layers, as config.json gives them (arch.c reads and checks them; the
- * forward pass does not run them yet). */
+ * layers, as config.json gives them. */
 typedef enum { ROUTE_GREEDY, ROUTE_GROUP_LIMITED_GREEDY, ROUTE_NOAUX_TC } RouteMethod;
 typedef struct {
     int v3;                        /* DeepseekV3 (sigmoid scores with a correction bias), else V2 (softmax) */
@@ -40,7 +39,11 @@ typedef struct {
     int norm_topk_prob;
     float routed_scaling_factor;
     int mtp_layers;                /* num_nextn_predict_layers: multi-token-prediction layers, skipped */
+    float softmax_scale;           /* qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 */
 } MlaConfig;
+/* 1 when layer l of an MLA model is a mixture of experts */
+#define MLA_MOE_LAYER(c, l)                                                                                       \
+    ((c)->m.n_routed_experts > 0 && (l) >= (c)->m.first_k_dense_replace && (l) % (c)->m.moe_layer_freq == 0)
 
 typedef struct {
     int dim;          /* hidden size */
@@ -70,6 +73,11 @@ typedef struct {
     int window_first_layer;
     int arch;           /* index in the table of architectures (arch.h); 0 is Llama */
     ModelFormat format;
+    /* DeepSeek-V2/V3: multi-head latent attention (then n_kv_heads is 1 and
+     * head_dim is kv_lora_rank + qk_rope_head_dim, the width of a latent
+     * cache row) and mixture-of-experts layers */
+    int mla;
+    MlaConfig m;
 } Config;
 
 /* Balanced split of n items over p parts: part i gets [start, start+count). */

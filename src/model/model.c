@@ -33,6 +33,10 @@ void shard_init(Shard *s, const Config *c, int tp, int tp_rank)
     }
     balanced_part(c->hidden_dim, tp, tp_rank, &s->hidden0, &s->hidden);
     balanced_part(c->vocab_size, tp, tp_rank, &s->vocab0, &s->vocab);
+    if (c->mla) {
+        balanced_part(c->m.moe_hidden, tp, tp_rank, &s->moe_hidden0, &s->moe_hidden);
+        balanced_part(c->m.moe_hidden * c->m.n_shared_experts, tp, tp_rank, &s->shared_hidden0, &s->shared_hidden);
+    }
 }
 
 
@@ -170,6 +174,95 @@ int model_read_config(const char *path, Config *cfg)
     return read_llama2c_config(path, cfg);
 }
 
+/* ---- DeepSeek-V2/V3 tensors --------------------------------------------- */
+
+/* Each tensor of layer l of an MLA model: its name, shape and where its
+ * weights go (dst may be NULL when only checking); returns the count. */
+typedef struct {
+    char name[128];
+    int rows, cols; /* rows 0: a vector of cols */
+    float **dst;
+    int row0, nrows, col0, ncols; /* this rank's slice (s NULL: the whole tensor) */
+} MlaTensor;
+
+/* s: the shard whose slices are wanted, or NULL (shapes only) */
+static int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out)
+{
+    const MlaConfig *m = &c->m;
+    MlaLayer dummy;
+    if (!w) {
+        memset(&dummy, 0, sizeof dummy);
+        w = &dummy;
+    }
+    int n = 0, H = c->n_heads, qk = m->qk_nope_head_dim + m->qk_rope_head_dim, dim = c->dim;
+    Shard whole;
+    if (!s) {
+        shard_init(&whole, c, 1, 0);
+        s = &whole;
+    }
+    int hq = s->q_heads, h0 = s->q_head0;
+    /* a tensor, its rows [r0, r0+nr) and columns [c0, c0+nc) held here */
+#define SLICE(nm, r, cl, d, r0, nr, c0, nc)                                                                       \
+    do {                                                                                                          \
+        out[n] = (MlaTensor){.rows = (r), .cols = (cl), .dst = (d), .row0 = (r0), .nrows = (nr), .col0 = (c0),    \
+                             .ncols = (nc)};                                                                      \
+        snprintf(out[n].name, sizeof out[n].name, "model.layers.%d.%s", l, nm);                                   \
+        n++;                                                                                                      \
+    } while (0)
+#define ADD(nm, r, cl, d) SLICE(nm, r, cl, d, 0, (r) ? (r) : 1, 0, cl)
+    ADD("input_layernorm.weight", 0, dim, &w->rms_att);
+    ADD("post_attention_layernorm.weight", 0, dim, &w->rms_ffn);
+    if (m->q_lora_rank) {
+        ADD("self_attn.q_a_proj.weight", m->q_lora_rank, dim, &w->q_a);
+        ADD("self_attn.q_a_layernorm.weight", 0, m->q_lora_rank, &w->q_a_norm);
+        SLICE("self_attn.q_b_proj.weight", H * qk, m->q_lora_rank, &w->q_b, h0 * qk, hq * qk, 0, m->q_lora_rank);
+    } else {
+        SLICE("self_attn.q_proj.weight", H * qk, dim, &w->q, h0 * qk, hq * qk, 0, dim);
+    }
+    int kvb = m->qk_nope_head_dim + m->v_head_dim;
+    ADD("self_attn.kv_a_proj_with_mqa.weight", m->kv_lora_rank + m->qk_rope_head_dim, dim, &w->kv_a);
+    ADD("self_attn.kv_a_layernorm.weight", 0, m->kv_lora_rank, &w->kv_a_norm);
+    SLICE("self_attn.kv_b_proj.weight", H * kvb, m->kv_lora_rank, &w->kv_b, h0 * kvb, hq * kvb, 0, m->kv_lora_rank);
+    SLICE("self_attn.o_proj.weight", dim, H * m->v_head_dim, &w->o, 0, dim, h0 * m->v_head_dim, hq * m->v_head_dim);
+    if (!MLA_MOE_LAYER(c, l)) {
+        SLICE("mlp.gate_proj.weight", c->hidden_dim, dim, &w->gate, s->hidden0, s->hidden, 0, dim);
+        SLICE("mlp.up_proj.weight", c->hidden_dim, dim, &w->up, s->hidden0, s->hidden, 0, dim);
+        SLICE("mlp.down_proj.weight", dim, c->hidden_dim, &w->down, 0, dim, s->hidden0, s->hidden);
+        return n;
+    }
+    ADD("mlp.gate.weight", m->n_routed_experts, dim, &w->router);
+    if (m->v3) ADD("mlp.gate.e_score_correction_bias", 0, m->n_routed_experts, &w->router_bias);
+    for (int e = 0; e < m->n_routed_experts; e++) {
+        char nm[96];
+        int mh = m->moe_hidden, r0 = s->moe_hidden0, nr = s->moe_hidden;
+        snprintf(nm, sizeof nm, "mlp.experts.%d.gate_proj.weight", e);
+        SLICE(nm, mh, dim, w->e_gate ? &w->e_gate[e] : NULL, r0, nr, 0, dim);
+        snprintf(nm, sizeof nm, "mlp.experts.%d.up_proj.weight", e);
+        SLICE(nm, mh, dim, w->e_up ? &w->e_up[e] : NULL, r0, nr, 0, dim);
+        snprintf(nm, sizeof nm, "mlp.experts.%d.down_proj.weight", e);
+        SLICE(nm, dim, mh, w->e_down ? &w->e_down[e] : NULL, 0, dim, r0, nr);
+    }
+    if (m->n_shared_experts > 0) {
+        int sh = m->moe_hidden * m->n_shared_experts, r0 = s->shared_hidden0, nr = s->shared_hidden;
+        SLICE("mlp.shared_experts.gate_proj.weight", sh, dim, &w->s_gate, r0, nr, 0, dim);
+        SLICE("mlp.shared_experts.up_proj.weight", sh, dim, &w->s_up, r0, nr, 0, dim);
+        SLICE("mlp.shared_experts.down_proj.weight", dim, sh, &w->s_down, 0, dim, r0, nr);
+    }
+#undef ADD
+#undef SLICE
+    return n;
+}
+
+static int mla_max_tensors(const Config *c) { return 16 + 3 * c->m.n_routed_experts; }
+
+/* Multi-token-prediction layers (indices from num_hidden_layers on) are
+ * not used: generation predicts one token at a time. */
+static int mtp_tensor(const Config *c, const char *name)
+{
+    int l;
+    return c->mla && sscanf(name, "model.layers.%d.", &l) == 1 && l >= c->n_layers;
+}
+
 /* ---- the checkpoint against the config --------------------------------- */
 
 /* Tensors a checkpoint may hold that no architecture reads. */
@@ -186,9 +279,27 @@ int model_check_checkpoint(const char *path, const Config *c)
     if (st_checkpoint_open(&ck, path)) return -1;
     /* every tensor the config implies, with its shape */
     int n_names = 0, rc = 0;
-    char (*names)[128] = xmalloc(sizeof *names * ((size_t)T_COUNT * (c->n_layers + 1)));
+    size_t per_layer = c->mla ? (size_t)mla_max_tensors(c) : T_COUNT;
+    char (*names)[128] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
+    MlaTensor *mt = c->mla ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
+    for (int l = 0; c->mla && l < c->n_layers && !rc; l++) {
+        int n = mla_tensors(c, NULL, l, NULL, mt);
+        for (int i = 0; i < n && !rc; i++) {
+            strcpy(names[n_names++], mt[i].name);
+            const StTensor *t = st_find(&ck, mt[i].name);
+            int vector = mt[i].rows == 0;
+            if (!t) rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", path, mt[i].name);
+            else if (vector ? t->ndim != 1 || t->shape[0] != mt[i].cols
+                            : t->ndim != 2 || t->shape[0] != mt[i].rows || t->shape[1] != mt[i].cols)
+                rc = dcp_fail("%s: tensor '%s' has %d dimension(s) [%lld, ...], config.json implies [%d%s%d]", path,
+                              mt[i].name, t->ndim, (long long)t->shape[0], vector ? mt[i].cols : mt[i].rows,
+                              vector ? "" : ", ", vector ? 0 : mt[i].cols);
+        }
+    }
+    free(mt);
     for (int k = 0; k < T_COUNT && !rc; k++) {
         if (!tensor_present(c, (TensorKind)k)) continue;
+        if (c->mla && k != T_EMBED && k != T_RMS_FINAL && k != T_LM_HEAD) continue;
         int nl = tensor_is_per_layer((TensorKind)k) ? c->n_layers : 1, rows, cols;
         tensor_full_shape(c, (TensorKind)k, &rows, &cols);
         int vector = k == T_RMS_ATT || k == T_RMS_FFN || k == T_RMS_FINAL || k >= T_BQ;
@@ -211,7 +322,7 @@ int model_check_checkpoint(const char *path, const Config *c)
     for (int f = 0; f < ck.n_files && !rc; f++)
         for (int i = 0; i < ck.files[f].n && !rc; i++) {
             const char *name = ck.files[f].tensors[i].name;
-            int used = ignorable_tensor(name);
+            int used = ignorable_tensor(name) || mtp_tensor(c, name);
             for (int j = 0; j < n_names && !used; j++) used = !strcmp(names[j], name);
             if (!used)
                 rc = dcp_fail("%s: tensor '%s' is in the checkpoint, but config.json (%s) has no use for it: config "
@@ -345,6 +456,34 @@ static int load_kind(Source *src, Weights *w, float **dst, TensorKind k, int row
     return 0;
 }
 
+/* Every layer of an MLA model: this rank's shard of it. */
+static int load_mla(Source *src, Model *m)
+{
+    const Config *c = &m->cfg;
+    Weights *w = &m->w;
+    w->mla = xcalloc((size_t)c->n_layers, sizeof(MlaLayer));
+    MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(c));
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        MlaLayer *ml = &w->mla[l];
+        if (MLA_MOE_LAYER(c, l)) {
+            size_t E = (size_t)c->m.n_routed_experts;
+            ml->e_gate = xcalloc(E, sizeof(float *));
+            ml->e_up = xcalloc(E, sizeof(float *));
+            ml->e_down = xcalloc(E, sizeof(float *));
+        }
+        int n = mla_tensors(c, &m->shard, l, ml, mt);
+        for (int i = 0; i < n && !rc; i++) {
+            const StTensor *t = st_find(&src->ck, mt[i].name);
+            *mt[i].dst = owned_alloc(w, (size_t)mt[i].nrows * mt[i].ncols + 1);
+            rc = !t ? dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name)
+                    : st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, *mt[i].dst);
+        }
+    }
+    free(mt);
+    return rc;
+}
+
 int model_load(Model *m, const char *path, int tp, int tp_rank)
 {
     memset(m, 0, sizeof *m);
@@ -360,6 +499,14 @@ int model_load(Model *m, const char *path, int tp, int tp_rank)
     }
     int D = c->head_dim, dim = c->dim;
     Weights *w = &m->w;
+    if (c->mla) {
+        int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim) ||
+                 load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
+                 load_kind(&src, w, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim) || load_mla(&src, m);
+        source_close(&src);
+        if (rc) model_free(m);
+        return rc ? -1 : 0;
+    }
     int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim) ||
              load_kind(&src, w, &w->rms_att, T_RMS_ATT, 0, 1, 0, dim) ||
              load_kind(&src, w, &w->wq, T_WQ, s->q_head0 * D, s->q_heads * D, 0, dim) ||
@@ -400,6 +547,12 @@ int model_load(Model *m, const char *path, int tp, int tp_rank)
 
 void model_free(Model *m)
 {
+    for (int l = 0; m->w.mla && l < m->cfg.n_layers; l++) {
+        free(m->w.mla[l].e_gate);
+        free(m->w.mla[l].e_up);
+        free(m->w.mla[l].e_down);
+    }
+    free(m->w.mla);
     if (m->w.map) munmap(m->w.map, m->w.map_size);
     for (int i = 0; i < m->w.n_owned; i++) free(m->w.owned[i]);
     free(m->w.owned);

@@ -17,7 +17,24 @@ typedef struct {
     int kv_heads, kv_head0;  /* KV heads held (replicated when tp > n_kv_heads) */
     int hidden, hidden0;     /* feed-forward rows/columns held */
     int vocab, vocab0;       /* LM-head rows held */
+    int moe_hidden, moe_hidden0;       /* MLA models: each routed expert's intermediate rows held */
+    int shared_hidden, shared_hidden0; /* and the shared experts' */
 } Shard;
+
+/* One layer of a DeepSeek-V2/V3 model (fp32), this rank's shard: q_b/q
+ * and kv_b by heads, o_proj by its head columns, the feed-forward and each
+ * expert by intermediate rows; the rest whole. */
+typedef struct {
+    float *rms_att, *rms_ffn;            /* (dim) */
+    float *q_a, *q_a_norm, *q_b;         /* (q_lora, dim), (q_lora), (H*(nope+rope), q_lora); q_lora_rank > 0 */
+    float *q;                            /* (H*(nope+rope), dim); q_lora_rank 0 */
+    float *kv_a, *kv_a_norm, *kv_b;      /* (kv_lora+rope, dim), (kv_lora), (H*(nope+v), kv_lora) */
+    float *o;                            /* (dim, H*v) */
+    float *gate, *up, *down;             /* dense feed-forward: (hidden, dim), (hidden, dim), (dim, hidden) */
+    float *router, *router_bias;         /* MoE: (experts, dim); (experts), V3 only */
+    float **e_gate, **e_up, **e_down;    /* MoE: per expert (moe_hidden, dim), ..., (dim, moe_hidden) */
+    float *s_gate, *s_up, *s_down;       /* shared experts: (moe_hidden*n_shared, dim), ...; NULL when none */
+} MlaLayer;
 
 /* Per-rank fp32 weights; shapes are the shard's (tp = 1: the full model's). */
 typedef struct {
@@ -40,6 +57,7 @@ typedef struct {
     float *b_gate, *b_up;   /* (layer, hidden) */
     float *b_down;          /* (layer, dim): added once, after the TP sum */
     float *q_norm, *k_norm; /* (layer, head_dim) */
+    MlaLayer *mla;          /* DeepSeek-V2/V3: per layer, instead of the stacks above */
     /* Buffers to release: weights are copied into these as fp32 shards,
      * except whole f32 tensors of a llama2.c file, which point into its
      * mapping (kept until model_free). */
