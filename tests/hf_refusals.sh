@@ -47,8 +47,9 @@ expect_error deepseek_topk_method 1 'topk_method "noaux_tc" is not supported for
 deepseek ds_rope v3_yarn 's/"rope_type": "yarn"/"rope_type": "longrope"/; s/"type": "yarn"/"type": "longrope"/'
 expect_error deepseek_rope_type 1 'rope type "longrope" is not supported; supported: default, linear, llama3, yarn' \
     --model "$WORK/ds_rope" "$P"
-deepseek ds_fp8 v3_yarn 's/"n_group": 4,/"n_group": 4, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},/'
-expect_error deepseek_fp8 1 'quantization_config fp8 is not supported yet' --model "$WORK/ds_fp8" "$P"
+deepseek ds_gptq v3_yarn 's/"n_group": 4,/"n_group": 4, "quantization_config": {"quant_method": "gptq", "bits": 4},/'
+expect_error deepseek_quantization 1 'quantization_config gptq is not supported (fp8 with weight_block_size only)' \
+    --model "$WORK/ds_gptq" "$P"
 deepseek ds_head v2_softmax 's/"head_dim": 8/"head_dim": 16/'
 expect_error deepseek_head_dim 1 'head_dim 16 differs from qk_rope_head_dim 8' --model "$WORK/ds_head" "$P"
 checks=$((checks + 1))

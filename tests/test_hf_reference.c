@@ -13,6 +13,7 @@
 #include "engine.h"
 #include "generate.h"
 #include "model.h"
+#include "safetensors.h"
 #include "testutil.h"
 
 static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/linear",
@@ -39,6 +40,63 @@ static void capture(void *ctx, int request, int pos, const float *logits, int vo
     Capture *c = ctx;
     (void)request;
     memcpy(c->logits + (size_t)pos * vocab, logits, sizeof(float) * vocab);
+}
+
+/* Logits of every position of a model folder's prompt.txt, at one rank. */
+static float *prompt_logits(const char *dir, int *n_out, int *vocab_out)
+{
+    char path[4200];
+    int prompt[1024];
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    int n = read_ids(path, prompt, 1024);
+    Model m;
+    if (!CHECK_OK(n > 0 && model_load(&m, dir, 1, 0) == 0, "%s: %s", dir, dcp_error())) return NULL;
+    int vocab = m.cfg.vocab_size;
+    RequestSet rs = {0};
+    add_request(&rs, prompt, n, 1, 0.0f, 1.0f, 0);
+    Capture cap = {xcalloc((size_t)(n + 1) * vocab, sizeof(float)), vocab};
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
+    GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
+                     .on_logits = capture, .on_logits_ctx = &cap};
+    Result res;
+    generate(&e, &rs, &res, &go, NULL);
+    engine_free(&e);
+    results_free(&res, 1);
+    requests_free(&rs);
+    model_free(&m);
+    *n_out = n;
+    *vocab_out = vocab;
+    return cap.logits;
+}
+
+/* A block-scaled FP8 checkpoint (F8_E4M3 with weight_scale_inv) gives the
+ * logits of its dequantized float32 twin. */
+static void fp8_twin(const char *src)
+{
+    char fp8[4096], twin[4096], file[4200];
+    snprintf(fp8, sizeof fp8, "%s/tests/data/deepseek/v3_fp8", src);
+    snprintf(twin, sizeof twin, "%s/tests/data/deepseek/v3_fp8_twin", src);
+    snprintf(file, sizeof file, "%s/model.safetensors", fp8);
+    StFile f;
+    int n_f8 = 0;
+    if (CHECK_OK(st_open(&f, file) == 0, "%s: %s", file, dcp_error())) {
+        for (int i = 0; i < f.n; i++) n_f8 += f.tensors[i].dtype == ST_F8_E4M3;
+        st_close(&f);
+    }
+    CHECK(n_f8 > 0, "%s holds no FP8 tensor", file);
+    int n1, n2, v1, v2;
+    float *a = prompt_logits(fp8, &n1, &v1), *b = prompt_logits(twin, &n2, &v2);
+    if (a && b && CHECK_OK(n1 == n2 && v1 == v2, "FP8 and twin differ in shape")) {
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)n1 * v1; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+        fprintf(stderr, "deepseek/v3_fp8      %d FP8 matrices: max |logit - float32 twin's| = %.2g over %d positions\n",
+                n_f8, worst, n1);
+        CHECK(worst == 0, "FP8 logits differ from the dequantized twin's by %g", worst);
+    }
+    free(a);
+    free(b);
 }
 
 int main(int argc, char **argv)
@@ -98,6 +156,7 @@ int main(int argc, char **argv)
         free(ref);
         model_free(&m);
     }
+    fp8_twin(src);
     MPI_Finalize();
     return test_finish("test_hf_reference");
 }

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@ static int dtype_parse(const char *s, StDtype *d, size_t *size)
     if (!strcmp(s, "F32")) { *d = ST_F32; *size = 4; return 0; }
     if (!strcmp(s, "F16")) { *d = ST_F16; *size = 2; return 0; }
     if (!strcmp(s, "BF16")) { *d = ST_BF16; *size = 2; return 0; }
+    if (!strcmp(s, "F8_E4M3")) { *d = ST_F8_E4M3; *size = 1; return 0; }
     return -1;
 }
 
@@ -33,7 +35,7 @@ static int parse_entry(StFile *f, const char *name, json_t *e, const unsigned ch
         return dcp_fail("%s: tensor '%s': header entry needs dtype, shape and data_offsets", f->path, name);
     size_t esize;
     if (dtype_parse(json_string_value(jd), &t->dtype, &esize))
-        return dcp_fail("%s: tensor '%s': dtype %s is not supported (F32, F16, BF16)", f->path, name,
+        return dcp_fail("%s: tensor '%s': dtype %s is not supported (F32, F16, BF16, F8_E4M3)", f->path, name,
                         json_string_value(jd));
     t->ndim = (int)json_array_size(js);
     if (t->ndim < 1 || t->ndim > 4)
@@ -240,8 +242,44 @@ const StTensor *st_find(const StCheckpoint *ck, const char *name)
     return NULL;
 }
 
+/* FP8 E4M3 (the "fn" variant: no infinities, 0x7F/0xFF NaN) to float, exactly */
+static float e4m3_to_f32(unsigned char b)
+{
+    int exp = (b >> 3) & 15, man = b & 7;
+    float v = exp == 0 ? ldexpf((float)man / 8.0f, -6) : exp == 15 && man == 7 ? NAN : ldexpf(1.0f + man / 8.0f, exp - 7);
+    return b & 0x80 ? -v : v;
+}
+
+int st_read_f32_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
+                       int64_t nrows, int64_t col0, int64_t ncols, float *dst)
+{
+    int64_t rows = t->ndim == 1 ? 1 : t->shape[0], cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+    int64_t br = (rows + block_rows - 1) / block_rows, bc = (cols + block_cols - 1) / block_cols;
+    if (t->dtype != ST_F8_E4M3 || t->ndim != 2 || !scale_inv || scale_inv->ndim != 2 || scale_inv->shape[0] != br ||
+        scale_inv->shape[1] != bc)
+        return dcp_fail("%s: tensor '%s': FP8 needs a weight_scale_inv of [%lld, %lld] (blocks of %d x %d)", t->file,
+                        t->name, (long long)br, (long long)bc, block_rows, block_cols);
+    if (row0 < 0 || col0 < 0 || row0 + nrows > rows || col0 + ncols > cols)
+        return dcp_fail("%s: tensor '%s': slice [%lld+%lld, %lld+%lld] outside shape", t->file, t->name,
+                        (long long)row0, (long long)nrows, (long long)col0, (long long)ncols);
+    float *scale = xmalloc(sizeof(float) * (size_t)(br * bc));
+    if (st_read_f32(scale_inv, 0, br, 0, bc, scale)) {
+        free(scale);
+        return -1;
+    }
+    for (int64_t r = 0; r < nrows; r++)
+        for (int64_t c = 0; c < ncols; c++) {
+            int64_t R = row0 + r, C = col0 + c;
+            dst[r * ncols + c] = e4m3_to_f32(t->data[R * cols + C]) * scale[(R / block_rows) * bc + C / block_cols];
+        }
+    free(scale);
+    return 0;
+}
+
 int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, float *dst)
 {
+    if (t->dtype == ST_F8_E4M3)
+        return dcp_fail("%s: tensor '%s' is FP8, which needs the model's quantization_config", t->file, t->name);
     int64_t rows = t->ndim == 1 ? 1 : t->shape[0];
     int64_t cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
     if (t->ndim > 2 || row0 < 0 || col0 < 0 || row0 + nrows > rows || col0 + ncols > cols)
@@ -254,6 +292,8 @@ int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, in
         case ST_F32:
             memcpy(out, t->data + first * 4, (size_t)ncols * 4); /* memcpy: data may be unaligned */
             break;
+        case ST_F8_E4M3:
+            break; /* refused above */
         case ST_BF16:
         case ST_F16:
             for (int64_t c = 0; c < ncols; c++) {

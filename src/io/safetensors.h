@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ST_F32, ST_F16, ST_BF16 } StDtype;
+typedef enum { ST_F32, ST_F16, ST_BF16, ST_F8_E4M3 } StDtype;
 
 typedef struct {
     char *name;
@@ -48,5 +48,10 @@ const StTensor *st_find(const StCheckpoint *ck, const char *name);
 /* Copies rows [row0, row0+nrows) x columns [col0, col0+ncols) of a 1-D or 2-D
  * tensor into dst as fp32 (row-major, ncols per row). A 1-D tensor is one row. */
 int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, float *dst);
+/* The same for a block-scaled FP8 tensor (F8_E4M3): each value times the
+ * scale of its (block_rows, block_cols) block in scale_inv, as DeepSeek's
+ * FP8 checkpoints store them (weight_scale_inv). */
+int st_read_f32_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
+                       int64_t nrows, int64_t col0, int64_t ncols, float *dst);
 
 #endif

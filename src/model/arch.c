@@ -176,9 +176,22 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
     if (act && strcmp(act, "silu")) return dcp_fail("%s: hidden_act %s is not supported (silu only)", path, act);
     json_t *q = json_object_get(root, "quantization_config");
     if (q && !json_is_null(q)) {
+        /* block-scaled FP8 (DeepSeek-V3's own): dequantized while loading */
         const char *qm = json_string_value(json_object_get(q, "quant_method"));
-        return dcp_fail("%s: quantization_config %s is not supported yet (float32, float16 and bfloat16 weights only)",
-                        path, qm ? qm : "(no quant_method)");
+        const char *fmt = json_string_value(json_object_get(q, "fmt"));
+        json_t *bs = json_object_get(q, "weight_block_size");
+        if (!qm || strcmp(qm, "fp8"))
+            return dcp_fail("%s: quantization_config %s is not supported (fp8 with weight_block_size only)", path,
+                            qm ? qm : "(no quant_method)");
+        if (fmt && strcmp(fmt, "e4m3"))
+            return dcp_fail("%s: quantization_config fmt \"%s\" is not supported (e4m3 only)", path, fmt);
+        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) ||
+            !json_is_integer(json_array_get(bs, 1)) || json_integer_value(json_array_get(bs, 0)) <= 0 ||
+            json_integer_value(json_array_get(bs, 1)) <= 0 || json_integer_value(json_array_get(bs, 0)) > 1 << 20 ||
+            json_integer_value(json_array_get(bs, 1)) > 1 << 20)
+            return dcp_fail("%s: quantization_config fp8 needs \"weight_block_size\": [rows, cols], positive", path);
+        m.fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
+        m.fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
     }
     if (get_int(root, "bos_token_id", &c.bos_id, path) || get_float(root, "rms_norm_eps", &c.norm_eps, path) ||
         get_bool(root, "tie_word_embeddings", &c.tied_embeddings, path))

@@ -279,7 +279,7 @@ int model_check_checkpoint(const char *path, const Config *c)
     if (st_checkpoint_open(&ck, path)) return -1;
     /* every tensor the config implies, with its shape */
     int n_names = 0, rc = 0;
-    size_t per_layer = c->mla ? (size_t)mla_max_tensors(c) : T_COUNT;
+    size_t per_layer = c->mla ? 2 * (size_t)mla_max_tensors(c) : T_COUNT; /* MLA: and FP8 scales */
     char (*names)[128] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
     MlaTensor *mt = c->mla ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
     for (int l = 0; c->mla && l < c->n_layers && !rc; l++) {
@@ -288,6 +288,17 @@ int model_check_checkpoint(const char *path, const Config *c)
             strcpy(names[n_names++], mt[i].name);
             const StTensor *t = st_find(&ck, mt[i].name);
             int vector = mt[i].rows == 0;
+            if (t && t->dtype == ST_F8_E4M3) { /* its block scales come with it */
+                char sc[160];
+                snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
+                strcpy(names[n_names++], sc);
+                if (!c->m.fp8_block[0])
+                    rc = dcp_fail("%s: tensor '%s' is FP8, but config.json has no quantization_config", path,
+                                  mt[i].name);
+                else if (!st_find(&ck, sc))
+                    rc = dcp_fail("%s: FP8 tensor '%s' has no '%s'", path, mt[i].name, sc);
+            }
+            if (rc) break;
             if (!t) rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", path, mt[i].name);
             else if (vector ? t->ndim != 1 || t->shape[0] != mt[i].cols
                             : t->ndim != 2 || t->shape[0] != mt[i].rows || t->shape[1] != mt[i].cols)
@@ -476,8 +487,13 @@ static int load_mla(Source *src, Model *m)
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&src->ck, mt[i].name);
             *mt[i].dst = owned_alloc(w, (size_t)mt[i].nrows * mt[i].ncols + 1);
-            rc = !t ? dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name)
-                    : st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, *mt[i].dst);
+            char sc[160];
+            snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
+            if (!t) rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
+            else if (t->dtype == ST_F8_E4M3) /* dequantized here, this rank's slice only */
+                rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt[i].row0,
+                                        mt[i].nrows, mt[i].col0, mt[i].ncols, *mt[i].dst);
+            else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, *mt[i].dst);
         }
     }
     free(mt);

@@ -12,6 +12,9 @@ random ids. Beside the model:
   prompt.txt   the prompt ids, one line
   logits.f32   float32 little-endian logits, (PROMPT_LEN, vocab), every position
   greedy.txt   the GREEDY ids transformers generates greedily after the prompt
+Also v3_fp8: v3_yarn's layer matrices as block-scaled FP8 (16 x 16 blocks
+of F8_E4M3 with a float32 weight_scale_inv each) and v3_fp8_twin, its
+dequantized float32 twin (the same prompt; no transformers run).
 Cases: v3_yarn (DeepseekV3: q_lora_rank, YaRN with mscale, interleaved
 RoPE, 8 routed experts in 4 groups, sigmoid scores with a correction bias,
 a shared expert, the first layer dense) and v2_softmax (DeepseekV2: no
@@ -68,6 +71,44 @@ def redraw(model, gen):
                 b.copy_(0.5 * torch.randn(b.shape, generator=gen))
 
 
+def make_fp8(src, out, twin, block=(16, 16)):
+    """A block-scaled FP8 copy of src (as DeepSeek-V3's FP8 checkpoints:
+    F8_E4M3 layer matrices with a float32 weight_scale_inv per block, the
+    router, embeddings, norms and LM head unquantized) in out, and its
+    dequantized float32 twin in twin."""
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    w = load_file(os.path.join(src, "model.safetensors"))
+    q, t = {}, {}
+    for name, x in w.items():
+        if x.dim() != 2 or not name.startswith("model.layers.") or name.endswith("mlp.gate.weight"):
+            q[name] = t[name] = x
+            continue
+        r, c = x.shape
+        br, bc = (r + block[0] - 1) // block[0], (c + block[1] - 1) // block[1]
+        scale = torch.zeros(br, bc)
+        for i in range(br):
+            for j in range(bc):
+                blk = x[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]]
+                scale[i, j] = blk.abs().max().clamp(min=1e-12) / 448.0
+        s = scale.repeat_interleave(block[0], 0)[:r].repeat_interleave(block[1], 1)[:, :c]
+        f8 = (x / s).to(torch.float8_e4m3fn)
+        q[name] = f8
+        q[name + "_scale_inv"] = scale.contiguous()
+        t[name] = (f8.float() * s).contiguous()
+    for d, tensors in ((out, q), (twin, t)):
+        os.makedirs(d, exist_ok=True)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+        shutil.copy(os.path.join(src, "prompt.txt"), d)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    json.dump(cfg, open(os.path.join(twin, "config.json"), "w"), indent=2)
+    cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                  "weight_block_size": list(block)}
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    print(f"{out}: {sum(1 for k in q if k.endswith('_scale_inv'))} FP8 matrices, blocks {block}")
+
+
 def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     for name, cfg in CASES.items():
@@ -102,3 +143,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    make_fp8(os.path.join(OUT, "v3_yarn"), os.path.join(OUT, "v3_fp8"), os.path.join(OUT, "v3_fp8_twin"))
