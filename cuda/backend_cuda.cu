@@ -259,7 +259,7 @@ __global__ void k_kv_write(float *k_pool, float *v_pool, const float *k, const f
     if (slot < 0) return; // another DCP rank owns this position
     for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
         k_pool[(size_t)slot * kvd + i] = k[(size_t)blockIdx.x * kvd + i];
-        v_pool[(size_t)slot * kvd + i] = v[(size_t)blockIdx.x * kvd + i];
+        if (v_pool) v_pool[(size_t)slot * kvd + i] = v[(size_t)blockIdx.x * kvd + i]; // MLA: latent rows only
     }
 }
 
@@ -270,10 +270,39 @@ static void cuda_kv_write(float *k_pool, float *v_pool, const float *k, const fl
     DCP_CHECK_LAUNCH(stream);
 }
 
+// row r of dst (stride dst_stride) = width floats of row r of src
+__global__ void k_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int width)
+{
+    const float *s = src + (size_t)blockIdx.x * src_stride;
+    float *d = dst + (size_t)blockIdx.x * dst_stride;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+}
+
+static void cuda_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width)
+{
+    if (rows) k_strided_copy<<<rows, 128, 0, stream>>>(dst, dst_stride, src, src_stride, width);
+    DCP_CHECK_LAUNCH(stream);
+}
+
+// y row rows[r] += weights[r] * src row r, one block per row of src. A
+// token appears at most once per expert, so rows within one call differ.
+__global__ void k_scatter_add_rows(float *y, const float *src, const int *rows, const float *weights, int dim)
+{
+    float *yr = y + (size_t)rows[blockIdx.x] * dim, w = weights[blockIdx.x];
+    const float *sr = src + (size_t)blockIdx.x * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] += w * sr[i];
+}
+
+static void cuda_scatter_add_rows(float *y, const float *src, const int *rows, const float *weights, int R, int dim)
+{
+    if (R) k_scatter_add_rows<<<R, 128, 0, stream>>>(y, src, rows, weights, dim);
+    DCP_CHECK_LAUNCH(stream);
+}
+
 // ---- attention --------------------------------------------------------
 
 #define ATT_THREADS 128
-#define ATT_MAX_D 256
+#define ATT_MAX_D 640 // MLA: kv_lora_rank 512 + qk_rope_head_dim 64
 
 // One block per (token, head): keys in tiles of ATT_THREADS, one score per
 // thread, an online softmax across tiles, the output accumulated by the
@@ -281,7 +310,7 @@ static void cuda_kv_write(float *k_pool, float *v_pool, const float *k, const fl
 // token's block table.
 __global__ void k_attention(float *out, float *lse, const float *q, const float *const *kp, const float *const *vp,
                             const int *n_keys, const int *key0, const int *const *tables, int block_size, int n_heads,
-                            int group, int head_dim, int kv_stride, float scale)
+                            int group, int head_dim, int v_dim, int kv_stride, float scale)
 {
     int r = blockIdx.x, t = r / n_heads, h = r % n_heads, kvh = h / group;
     int n = n_keys[t], first = key0 ? key0[t] : 0, tid = threadIdx.x;
@@ -322,7 +351,7 @@ __global__ void k_attention(float *out, float *lse, const float *q, const float 
         float correction = expf(m - m_new);
         sum = sum * correction + red[0];
         int tile = min(ATT_THREADS, n - j0);
-        for (int c = 0; c * ATT_THREADS + tid < head_dim; c++) {
+        for (int c = 0; c * ATT_THREADS + tid < v_dim; c++) {
             int d = c * ATT_THREADS + tid;
             float a = acc[c] * correction;
             for (int jj = 0; jj < tile; jj++) {
@@ -335,15 +364,15 @@ __global__ void k_attention(float *out, float *lse, const float *q, const float 
         m = m_new;
         __syncthreads();
     }
-    float *o = out + (size_t)r * head_dim;
-    for (int c = 0; c * ATT_THREADS + tid < head_dim; c++) o[c * ATT_THREADS + tid] = n > first ? acc[c] / sum : 0.0f;
+    float *o = out + (size_t)r * v_dim;
+    for (int c = 0; c * ATT_THREADS + tid < v_dim; c++) o[c * ATT_THREADS + tid] = n > first ? acc[c] / sum : 0.0f;
     if (tid == 0) lse[r] = n > first ? m + logf(sum) : -INFINITY;
 }
 
 static void cuda_attention(const AttnBatch *a)
 {
     if (!a->T) return;
-    if (a->head_dim > ATT_MAX_D) dcp_check_failed(__FILE__, __LINE__, "cuda_attention", "head_dim above 256");
+    if (a->head_dim > ATT_MAX_D) dcp_check_failed(__FILE__, __LINE__, "cuda_attention", "head_dim above 640");
     if (a->T > meta_cap) {
         if (meta_cap) {
             cuda_release(d_kp);
@@ -367,7 +396,7 @@ static void cuda_attention(const AttnBatch *a)
     k_attention<<<a->T * a->n_heads, ATT_THREADS, 0, stream>>>(
         a->out, a->lse, a->q, d_kp, d_vp, d_nkeys, a->key0 ? d_key0 : NULL, a->blocks ? d_tables : NULL, a->block_size,
         a->n_heads,
-        a->n_heads / a->n_kv_heads, a->head_dim, a->kv_stride, a->scale);
+        a->n_heads / a->n_kv_heads, a->head_dim, a->v_dim ? a->v_dim : a->head_dim, a->kv_stride, a->scale);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -522,6 +551,8 @@ extern "C" const Backend *backend_cuda(void)
     b.embedding = cuda_embedding;
     b.gather_rows = cuda_gather_rows;
     b.kv_write = cuda_kv_write;
+    b.strided_copy = cuda_strided_copy;
+    b.scatter_add_rows = cuda_scatter_add_rows;
     b.attention = cuda_attention;
     b.merge_attention = cuda_merge_attention;
     b.lse_rescale = cuda_lse_rescale;

@@ -4,7 +4,8 @@
 # backend on one rank does, on one rank and on layouts the model allows:
 # tp 2, and tp 8 with dcp 2 (4 KV heads: 2 ranks per head), with both
 # merges and with MPI staged through host memory; an MQA model (1 KV head)
-# at tp 2 dcp 2 gives the tokens of the CPU on one rank. Skips without a
+# at tp 2 dcp 2 gives the tokens of the CPU on one rank, and so does a
+# DeepSeek-V3 model at tp 8 dcp 8 and tp 4 dcp 4. Skips without a
 # GPU. tests/stories_layouts.sh runs the same layouts on the CPU backend in
 # every suite, so that a layout the model refuses cannot hide here.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
@@ -53,4 +54,11 @@ run_layouts "$WORK/cpu.h5" "$M" "" "-tp 2" "-tp 8 -dcp 2" "-tp 8 -dcp 2 --dcp-co
 printf '{"id": "m1", "prompt_token_ids": [1, 403, 407, 261, 378], "max_tokens": 40, "temperature": 0}\n{"id": "m2", "prompt_token_ids": [1], "max_tokens": 90, "temperature": 0}\n' >"$P"
 run_dcp mqa-cpu --model "$WORK/mqa" --output "$WORK/mqa-cpu.h5" "$P"
 run_layouts "$WORK/mqa-cpu.h5" "--model $WORK/mqa" "" "-tp 2 -dcp 2" "-tp 2 -dcp 2 --dcp-comm-backend a2a"
+
+# DeepSeek-V3 (latent attention, experts): the CPU's tokens at one rank,
+# and with the latent cache split 8 ways
+DS=$SRC/tests/data/deepseek/v3_yarn
+printf '{"id": "d1", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0}\n' "$(tr ' ' ',' <"$DS/prompt.txt" | tr -d '\n' | sed 's/,$//')" >"$P"
+run_dcp ds-cpu --model "$DS" --output "$WORK/ds-cpu.h5" "$P"
+run_layouts "$WORK/ds-cpu.h5" "--model $DS" "" "-tp 8 -dcp 8" "-tp 4 -dcp 4 --dcp-comm-backend a2a"
 finish

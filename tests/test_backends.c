@@ -151,9 +151,9 @@ static void attention_and_merges(uint64_t *st)
     for (int t = 0; t < T; t++) hk[t] = kpool, hv[t] = vpool, gk[t] = dk, gv[t] = dv;
     float out[T * H * D], lse[T * H];
     float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
-    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, n_keys, NULL, kvd, ht, B};
+    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, n_keys, NULL, kvd, ht, B, 0};
     cpu->attention(&a);
-    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, n_keys, NULL, kvd, gt, B};
+    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, n_keys, NULL, kvd, gt, B, 0};
     gpu->attention(&ga);
     float *go = back(dout, T * H * D), *gl = back(dlse, T * H);
     EXPECT_CLOSE("attention paged", go, out, T * H * D, 1e-5);
@@ -164,9 +164,9 @@ static void attention_and_merges(uint64_t *st)
     float *kk = rnd(300 * kvd, st), *vv = rnd(300 * kvd, st);
     float *dkk = on_gpu(kk, sizeof(float) * 300 * kvd), *dvv = on_gpu(vv, sizeof(float) * 300 * kvd);
     for (int t = 0; t < T; t++) hk[t] = kk, hv[t] = vv, gk[t] = dkk, gv[t] = dvv;
-    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, many, NULL, kvd, NULL, 0};
+    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, many, NULL, kvd, NULL, 0, 0};
     cpu->attention(&c);
-    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, many, NULL, kvd, NULL, 0};
+    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, many, NULL, kvd, NULL, 0, 0};
     gpu->attention(&gc);
     go = back(dout, T * H * D), gl = back(dlse, T * H);
     EXPECT_CLOSE("attention rows", go, out, T * H * D, 1e-5);
@@ -237,6 +237,60 @@ static void attention_and_merges(uint64_t *st)
     free(knew), free(vnew);
 }
 
+/* The operations of DeepSeek layers: attention over latent rows (one KV
+ * head, the values the first v_dim floats of each row, paged), a latent-only
+ * kv_write, strided copies and the weighted scatter-add of expert outputs. */
+static void mla_ops(uint64_t *st)
+{
+    enum { T = 3, H = 4, D = 40, DV = 32, POOL = 64, B = 8, DIM = 24 };
+    float *q = rnd(T * H * D, st), *pool = rnd(POOL * D, st);
+    float *dq = on_gpu(q, sizeof(float) * T * H * D), *dp = on_gpu(pool, sizeof(float) * POOL * D);
+    int table[] = {3, 0, 6, 1}, *dt = on_gpu(table, sizeof table);
+    int n_keys[T] = {29, 1, 0};
+    const int *ht[T] = {table, table, table}, *gt[T] = {dt, dt, dt};
+    const float *hk[T] = {pool, pool, pool}, *gk[T] = {dp, dp, dp};
+    float out[T * H * DV], lse[T * H];
+    float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
+    AttnBatch a = {.T = T, .n_heads = H, .n_kv_heads = 1, .head_dim = D, .scale = 0.2f, .q = q, .out = out, .lse = lse,
+                   .k = hk, .v = hk, .n_keys = n_keys, .kv_stride = D, .blocks = ht, .block_size = B, .v_dim = DV};
+    AttnBatch ga = a;
+    ga.q = dq, ga.out = dout, ga.lse = dlse, ga.k = gk, ga.v = gk, ga.blocks = gt;
+    cpu->attention(&a);
+    gpu->attention(&ga);
+    float *go = back(dout, T * H * DV), *gl = back(dlse, T * H);
+    EXPECT_CLOSE("attention over latent rows (v_dim)", go, out, T * H * DV, 1e-5);
+    EXPECT_CLOSE("latent attention lse", gl, lse, T * H, 1e-5);
+    free(go), free(gl);
+    int slots[T] = {5, -1, 60};
+    int *dslots = on_gpu(slots, sizeof slots);
+    float *row = rnd(T * D, st), *drow = on_gpu(row, sizeof(float) * T * D);
+    cpu->kv_write(pool, NULL, row, NULL, slots, T, D);
+    gpu->kv_write(dp, NULL, drow, NULL, dslots, T, D);
+    go = back(dp, POOL * D);
+    EXPECT_CLOSE("kv_write, latent rows only", go, pool, POOL * D, 0);
+    free(go);
+    float *src = rnd(T * DIM, st), dst[T * 10], *dsrc = on_gpu(src, sizeof(float) * T * DIM);
+    float *ddst = gpu->alloc(sizeof dst);
+    cpu->strided_copy(dst, 10, src + 7, DIM, T, 9);
+    gpu->strided_copy(ddst, 10, dsrc + 7, DIM, T, 9);
+    go = back(ddst, T * 10);
+    for (int r = 0; r < T; r++) go[r * 10 + 9] = dst[r * 10 + 9] = 0; /* column 9 is not written */
+    EXPECT_CLOSE("strided_copy", go, dst, T * 10, 0);
+    free(go);
+    float *y = rnd(5 * DIM, st), *dy = on_gpu(y, sizeof(float) * 5 * DIM), wts[T] = {0.5f, -2.0f, 1.25f};
+    int rows[T] = {4, 0, 2};
+    int *drows = on_gpu(rows, sizeof rows);
+    float *dw = on_gpu(wts, sizeof wts);
+    cpu->scatter_add_rows(y, src, rows, wts, T, DIM);
+    gpu->scatter_add_rows(dy, dsrc, drows, dw, T, DIM);
+    go = back(dy, 5 * DIM);
+    EXPECT_CLOSE("scatter_add_rows", go, y, 5 * DIM, 1e-6);
+    free(go);
+    void *bufs[] = {dq, dp, dt, dout, dlse, dslots, drow, dsrc, ddst, dy, drows, dw};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
+    free(q), free(pool), free(row), free(src), free(y);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -250,6 +304,7 @@ int main(int argc, char **argv)
     uint64_t st = 2026;
     elementwise(&st);
     attention_and_merges(&st);
+    mla_ops(&st);
     MPI_Finalize();
     return test_finish("test_backends");
 }

@@ -37,10 +37,9 @@ typedef struct {
     int n_heads;    /* query heads in q/out */
     int n_kv_heads; /* query head h reads KV head h / (n_heads / n_kv_heads) */
     int head_dim;
-    int v_dim;                /* values: the first v_dim floats of each value row (MLA); 0: head_dim */
     float scale;
     const float *q;           /* (T, n_heads, head_dim) */
-    float *out;               /* (T, n_heads, v_dim or head_dim) */
+    float *out;               /* (T, n_heads, v_dim, or head_dim when v_dim is 0) */
     float *lse;               /* (T, n_heads) */
     const float *const *k;    /* per token: its first key row (n_kv_heads*head_dim floats) */
     const float *const *v;    /* per token: its first value row */
@@ -52,6 +51,7 @@ typedef struct {
      * blocks[t][j / block_size] * block_size + j % block_size from k[t]. */
     const int *const *blocks;
     int block_size;
+    int v_dim;                /* values: the first v_dim floats of each value row (MLA); 0: head_dim */
 } AttnBatch;
 
 typedef struct Backend {
