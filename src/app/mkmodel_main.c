@@ -28,7 +28,8 @@ static void usage(FILE *f)
             "  --tied            share the token embedding with the LM head\n"
             "  --eos N           end-of-sequence token id (default: none)\n"
             "Hugging Face architectures (hf format):\n"
-            "  --arch A          llama (default), mistral, qwen2 (q/k/v biases) or qwen3 (q/k norms)\n"
+            "  --arch A          llama (default), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms),\n"
+            "                    deepseek_v2 or deepseek_v3 (latent attention and experts, below)\n"
             "  --head-dim N      head size when it is not dim / heads\n"
             "  --attention-bias  q/k/v/o biases (llama, qwen3)\n"
             "  --mlp-bias        gate/up/down biases (llama)\n"
@@ -41,6 +42,13 @@ static void usage(FILE *f)
             "  --sliding-window N  attend to the last N positions (mistral: every layer;\n"
             "                    qwen2/qwen3: the layers from --max-window-layers on)\n"
             "  --max-window-layers N\n"
+            "DeepSeek (--arch deepseek_v2 or deepseek_v3; --hidden is the dense layers' size):\n"
+            "  --kv-lora-rank N, --q-lora-rank N (0: q_proj), --qk-nope-dim N, --qk-rope-dim N,\n"
+            "  --v-head-dim N    latent attention (defaults 32, 0, 16, 8, 16)\n"
+            "  --experts N, --shared-experts N, --experts-per-token N, --moe-hidden N,\n"
+            "  --first-dense N, --n-group N, --topk-group N, --routed-scale X, --norm-topk-prob\n"
+            "                    experts (defaults 8, 1, 2, 32, 0; V3 4 groups keeping 2, scale 2.5)\n"
+            "  --fp8-block N     layer matrices as block-scaled FP8 (F8_E4M3, N x N blocks)\n"
             "Defaults are the model dcpinfer runs when no --model is given.\n");
 }
 
@@ -59,12 +67,17 @@ int main(int argc, char **argv)
         {"rope-theta", 1, 0, 'R'}, {"rope-type", 1, 0, 'Y'}, {"rope-factor", 1, 0, 'F'},
         {"rope-low-freq-factor", 1, 0, 'L'}, {"rope-high-freq-factor", 1, 0, 'G'}, {"rope-original-max", 1, 0, 'O'},
         {"rope-beta-fast", 1, 0, 'X'}, {"rope-beta-slow", 1, 0, 'Z'}, {"rope-parameters", 0, 0, 'P'},
-        {"sliding-window", 1, 0, 'W'}, {"max-window-layers", 1, 0, 'N'}, {0, 0, 0, 0}};
+        {"sliding-window", 1, 0, 'W'}, {"max-window-layers", 1, 0, 'N'},
+        {"kv-lora-rank", 1, 0, 1000}, {"q-lora-rank", 1, 0, 1001}, {"qk-nope-dim", 1, 0, 1002},
+        {"qk-rope-dim", 1, 0, 1003}, {"v-head-dim", 1, 0, 1004}, {"experts", 1, 0, 1005},
+        {"shared-experts", 1, 0, 1006}, {"experts-per-token", 1, 0, 1007}, {"moe-hidden", 1, 0, 1008},
+        {"first-dense", 1, 0, 1009}, {"n-group", 1, 0, 1010}, {"topk-group", 1, 0, 1011},
+        {"routed-scale", 1, 0, 1012}, {"norm-topk-prob", 0, 0, 1013}, {"fp8-block", 1, 0, 1014}, {0, 0, 0, 0}};
     int c, li = 0;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         char *end = NULL;
         long v = optarg ? strtol(optarg, &end, 10) : 0;
-        int numeric = strchr("ldHkhvmsSeDOWN", c) != NULL;
+        int numeric = (c < 256 && strchr("ldHkhvmsSeDOWN", c) != NULL) || (c >= 1000 && c <= 1011) || c == 1014;
         double x = optarg ? strtod(optarg, NULL) : 0;
         if (numeric && (!optarg[0] || *end)) {
             fprintf(stderr, "dcpinfer-mkmodel: --%s: '%s' is not an integer\n", opts[li].name, optarg);
@@ -90,7 +103,9 @@ int main(int argc, char **argv)
             for (int i = 0; i < arch_count; i++)
                 if (!strcmp(optarg, arch_table[i].model_type)) found = i;
             if (found < 0) {
-                fprintf(stderr, "dcpinfer-mkmodel: --arch %s: choose llama, mistral, qwen2 or qwen3\n", optarg);
+                fprintf(stderr, "dcpinfer-mkmodel: --arch %s: choose llama, mistral, qwen2, qwen3, deepseek_v2 or "
+                                "deepseek_v3\n",
+                        optarg);
                 return 2;
             }
             s.arch = found;
@@ -120,6 +135,21 @@ int main(int argc, char **argv)
         case 'Z': s.rope.beta_slow = (float)x; break;
         case 'P': s.rope_parameters = 1; break;
         case 'W': s.sliding_window = (int)v; break;
+        case 1000: s.mla.kv_lora_rank = (int)v; break;
+        case 1001: s.mla.q_lora_rank = (int)v; break;
+        case 1002: s.mla.qk_nope_head_dim = (int)v; break;
+        case 1003: s.mla.qk_rope_head_dim = (int)v; break;
+        case 1004: s.mla.v_head_dim = (int)v; break;
+        case 1005: s.mla.n_routed_experts = (int)v; break;
+        case 1006: s.mla.n_shared_experts = (int)v; break;
+        case 1007: s.mla.experts_per_token = (int)v; break;
+        case 1008: s.mla.moe_hidden = (int)v; break;
+        case 1009: s.mla.first_k_dense_replace = (int)v; break;
+        case 1010: s.mla.n_group = (int)v; break;
+        case 1011: s.mla.topk_group = (int)v; break;
+        case 1012: s.mla.routed_scaling_factor = (float)x; break;
+        case 1013: s.mla.norm_topk_prob = 1; break;
+        case 1014: s.fp8_block = (int)v; break;
         case 'N': s.max_window_layers = (int)v; break;
         case '?':
             if (optopt == 0 && !strcmp(argv[optind - 1], "--help")) {
@@ -134,6 +164,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "dcpinfer-mkmodel: --out is required\n");
         return 2;
     }
+    if (arch_table[s.arch].mla) mkmodel_mla_defaults(&s);
     int bf16 = !strcmp(dtype, "bf16");
     if (!bf16 && strcmp(dtype, "f32")) {
         fprintf(stderr, "dcpinfer-mkmodel: --dtype %s: choose f32 or bf16\n", dtype);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "arch.h"
+#include "model.h"
 #include "util.h"
 
 void mkmodel_default_spec(ModelSpec *s)
@@ -15,7 +16,8 @@ void mkmodel_default_spec(ModelSpec *s)
     /* Small enough to start instantly, with 8 query / 2 KV heads so that
      * every tensor-parallel layout up to tp 8 is valid on it. */
     *s = (ModelSpec){.layers = 4, .dim = 128, .heads = 8, .kv_heads = 2, .hidden = 344, .vocab = 512,
-                     .max_len = 2048, .tied = 0, .eos = -1, .rope_theta = 10000.0f, .seed = 1234};
+                     .max_len = 2048, .tied = 0, .eos = -1, .rope_theta = 10000.0f, .seed = 1234,
+                     .mla = {.n_shared_experts = -1}};
 }
 
 int mkmodel_check_spec(const ModelSpec *s)
@@ -37,7 +39,40 @@ int mkmodel_check_spec(const ModelSpec *s)
     if (s->heads % s->kv_heads)
         return dcp_fail("--heads %d is not divisible by --kv-heads %d", s->heads, s->kv_heads);
     if (s->eos >= s->vocab) return dcp_fail("--eos %d outside the vocabulary of %d", s->eos, s->vocab);
+    if (a->mla) {
+        const MlaConfig *m = &s->mla;
+        if (m->kv_lora_rank < 1 || m->qk_nope_head_dim < 1 || m->qk_rope_head_dim < 2 || m->qk_rope_head_dim % 2 ||
+            m->v_head_dim < 1 || m->q_lora_rank < 0 || m->n_routed_experts < 0 || m->experts_per_token < 1 ||
+            m->experts_per_token > (m->n_routed_experts ? m->n_routed_experts : 1) || m->moe_hidden < 1 ||
+            m->n_group < 1 || (m->n_routed_experts && m->n_routed_experts % m->n_group) || m->topk_group < 1 ||
+            m->topk_group > m->n_group || (m->v3 && m->n_routed_experts && m->n_routed_experts / m->n_group < 2))
+            return dcp_fail("DeepSeek shape: kv-lora-rank, qk dims (rope even), v-head-dim and moe-hidden must be "
+                            "positive, experts-per-token at most experts, n-group dividing the experts (V3: two per "
+                            "group) and topk-group at most n-group");
+    } else if (s->fp8_block) {
+        return dcp_fail("--fp8-block: only for deepseek_v2 / deepseek_v3 models");
+    }
     return 0;
+}
+
+void mkmodel_mla_defaults(ModelSpec *s)
+{
+    MlaConfig *m = &s->mla;
+    m->v3 = arch_table[s->arch].mla == 2;
+    if (!m->kv_lora_rank) m->kv_lora_rank = 32;
+    if (!m->qk_nope_head_dim) m->qk_nope_head_dim = 16;
+    if (!m->qk_rope_head_dim) m->qk_rope_head_dim = 8;
+    if (!m->v_head_dim) m->v_head_dim = 16;
+    if (!m->n_routed_experts) m->n_routed_experts = 8;
+    if (m->n_shared_experts < 0) m->n_shared_experts = 1; /* transformers builds them whatever the count */
+    if (!m->experts_per_token) m->experts_per_token = 2;
+    if (!m->moe_hidden) m->moe_hidden = 32;
+    if (!m->n_group) m->n_group = m->v3 ? 4 : 1;
+    if (!m->topk_group) m->topk_group = m->v3 ? 2 : 1;
+    if (!m->moe_layer_freq) m->moe_layer_freq = 1;
+    if (!m->routed_scaling_factor) m->routed_scaling_factor = m->v3 ? 2.5f : 1.0f;
+    m->route = m->v3 ? ROUTE_NOAUX_TC : m->n_group > 1 ? ROUTE_GROUP_LIMITED_GREEDY : ROUTE_GREEDY;
+    m->rope_interleave = 1;
 }
 
 void mkmodel_config(const ModelSpec *s, Config *c)
@@ -77,6 +112,15 @@ void mkmodel_config(const ModelSpec *s, Config *c)
     c->n_eos = 0;
     if (s->eos >= 0) c->eos_ids[c->n_eos++] = s->eos;
     c->format = FORMAT_GENERATED;
+    if (a->mla) { /* as arch.c reads it back */
+        c->mla = 1;
+        c->m = s->mla;
+        c->n_kv_heads = 1;
+        c->head_dim = s->mla.kv_lora_rank + s->mla.qk_rope_head_dim;
+        c->rope_style = ROPE_ADJACENT_PAIRS;
+        c->m.softmax_scale = 1.0f / sqrtf((float)(s->mla.qk_nope_head_dim + s->mla.qk_rope_head_dim));
+        c->format = FORMAT_HF;
+    }
 }
 
 void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out)
@@ -229,9 +273,183 @@ static int write_safetensors(const ModelSpec *s, const char *path, const TensorR
     return rc ? -1 : 0;
 }
 
+/* ---- DeepSeek-V2/V3 ------------------------------------------------------ */
+
+/* Values of a named tensor: uniform, 1.7/sqrt(fan-in) for matrices, 1 +-
+ * 0.1 for norms, +-0.3 for the router's correction bias; from the seed and
+ * the name. */
+static void mla_values(const ModelSpec *s, const char *name, int rows, int cols, float *out)
+{
+    uint64_t st = fnv1a(s->seed * 0x100000001B3ull, name, strlen(name));
+    splitmix64(&st);
+    int norm = strstr(name, "norm") != NULL, bias = strstr(name, "correction_bias") != NULL;
+    int embed = strstr(name, "embed_tokens") != NULL;
+    float scale = norm ? 0.1f : bias ? 0.3f : embed ? 1.0f : 1.7f / sqrtf((float)cols);
+    for (size_t i = 0; i < (size_t)(rows ? rows : 1) * cols; i++) {
+        double u = (double)(splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0);
+        float v = (float)(2.0 * u - 1.0) * scale;
+        out[i] = norm ? 1.0f + v : v;
+    }
+}
+
+/* the nearest FP8 E4M3 value of x in [-448, 448] (round to nearest even) */
+static unsigned char f32_to_e4m3(float x)
+{
+    unsigned char sign = x < 0 ? 0x80 : 0;
+    float a = fabsf(x), best = 0;
+    unsigned char code = 0;
+    for (int c = 0; c < 0x7F; c++) { /* the 127 finite magnitudes, small tables beat bit tricks here */
+        int e = (c >> 3) & 15, m = c & 7;
+        float v = e == 0 ? ldexpf(m / 8.0f, -6) : ldexpf(1.0f + m / 8.0f, e - 7);
+        float d = fabsf(v - a), bd = fabsf(best - a);
+        if (d < bd || (d == bd && !(c & 1))) best = v, code = (unsigned char)c;
+    }
+    return sign | code;
+}
+
+typedef struct {
+    char name[160];
+    int rows, cols; /* rows 0: a vector */
+    int fp8;        /* stored F8_E4M3, with a "_scale_inv" tensor after it */
+    int scale_of;   /* >= 0: this is the scale tensor of entry scale_of */
+} NamedTensor;
+
+static int write_mla(const ModelSpec *s, const char *dir)
+{
+    Config c;
+    mkmodel_config(s, &c);
+    MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(&c));
+    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(2 * mla_max_tensors(&c) * c.n_layers + 8));
+    int n = 0, B = s->fp8_block;
+    t[n++] = (NamedTensor){"model.embed_tokens.weight", c.vocab_size, c.dim, 0, -1};
+    for (int l = 0; l < c.n_layers; l++) {
+        int k = mla_tensors(&c, NULL, l, NULL, mt);
+        for (int i = 0; i < k; i++) {
+            NamedTensor x = {"", mt[i].rows, mt[i].cols, B && mt[i].rows && !strstr(mt[i].name, "mlp.gate.weight"), -1};
+            snprintf(x.name, sizeof x.name, "%s", mt[i].name);
+            t[n++] = x;
+            if (x.fp8) {
+                NamedTensor sc = {"", (x.rows + B - 1) / B, (x.cols + B - 1) / B, 0, n - 1};
+                snprintf(sc.name, sizeof sc.name, "%s_scale_inv", x.name);
+                t[n++] = sc;
+            }
+        }
+    }
+    t[n++] = (NamedTensor){"model.norm.weight", 0, c.dim, 0, -1};
+    if (!s->tied) t[n++] = (NamedTensor){"lm_head.weight", c.vocab_size, c.dim, 0, -1};
+    free(mt);
+    /* header, then the data */
+    size_t cap = 256 + (size_t)n * 256, len = 0, off = 0;
+    char *hdr = xmalloc(cap);
+    len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols, bytes = cnt * (t[i].fp8 ? 1 : 4);
+        if (t[i].rows)
+            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
+                            t[i].name, t[i].fp8 ? "F8_E4M3" : "F32", t[i].rows, t[i].cols, off, off + bytes);
+        else
+            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
+                            t[i].name, t[i].cols, off, off + bytes);
+        off += bytes;
+    }
+    len += snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' ';
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    int rc = f ? 0 : dcp_fail("%s: %s", path, strerror(errno));
+    unsigned char lenb[8];
+    for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    rc = rc || write_all(f, lenb, 8, path) || write_all(f, hdr, len, path);
+    free(hdr);
+    float *scales = NULL;
+    for (int i = 0; i < n && !rc; i++) {
+        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols;
+        if (t[i].scale_of >= 0) { /* written with its matrix */
+            rc = write_all(f, scales, cnt * 4, path);
+            free(scales);
+            scales = NULL;
+            continue;
+        }
+        float *v = xmalloc(cnt * 4);
+        mla_values(s, t[i].name, t[i].rows, t[i].cols, v);
+        if (!t[i].fp8) {
+            rc = write_all(f, v, cnt * 4, path);
+        } else { /* per block: scale = max |w| / 448, stored value w / scale */
+            int br = (t[i].rows + B - 1) / B, bc = (t[i].cols + B - 1) / B;
+            scales = xcalloc((size_t)br * bc, sizeof(float));
+            for (int r = 0; r < t[i].rows; r++)
+                for (int q = 0; q < t[i].cols; q++) {
+                    float *sc = &scales[(r / B) * bc + q / B];
+                    *sc = fmaxf(*sc, fabsf(v[(size_t)r * t[i].cols + q]));
+                }
+            for (int b = 0; b < br * bc; b++) scales[b] = fmaxf(scales[b], 1e-12f) / 448.0f;
+            unsigned char *q8 = xmalloc(cnt);
+            for (int r = 0; r < t[i].rows; r++)
+                for (int q = 0; q < t[i].cols; q++)
+                    q8[(size_t)r * t[i].cols + q] =
+                        f32_to_e4m3(v[(size_t)r * t[i].cols + q] / scales[(r / B) * bc + q / B]);
+            rc = write_all(f, q8, cnt, path);
+            free(q8);
+        }
+        free(v);
+    }
+    free(scales);
+    if (f && fclose(f) && !rc) rc = dcp_fail("%s: write error", path);
+    free(t);
+    return rc ? -1 : 0;
+}
+
+static int write_mla_config(const ModelSpec *s, const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    const Arch *a = &arch_table[s->arch];
+    const MlaConfig *m = &s->mla;
+    char eos[32], qlora[32], scale[40];
+    snprintf(eos, sizeof eos, s->eos >= 0 ? "%d" : "null", s->eos);
+    snprintf(scale, sizeof scale, "%.9g", (double)m->routed_scaling_factor);
+    if (!strpbrk(scale, ".e")) strcat(scale, ".0"); /* transformers wants a float */
+    snprintf(qlora, sizeof qlora, m->q_lora_rank ? "%d" : "null", m->q_lora_rank);
+    fprintf(f,
+            "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n  \"hidden_size\": %d,\n"
+            "  \"intermediate_size\": %d,\n  \"moe_intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
+            "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"vocab_size\": %d,\n"
+            "  \"max_position_embeddings\": %d,\n  \"kv_lora_rank\": %d,\n  \"q_lora_rank\": %s,\n"
+            "  \"qk_nope_head_dim\": %d,\n  \"qk_rope_head_dim\": %d,\n  \"head_dim\": %d,\n  \"v_head_dim\": %d,\n"
+            "  \"n_routed_experts\": %d,\n  \"n_shared_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
+            "  \"first_k_dense_replace\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
+            "  \"norm_topk_prob\": %s,\n  \"routed_scaling_factor\": %s,\n",
+            a->name, a->model_type, s->dim, s->hidden, m->moe_hidden, s->layers, s->heads, s->heads, s->vocab,
+            s->max_len, m->kv_lora_rank, qlora, m->qk_nope_head_dim, m->qk_rope_head_dim, m->qk_rope_head_dim,
+            m->v_head_dim, m->n_routed_experts, m->n_shared_experts, m->experts_per_token, m->first_k_dense_replace,
+            m->n_group, m->topk_group, m->norm_topk_prob ? "true" : "false", scale);
+    if (m->v3) fprintf(f, "  \"rope_interleave\": true,\n");
+    else fprintf(f, "  \"topk_method\": \"%s\",\n", m->route == ROUTE_GROUP_LIMITED_GREEDY ? "group_limited_greedy" : "greedy");
+    if (s->fp8_block)
+        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                   "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]},\n",
+                s->fp8_block, s->fp8_block);
+    write_rope(f, s);
+    fprintf(f,
+            "  \"attention_bias\": false,\n  \"rms_norm_eps\": 1e-06,\n  \"tie_word_embeddings\": %s,\n"
+            "  \"hidden_act\": \"silu\",\n  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
+            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}\n",
+            s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
+    if (fclose(f)) return dcp_fail("%s: write error", path);
+    return 0;
+}
+
 int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
 {
     if (mkmodel_check_spec(s)) return -1;
+    if (arch_table[s->arch].mla) {
+        if (bf16 || shards > 1) return dcp_fail("DeepSeek models are written as one float32 (or --fp8-block) file");
+        if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
+        return write_mla_config(s, dir) || write_mla(s, dir) ? -1 : 0;
+    }
     if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
     if (write_config_json(s, dir)) return -1;
     Config c;

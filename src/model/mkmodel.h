@@ -23,6 +23,10 @@ typedef struct {
     int rope_parameters;  /* write the rope block as "rope_parameters" (transformers 5) instead of "rope_scaling" */
     int sliding_window;   /* Mistral, Qwen2, Qwen3; 0: none */
     int max_window_layers; /* Qwen2, Qwen3: the first layer with the window */
+    /* DeepSeek-V2/V3 (arch deepseek_v2 / deepseek_v3): latent attention and
+     * experts; the feed-forward of dense layers is hidden */
+    MlaConfig mla;
+    int fp8_block;         /* write layer matrices as block-scaled FP8 with blocks of this size; 0: float32 */
 } ModelSpec;
 
 /* The model dcpinfer runs when no --model is given. */
@@ -34,6 +38,8 @@ void mkmodel_config(const ModelSpec *s, Config *c);
 void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out);
 
 int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards);
+/* DeepSeek defaults for what the options left at 0 (small, 8 experts in 4 groups). */
+void mkmodel_mla_defaults(ModelSpec *s);
 /* llama2.c v0 layout; Q/K rows are permuted to adjacent-pair RoPE order so
  * that the two files describe the same model. */
 int mkmodel_write_llama2c(const ModelSpec *s, const char *path);

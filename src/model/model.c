@@ -178,15 +178,7 @@ int model_read_config(const char *path, Config *cfg)
 
 /* Each tensor of layer l of an MLA model: its name, shape and where its
  * weights go (dst may be NULL when only checking); returns the count. */
-typedef struct {
-    char name[128];
-    int rows, cols; /* rows 0: a vector of cols */
-    float **dst;
-    int row0, nrows, col0, ncols; /* this rank's slice (s NULL: the whole tensor) */
-} MlaTensor;
-
-/* s: the shard whose slices are wanted, or NULL (shapes only) */
-static int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out)
+int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out)
 {
     const MlaConfig *m = &c->m;
     MlaLayer dummy;
@@ -253,7 +245,7 @@ static int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaT
     return n;
 }
 
-static int mla_max_tensors(const Config *c) { return 16 + 3 * c->m.n_routed_experts; }
+int mla_max_tensors(const Config *c) { return 16 + 3 * c->m.n_routed_experts; }
 
 /* Multi-token-prediction layers (indices from num_hidden_layers on) are
  * not used: generation predicts one token at a time. */

@@ -76,6 +76,18 @@ typedef struct {
 
 void shard_init(Shard *s, const Config *c, int tp, int tp_rank);
 
+/* The tensors of layer l of an MLA model: name, full shape, this rank's
+ * slice of it (s; NULL: whole) and where its values go in w (may be NULL);
+ * out holds mla_max_tensors(c); returns the count. */
+typedef struct {
+    char name[128];
+    int rows, cols; /* rows 0: a vector of cols */
+    float **dst;
+    int row0, nrows, col0, ncols;
+} MlaTensor;
+int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out);
+int mla_max_tensors(const Config *c);
+
 /* Reads shapes only (cheap): llama2.c .bin header or HF config.json.
  * path NULL means the generated default model. */
 int model_read_config(const char *path, Config *cfg);

@@ -141,6 +141,39 @@ def main():
               f"greedy {greedy[:8]}...")
 
 
+def check_mkmodel(build):
+    """dcpinfer-mkmodel's DeepSeek folders load in transformers as their
+    classes with no missing or unexpected weights; prints transformers'
+    greedy tokens and log-softmax of a prompt beside dcpinfer's (run here)."""
+    import json
+    import subprocess
+    import tempfile
+    shape = ["--layers", "3", "--dim", "64", "--heads", "8", "--hidden", "96", "--vocab", "256", "--first-dense", "1"]
+    for arch, extra in (("deepseek_v3", ["--q-lora-rank", "24", "--norm-topk-prob"]),
+                        ("deepseek_v2", ["--n-group", "4", "--topk-group", "2", "--routed-scale", "1.25"])):
+        d = tempfile.mkdtemp()
+        subprocess.run([os.path.join(build, "dcpinfer-mkmodel"), "--out", d, "--arch", arch] + shape + extra,
+                       check=True, stdout=subprocess.DEVNULL)
+        model, info = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, output_loading_info=True,
+                                                           attn_implementation="eager")
+        bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+        prompt = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            lsm = torch.log_softmax(model(prompt).logits[0].float(), -1)
+            greedy = model.generate(prompt, max_new_tokens=16, do_sample=False)[0, 60:].tolist()
+        req = os.path.join(d, "p.jsonl")
+        with open(req, "w") as f:
+            f.write(json.dumps({"id": "x", "prompt_token_ids": prompt[0].tolist(), "max_tokens": 16,
+                                "temperature": 0, "prompt_logprobs": 0}) + "\n")
+        subprocess.run([os.path.join(build, "dcpinfer"), "--model", d, "--output", req + ".out.jsonl", "--quiet", req],
+                       check=True, stdout=subprocess.DEVNULL)
+        r = json.loads(open(req + ".out.jsonl").readline())
+        diff = max(abs(e["logprob"] - lsm[p - 1][prompt[0, p]].item()) for p, e in enumerate(r["prompt_logprobs"]) if e)
+        print(f"mkmodel {arch}: loading problems {bad or 'none'}, greedy tokens "
+              f"{'equal' if r['token_ids'] == greedy else 'DIFFER'}, prompt log-probabilities within {diff:.1e}")
+
+
 if __name__ == "__main__":
     main()
+    check_mkmodel(os.path.join(TOP, "build"))
     make_fp8(os.path.join(OUT, "v3_yarn"), os.path.join(OUT, "v3_fp8"), os.path.join(OUT, "v3_fp8_twin"))

@@ -1,0 +1,38 @@
+#!/bin/sh
+# dcpinfer-mkmodel writes DeepSeek-V2/V3 models (float32, and block-scaled
+# FP8 with F8_E4M3 tensors and their weight_scale_inv) that dcpinfer runs,
+# each giving the same greedy tokens at one rank and at -tp 4 -dcp 4 and
+# -tp 8 -dcp 8 (latent cache split over the DCP group). (That transformers
+# loads the float32 folders as its classes with no missing or unexpected
+# weights, and gives the same tokens, was checked by hand: README "Models".)
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+SHAPE="--layers 3 --dim 64 --heads 8 --hidden 96 --vocab 256 --first-dense 1"
+"$MKMODEL" --out "$WORK/v3" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob >/dev/null &&
+    "$MKMODEL" --out "$WORK/v3fp8" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob --fp8-block 16 >/dev/null &&
+    "$MKMODEL" --out "$WORK/v2" --arch deepseek_v2 $SHAPE --n-group 4 --topk-group 2 >/dev/null ||
+    { echo "FAIL: dcpinfer-mkmodel could not write the models" >&2; exit 1; }
+checks=$((checks + 1))
+if grep -q F8_E4M3 "$WORK/v3fp8/model.safetensors" && grep -q weight_scale_inv "$WORK/v3fp8/model.safetensors" &&
+    ! grep -q F8_E4M3 "$WORK/v3/model.safetensors"; then
+    pass "--fp8-block writes F8_E4M3 matrices with weight_scale_inv"
+else
+    fail "--fp8-block: no FP8 tensors"
+fi
+P=$WORK/p.jsonl
+printf '{"id": "a", "prompt_token_ids": [5, 17, 200, 31, 9, 77, 140, 3, 62, 250, 18, 99], "max_tokens": 24, "temperature": 0}\n{"id": "b", "prompt_token_ids": [7, 7, 7, 1], "max_tokens": 30, "temperature": 0}\n' >"$P"
+ids() { grep -o '"token_ids":\[[^]]*\]' "$1"; }
+for m in v3 v3fp8 v2; do
+    run_dcp "$m-1" --model "$WORK/$m" --output "$WORK/$m-1.jsonl" "$P"
+    for layout in "4 -tp 4 -dcp 4" "8 -tp 8 -dcp 8 --dcp-comm-backend a2a"; do
+        checks=$((checks + 1))
+        np=${layout%% *}
+        NP=$np run_dcp "$m-$np" --model "$WORK/$m" ${layout#"$np"} --max-num-batched-tokens 8 --max-num-seqs 4 --output "$WORK/$m-$np.jsonl" "$P"
+        if [ "$(cat "$WORK/$m-1.rc")$(cat "$WORK/$m-$np.rc")" = 00 ] && [ -n "$(ids "$WORK/$m-1.jsonl")" ] &&
+            [ "$(ids "$WORK/$m-1.jsonl")" = "$(ids "$WORK/$m-$np.jsonl")" ]; then
+            pass "$m: ${layout#"$np" } gives one rank's tokens"
+        else
+            fail "$m: ${layout#"$np" }: exit $(cat "$WORK/$m-1.rc") $(cat "$WORK/$m-$np.rc")"; cat "$WORK/$m-$np.err" >&2
+        fi
+    done
+done
+finish
