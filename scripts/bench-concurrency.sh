@@ -2,7 +2,9 @@
 # Benchmark (not a test): what DCP buys at a fixed KV memory per rank.
 # Runs one synthetic agentic trace (dcpinfer-mktrace) on 8 ranks (tp 8)
 # with plain TP and with DCP: dcp 1/2/4/8 on a generated MQA model
-# (1 KV head) and dcp 1/2 on a GQA model (4 KV heads), sweeping the
+# (1 KV head), dcp 1/2 on a GQA model (4 KV heads) and dcp 1/2/4/8 on a
+# DeepSeek-V3-style MLA model (one 32-float latent row per position and
+# layer, as many bytes as the MQA model's K and V), sweeping the
 # offered concurrency (--max-num-seqs). Every run has a logical KV block of
 # 16 positions (--block-size 16/dcp), so that the comparison is of
 # capacity, not of rounding. Prints a table and the ratio of the maximum
@@ -28,6 +30,9 @@ B=$BUILD_DIR
     --max-len 4096 --seed 5 || exit 1
 "$B/dcpinfer-mkmodel" --out "$W/gqa" --layers 4 --dim 128 --heads 8 --kv-heads 4 --hidden 344 --vocab 512 \
     --max-len 4096 --seed 6 || exit 1
+"$B/dcpinfer-mkmodel" --out "$W/mla" --arch deepseek_v3 --layers 4 --dim 128 --heads 8 --hidden 344 --vocab 512 \
+    --max-len 4096 --seed 7 --kv-lora-rank 24 --qk-rope-dim 8 --qk-nope-dim 16 --v-head-dim 16 --q-lora-rank 64 \
+    --experts 8 --experts-per-token 2 --moe-hidden 96 --first-dense 1 >/dev/null || exit 1
 # inputs 1/256 of the published trace's 67K tokens, outputs 1/25 of its 400
 "$B/dcpinfer-mktrace" --requests "$REQUESTS" --median-input 256 --sigma-input 0.3 --median-output 16 \
     --max-input 2000 --vocab 512 --out "$W/trace.jsonl" || exit 1
@@ -37,7 +42,7 @@ echo "# dcpinfer concurrency benchmark: $NP ranks, tp $NP, --kv-cache-memory $KV
 echo "# (trace: lognormal prompts, median 256 tokens, sigma 0.3; outputs median 16; greedy)"
 printf "# %-5s %4s %8s %8s %7s %10s %10s %9s %9s %6s\n" model dcp offered running kv_use out_tok/s dec_tok/s \
     ttft_s tpot_s preempt | tee "$OUT/concurrency.dat"
-for run in "mqa 1" "mqa 2" "mqa 4" "mqa 8" "gqa 1" "gqa 2"; do
+for run in "mqa 1" "mqa 2" "mqa 4" "mqa 8" "gqa 1" "gqa 2" "mla 1" "mla 2" "mla 4" "mla 8"; do
     set -- $run
     model=$1 dcp=$2
     for offered in $OFFERED; do
@@ -76,12 +81,12 @@ set grid
 set xlabel "offered concurrency (--max-num-seqs)"
 set ylabel "requests running at once (max)"
 set title "concurrency reached"
-plot for [i=0:5] "$OUT/concurrency.dat" index i using 3:4 with linespoints lw 2 \
-    title word("MQA-dcp1 MQA-dcp2 MQA-dcp4 MQA-dcp8 GQA-dcp1 GQA-dcp2", i+1)
+plot for [i=0:9] "$OUT/concurrency.dat" index i using 3:4 with linespoints lw 2 dt (i < 6 ? 1 : 2) \
+    title word("MQA-dcp1 MQA-dcp2 MQA-dcp4 MQA-dcp8 GQA-dcp1 GQA-dcp2 MLA-dcp1 MLA-dcp2 MLA-dcp4 MLA-dcp8", i+1)
 set ylabel "output tokens/s in decode-only steps"
 set title "decode throughput"
-plot for [i=0:5] "$OUT/concurrency.dat" index i using 3:7 with linespoints lw 2 \
-    title word("MQA-dcp1 MQA-dcp2 MQA-dcp4 MQA-dcp8 GQA-dcp1 GQA-dcp2", i+1)
+plot for [i=0:9] "$OUT/concurrency.dat" index i using 3:7 with linespoints lw 2 dt (i < 6 ? 1 : 2) \
+    title word("MQA-dcp1 MQA-dcp2 MQA-dcp4 MQA-dcp8 GQA-dcp1 GQA-dcp2 MLA-dcp1 MLA-dcp2 MLA-dcp4 MLA-dcp8", i+1)
 unset multiplot
 GP
 echo "# plot: $OUT/concurrency.png"
