@@ -81,11 +81,11 @@ set grid
 set xlabel "offered concurrency (--max-num-seqs)"
 set ylabel "requests running at once (max)"
 set title "concurrency reached"
-plot for [i=0:9] "$OUT/concurrency.dat" index i using 3:4 with linespoints lw 2 dt (i < 6 ? 1 : 2) \
+plot for [i=0:9] "$OUT/concurrency.dat" index i using 3:4 with linespoints lw 2 \
     title word("MQA-dcp1 MQA-dcp2 MQA-dcp4 MQA-dcp8 GQA-dcp1 GQA-dcp2 MLA-dcp1 MLA-dcp2 MLA-dcp4 MLA-dcp8", i+1)
 set ylabel "output tokens/s in decode-only steps"
 set title "decode throughput"
-plot for [i=0:9] "$OUT/concurrency.dat" index i using 3:7 with linespoints lw 2 dt (i < 6 ? 1 : 2) \
+plot for [i=0:9] "$OUT/concurrency.dat" index i using 3:7 with linespoints lw 2 \
     title word("MQA-dcp1 MQA-dcp2 MQA-dcp4 MQA-dcp8 GQA-dcp1 GQA-dcp2 MLA-dcp1 MLA-dcp2 MLA-dcp4 MLA-dcp8", i+1)
 unset multiplot
 GP
