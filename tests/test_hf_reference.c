@@ -42,6 +42,25 @@ static void capture(void *ctx, int request, int pos, const float *logits, int vo
     memcpy(c->logits + (size_t)pos * vocab, logits, sizeof(float) * vocab);
 }
 
+/* One request of the prompt at one rank: its logits at every position
+ * ((n + max_tokens) x vocab, malloc'ed) and its result. */
+static float *run_prompt(const Model *m, const int *prompt, int n, int max_tokens, Result *res)
+{
+    int vocab = m->cfg.vocab_size;
+    RequestSet rs = {0};
+    add_request(&rs, prompt, n, max_tokens, 0.0f, 1.0f, 0);
+    Capture cap = {xcalloc((size_t)(n + max_tokens) * vocab, sizeof(float)), vocab};
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, m, backend_cpu(), NULL, NULL, &tm, NULL);
+    GenOptions go = {.max_model_len = m->cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
+                     .on_logits = capture, .on_logits_ctx = &cap};
+    generate(&e, &rs, res, &go, NULL);
+    engine_free(&e);
+    requests_free(&rs);
+    return cap.logits;
+}
+
 /* Logits of every position of a model folder's prompt.txt, at one rank. */
 static float *prompt_logits(const char *dir, int *n_out, int *vocab_out)
 {
@@ -51,24 +70,13 @@ static float *prompt_logits(const char *dir, int *n_out, int *vocab_out)
     int n = read_ids(path, prompt, 1024);
     Model m;
     if (!CHECK_OK(n > 0 && model_load(&m, dir, 1, 0) == 0, "%s: %s", dir, dcp_error())) return NULL;
-    int vocab = m.cfg.vocab_size;
-    RequestSet rs = {0};
-    add_request(&rs, prompt, n, 1, 0.0f, 1.0f, 0);
-    Capture cap = {xcalloc((size_t)(n + 1) * vocab, sizeof(float)), vocab};
-    Timings tm = {0};
-    Engine e;
-    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
-    GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
-                     .on_logits = capture, .on_logits_ctx = &cap};
     Result res;
-    generate(&e, &rs, &res, &go, NULL);
-    engine_free(&e);
+    float *logits = run_prompt(&m, prompt, n, 1, &res);
     results_free(&res, 1);
-    requests_free(&rs);
-    model_free(&m);
     *n_out = n;
-    *vocab_out = vocab;
-    return cap.logits;
+    *vocab_out = m.cfg.vocab_size;
+    model_free(&m);
+    return logits;
 }
 
 /* A block-scaled FP8 checkpoint (F8_E4M3 with weight_scale_inv) gives the
@@ -124,19 +132,11 @@ int main(int argc, char **argv)
         if (f) fclose(f);
         CHECK(got == (size_t)n * vocab, "%s: logits.f32 holds %zu of %d floats", cases[k], got, n * vocab);
         /* every position's logits, then the greedy continuation */
-        RequestSet rs = {0};
-        add_request(&rs, prompt, n, 32, 0.0f, 1.0f, 0);
-        Capture cap = {xcalloc((size_t)(n + 32) * vocab, sizeof(float)), vocab};
-        Timings tm = {0};
-        Engine e;
-        engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
-        GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
-                         .on_logits = capture, .on_logits_ctx = &cap};
         Result res;
-        generate(&e, &rs, &res, &go, NULL);
+        float *logits = run_prompt(&m, prompt, n, 32, &res);
         double worst = 0;
         for (int p = 0; p < n; p++) {
-            const float *a = cap.logits + (size_t)p * vocab, *b = ref + (size_t)p * vocab;
+            const float *a = logits + (size_t)p * vocab, *b = ref + (size_t)p * vocab;
             double big = 0, d = 0;
             for (int v = 0; v < vocab; v++) {
                 big = fmax(big, fabs(b[v]));
@@ -149,10 +149,8 @@ int main(int argc, char **argv)
                 cases[k], arch_table[m.cfg.arch].name, worst, n, same ? "identical" : "DIFFER");
         CHECK(worst <= 1e-4, "%s: logits differ from transformers by %g (relative)", cases[k], worst);
         CHECK(same, "%s: greedy tokens differ from transformers' (%d tokens)", cases[k], res.n);
-        engine_free(&e);
         results_free(&res, 1);
-        requests_free(&rs);
-        free(cap.logits);
+        free(logits);
         free(ref);
         model_free(&m);
     }

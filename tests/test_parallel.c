@@ -506,20 +506,28 @@ static void chunked_prefill_4k(const char *path)
  * prefilled in chunks whose context part, under a sliding window too,
  * goes through the sharded attention: the same greedy tokens as one rank
  * and logits within 1e-4 of its, relative to the row's largest. */
+/* The ids of DIR/prompt.txt (at most cap); their count. */
+static int read_prompt(const char *dir, int *prompt, int cap)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    int n = 0;
+    FILE *f = fopen(path, "r");
+    while (f && n < cap && fscanf(f, "%d", &prompt[n]) == 1) n++;
+    if (f) fclose(f);
+    return n;
+}
+
 static void hf_layouts(void)
 {
     static const char *cases[] = {"llama3", "rope_parameters", "linear", "yarn", "mistral_window", "qwen2_bias",
                                   "qwen3_qk_norm", "mlp_bias"};
     const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        char dir[4096], path[4200];
+        char dir[4096];
         snprintf(dir, sizeof dir, "%s/tests/data/hf/%s", src, cases[k]);
-        snprintf(path, sizeof path, "%s/prompt.txt", dir);
-        int prompt[1024], n = 0;
-        FILE *f = fopen(path, "r");
-        while (f && n < 1024 && fscanf(f, "%d", &prompt[n]) == 1) n++;
-        if (f) fclose(f);
-        if (!CHECK_OK(n >= 300, "%s: no prompt in %s", cases[k], path)) continue;
+        int prompt[1024], n = read_prompt(dir, prompt, 1024);
+        if (!CHECK_OK(n >= 300, "%s: no prompt in %s", cases[k], dir)) continue;
         RequestSet rs = {0};
         add_request(&rs, prompt, n, 32, 0.0f, 1.0f, 0);
         add_request(&rs, prompt + 100, 57, 20, 0.0f, 1.0f, 0);
@@ -556,14 +564,10 @@ static void deepseek_layouts(void)
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     for (size_t k = 0; k < 2; k++) {
-        char dir[4096], path[4200];
+        char dir[4096];
         snprintf(dir, sizeof dir, "%s/tests/data/deepseek/%s", src, cases[k]);
-        snprintf(path, sizeof path, "%s/prompt.txt", dir);
-        int prompt[1024], n = 0;
-        FILE *f = fopen(path, "r");
-        while (f && n < 1024 && fscanf(f, "%d", &prompt[n]) == 1) n++;
-        if (f) fclose(f);
-        if (!CHECK_OK(n >= 200, "%s: no prompt in %s", cases[k], path)) continue;
+        int prompt[1024], n = read_prompt(dir, prompt, 1024);
+        if (!CHECK_OK(n >= 200, "%s: no prompt in %s", cases[k], dir)) continue;
         RequestSet rs = {0};
         static const int start[] = {0, 100, 10, 50}, len[] = {0, 57, 120, 90}, gen[] = {32, 20, 24, 30};
         for (int i = 0; i < 4; i++) add_request(&rs, prompt + start[i], len[i] ? len[i] : n, gen[i], 0.0f, 1.0f, 0);

@@ -175,12 +175,20 @@ static void write_rope(FILE *f, const ModelSpec *s)
     fprintf(f, "},\n");
 }
 
+/* DIR/config.json, open for writing (its path in path); NULL with the error */
+static FILE *open_config(const char *dir, char *path, size_t n)
+{
+    snprintf(path, n, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) dcp_fail("%s: %s", path, strerror(errno));
+    return f;
+}
+
 static int write_config_json(const ModelSpec *s, const char *dir)
 {
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    FILE *f = open_config(dir, path, sizeof path);
+    if (!f) return -1;
     const Arch *a = &arch_table[s->arch];
     Config c;
     mkmodel_config(s, &c);
@@ -403,9 +411,8 @@ static int write_mla(const ModelSpec *s, const char *dir)
 static int write_mla_config(const ModelSpec *s, const char *dir)
 {
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    FILE *f = open_config(dir, path, sizeof path);
+    if (!f) return -1;
     const Arch *a = &arch_table[s->arch];
     const MlaConfig *m = &s->mla;
     char eos[32], qlora[32], scale[40];
