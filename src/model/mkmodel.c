@@ -184,6 +184,18 @@ static FILE *open_config(const char *dir, char *path, size_t n)
     return f;
 }
 
+/* The fields every config.json ends with, and the close. */
+static int finish_config(FILE *f, const char *path, const ModelSpec *s, const char *eos, const char *eps)
+{
+    fprintf(f,
+            "  \"rms_norm_eps\": %s,\n  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n"
+            "  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
+            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}\n",
+            eps, s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
+    if (fclose(f)) return dcp_fail("%s: write error", path);
+    return 0;
+}
+
 static int write_config_json(const ModelSpec *s, const char *dir)
 {
     char path[4096];
@@ -213,13 +225,7 @@ static int write_config_json(const ModelSpec *s, const char *dir)
                 s->sliding_window ? "true" : "false", s->sliding_window ? s->sliding_window : 4096,
                 s->sliding_window ? s->max_window_layers : s->layers);
     }
-    fprintf(f,
-            "  \"rms_norm_eps\": 1e-05,\n  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n"
-            "  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
-            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}\n",
-            s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
-    if (fclose(f)) return dcp_fail("%s: write error", path);
-    return 0;
+    return finish_config(f, path, s, eos, "1e-05");
 }
 
 /* One safetensors file holding tensors [first, last) of the flat list. */
@@ -440,13 +446,8 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
                    "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]},\n",
                 s->fp8_block, s->fp8_block);
     write_rope(f, s);
-    fprintf(f,
-            "  \"attention_bias\": false,\n  \"rms_norm_eps\": 1e-06,\n  \"tie_word_embeddings\": %s,\n"
-            "  \"hidden_act\": \"silu\",\n  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
-            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}\n",
-            s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
-    if (fclose(f)) return dcp_fail("%s: write error", path);
-    return 0;
+    fprintf(f, "  \"attention_bias\": false,\n");
+    return finish_config(f, path, s, eos, "1e-06");
 }
 
 int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
