@@ -179,11 +179,22 @@ static void ensure_scratch(Engine *e, int T)
  * choose them (V3: sigmoid scores, the correction bias for the choice only,
  * groups by the sum of their two best; V2: softmax, greedy or by each
  * group's best); equal scores go to the lower index. */
-static void route(const MlaConfig *m, const float *logits, const float *bias, int *idx, float *weight)
+/* Scratch of one routing: sized by the config's experts and groups. */
+typedef struct {
+    float *score, *choice, *gscore;
+    int *keep;
+    char *taken;
+} RouteScratch;
+
+static void route(const MlaConfig *m, const float *logits, const float *bias, const RouteScratch *rs, int *idx,
+                  float *weight)
 {
     int E = m->n_routed_experts, G = m->n_group, per = E / G, K = m->experts_per_token;
-    float score[1024], choice[1024], gscore[256];
-    int keep[256] = {0};
+    float *score = rs->score, *choice = rs->choice, *gscore = rs->gscore;
+    int *keep = rs->keep;
+    char *taken = rs->taken;
+    memset(keep, 0, sizeof(int) * (size_t)G);
+    memset(taken, 0, (size_t)E);
     if (m->v3) {
         for (int x = 0; x < E; x++) {
             score[x] = 1.0f / (1.0f + expf(-logits[x]));
@@ -215,7 +226,6 @@ static void route(const MlaConfig *m, const float *logits, const float *bias, in
         for (int x = 0; x < E; x++)
             if (!keep[x / per]) choice[x] = m->v3 ? -INFINITY : 0.0f;
     }
-    char taken[1024] = {0};
     for (int n = 0; n < K; n++) {
         int best = -1;
         for (int x = 0; x < E; x++)
@@ -253,7 +263,16 @@ static void moe(Engine *e, const MlaLayerWeights *lw, int T)
     int *idx = xmalloc(sizeof(int) * (size_t)T * K), *rows = xmalloc(sizeof(int) * (size_t)T * K);
     float *wt = xmalloc(sizeof(float) * (size_t)T * K), *wsorted = xmalloc(sizeof(float) * (size_t)T * K);
     int *start = xcalloc((size_t)E + 1, sizeof(int));
-    for (int t = 0; t < T; t++) route(m, logits + (size_t)t * E, lw->router_bias, idx + (size_t)t * K, wt + (size_t)t * K);
+    RouteScratch rsc = {xmalloc(sizeof(float) * (size_t)E), xmalloc(sizeof(float) * (size_t)E),
+                        xmalloc(sizeof(float) * (size_t)m->n_group), xmalloc(sizeof(int) * (size_t)m->n_group),
+                        xmalloc((size_t)E)};
+    for (int t = 0; t < T; t++)
+        route(m, logits + (size_t)t * E, lw->router_bias, &rsc, idx + (size_t)t * K, wt + (size_t)t * K);
+    free(rsc.score);
+    free(rsc.choice);
+    free(rsc.gscore);
+    free(rsc.keep);
+    free(rsc.taken);
     /* the step's (token, weight) pairs grouped by expert, tokens in order */
     for (int i = 0; i < T * K; i++) start[idx[i] + 1]++;
     for (int x = 0; x < E; x++) start[x + 1] += start[x];
