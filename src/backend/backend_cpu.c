@@ -18,15 +18,11 @@ static int use_openblas;
 
 static void cpu_matmul(float *y, const float *x, WeightRef wr, int T, int in, int out)
 {
-    if (wr.dtype != DTYPE_F32) {
-        fprintf(stderr, "dcpinfer: the CPU matmul was given non-float32 weights\n");
-        abort();
-    }
-    const float *w = wr.data;
-    if (!use_openblas) {
-        gemm_invariant(y, x, w, T, in, out);
+    if (!use_openblas || wr.dtype != DTYPE_F32) { /* OpenBLAS has no bf16 sgemm: refused at set-up */
+        gemm_invariant(y, x, wr, T, in, out);
         return;
     }
+    const float *w = wr.data;
     /* Our OpenMP threads split the output columns and each calls a
      * single-threaded sgemm: OpenBLAS's own thread pool would compete for
      * the cores with OpenMP's spinning workers. */

@@ -3,83 +3,372 @@
  * OpenBLAS picks different micro-kernels for a row depending on how many
  * rows share the call, so a token's activations (and, rarely, its sampled
  * token) would depend on which other requests are in the batch. Here every
- * element y[t][n] is computed by the same arithmetic in the same order,
- * whatever T is and wherever the row falls in a tile: 4-lane partial sums
- * over k, a fixed horizontal reduction, then the k % 4 tail in order.
- * Tiles of 4 rows x 2 weight rows keep a weight row in cache across all
- * tokens of the step, so decode reads each weight once per step. */
+ * element y[t][n] is computed by one arithmetic, whatever T is, wherever the
+ * row falls in a tile, whichever thread computes it and whichever
+ * instruction set the CPU has:
+ *   16 partial sums, lane l an FMA chain over k = l, l+16, ... < K16
+ *   (K16 = K rounded down to a multiple of 16), combined by a fixed tree
+ *   h[i] = a[i] + a[i+8], g[i] = h[i] + h[i+4], f[i] = g[i] + g[i+2],
+ *   s = f[0] + f[1], then s = fma(x[k], w[k], s) for k = K16 .. K-1.
+ * AVX-512 holds the 16 lanes in one register, AVX2 in two halves, the
+ * portable fallback in an array with fmaf; the results are the same bits,
+ * so a request's tokens do not depend on the machine's vector width either.
+ * Threads split the output columns, never K. bf16 weights are widened to
+ * fp32 in registers (exact), so a bf16 matrix gives the fp32 result of its
+ * widened values. */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "gemm_cpu.h"
+#include "util.h"
 
-typedef float v4 __attribute__((vector_size(16)));
-
-static inline v4 load4(const float *p)
+static inline float bf16_bits_to_f32(uint16_t h)
 {
-    v4 v;
-    memcpy(&v, p, sizeof v);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#define W2F_F32(w) (w)
+#define W2F_BF16(w) bf16_bits_to_f32(w)
+
+/* weight rows per block are at most 2 * PANEL_MAX_PAIRS */
+#define PANEL_MAX_PAIRS 64
+
+/* ---- portable: 16 lanes in an array ---------------------------------- */
+typedef struct {
+    float l[16];
+} VGen;
+static inline VGen gen_zero(void) { return (VGen){{0}}; }
+static inline VGen gen_loadx(const float *p)
+{
+    VGen v;
+    memcpy(v.l, p, sizeof v.l);
     return v;
 }
-
-static inline float finish(v4 acc, const float *x, const float *w, int k, int K)
+static inline VGen gen_loadw_f32(const float *p) { return gen_loadx(p); }
+static inline VGen gen_loadw_bf16(const uint16_t *p)
 {
-    float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for (; k < K; k++) s += x[k] * w[k];
-    return s;
+    VGen v;
+    for (int i = 0; i < 16; i++) v.l[i] = bf16_bits_to_f32(p[i]);
+    return v;
+}
+static inline VGen gen_fma(VGen a, VGen b, VGen c)
+{
+    for (int i = 0; i < 16; i++) c.l[i] = fmaf(a.l[i], b.l[i], c.l[i]);
+    return c;
+}
+static inline float gen_tree(VGen a)
+{
+    float h[8], g[4];
+    for (int i = 0; i < 8; i++) h[i] = a.l[i] + a.l[i + 8];
+    for (int i = 0; i < 4; i++) g[i] = h[i] + h[i + 4];
+    return (g[0] + g[2]) + (g[1] + g[3]);
 }
 
-/* The defining arithmetic of one element. */
-static inline float dot1(const float *x, const float *w, int K)
-{
-    v4 acc = {0, 0, 0, 0};
-    int k = 0;
-    for (; k + 4 <= K; k += 4) acc += load4(x + k) * load4(w + k);
-    return finish(acc, x, w, k, K);
-}
+#define TGT
+#define V VGen
+#define v_zero gen_zero
+#define v_loadx gen_loadx
+#define v_fma gen_fma
+#define v_tree gen_tree
+#define SFX(name) gen_f32_##name
+#define WT float
+#define W2F W2F_F32
+#define v_loadw gen_loadw_f32
+#include "gemm_kernel.inc"
+#undef SFX
+#undef WT
+#undef W2F
+#undef v_loadw
+#define SFX(name) gen_bf16_##name
+#define WT uint16_t
+#define W2F W2F_BF16
+#define v_loadw gen_loadw_bf16
+#include "gemm_kernel.inc"
+#undef SFX
+#undef WT
+#undef W2F
+#undef v_loadw
+#undef TGT
+#undef V
+#undef v_zero
+#undef v_loadx
+#undef v_fma
+#undef v_tree
 
-/* Eight elements at once: rows x[0..3] against weight rows w0, w1, each
- * with exactly dot1's operations. */
-static inline void dot4x2(const float *x, int ldx, const float *w0, const float *w1, int K, float *y, int ldy)
+/* ---- AVX2 + FMA: 16 lanes in two 8-lane halves ------------------------ */
+#define TGT_AVX2 __attribute__((target("avx2,fma")))
+typedef struct {
+    __m256 lo, hi;
+} V2;
+TGT_AVX2 static inline V2 avx2_zero(void) { return (V2){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+TGT_AVX2 static inline V2 avx2_loadx(const float *p) { return (V2){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+TGT_AVX2 static inline __m256 avx2_widen8(const uint16_t *p)
 {
-    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-    v4 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-    int k = 0;
-    for (; k + 4 <= K; k += 4) {
-        v4 b0 = load4(w0 + k), b1 = load4(w1 + k), v;
-        v = load4(x0 + k); a00 += v * b0; a01 += v * b1;
-        v = load4(x1 + k); a10 += v * b0; a11 += v * b1;
-        v = load4(x2 + k); a20 += v * b0; a21 += v * b1;
-        v = load4(x3 + k); a30 += v * b0; a31 += v * b1;
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+TGT_AVX2 static inline V2 avx2_loadw_bf16(const uint16_t *p) { return (V2){avx2_widen8(p), avx2_widen8(p + 8)}; }
+TGT_AVX2 static inline V2 avx2_fma(V2 a, V2 b, V2 c)
+{
+    return (V2){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+/* h (8 lanes) -> g -> f -> s, shared with AVX-512 */
+TGT_AVX2 static inline float tree8(__m256 h)
+{
+    __m128 g = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    __m128 f = _mm_add_ps(g, _mm_movehl_ps(g, g));
+    return _mm_cvtss_f32(_mm_add_ss(f, _mm_shuffle_ps(f, f, 1)));
+}
+TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, a.hi)); }
+
+/* AVX2's tile: six activation rows against the block's weight rows, two
+ * at a time. Twelve 16-lane accumulators are 24 registers, more than AVX2
+ * has, so each chunk of K is passed twice: lanes 0-7 (k = 0..7 mod 16),
+ * then lanes 8-15, twelve 8-lane accumulators at a time, parked in memory
+ * between passes. Chunks are the outer loop, so a chunk of the six rows
+ * stays in L1 while every weight pair of the block passes it. Each lane's
+ * chain still runs over k in order, so the result is dot_finish's.
+ * The six rows come packed (avx2_pack_tile): activation rows a power of two
+ * apart (K = 2048) would otherwise share L1 sets with each other and with
+ * the weights and evict each other. */
+#define REG(v) ({ __asm__("" : "+x"(v)); }) /* else GCC reloads v inside every FMA */
+#define PANEL_CHUNK 512
+#define AVX2_PANEL(NAME, WT, LOADW8, FINISH)                                                                   \
+    TGT_AVX2 static void NAME(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const WT *w,  \
+                              size_t ldw, int npairs, int K)                                                  \
+    {                                                                                                         \
+        static _Thread_local __m256 park[PANEL_MAX_PAIRS][2][12];                                             \
+        memset(park, 0, sizeof(park[0]) * (size_t)npairs);                                                    \
+        int K16 = K & ~15;                                                                                    \
+        for (int kc = 0; kc < K16; kc += PANEL_CHUNK) {                                                       \
+            int kend = kc + PANEL_CHUNK < K16 ? kc + PANEL_CHUNK : K16;                                       \
+            for (int pr = 0; pr < npairs; pr++)                                                               \
+                for (int half = 0; half < 2; half++) {                                                        \
+                    __m256 *p = park[pr][half];                                                               \
+                    const WT *w0 = w + 2 * pr * ldw + 8 * half, *w1 = w0 + ldw;                               \
+                    const float *xq = xp + (size_t)half * K16 * 3;                                            \
+                    __m256 a00 = p[0], a01 = p[1], a10 = p[2], a11 = p[3], a20 = p[4], a21 = p[5];            \
+                    __m256 a30 = p[6], a31 = p[7], a40 = p[8], a41 = p[9], a50 = p[10], a51 = p[11];          \
+                    for (int k = kc; k < kend; k += 16) {                                                     \
+                        const float *xk = xq + (size_t)k * 3;                                                 \
+                        __m256 b0 = LOADW8(w0 + k), b1 = LOADW8(w1 + k), v;                                   \
+                        v = _mm256_loadu_ps(xk), REG(v);                                                      \
+                        a00 = _mm256_fmadd_ps(v, b0, a00), a01 = _mm256_fmadd_ps(v, b1, a01);                 \
+                        v = _mm256_loadu_ps(xk + 8), REG(v);                                                  \
+                        a10 = _mm256_fmadd_ps(v, b0, a10), a11 = _mm256_fmadd_ps(v, b1, a11);                 \
+                        v = _mm256_loadu_ps(xk + 16), REG(v);                                                 \
+                        a20 = _mm256_fmadd_ps(v, b0, a20), a21 = _mm256_fmadd_ps(v, b1, a21);                 \
+                        v = _mm256_loadu_ps(xk + 24), REG(v);                                                 \
+                        a30 = _mm256_fmadd_ps(v, b0, a30), a31 = _mm256_fmadd_ps(v, b1, a31);                 \
+                        v = _mm256_loadu_ps(xk + 32), REG(v);                                                 \
+                        a40 = _mm256_fmadd_ps(v, b0, a40), a41 = _mm256_fmadd_ps(v, b1, a41);                 \
+                        v = _mm256_loadu_ps(xk + 40), REG(v);                                                 \
+                        a50 = _mm256_fmadd_ps(v, b0, a50), a51 = _mm256_fmadd_ps(v, b1, a51);                 \
+                    }                                                                                         \
+                    p[0] = a00, p[1] = a01, p[2] = a10, p[3] = a11, p[4] = a20, p[5] = a21, p[6] = a30;       \
+                    p[7] = a31, p[8] = a40, p[9] = a41, p[10] = a50, p[11] = a51;                             \
+                }                                                                                             \
+        }                                                                                                     \
+        for (int pr = 0; pr < npairs; pr++)                                                                   \
+            for (int i = 0; i < 6; i++)                                                                       \
+                for (int j = 0; j < 2; j++)                                                                   \
+                    y[i * ldy + 2 * pr + j] = FINISH((V2){park[pr][0][2 * i + j], park[pr][1][2 * i + j]},    \
+                                                     x + i * ldx, w + (2 * pr + j) * ldw, K16, K);            \
     }
-    y[0] = finish(a00, x0, w0, k, K);
-    y[1] = finish(a01, x0, w1, k, K);
-    y[ldy] = finish(a10, x1, w0, k, K);
-    y[ldy + 1] = finish(a11, x1, w1, k, K);
-    y[2 * ldy] = finish(a20, x2, w0, k, K);
-    y[2 * ldy + 1] = finish(a21, x2, w1, k, K);
-    y[3 * ldy] = finish(a30, x3, w0, k, K);
-    y[3 * ldy + 1] = finish(a31, x3, w1, k, K);
+
+/* Six rows of x (ldx apart) packed for AVX2_PANEL: lanes 0-7 of every
+ * 16-column step, the six rows' 8 floats side by side, then lanes 8-15 the
+ * same way; K16 * 6 floats. */
+static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K)
+{
+    int K16 = K & ~15;
+    for (int half = 0; half < 2; half++)
+        for (int k = 0; k < K16; k += 16)
+            for (int r = 0; r < 6; r++)
+                memcpy(xp + (size_t)half * K16 * 3 + (size_t)k * 3 + r * 8, x + r * ldx + k + 8 * half, 32);
+}
+static inline __m256 avx2_loadu8(const float *p) __attribute__((target("avx2,fma"), always_inline));
+static inline __m256 avx2_loadu8(const float *p) { return _mm256_loadu_ps(p); }
+
+#define TGT TGT_AVX2
+#define V V2
+#define v_zero avx2_zero
+#define v_loadx avx2_loadx
+#define v_fma avx2_fma
+#define v_tree avx2_tree
+#define SFX(name) avx2_f32_##name
+#define WT float
+#define W2F W2F_F32
+#define v_loadw avx2_loadx
+TGT static inline float SFX(dot_finish)(V acc, const float *x, const WT *w, int k, int K);
+AVX2_PANEL(avx2_f32_panel, float, avx2_loadu8, avx2_f32_dot_finish)
+#define PANEL avx2_f32_panel
+#define TILE_M 6
+
+#include "gemm_kernel.inc"
+#undef SFX
+#undef WT
+#undef W2F
+#undef v_loadw
+#define SFX(name) avx2_bf16_##name
+#define WT uint16_t
+#define W2F W2F_BF16
+#define v_loadw avx2_loadw_bf16
+TGT static inline float SFX(dot_finish)(V acc, const float *x, const WT *w, int k, int K);
+AVX2_PANEL(avx2_bf16_panel, uint16_t, avx2_widen8, avx2_bf16_dot_finish)
+#define PANEL avx2_bf16_panel
+#define TILE_M 6
+
+#include "gemm_kernel.inc"
+#undef SFX
+#undef WT
+#undef W2F
+#undef v_loadw
+#undef TGT
+#undef V
+#undef v_zero
+#undef v_loadx
+#undef v_fma
+#undef v_tree
+
+/* ---- AVX-512: 16 lanes in one register ------------------------------- */
+#define TGT_AVX512 __attribute__((target("avx512f,avx2,fma")))
+TGT_AVX512 static inline __m512 avx512_loadw_bf16(const uint16_t *p)
+{
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+TGT_AVX512 static inline float avx512_tree(__m512 a)
+{
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return tree8(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
 }
 
-#define N_BLOCK 32 /* weight rows per task: 32 x dim floats stay in L1/L2 */
+#define TGT TGT_AVX512
+#define V __m512
+#define v_zero _mm512_setzero_ps
+#define v_loadx _mm512_loadu_ps
+#define v_fma _mm512_fmadd_ps
+#define v_tree avx512_tree
+#define SFX(name) avx512_f32_##name
+#define WT float
+#define W2F W2F_F32
+#define v_loadw _mm512_loadu_ps
+#include "gemm_kernel.inc"
+#undef SFX
+#undef WT
+#undef W2F
+#undef v_loadw
+#define SFX(name) avx512_bf16_##name
+#define WT uint16_t
+#define W2F W2F_BF16
+#define v_loadw avx512_loadw_bf16
+#include "gemm_kernel.inc"
+#undef SFX
+#undef WT
+#undef W2F
+#undef v_loadw
+#undef TGT
+#undef V
+#undef v_zero
+#undef v_loadx
+#undef v_fma
+#undef v_tree
 
-void gemm_invariant(float *y, const float *x, const float *w, int T, int in, int out)
+/* ---- dispatch ---------------------------------------------------------- */
+typedef void (*BlockFn)(float *y, const float *x, const float *xpack, const void *w, int T, int K, int N, int n0,
+                        int n1);
+static const struct {
+    const char *name;
+    BlockFn f32, bf16;
+    int tile_m;                                                   /* rows per prefill tile */
+    void (*pack)(float *xp, const float *x, size_t ldx, int K); /* one tile for its panel, or NULL */
+} isas[] = {
+    {"generic", gen_f32_block, gen_bf16_block, 3, NULL},
+    {"avx2", avx2_f32_block, avx2_bf16_block, 6, avx2_pack_tile},
+    {"avx512", avx512_f32_block, avx512_bf16_block, 3, NULL},
+};
+enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
+static int isa = ISA_AUTO;
+static float *xpack_buf; /* packed activation tiles, one region per thread */
+static size_t xpack_cap;
+
+static int best_isa(void)
 {
-    int nblocks = (out + N_BLOCK - 1) / N_BLOCK;
-#pragma omp parallel for schedule(static) if ((long)T * in * out > 100000)
-    for (int b = 0; b < nblocks; b++) {
-        int n0 = b * N_BLOCK, n1 = n0 + N_BLOCK < out ? n0 + N_BLOCK : out;
-        int t = 0;
-        for (; t + 4 <= T; t += 4) {
-            const float *xt = x + (size_t)t * in;
-            float *yt = y + (size_t)t * out;
-            int n = n0;
-            for (; n + 2 <= n1; n += 2)
-                dot4x2(xt, in, w + (size_t)n * in, w + (size_t)(n + 1) * in, in, yt + n, out);
-            for (; n < n1; n++)
-                for (int r = 0; r < 4; r++) yt[(size_t)r * out + n] = dot1(xt + (size_t)r * in, w + (size_t)n * in, in);
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
+    return ISA_GENERIC;
+}
+
+int gemm_cpu_set_isa(const char *name)
+{
+    int best = best_isa();
+    if (!strcmp(name, "auto")) {
+        isa = best;
+        return 0;
+    }
+    for (int i = 0; i < (int)(sizeof isas / sizeof *isas); i++)
+        if (!strcmp(name, isas[i].name)) {
+            if (i > best) return dcp_fail("--cpu-isa %s: this CPU does not have it (best: %s)", name, isas[best].name);
+            isa = i;
+            return 0;
         }
-        for (; t < T; t++)
-            for (int n = n0; n < n1; n++) y[(size_t)t * out + n] = dot1(x + (size_t)t * in, w + (size_t)n * in, in);
+    return dcp_fail("--cpu-isa %s: choose auto, generic, avx2 or avx512", name);
+}
+
+const char *gemm_cpu_isa(void)
+{
+    if (isa == ISA_AUTO) isa = best_isa();
+    return isas[isa].name;
+}
+
+void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int out)
+{
+    if (isa == ISA_AUTO) isa = best_isa();
+    BlockFn f = w.dtype == DTYPE_BF16 ? isas[isa].bf16 : isas[isa].f32;
+    /* about 128 KiB of weights per block, a multiple of 4 rows: the block
+     * stays in L2 while prefill's row tiles pass over it */
+    int nb = (int)(262144 / ((size_t)in * dtype_bytes(w.dtype))) & ~3;
+    if (nb < 4) nb = 4;
+    if (nb > 2 * PANEL_MAX_PAIRS) nb = 2 * PANEL_MAX_PAIRS;
+    int nblocks = (out + nb - 1) / nb;
+    /* prefill: rows in groups of about 256 KiB of activations (a multiple of
+     * the 6- and 3-row tiles), each group passing over this thread's blocks
+     * while it stays in L2 */
+    int tb = (int)(262144 / ((size_t)in * sizeof(float))) / 6 * 6;
+    if (tb < 6) tb = 6;
+    int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000;
+    size_t per_thread = (size_t)tb * (size_t)(in & ~15); /* packed tiles of one row group */
+    int packing = isas[isa].pack && T >= tm && per_thread > 0;
+    if (packing) {
+        size_t need = per_thread * (size_t)(parallel ? omp_get_max_threads() : 1);
+        if (need > xpack_cap) { /* grows to the largest shape, then stays */
+            free(xpack_buf);
+            xpack_buf = xmalloc(need * sizeof(float));
+            xpack_cap = need;
+        }
+    }
+#pragma omp parallel if (parallel)
+    {
+        int nt = omp_get_num_threads(), me = omp_get_thread_num();
+        int b0 = (int)((long)nblocks * me / nt), b1 = (int)((long)nblocks * (me + 1) / nt);
+        float *xp = packing ? xpack_buf + per_thread * me : NULL;
+        for (int t0 = 0; t0 < T; t0 += tb) {
+            int rows = T - t0 < tb ? T - t0 : tb;
+            const float *xt = x + (size_t)t0 * in;
+            if (packing && b0 < b1) /* each thread packs its own copy: no barrier */
+                for (int i = 0; i + tm <= rows; i += tm)
+                    isas[isa].pack(xp + (size_t)(i / tm) * (in & ~15) * tm, xt + (size_t)i * in, (size_t)in, in);
+            for (int b = b0; b < b1; b++) {
+                int n0 = b * nb, n1 = n0 + nb < out ? n0 + nb : out;
+                f(y + (size_t)t0 * out, xt, xp, w.data, rows, in, out, n0, n1);
+            }
+        }
     }
 }

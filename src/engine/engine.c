@@ -223,8 +223,6 @@ static size_t kv_offset(const Engine *e, int layer, int block, int slot)
     return (((size_t)layer * e->pool.n_blocks + block) * B + slot) * kvd;
 }
 
-size_t engine_kv_offset(const Engine *e, int layer) { return kv_offset(e, layer, 0, 0); }
-
 /* Per-step metadata, computed once on the host and handed to the backend:
  * positions, the slot mapping (row of this rank's pool each new token is
  * stored at, -1 where another DCP rank owns it), and the block tables of
@@ -276,13 +274,15 @@ static void timed_matmul(Engine *e, float *y, const float *x, WeightRef w, int T
 }
 
 /* Runs attention for rows = copies x T query tokens (q: copies blocks of T
- * tokens), each token over the keys of its chunk: in the context part this
+ * tokens), each token over the keys of its chunk: ATTEND_CACHED, this
  * rank's cached shard of positions [0, pos0), read through the chunk's
- * block table; in the new part the chunk's own keys up to and including
- * the token (causal). */
-void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, int context,
+ * block table; ATTEND_NEW, the chunk's own keys up to and including the
+ * token (causal); ATTEND_ALL, the cache's positions [0, p] (the chunk's
+ * keys already stored). */
+void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, AttendKeys keys,
                    const float *q, int copies, int n_heads, float *out, float *lse)
 {
+    int context = keys != ATTEND_NEW;
     const Config *c = &e->model->cfg;
     const Shard *s = &e->model->shard;
     const Topology *tp = e->topo;
@@ -299,10 +299,11 @@ void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int
              * after its first j - W + 1 */
             int p = ch->pos0 + j, first = W && p - W + 1 > 0 ? p - W + 1 : 0;
             if (context) {
+                int upto = keys == ATTEND_ALL ? p + 1 : ch->pos0;
                 e->kp[t] = e->k_pool + layer_off;
                 e->vp[t] = (c->mla ? e->k_pool : e->v_pool) + layer_off; /* MLA: values are the latent rows */
-                e->n_keys[t] = local;
-                e->key0[t] = first ? kv_local_len(tp, first < ch->pos0 ? first : ch->pos0, tp->dcp_rank) : 0;
+                e->n_keys[t] = keys == ATTEND_ALL ? kv_local_len(tp, upto, tp->dcp_rank) : local;
+                e->key0[t] = first ? kv_local_len(tp, first < upto ? first : upto, tp->dcp_rank) : 0;
                 e->tables[t] = tables[i];
             } else {
                 e->kp[t] = e->k + (size_t)(t - j) * kvd;
@@ -344,7 +345,7 @@ static void context_attention_dcp(Engine *e, const Chunk *chunks, const int *con
     CommStats *cs = e->comm;
     /* queries of the whole group: (N, T, H, head_dim) */
     comm_allgather(cs, COMM_q_allgather, e->q, T * qd, e->q_all, tp->dcp_comm);
-    engine_attend(e, chunks, tables, n_chunks, layer, 1, e->q_all, N, H, e->o_all, e->lse_all);
+    engine_attend(e, chunks, tables, n_chunks, layer, ATTEND_CACHED, e->q_all, N, H, e->o_all, e->lse_all);
     if (e->merge == MERGE_AG_RS) {
         /* every rank's LSEs for all N*rows rows, then the scaled partials
          * summed so that rank d receives block d: its own heads */
@@ -361,11 +362,32 @@ static void context_attention_dcp(Engine *e, const Chunk *chunks, const int *con
     }
 }
 
-void engine_context_attention(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer,
-                              int T)
+void engine_self_attention(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, int T,
+                           int has_context, int n_heads, int out_dim, int kv_row)
 {
-    if (e->topo->dcp > 1) context_attention_dcp(e, chunks, tables, n_chunks, layer, T);
-    else engine_attend(e, chunks, tables, n_chunks, layer, 1, e->q, 1, e->model->shard.q_heads, e->att_ctx, e->lse_ctx);
+    const Backend *be = e->be;
+    int mla = e->model->cfg.mla;
+    size_t off = kv_offset(e, layer, 0, 0);
+    float *v_pool = mla ? NULL : e->v_pool + off, *v = mla ? NULL : e->v;
+    if (e->topo->dcp == 1) {
+        /* The new keys are stored first and every token reads its keys from
+         * the cache in one pass: the same keys in the same order whether
+         * its prompt came in one chunk or several, alone or batched, so its
+         * result does not depend on either. */
+        be->kv_write(e->k_pool + off, v_pool, e->k, v, e->d_slots, T, kv_row);
+        engine_attend(e, chunks, tables, n_chunks, layer, ATTEND_ALL, e->q, 1, n_heads, e->att, e->lse);
+        return;
+    }
+    /* The cache is sharded: the new keys (which every rank holds) and each
+     * rank's cached shard are attended apart; the shards' partials are
+     * merged over the DCP group, then with the new part. */
+    engine_attend(e, chunks, tables, n_chunks, layer, ATTEND_NEW, e->q, 1, n_heads, e->att, e->lse);
+    if (has_context) {
+        context_attention_dcp(e, chunks, tables, n_chunks, layer, T);
+        be->merge_attention(e->att, e->lse, e->att_ctx, e->lse_ctx, T * n_heads, out_dim);
+    }
+    /* the owners store the new tokens' K/V (DESIGN.md section 3) */
+    be->kv_write(e->k_pool + off, v_pool, e->k, v, e->d_slots, T, kv_row);
 }
 
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits)
@@ -414,14 +436,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
         be->rope(e->q, e->d_pos, T, s->q_heads, D, w->inv_freq, w->rope_scale, c->rope_style);
         be->rope(e->k, e->d_pos, T, s->kv_heads, D, w->inv_freq, w->rope_scale, c->rope_style);
         double t0 = clock_now(e);
-        engine_attend(e, chunks, tables, n_chunks, l, 0, e->q, 1, s->q_heads, e->att, e->lse);
-        if (has_context) {
-            engine_context_attention(e, chunks, tables, n_chunks, l, T);
-            be->merge_attention(e->att, e->lse, e->att_ctx, e->lse_ctx, T * s->q_heads, D);
-        }
-        /* the owners store the new tokens' K/V (DESIGN.md section 3) */
-        size_t layer_off = kv_offset(e, l, 0, 0);
-        be->kv_write(e->k_pool + layer_off, e->v_pool + layer_off, e->k, e->v, e->d_slots, T, kvd);
+        engine_self_attention(e, chunks, tables, n_chunks, l, T, has_context, s->q_heads, D, kvd);
         e->tm->attention += clock_now(e) - t0;
         /* row-parallel output projection, summed over the TP group */
         timed_matmul(e, e->xb2, e->att, lw->wo, T, qd, dim);

@@ -131,17 +131,17 @@ long long engine_kv_capacity(const Engine *e);
  * vocabulary shard (shard.vocab floats per row). */
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits);
 
-/* For mla.c: attention of the step's queries over the new part (context 0)
- * or the cached part (context 1) of each chunk (engine.c). */
-void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, int context,
+/* Which keys engine_attend gives each token (engine.c). */
+typedef enum { ATTEND_NEW, ATTEND_CACHED, ATTEND_ALL } AttendKeys;
+void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, AttendKeys keys,
                    const float *q, int copies, int n_heads, float *out, float *lse);
-/* Attention of the step's queries (e->q) over the cached positions, this
- * rank's heads' output and LSE into e->att_ctx and e->lse_ctx, merged over
- * the DCP group when the cache is sharded (engine.c). */
-void engine_context_attention(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer,
-                              int T);
-/* The offset of a layer's part of the KV pool (engine.c). */
-size_t engine_kv_offset(const Engine *e, int layer);
+/* One layer's attention of the step's queries (e->q, n_heads of this
+ * rank's heads) over every key up to each token, into e->att (out_dim
+ * floats per head) and e->lse, storing the new tokens' rows (e->k, e->v;
+ * kv_row floats; MLA: e->k only) in the owners' caches; merged over the
+ * DCP group when the cache is sharded (engine.c). */
+void engine_self_attention(Engine *e, const Chunk *chunks, const int *const *tables, int n_chunks, int layer, int T,
+                           int has_context, int n_heads, int out_dim, int kv_row);
 /* mla.c: the weights of an MLA model into the backend, and its release;
  * its scratch buffers' release */
 void mla_upload(Engine *e);

@@ -354,12 +354,7 @@ void mla_layer(Engine *e, int l, const Chunk *chunks, const int *const *tables, 
         be->strided_copy(e->q + (size_t)h * W, H * W, b[B_TB], kvl, T, kvl);
         be->strided_copy(e->q + (size_t)h * W + kvl, H * W, b[B_QROPE] + (size_t)h * rope, H * rope, T, rope);
     }
-    engine_attend(e, chunks, tables, n_chunks, l, 0, e->q, 1, H, e->att, e->lse);
-    if (has_context) {
-        engine_context_attention(e, chunks, tables, n_chunks, l, T);
-        be->merge_attention(e->att, e->lse, e->att_ctx, e->lse_ctx, T * H, kvl);
-    }
-    be->kv_write(e->k_pool + engine_kv_offset(e, l), NULL, e->k, NULL, e->d_slots, T, W);
+    engine_self_attention(e, chunks, tables, n_chunks, l, T, has_context, H, kvl, W);
     /* each head's value up-projection, then o_proj */
     for (int h = 0; h < H; h++) {
         be->strided_copy(b[B_TA], kvl, e->att + (size_t)h * kvl, H * kvl, T, kvl);

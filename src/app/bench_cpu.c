@@ -1,0 +1,155 @@
+/* dcpinfer-bench-cpu: this machine's limits, for scripts/bench-cpu.sh.
+ *   read bandwidth: GB/s summing a 1 GiB array (vector loads, 8
+ *     accumulators, threads splitting it), best of 5
+ *   FMA peak: GFLOP/s of a register-only loop of independent FMAs at the
+ *     widest vector the GEMM kernels use on this CPU
+ *   sgemm: OpenBLAS's GFLOP/s for (M, K) x (K, N)^T, each thread calling a
+ *     single-threaded sgemm on its share of N, as --cpu-gemm openblas does
+ *   gemm: the same shape through the batch-invariant GEMM (fp32 and bf16)
+ * Usage: dcpinfer-bench-cpu [threads] [M K N] */
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "gemm_cpu.h"
+#include "util.h"
+
+__attribute__((target("avx2,fma"))) static float read_avx2(const float *p, size_t n)
+{
+    __m256 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+    for (size_t i = 0; i + 64 <= n; i += 64)
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) a[j] = _mm256_add_ps(a[j], _mm256_loadu_ps(p + i + 8 * j));
+    for (int j = 1; j < 8; j++) a[0] = _mm256_add_ps(a[0], a[j]);
+    float s[8];
+    _mm256_storeu_ps(s, a[0]);
+    return s[0] + s[7];
+}
+
+static double read_bandwidth(int threads)
+{
+    size_t n = (size_t)1 << 28; /* 1 GiB of floats */
+    float *p = xmalloc(n * sizeof(float));
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; i++) p[i] = (float)(i & 7);
+    double best = 0;
+    volatile float sink = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        float total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+        {
+            int nt = omp_get_num_threads(), me = omp_get_thread_num();
+            size_t per = n / nt / 64 * 64;
+            total += read_avx2(p + per * me, per);
+        }
+        double dt = now_s() - t0;
+        sink += total;
+        double gbs = n * sizeof(float) / dt / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(p);
+    return best;
+}
+
+__attribute__((target("avx2,fma"))) static float fma_loop_avx2(long iters)
+{
+    __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 10; i++) a[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 10
+        for (int i = 0; i < 10; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < 10; i++) a[0] = _mm256_add_ps(a[0], a[i]);
+    return _mm256_cvtss_f32(a[0]);
+}
+
+__attribute__((target("avx512f"))) static float fma_loop_avx512(long iters)
+{
+    __m512 a[12], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < 12; i++) a[0] = _mm512_add_ps(a[0], a[i]);
+    return _mm512_reduce_add_ps(a[0]);
+}
+
+static double fma_peak(int threads)
+{
+    int wide = !strcmp(gemm_cpu_isa(), "avx512");
+    long iters = 100000000;
+    double flops = (double)iters * (wide ? 12 * 16 : 10 * 8) * 2 * threads, best = 0;
+    volatile float sink = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now_s();
+#pragma omp parallel num_threads(threads)
+        sink += wide ? fma_loop_avx512(iters) : fma_loop_avx2(iters);
+        double g = flops / (now_s() - t0) / 1e9;
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+static double gflops(int M, int K, int N, double seconds) { return 2.0 * M * K * N / seconds / 1e9; }
+
+int main(int argc, char **argv)
+{
+    int threads = argc > 1 ? atoi(argv[1]) : omp_get_max_threads();
+    int M = argc > 4 ? atoi(argv[2]) : 512, K = argc > 4 ? atoi(argv[3]) : 768, N = argc > 4 ? atoi(argv[4]) : 2048;
+    if (threads < 1 || M < 1 || K < 1 || N < 1) {
+        fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N]\n");
+        return 2;
+    }
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(1);
+    if (strcmp(gemm_cpu_isa(), "generic") == 0) {
+        fprintf(stderr, "dcpinfer-bench-cpu: needs AVX2 and FMA\n");
+        return 1;
+    }
+    printf("threads %d isa %s\n", threads, gemm_cpu_isa());
+    printf("read_bandwidth_gbs %.2f\n", read_bandwidth(threads));
+    printf("fma_peak_gflops %.1f\n", fma_peak(threads));
+    float *x = xmalloc(sizeof(float) * M * K), *w = xmalloc(sizeof(float) * N * K), *y = xmalloc(sizeof(float) * M * N);
+    uint16_t *w16 = xmalloc(2 * (size_t)N * K);
+    uint64_t st = 1;
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = (float)((splitmix64(&st) >> 40) / 16777216.0) - 0.5f;
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        w[i] = (float)((splitmix64(&st) >> 40) / 16777216.0) - 0.5f;
+        uint32_t u;
+        memcpy(&u, &w[i], 4);
+        w16[i] = (uint16_t)(u >> 16);
+    }
+    double best = 1e30;
+    for (int rep = 0; rep < 20; rep++) {
+        double t0 = now_s();
+        int width = ((N + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for schedule(static)
+        for (int p = 0; p < threads; p++) {
+            int n0 = p * width, n = n0 + width <= N ? width : N - n0;
+            if (n > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, K, 1.0f, x, K, w + (size_t)n0 * K, K, 0.0f,
+                            y + n0, N);
+        }
+        double dt = now_s() - t0;
+        if (dt < best) best = dt;
+    }
+    printf("sgemm_gflops %.1f  # M %d K %d N %d\n", gflops(M, K, N, best), M, K, N);
+    for (int b = 0; b < 2; b++) {
+        WeightRef wr = b ? (WeightRef){w16, DTYPE_BF16} : (WeightRef){w, DTYPE_F32};
+        best = 1e30;
+        for (int rep = 0; rep < 20; rep++) {
+            double t0 = now_s();
+            gemm_invariant(y, x, wr, M, K, N);
+            double dt = now_s() - t0;
+            if (dt < best) best = dt;
+        }
+        printf("gemm_%s_gflops %.1f\n", b ? "bf16" : "f32", gflops(M, K, N, best));
+    }
+    free(x), free(w), free(y), free(w16);
+    return 0;
+}

@@ -1,0 +1,133 @@
+/* The batch-invariant CPU GEMM: every row's result is the same bits
+ * whatever rows share the call, whatever the thread count, and whatever
+ * instruction set computes it (the portable kernel, AVX2, and AVX-512 where
+ * this CPU has it); bf16 weights give exactly the fp32 result of their
+ * widened values; and the result is the product, within fp32 rounding of a
+ * double-precision reference. */
+#include <omp.h>
+
+#include "backend.h"
+#include "gemm_cpu.h"
+#include "testutil.h"
+
+static float frand(uint64_t *st) { return (float)((splitmix64(st) >> 40) / 16777216.0) - 0.5f; }
+
+static uint16_t to_bf16(float f) /* round to nearest even */
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static const char *isa_names[] = {"generic", "avx2", "avx512"};
+
+/* y = x . w^T computed one row at a time with the given ISA */
+static void rows_alone(float *y, const float *x, WeightRef w, int T, int K, int N)
+{
+    for (int t = 0; t < T; t++) {
+        WeightRef wr = w;
+        gemm_invariant(y + (size_t)t * N, x + (size_t)t * K, wr, 1, K, N);
+    }
+}
+
+static void shape(int T, int K, int N, uint64_t *st)
+{
+    float *x = xmalloc(sizeof(float) * T * K), *w = xmalloc(sizeof(float) * N * K);
+    float *wb = xmalloc(sizeof(float) * N * K); /* bf16 values widened */
+    uint16_t *w16 = xmalloc(2 * (size_t)N * K);
+    for (int i = 0; i < T * K; i++) x[i] = frand(st);
+    for (int i = 0; i < N * K; i++) {
+        w[i] = frand(st);
+        w16[i] = to_bf16(w[i]);
+        wb[i] = from_bf16(w16[i]);
+    }
+    size_t ny = (size_t)T * N;
+    float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny), *y1 = xmalloc(sizeof(float) * ny);
+    WeightRef wf = {w, DTYPE_F32}, wbf = {wb, DTYPE_F32}, w16r = {w16, DTYPE_BF16};
+
+    CHECK(!gemm_cpu_set_isa("generic"), "%s", dcp_error());
+    omp_set_num_threads(1);
+    gemm_invariant(ref, x, wf, T, K, N);
+    /* against double precision: |err| <= K * eps * sum |x w| is the plain
+     * bound; the 16 chains and the tree keep it far smaller */
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < K; k++) {
+                s += (double)x[t * K + k] * w[n * K + k];
+                a += fabs((double)x[t * K + k] * w[n * K + k]);
+            }
+            double e = fabs(ref[t * N + n] - s) / (a + 1e-30);
+            if (e > worst) worst = e;
+        }
+    CHECK(worst < 2e-6, "T %d K %d N %d: relative error %g against double", T, K, N, worst);
+
+    for (int i = 0; i < 3; i++) {
+        if (gemm_cpu_set_isa(isa_names[i])) {
+            printf("  %s: not on this CPU, skipped\n", isa_names[i]);
+            continue;
+        }
+        for (int threads = 1; threads <= 2; threads++) {
+            omp_set_num_threads(threads);
+            gemm_invariant(y, x, wf, T, K, N);
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "T %d K %d N %d: %s, %d threads differs from generic", T, K,
+                  N, isa_names[i], threads);
+            rows_alone(y1, x, wf, T, K, N);
+            CHECK(!memcmp(y1, ref, sizeof(float) * ny), "T %d K %d N %d: %s, rows alone differ from the batch", T, K,
+                  N, isa_names[i]);
+            /* rows shared with others in odd groupings: t0 .. t0+len */
+            for (int t0 = 0; t0 < T; t0 += 5) {
+                int len = 1 + (int)(splitmix64(st) % 7);
+                if (t0 + len > T) len = T - t0;
+                gemm_invariant(y1 + (size_t)t0 * N, x + (size_t)t0 * K, wf, len, K, N);
+            }
+            CHECK(!memcmp(y1, ref, sizeof(float) * ny), "T %d K %d N %d: %s, regrouped rows differ", T, K, N,
+                  isa_names[i]);
+            /* bf16 storage: the fp32 result of the widened weights */
+            float *yb = xmalloc(sizeof(float) * ny), *yw = xmalloc(sizeof(float) * ny);
+            gemm_invariant(yb, x, w16r, T, K, N);
+            gemm_invariant(yw, x, wbf, T, K, N);
+            CHECK(!memcmp(yb, yw, sizeof(float) * ny), "T %d K %d N %d: %s bf16 differs from its widened fp32", T, K,
+                  N, isa_names[i]);
+            rows_alone(y1, x, w16r, T, K, N);
+            CHECK(!memcmp(y1, yb, sizeof(float) * ny), "T %d K %d N %d: %s bf16 rows alone differ", T, K, N,
+                  isa_names[i]);
+            free(yb);
+            free(yw);
+        }
+    }
+    CHECK(!gemm_cpu_set_isa("auto"), "auto");
+    free(x), free(w), free(wb), free(w16), free(ref), free(y), free(y1);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    uint64_t st = 42;
+    /* K around the 16-lane width and its tail, N around the 2- and 4-row
+     * tiles and the 4-row blocks, T around the 3-row tile */
+    static const int Ks[] = {1, 7, 16, 17, 31, 48, 100, 775};
+    static const int Ns[] = {1, 3, 6, 9, 70};
+    static const int Ts[] = {1, 2, 3, 4, 7, 20};
+    for (size_t a = 0; a < sizeof Ks / sizeof *Ks; a++)
+        for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+            for (size_t c = 0; c < sizeof Ts / sizeof *Ts; c++) shape(Ts[c], Ks[a], Ns[b], &st);
+    shape(64, 768, 300, &st); /* large enough for the threaded path */
+    /* several row groups and blocks; the widest blocks (small K) */
+    shape(406, 344, 128, &st);
+    shape(406, 128, 344, &st);
+    shape(13, 16, 600, &st);
+    CHECK(gemm_cpu_set_isa("sse9") < 0, "unknown ISA accepted");
+    printf("gemm: isa %s, %d failures\n", gemm_cpu_isa(), test_failures);
+    MPI_Finalize();
+    return test_failures ? 1 : 0;
+}
