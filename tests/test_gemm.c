@@ -1,13 +1,14 @@
-/* The batch-invariant CPU GEMM: every row's result is the same bits
+/* The CPU kernels. The batch-invariant GEMM: every row's result is the same bits
  * whatever rows share the call, whatever the thread count, and whatever
  * instruction set computes it (the portable kernel, AVX2, and AVX-512 where
  * this CPU has it); bf16 weights give exactly the fp32 result of their
  * widened values; and the result is the product, within fp32 rounding of a
- * double-precision reference. */
+ * double-precision reference. The attention of one query row: the same
+ * bits on every instruction set, within fp32 rounding of double precision. */
 #include <omp.h>
 
 #include "backend.h"
-#include "gemm_cpu.h"
+#include "kernels_cpu.h"
 #include "testutil.h"
 
 static float frand(uint64_t *st) { return (float)((splitmix64(st) >> 40) / 16777216.0) - 0.5f; }
@@ -53,7 +54,7 @@ static void shape(int T, int K, int N, uint64_t *st)
     float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny), *y1 = xmalloc(sizeof(float) * ny);
     WeightRef wf = {w, DTYPE_F32}, wbf = {wb, DTYPE_F32}, w16r = {w16, DTYPE_BF16};
 
-    CHECK(!gemm_cpu_set_isa("generic"), "%s", dcp_error());
+    CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
     omp_set_num_threads(1);
     gemm_invariant(ref, x, wf, T, K, N);
     /* against double precision: |err| <= K * eps * sum |x w| is the plain
@@ -72,7 +73,7 @@ static void shape(int T, int K, int N, uint64_t *st)
     CHECK(worst < 2e-6, "T %d K %d N %d: relative error %g against double", T, K, N, worst);
 
     for (int i = 0; i < 3; i++) {
-        if (gemm_cpu_set_isa(isa_names[i])) {
+        if (cpu_set_isa(isa_names[i])) {
             printf("  %s: not on this CPU, skipped\n", isa_names[i]);
             continue;
         }
@@ -105,8 +106,61 @@ static void shape(int T, int K, int N, uint64_t *st)
             free(yw);
         }
     }
-    CHECK(!gemm_cpu_set_isa("auto"), "auto");
+    CHECK(!cpu_set_isa("auto"), "auto");
     free(x), free(w), free(wb), free(w16), free(ref), free(y), free(y1);
+}
+
+/* One attention row over n paged keys: the same bits on every ISA, and
+ * softmax(q k / sqrt(D)) v within fp32 rounding of double precision. */
+static void attention_row(int n, int D, int B, uint64_t *st)
+{
+    int nblocks = (n + B - 1) / B, stride = 3 * D; /* three KV heads per row; the middle one is read */
+    int *table = xmalloc(sizeof(int) * nblocks);
+    for (int i = 0; i < nblocks; i++) table[i] = nblocks - 1 - i; /* blocks in reverse order */
+    size_t rows = (size_t)nblocks * B;
+    float *k = xmalloc(sizeof(float) * rows * stride), *v = xmalloc(sizeof(float) * rows * stride);
+    float *q = xmalloc(sizeof(float) * D), *score = xmalloc(sizeof(float) * n);
+    float *ref = xmalloc(sizeof(float) * D), *out = xmalloc(sizeof(float) * D);
+    for (size_t i = 0; i < rows * stride; i++) k[i] = 4 * frand(st), v[i] = frand(st);
+    for (int d = 0; d < D; d++) q[d] = frand(st);
+    float scale = 1.0f / sqrtf((float)D), lse_ref = 0, lse;
+    int j0 = n / 5;
+    double *s = xmalloc(sizeof(double) * n), m = -INFINITY, sum = 0;
+    for (int j = j0; j < n; j++) {
+        const float *kj = k + ((size_t)table[j / B] * B + j % B) * stride + D;
+        s[j] = 0;
+        for (int d = 0; d < D; d++) s[j] += (double)q[d] * kj[d];
+        s[j] *= scale;
+        m = s[j] > m ? s[j] : m;
+    }
+    for (int j = j0; j < n; j++) sum += exp(s[j] - m);
+    double worst = 0;
+    for (int d = 0; d < D; d++) {
+        double o = 0;
+        for (int j = j0; j < n; j++) o += exp(s[j] - m) / sum * v[((size_t)table[j / B] * B + j % B) * stride + D + d];
+        out[d] = (float)o;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (cpu_set_isa(isa_names[i])) continue;
+        float *o = i == 0 ? ref : out;
+        float *l = i == 0 ? &lse_ref : &lse;
+        float exact[4096];
+        memcpy(exact, out, sizeof(float) * D);
+        cpu_attend_row(DTYPE_F32)(o, l, q, k + D, v + D, table, B, (size_t)stride, j0, n, D, D, scale, score);
+        if (i == 0) {
+            for (int d = 0; d < D; d++) {
+                double e = fabs(ref[d] - exact[d]);
+                worst = e > worst ? e : worst;
+            }
+            CHECK(worst < 2e-6, "attention n %d D %d: %g from double precision", n, D, worst);
+            CHECK(fabs(lse_ref - (m + log(sum))) < 1e-5, "attention lse %g vs %g", lse_ref, m + log(sum));
+        } else {
+            CHECK(!memcmp(out, ref, sizeof(float) * D) && lse == lse_ref, "attention n %d D %d: %s differs from generic",
+                  n, D, isa_names[i]);
+        }
+    }
+    CHECK(!cpu_set_isa("auto"), "auto");
+    free(table), free(k), free(v), free(q), free(score), free(ref), free(out), free(s);
 }
 
 int main(int argc, char **argv)
@@ -126,8 +180,13 @@ int main(int argc, char **argv)
     shape(406, 344, 128, &st);
     shape(406, 128, 344, &st);
     shape(13, 16, 600, &st);
-    CHECK(gemm_cpu_set_isa("sse9") < 0, "unknown ISA accepted");
-    printf("gemm: isa %s, %d failures\n", gemm_cpu_isa(), test_failures);
+    /* head sizes around the 16- and 64-lane groups, key counts around 4 */
+    static const int Ds[] = {8, 16, 40, 64, 128, 200};
+    static const int ns[] = {1, 3, 4, 9, 100, 1000};
+    for (size_t a = 0; a < sizeof Ds / sizeof *Ds; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) attention_row(ns[b], Ds[a], 16, &st);
+    CHECK(cpu_set_isa("sse9") < 0, "unknown ISA accepted");
+    printf("gemm: isa %s, %d failures\n", cpu_isa(), test_failures);
     MPI_Finalize();
     return test_failures ? 1 : 0;
 }

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "gemm_cpu.h"
+#include "kernels_cpu.h"
 #include "util.h"
 
 static int use_openblas;
@@ -110,51 +110,31 @@ static void cpu_attention(const AttnBatch *a)
 {
     int group = a->n_heads / a->n_kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
     int rows = a->T * a->n_heads;
+    AttendRowFn attend = cpu_attend_row(DTYPE_F32);
 #pragma omp parallel
     {
-        int cap = 0;
-        float *score = NULL;
+        /* each thread's scores, kept from call to call */
+        static _Thread_local float *score;
+        static _Thread_local int cap;
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
             int t = r / a->n_heads, h = r % a->n_heads, kvh = h / group;
             int n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
-            const float *q = a->q + (size_t)r * D;
             float *o = a->out + (size_t)r * Dv;
-            memset(o, 0, sizeof(float) * Dv);
             if (n - j0 <= 0) {
+                memset(o, 0, sizeof(float) * Dv);
                 a->lse[r] = -INFINITY;
                 continue;
             }
             if (n > cap) {
-                score = xrealloc(score, sizeof(float) * (size_t)n);
-                cap = n;
+                cap = n > 2 * cap ? n : 2 * cap;
+                free(score);
+                score = xmalloc(sizeof(float) * (size_t)cap);
             }
-            const float *k = a->k[t] + (size_t)kvh * D, *v = a->v[t] + (size_t)kvh * D;
-            const int *table = a->blocks ? a->blocks[t] : NULL;
-            int B = a->block_size;
-#define KEY_ROW(j) ((size_t)(table ? (size_t)table[(j) / B] * B + (j) % B : (size_t)(j)) * a->kv_stride)
-            float m = -INFINITY;
-            for (int j = j0; j < n; j++) {
-                const float *kj = k + KEY_ROW(j);
-                float s = 0.0f;
-                for (int d = 0; d < D; d++) s += q[d] * kj[d];
-                s *= a->scale;
-                score[j] = s;
-                if (s > m) m = s;
-            }
-            float sum = 0.0f;
-            for (int j = j0; j < n; j++) {
-                float p = expf(score[j] - m);
-                sum += p;
-                const float *vj = v + KEY_ROW(j);
-                for (int d = 0; d < Dv; d++) o[d] += p * vj[d];
-            }
-            float inv = 1.0f / sum;
-            for (int d = 0; d < Dv; d++) o[d] *= inv;
-            a->lse[r] = m + logf(sum);
-#undef KEY_ROW
+            attend(o, &a->lse[r], a->q + (size_t)r * D, a->k[t] + (size_t)kvh * D, a->v[t] + (size_t)kvh * D,
+                   a->blocks ? a->blocks[t] : NULL, a->block_size, (size_t)a->kv_stride, j0, n, D, Dv, a->scale,
+                   score);
         }
-        free(score);
     }
 }
 

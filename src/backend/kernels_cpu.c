@@ -22,7 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gemm_cpu.h"
+#include "kernels_cpu.h"
 #include "util.h"
 
 static inline float bf16_bits_to_f32(uint16_t h)
@@ -61,6 +61,13 @@ static inline VGen gen_fma(VGen a, VGen b, VGen c)
     for (int i = 0; i < 16; i++) c.l[i] = fmaf(a.l[i], b.l[i], c.l[i]);
     return c;
 }
+static inline VGen gen_set1(float f)
+{
+    VGen v;
+    for (int i = 0; i < 16; i++) v.l[i] = f;
+    return v;
+}
+static inline void gen_storex(float *p, VGen v) { memcpy(p, v.l, sizeof v.l); }
 static inline float gen_tree(VGen a)
 {
     float h[8], g[4];
@@ -75,11 +82,13 @@ static inline float gen_tree(VGen a)
 #define v_loadx gen_loadx
 #define v_fma gen_fma
 #define v_tree gen_tree
+#define v_set1 gen_set1
+#define v_storex gen_storex
 #define SFX(name) gen_f32_##name
 #define WT float
 #define W2F W2F_F32
 #define v_loadw gen_loadw_f32
-#include "gemm_kernel.inc"
+#include "kernels_cpu.inc"
 #undef SFX
 #undef WT
 #undef W2F
@@ -88,7 +97,7 @@ static inline float gen_tree(VGen a)
 #define WT uint16_t
 #define W2F W2F_BF16
 #define v_loadw gen_loadw_bf16
-#include "gemm_kernel.inc"
+#include "kernels_cpu.inc"
 #undef SFX
 #undef WT
 #undef W2F
@@ -99,6 +108,8 @@ static inline float gen_tree(VGen a)
 #undef v_loadx
 #undef v_fma
 #undef v_tree
+#undef v_set1
+#undef v_storex
 
 /* ---- AVX2 + FMA: 16 lanes in two 8-lane halves ------------------------ */
 #define TGT_AVX2 __attribute__((target("avx2,fma")))
@@ -124,6 +135,12 @@ TGT_AVX2 static inline float tree8(__m256 h)
     __m128 f = _mm_add_ps(g, _mm_movehl_ps(g, g));
     return _mm_cvtss_f32(_mm_add_ss(f, _mm_shuffle_ps(f, f, 1)));
 }
+TGT_AVX2 static inline V2 avx2_set1(float f) { return (V2){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
+TGT_AVX2 static inline void avx2_storex(float *p, V2 v)
+{
+    _mm256_storeu_ps(p, v.lo);
+    _mm256_storeu_ps(p + 8, v.hi);
+}
 TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, a.hi)); }
 
 /* AVX2's tile: six activation rows against the block's weight rows, two
@@ -140,23 +157,25 @@ TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, 
 #define PANEL_CHUNK 512
 #define AVX2_PANEL(NAME, WT, LOADW8, FINISH)                                                                   \
     TGT_AVX2 static void NAME(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const WT *w,  \
-                              size_t ldw, int npairs, int K)                                                  \
+                              const WT *wp, size_t ldw, int npairs, int K)                                    \
     {                                                                                                         \
         static _Thread_local __m256 park[PANEL_MAX_PAIRS][2][12];                                             \
-        memset(park, 0, sizeof(park[0]) * (size_t)npairs);                                                    \
         int K16 = K & ~15;                                                                                    \
+        if (K16 == 0) memset(park, 0, sizeof(park[0]) * (size_t)npairs);                                      \
         for (int kc = 0; kc < K16; kc += PANEL_CHUNK) {                                                       \
             int kend = kc + PANEL_CHUNK < K16 ? kc + PANEL_CHUNK : K16;                                       \
             for (int pr = 0; pr < npairs; pr++)                                                               \
                 for (int half = 0; half < 2; half++) {                                                        \
                     __m256 *p = park[pr][half];                                                               \
-                    const WT *w0 = w + 2 * pr * ldw + 8 * half, *w1 = w0 + ldw;                               \
+                    const WT *wq = wp + (size_t)kc * 2 * npairs + (size_t)(2 * pr + half) * (kend - kc) - kc; \
                     const float *xq = xp + (size_t)half * K16 * 3;                                            \
+                    if (kc == 0)                                                                              \
+                        for (int i = 0; i < 12; i++) p[i] = _mm256_setzero_ps();                              \
                     __m256 a00 = p[0], a01 = p[1], a10 = p[2], a11 = p[3], a20 = p[4], a21 = p[5];            \
                     __m256 a30 = p[6], a31 = p[7], a40 = p[8], a41 = p[9], a50 = p[10], a51 = p[11];          \
                     for (int k = kc; k < kend; k += 16) {                                                     \
                         const float *xk = xq + (size_t)k * 3;                                                 \
-                        __m256 b0 = LOADW8(w0 + k), b1 = LOADW8(w1 + k), v;                                   \
+                        __m256 b0 = LOADW8(wq + k), b1 = LOADW8(wq + k + 8), v;                               \
                         v = _mm256_loadu_ps(xk), REG(v);                                                      \
                         a00 = _mm256_fmadd_ps(v, b0, a00), a01 = _mm256_fmadd_ps(v, b1, a01);                 \
                         v = _mm256_loadu_ps(xk + 8), REG(v);                                                  \
@@ -181,6 +200,25 @@ TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, 
                                                      x + i * ldx, w + (2 * pr + j) * ldw, K16, K);            \
     }
 
+/* 2 * npairs weight rows (ldw elements of esize bytes apart) packed for
+ * AVX2_PANEL: per chunk of K, per pair, lanes 0-7 of every 16-column step
+ * of both rows side by side (16 elements), then lanes 8-15 the same way, so
+ * each pass streams whole cache lines. */
+static void avx2_pack_weights(void *wp, const void *w, size_t ldw, int npairs, int K, size_t esize)
+{
+    int K16 = K & ~15;
+    char *out = wp;
+    const char *in = w;
+    for (int kc = 0; kc < K16; kc += PANEL_CHUNK) {
+        int kend = kc + PANEL_CHUNK < K16 ? kc + PANEL_CHUNK : K16;
+        for (int pr = 0; pr < npairs; pr++)
+            for (int half = 0; half < 2; half++)
+                for (int k = kc + 8 * half; k < kend; k += 16)
+                    for (int j = 0; j < 2; j++, out += 8 * esize)
+                        memcpy(out, in + ((size_t)(2 * pr + j) * ldw + k) * esize, 8 * esize);
+    }
+}
+
 /* Six rows of x (ldx apart) packed for AVX2_PANEL: lanes 0-7 of every
  * 16-column step, the six rows' 8 floats side by side, then lanes 8-15 the
  * same way; K16 * 6 floats. */
@@ -201,6 +239,8 @@ static inline __m256 avx2_loadu8(const float *p) { return _mm256_loadu_ps(p); }
 #define v_loadx avx2_loadx
 #define v_fma avx2_fma
 #define v_tree avx2_tree
+#define v_set1 avx2_set1
+#define v_storex avx2_storex
 #define SFX(name) avx2_f32_##name
 #define WT float
 #define W2F W2F_F32
@@ -208,9 +248,10 @@ static inline __m256 avx2_loadu8(const float *p) { return _mm256_loadu_ps(p); }
 TGT static inline float SFX(dot_finish)(V acc, const float *x, const WT *w, int k, int K);
 AVX2_PANEL(avx2_f32_panel, float, avx2_loadu8, avx2_f32_dot_finish)
 #define PANEL avx2_f32_panel
+#define PACK_W avx2_pack_weights
 #define TILE_M 6
 
-#include "gemm_kernel.inc"
+#include "kernels_cpu.inc"
 #undef SFX
 #undef WT
 #undef W2F
@@ -222,9 +263,10 @@ AVX2_PANEL(avx2_f32_panel, float, avx2_loadu8, avx2_f32_dot_finish)
 TGT static inline float SFX(dot_finish)(V acc, const float *x, const WT *w, int k, int K);
 AVX2_PANEL(avx2_bf16_panel, uint16_t, avx2_widen8, avx2_bf16_dot_finish)
 #define PANEL avx2_bf16_panel
+#define PACK_W avx2_pack_weights
 #define TILE_M 6
 
-#include "gemm_kernel.inc"
+#include "kernels_cpu.inc"
 #undef SFX
 #undef WT
 #undef W2F
@@ -235,6 +277,8 @@ AVX2_PANEL(avx2_bf16_panel, uint16_t, avx2_widen8, avx2_bf16_dot_finish)
 #undef v_loadx
 #undef v_fma
 #undef v_tree
+#undef v_set1
+#undef v_storex
 
 /* ---- AVX-512: 16 lanes in one register ------------------------------- */
 #define TGT_AVX512 __attribute__((target("avx512f,avx2,fma")))
@@ -255,11 +299,13 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
 #define v_loadx _mm512_loadu_ps
 #define v_fma _mm512_fmadd_ps
 #define v_tree avx512_tree
+#define v_set1 _mm512_set1_ps
+#define v_storex _mm512_storeu_ps
 #define SFX(name) avx512_f32_##name
 #define WT float
 #define W2F W2F_F32
 #define v_loadw _mm512_loadu_ps
-#include "gemm_kernel.inc"
+#include "kernels_cpu.inc"
 #undef SFX
 #undef WT
 #undef W2F
@@ -268,7 +314,7 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
 #define WT uint16_t
 #define W2F W2F_BF16
 #define v_loadw avx512_loadw_bf16
-#include "gemm_kernel.inc"
+#include "kernels_cpu.inc"
 #undef SFX
 #undef WT
 #undef W2F
@@ -279,24 +325,27 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
 #undef v_loadx
 #undef v_fma
 #undef v_tree
+#undef v_set1
+#undef v_storex
 
 /* ---- dispatch ---------------------------------------------------------- */
-typedef void (*BlockFn)(float *y, const float *x, const float *xpack, const void *w, int T, int K, int N, int n0,
-                        int n1);
+typedef void (*BlockFn)(float *y, const float *x, const float *xpack, void *wpack, const void *w, int T, int K, int N,
+                        int n0, int n1);
 static const struct {
     const char *name;
     BlockFn f32, bf16;
+    AttendRowFn attend_f32, attend_bf16;
     int tile_m;                                                   /* rows per prefill tile */
     void (*pack)(float *xp, const float *x, size_t ldx, int K); /* one tile for its panel, or NULL */
 } isas[] = {
-    {"generic", gen_f32_block, gen_bf16_block, 3, NULL},
-    {"avx2", avx2_f32_block, avx2_bf16_block, 6, avx2_pack_tile},
-    {"avx512", avx512_f32_block, avx512_bf16_block, 3, NULL},
+    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend_row, gen_bf16_attend_row, 3, NULL},
+    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend_row, avx2_bf16_attend_row, 6, avx2_pack_tile},
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend_row, avx512_bf16_attend_row, 3, NULL},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
 static int isa = ISA_AUTO;
-static float *xpack_buf; /* packed activation tiles, one region per thread */
-static size_t xpack_cap;
+static char *pack_buf; /* packed activation tiles and weights, one region per thread */
+static size_t pack_cap;
 
 static int best_isa(void)
 {
@@ -306,7 +355,7 @@ static int best_isa(void)
     return ISA_GENERIC;
 }
 
-int gemm_cpu_set_isa(const char *name)
+int cpu_set_isa(const char *name)
 {
     int best = best_isa();
     if (!strcmp(name, "auto")) {
@@ -322,10 +371,16 @@ int gemm_cpu_set_isa(const char *name)
     return dcp_fail("--cpu-isa %s: choose auto, generic, avx2 or avx512", name);
 }
 
-const char *gemm_cpu_isa(void)
+const char *cpu_isa(void)
 {
     if (isa == ISA_AUTO) isa = best_isa();
     return isas[isa].name;
+}
+
+AttendRowFn cpu_attend_row(DType kv)
+{
+    if (isa == ISA_AUTO) isa = best_isa();
+    return kv == DTYPE_BF16 ? isas[isa].attend_bf16 : isas[isa].attend_f32;
 }
 
 void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int out)
@@ -343,31 +398,34 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
      * while it stays in L2 */
     int tb = (int)(262144 / ((size_t)in * sizeof(float))) / 6 * 6;
     if (tb < 6) tb = 6;
-    int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000;
-    size_t per_thread = (size_t)tb * (size_t)(in & ~15); /* packed tiles of one row group */
-    int packing = isas[isa].pack && T >= tm && per_thread > 0;
-    if (packing) {
-        size_t need = per_thread * (size_t)(parallel ? omp_get_max_threads() : 1);
-        if (need > xpack_cap) { /* grows to the largest shape, then stays */
-            free(xpack_buf);
-            xpack_buf = xmalloc(need * sizeof(float));
-            xpack_cap = need;
-        }
+    int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000, K16 = in & ~15;
+    int threads = parallel ? omp_get_max_threads() : 1;
+    /* per thread: the row group's tiles and one block's weights, packed
+     * (the block repacked for each row group: packed into a buffer that
+     * stays in L2, it is read faster than a packed copy of all blocks) */
+    size_t xbytes = (size_t)tb * K16 * sizeof(float), block_bytes = (size_t)nb * K16 * dtype_bytes(w.dtype);
+    size_t per_thread = (xbytes + block_bytes + 63) & ~(size_t)63;
+    int packing = isas[isa].pack && T >= tm && K16 > 0;
+    if (packing && per_thread * threads > pack_cap) { /* grows to the largest shape, then stays */
+        free(pack_buf);
+        pack_cap = per_thread * threads;
+        pack_buf = xmalloc(pack_cap);
     }
 #pragma omp parallel if (parallel)
     {
         int nt = omp_get_num_threads(), me = omp_get_thread_num();
         int b0 = (int)((long)nblocks * me / nt), b1 = (int)((long)nblocks * (me + 1) / nt);
-        float *xp = packing ? xpack_buf + per_thread * me : NULL;
+        float *xp = packing ? (float *)(pack_buf + per_thread * me) : NULL;
+        char *wp = packing ? pack_buf + per_thread * me + xbytes : NULL;
         for (int t0 = 0; t0 < T; t0 += tb) {
             int rows = T - t0 < tb ? T - t0 : tb;
             const float *xt = x + (size_t)t0 * in;
             if (packing && b0 < b1) /* each thread packs its own copy: no barrier */
                 for (int i = 0; i + tm <= rows; i += tm)
-                    isas[isa].pack(xp + (size_t)(i / tm) * (in & ~15) * tm, xt + (size_t)i * in, (size_t)in, in);
+                    isas[isa].pack(xp + (size_t)(i / tm) * K16 * tm, xt + (size_t)i * in, (size_t)in, in);
             for (int b = b0; b < b1; b++) {
                 int n0 = b * nb, n1 = n0 + nb < out ? n0 + nb : out;
-                f(y + (size_t)t0 * out, xt, xp, w.data, rows, in, out, n0, n1);
+                f(y + (size_t)t0 * out, xt, xp, wp, w.data, rows, in, out, n0, n1);
             }
         }
     }

@@ -1,0 +1,28 @@
+#ifndef DCP_KERNELS_CPU_H
+#define DCP_KERNELS_CPU_H
+
+#include "backend.h"
+
+/* The CPU backend's kernels, each in one defined arithmetic for every
+ * instruction set (kernels_cpu.c).
+ *
+ * y (T, out) = x (T, in) . w (out, in)^T, w float32 or bfloat16; each
+ * element's value is independent of T, of the other rows, of the thread
+ * count and of the instruction set (see kernels_cpu.c). */
+void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int out);
+
+/* The kernels' instruction set: "auto" (default: the best this CPU has),
+ * "generic", "avx2" or "avx512"; -1 with dcp_error() when the CPU lacks it. */
+int cpu_set_isa(const char *name);
+const char *cpu_isa(void);
+
+/* Attention of one query row q (D floats) over keys j0 .. n-1 of k and v
+ * (elements of the kv type; key j in row table ? table[j / B] * B + j % B
+ * : j, rows stride elements apart): out (Dv floats) and lse. Its value
+ * depends on the keys only, not on the instruction set or the batch
+ * (kernels_cpu.inc). score: n floats of scratch. */
+typedef void (*AttendRowFn)(float *out, float *lse, const float *q, const void *k, const void *v, const int *table,
+                            int B, size_t stride, int j0, int n, int D, int Dv, float scale, float *score);
+AttendRowFn cpu_attend_row(DType kv);
+
+#endif
