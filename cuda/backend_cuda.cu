@@ -80,13 +80,20 @@ static const float *cuda_weights(const float *host, size_t n)
 
 static void cuda_release_weights(const void *p) { cuda_release((void *)p); }
 
-// The matrices matmul reads: fp32 as loaded, or rounded to bf16 (round to
-// nearest even, as f32_to_bf16 does) and stored in half the memory.
-static WeightRef cuda_gemm_weights(const float *host, size_t n)
+// The matrices matmul reads: as loaded (bf16 stays bf16), or fp32 rounded
+// to bf16 (round to nearest even, as f32_to_bf16 does) with --dtype
+// bfloat16, stored in half the memory.
+static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
 {
-    if (!gemm_bf16) return WeightRef{cuda_weights(host, n), DTYPE_F32};
+    if (host.dtype == DTYPE_BF16) {
+        void *d = cuda_alloc(sizeof(uint16_t) * (n ? n : 1));
+        DCP_CHECK(cudaMemcpy(d, host.data, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
+        return WeightRef{d, DTYPE_BF16};
+    }
+    const float *f = (const float *)host.data;
+    if (!gemm_bf16) return WeightRef{cuda_weights(f, n), DTYPE_F32};
     uint16_t *h = (uint16_t *)xmalloc(sizeof(uint16_t) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(host[i]);
+    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(f[i]);
     void *d = cuda_alloc(sizeof(uint16_t) * n);
     DCP_CHECK(cudaMemcpy(d, h, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
     free(h);

@@ -69,7 +69,12 @@ static const float *g_weights(const float *host, size_t n)
     g_copy(d, host, sizeof(float) * n);
     return d;
 }
-static WeightRef g_gemm_weights(const float *host, size_t n) { return (WeightRef){g_weights(host, n), DTYPE_F32}; }
+static WeightRef g_gemm_weights(WeightRef host, size_t n)
+{
+    void *d = g_alloc(dtype_bytes(host.dtype) * n);
+    g_copy(d, host.data, dtype_bytes(host.dtype) * n);
+    return (WeightRef){d, host.dtype};
+}
 static void g_release_weights(const void *p) { g_release((void *)p); }
 static void g_sync(void) {}
 

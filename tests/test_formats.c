@@ -87,7 +87,7 @@ static void check_bf16(const char *dir)
     float *want = xmalloc(sizeof(float) * rows * cols);
     mkmodel_tensor(&s, T_WQ, 1, want);
     int bad = 0;
-    for (int i = 0; i < rows * cols; i++) bad += m.w.wq[(size_t)rows * cols + i] != bf16_to_f32(f32_to_bf16(want[i]));
+    for (int i = 0; i < rows * cols; i++) bad += ((const float *)m.w.wq.data)[(size_t)rows * cols + i] != bf16_to_f32(f32_to_bf16(want[i]));
     CHECK(bad == 0, "bf16 layer-1 wq: %d values differ from the rounded f32 weights", bad);
     free(want);
     model_free(&m);

@@ -20,10 +20,11 @@ static int bf16_matmuls;
 static void *stacks[64];
 static int n_stacks;
 
-static WeightRef bf16_gemm_weights(const float *host, size_t n)
+static WeightRef bf16_gemm_weights(WeightRef host, size_t n)
 {
+    const float *f = host.data;
     uint16_t *p = xmalloc(sizeof(uint16_t) * n);
-    for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(host[i]);
+    for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(f[i]);
     stacks[n_stacks++] = p;
     return (WeightRef){p, DTYPE_BF16};
 }
@@ -51,9 +52,10 @@ static void bf16_matmul(float *y, const float *x, WeightRef w, int T, int in, in
     bf16_matmuls++;
 }
 
-static void round_to_bf16(float *w, size_t n)
+static void round_to_bf16(WeightRef w, size_t n)
 {
-    for (size_t i = 0; i < n; i++) w[i] = bf16_to_f32(f32_to_bf16(w[i]));
+    float *f = (float *)w.data; /* the model's own fp32 copy */
+    for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(f32_to_bf16(f[i]));
 }
 
 /* Logits of every position of one prompt (vocab floats per token). */
@@ -114,8 +116,22 @@ int main(int argc, char **argv)
     fprintf(stderr, "bf16 storage vs bf16-rounded fp32: %zu of %zu logits differ, max %g\n", differ, count, worst);
     CHECK(differ == 0, "%zu logits differ (max %g): a layer read the wrong weights", differ, worst);
     free(got);
-    free(want);
     model_free(&m);
+
+    /* bf16 loaded as such (--dtype bfloat16) and computed by the CPU's bf16
+     * kernels: exactly the rounded fp32 model's logits, the kernels
+     * widening each weight exactly */
+    Model mb;
+    CHECK(model_load_as(&mb, NULL, 1, 0, "bfloat16") == 0 && mb.gemm_dtype == DTYPE_BF16 &&
+              mb.w.wq.dtype == DTYPE_BF16 && mb.w.lm_head.dtype == DTYPE_BF16,
+          "bf16 load: %s", dcp_error());
+    got = forward(&mb, backend_cpu(), ids, n);
+    differ = 0;
+    for (size_t i = 0; i < count; i++) differ += got[i] != want[i];
+    CHECK(differ == 0, "CPU bf16 weights: %zu of %zu logits differ from the bf16-rounded fp32 model", differ, count);
+    free(got);
+    free(want);
+    model_free(&mb);
 
     CHECK(model_load(&m, NULL, 1, 0) == 0, "default model: %s", dcp_error());
     m.w.rms_final[3] = NAN;

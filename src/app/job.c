@@ -488,7 +488,11 @@ int run_job(const Options *o, MPI_Comm world, int device)
     topology_init(&topo, world, o->tp, o->dcp, o->interleave);
     topo_ready = 1;
     t0 = now_s();
-    if (failed_anywhere(model_load(&model, o->model, topo.tp, topo.tp_rank), world)) goto out;
+    /* OpenBLAS has only an fp32 GEMM: "auto" loads fp32 for it */
+    const char *load_dtype = !strcmp(o->dtype, "auto") && !strcmp(o->cpu_gemm, "openblas") && be->host_memory
+                                 ? "float32"
+                                 : o->dtype;
+    if (failed_anywhere(model_load_as(&model, o->model, topo.tp, topo.tp_rank, load_dtype), world)) goto out;
     /* tokenizer_config.json's eos_token ends generation too (as vLLM) */
     if (tok) config_add_eos(&model.cfg, tok->eos_id);
     tm.load = now_s() - t0;

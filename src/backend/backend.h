@@ -8,25 +8,6 @@
 
 #include "model.h"
 
-/* Element types of weight storage. */
-typedef enum { DTYPE_F32, DTYPE_BF16 } DType;
-
-static inline size_t dtype_bytes(DType t) { return t == DTYPE_BF16 ? 2 : 4; }
-
-/* A weight matrix as a backend stores it for matmul: data in backend memory,
- * row-major elements of dtype. The type travels with the pointer, so a
- * sub-matrix (one layer of a stack) is taken with weight_at, which steps in
- * elements of that type; there is no arithmetic on untyped storage. */
-typedef struct {
-    const void *data;
-    DType dtype;
-} WeightRef;
-
-static inline WeightRef weight_at(WeightRef w, size_t elements)
-{
-    return (WeightRef){(const char *)w.data + elements * dtype_bytes(w.dtype), w.dtype};
-}
-
 /* Attention of T query tokens, each over its own run of keys, returning the
  * output and the log-sum-exp of the scaled scores per (token, head). The
  * same op serves the context part (keys in the KV cache) and the new part
@@ -72,13 +53,14 @@ typedef struct Backend {
     void *(*host_alloc)(size_t bytes);
     void (*host_release)(void *p);
     /* the backend's copy of an fp32 weight array (the array itself on the
-     * CPU); gemm_weights for the matrices matmul reads, which a backend may
-     * store in another type (bf16 on the GPU with --dtype bfloat16) */
+     * CPU); gemm_weights for the matrices matmul reads, as loaded (fp32 or
+     * bf16) or converted to the type set_gemm_dtype chose (the CPU uses a
+     * matrix of that type in place) */
     const float *(*weights)(const float *host, size_t n);
-    WeightRef (*gemm_weights)(const float *host, size_t n);
+    WeightRef (*gemm_weights)(WeightRef host, size_t n);
     void (*release_weights)(const void *p);
-    /* "float32" or "bfloat16" storage of the GEMM weights; returns -1 with
-     * dcp_error() when the backend has no such type */
+    /* "auto" (as loaded), "float32" or "bfloat16" storage of the GEMM
+     * weights; returns -1 with dcp_error() when the backend has no such type */
     int (*set_gemm_dtype)(const char *dtype);
     /* waits for queued work (the GPU stream); a no-op on the CPU */
     void (*synchronize)(void);

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -214,17 +215,55 @@ static const float *cpu_weights(const float *host, size_t n)
     (void)n;
     return host; /* the CPU computes on the loaded weights themselves */
 }
-static WeightRef cpu_gemm_weights(const float *host, size_t n)
+
+/* GEMM weights: used where they were loaded when already of the chosen type;
+ * otherwise converted copies, remembered so that release frees only those */
+static int gemm_bf16 = -1; /* -1: as loaded */
+static const void **copies;
+static int n_copies;
+
+static WeightRef cpu_gemm_weights(WeightRef host, size_t n)
 {
-    (void)n;
-    return (WeightRef){host, DTYPE_F32};
+    if (gemm_bf16 < 0 || (gemm_bf16 == 1) == (host.dtype == DTYPE_BF16)) return host;
+    void *p;
+    if (gemm_bf16) {
+        uint16_t *h = xmalloc(sizeof(uint16_t) * (n ? n : 1));
+        const float *f = host.data;
+        for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(f[i]);
+        p = h;
+    } else {
+        float *f = xmalloc(sizeof(float) * (n ? n : 1));
+        const uint16_t *h = host.data;
+        for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(h[i]);
+        p = f;
+    }
+    copies = xrealloc(copies, sizeof(void *) * (size_t)(n_copies + 1));
+    copies[n_copies++] = p;
+    return (WeightRef){p, gemm_bf16 ? DTYPE_BF16 : DTYPE_F32};
 }
-static void cpu_release_weights(const void *p) { (void)p; }
+
+static void cpu_release_weights(const void *p)
+{
+    for (int i = 0; i < n_copies; i++)
+        if (copies[i] == p) {
+            free((void *)p);
+            copies[i] = copies[--n_copies];
+            if (!n_copies) {
+                free(copies);
+                copies = NULL;
+            }
+            return;
+        }
+}
 
 static int cpu_set_gemm_dtype(const char *dtype)
 {
-    if (!strcmp(dtype, "float32") || !strcmp(dtype, "auto")) return 0;
-    return dcp_fail("--dtype %s: the CPU backend computes in float32 only", dtype);
+    if (!strcmp(dtype, "auto")) gemm_bf16 = -1;
+    else if (!strcmp(dtype, "float32")) gemm_bf16 = 0;
+    else if (!strcmp(dtype, "bfloat16")) gemm_bf16 = 1;
+    else return dcp_fail("--dtype %s: choose auto, float32 or bfloat16", dtype);
+    if (gemm_bf16 == 1 && use_openblas) return dcp_fail("--dtype bfloat16: OpenBLAS has no bf16 GEMM (--cpu-gemm openblas)");
+    return 0;
 }
 static void cpu_synchronize(void) {}
 

@@ -35,13 +35,16 @@ static const void *track(Engine *e, const void *p)
     return p;
 }
 
-static WeightRef up_matrix(Engine *e, const float *host, size_t n)
+static WeightRef up_typed(Engine *e, WeightRef host, size_t n)
 {
-    if (!host) return (WeightRef){0};
+    if (!host.data) return (WeightRef){0};
     WeightRef w = e->be->gemm_weights(host, n);
     track(e, w.data);
     return w;
 }
+
+/* MLA's matrices load as fp32 (model_load_as) */
+static WeightRef up_matrix(Engine *e, const float *host, size_t n) { return up_typed(e, (WeightRef){host, DTYPE_F32}, n); }
 
 static const float *up_vector(Engine *e, const float *host, size_t n)
 {
@@ -61,7 +64,7 @@ void mla_upload(Engine *e)
            sh = (size_t)s->shared_hidden; /* this rank's heads and intermediate rows */
     w->token_embedding = up_vector(e, h->token_embedding, (size_t)c->vocab_size * dim);
     w->rms_final = up_vector(e, h->rms_final, dim);
-    w->lm_head = up_matrix(e, h->lm_head, (size_t)s->vocab * dim);
+    w->lm_head = up_typed(e, h->lm_head, (size_t)s->vocab * dim);
     Config rc = *c; /* RoPE runs over the rope part of a head */
     rc.head_dim = m->qk_rope_head_dim;
     float *freq = xmalloc(sizeof(float) * (rope / 2 + 1));

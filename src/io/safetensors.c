@@ -93,7 +93,10 @@ int st_open(StFile *f, const char *path)
         dcp_fail("%s: mmap: %s", path, strerror(errno));
         goto fail;
     }
-    if (st_parse(f, path, f->map, f->size) == 0) return 0;
+    if (st_parse(f, path, f->map, f->size) == 0) {
+        for (int i = 0; i < f->n; i++) f->tensors[i].mapped = 1;
+        return 0;
+    }
 fail:
     st_close(f);
     return -1;
@@ -276,6 +279,30 @@ int st_read_f32_scaled(const StTensor *t, const StTensor *scale_inv, int block_r
     return 0;
 }
 
+/* Drops a tensor's pages from this process's resident memory once copied:
+ * they stay in the page cache, and a later read faults them back in. Only
+ * pages wholly inside the tensor, which no other tensor shares. */
+static void st_release(const StTensor *t)
+{
+    if (!t->mapped) return; /* parsed from memory the caller owns */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)t->data + page - 1) / page * page, b = ((uintptr_t)t->data + t->nbytes) / page * page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+int st_read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, uint16_t *dst)
+{
+    int64_t rows = t->ndim == 1 ? 1 : t->shape[0];
+    int64_t cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+    if (t->dtype != ST_BF16 || t->ndim > 2 || row0 < 0 || col0 < 0 || row0 + nrows > rows || col0 + ncols > cols)
+        return dcp_fail("%s: tensor '%s': not a bf16 slice [%lld+%lld, %lld+%lld]", t->file, t->name,
+                        (long long)row0, (long long)nrows, (long long)col0, (long long)ncols);
+    for (int64_t r = 0; r < nrows; r++)
+        memcpy(dst + r * ncols, t->data + (size_t)((row0 + r) * cols + col0) * 2, (size_t)ncols * 2);
+    st_release(t);
+    return 0;
+}
+
 int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, float *dst)
 {
     if (t->dtype == ST_F8_E4M3)
@@ -304,5 +331,6 @@ int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, in
             break;
         }
     }
+    st_release(t);
     return 0;
 }

@@ -16,6 +16,7 @@ typedef struct {
     const unsigned char *data; /* into the mapping */
     size_t nbytes;
     const char *file;          /* path of the file holding it */
+    int mapped;                /* data is in st_open's read-only mapping */
 } StTensor;
 
 typedef struct {
@@ -48,6 +49,9 @@ const StTensor *st_find(const StCheckpoint *ck, const char *name);
 /* Copies rows [row0, row0+nrows) x columns [col0, col0+ncols) of a 1-D or 2-D
  * tensor into dst as fp32 (row-major, ncols per row). A 1-D tensor is one row. */
 int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, float *dst);
+/* The same slice of a bf16 tensor, as stored. Both drop the tensor's pages
+ * from resident memory afterwards (a copy is all the model keeps). */
+int st_read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, uint16_t *dst);
 /* The same for a block-scaled FP8 tensor (F8_E4M3): each value times the
  * scale of its (block_rows, block_cols) block in scale_inv, as DeepSeek's
  * FP8 checkpoints store them (weight_scale_inv). */

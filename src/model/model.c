@@ -432,12 +432,32 @@ static void source_close(Source *src)
     st_checkpoint_close(&src->ck);
 }
 
-static float *owned_alloc(Weights *w, size_t nfloats)
+/* Weight buffers: large ones on 2 MiB boundaries and in huge pages where
+ * the kernel offers them (madvise mode), so that decode's weight streams
+ * do not miss the TLB every 4 KiB. */
+static void *owned_alloc(Weights *w, size_t bytes)
 {
     w->owned = xrealloc(w->owned, sizeof(void *) * (size_t)(w->n_owned + 1));
-    float *p = xmalloc(nfloats * sizeof(float));
+    void *p;
+    size_t huge = (size_t)2 << 20;
+    if (bytes >= huge && !posix_memalign(&p, huge, bytes)) madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
+    else p = xmalloc(bytes);
     w->owned[w->n_owned++] = p;
     return p;
+}
+
+/* Drops the pages of a llama2.c tensor kind from this process's resident
+ * memory once they have been copied (they stay in the page cache). */
+static void source_release(Source *src, TensorKind k)
+{
+    if (!src->map) return;
+    int rows, cols;
+    tensor_full_shape(src->cfg, k, &rows, &cols);
+    size_t nl = tensor_is_per_layer(k) ? (size_t)src->cfg->n_layers : 1, page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t a = src->offset[k], b = a + nl * rows * cols * 4;
+    a = (a + page - 1) / page * page; /* pages wholly inside: its neighbours may be in use */
+    b = b / page * page;
+    if (b > a) madvise((char *)src->map + a, b - a, MADV_DONTNEED);
 }
 
 /* Loads rows [row0, row0+nrows) x cols [col0, col0+ncols) of a tensor kind for
@@ -453,10 +473,48 @@ static int load_kind(Source *src, Weights *w, float **dst, TensorKind k, int row
         return 0;
     }
     size_t per = (size_t)nrows * ncols;
-    *dst = owned_alloc(w, per * nl);
+    *dst = owned_alloc(w, per * nl * sizeof(float));
     for (int l = 0; l < nl; l++)
         if (source_read(src, k, l, row0, nrows, col0, ncols, *dst + per * l)) return -1;
+    source_release(src, k);
     return 0;
+}
+
+/* A matrix the GEMMs read, as load_kind, in the model's GEMM type: bf16 is
+ * copied as stored from a bf16 checkpoint, else rounded to nearest even. */
+static int load_matrix(Source *src, Model *m, WeightRef *dst, TensorKind k, int row0, int nrows, int col0, int ncols)
+{
+    if (m->gemm_dtype == DTYPE_F32) {
+        float *p;
+        if (load_kind(src, &m->w, &p, k, row0, nrows, col0, ncols)) return -1;
+        *dst = (WeightRef){p, DTYPE_F32};
+        return 0;
+    }
+    const Config *c = src->cfg;
+    int nl = tensor_is_per_layer(k) ? c->n_layers : 1;
+    size_t per = (size_t)nrows * ncols;
+    uint16_t *out = owned_alloc(&m->w, per * nl * sizeof(uint16_t));
+    float *tmp = NULL;
+    int rc = 0;
+    for (int l = 0; l < nl && !rc; l++) {
+        const StTensor *t = NULL;
+        if (c->format == FORMAT_HF) {
+            char name[128];
+            tensor_hf_name(k == T_LM_HEAD && c->tied_embeddings ? T_EMBED : k, l, name, sizeof name);
+            t = st_find(&src->ck, name);
+        }
+        if (t && t->dtype == ST_BF16 && t->ndim == 2) {
+            rc = st_read_bf16(t, row0, nrows, col0, ncols, out + per * l);
+            continue;
+        }
+        if (!tmp) tmp = xmalloc(per * sizeof(float));
+        rc = source_read(src, k, l, row0, nrows, col0, ncols, tmp);
+        for (size_t i = 0; i < per && !rc; i++) out[per * l + i] = f32_to_bf16(tmp[i]);
+    }
+    free(tmp);
+    source_release(src, k);
+    *dst = (WeightRef){out, DTYPE_BF16};
+    return rc;
 }
 
 /* Every layer of an MLA model: this rank's shard of it. */
@@ -478,7 +536,7 @@ static int load_mla(Source *src, Model *m)
         int n = mla_tensors(c, &m->shard, l, ml, mt);
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&src->ck, mt[i].name);
-            *mt[i].dst = owned_alloc(w, (size_t)mt[i].nrows * mt[i].ncols + 1);
+            *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
             char sc[160];
             snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
             if (!t) rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
@@ -492,9 +550,25 @@ static int load_mla(Source *src, Model *m)
     return rc;
 }
 
-int model_load(Model *m, const char *path, int tp, int tp_rank)
+/* "auto": the type the checkpoint stores its first layer's q (or MLA's
+ * first) projection in, when that is bf16 and the model is not MLA */
+static DType stored_gemm_dtype(const Source *src)
+{
+    const Config *c = src->cfg;
+    if (c->format != FORMAT_HF || c->mla) return DTYPE_F32;
+    char name[128];
+    tensor_hf_name(T_WQ, 0, name, sizeof name);
+    const StTensor *t = st_find(&src->ck, name);
+    return t && t->dtype == ST_BF16 ? DTYPE_BF16 : DTYPE_F32;
+}
+
+int model_load(Model *m, const char *path, int tp, int tp_rank) { return model_load_as(m, path, tp, tp_rank, "float32"); }
+
+int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype)
 {
     memset(m, 0, sizeof *m);
+    if (strcmp(dtype, "auto") && strcmp(dtype, "float32") && strcmp(dtype, "bfloat16"))
+        return dcp_fail("--dtype %s: choose auto, float32 or bfloat16", dtype);
     if (model_read_config(path, &m->cfg) || model_check_checkpoint(path, &m->cfg)) return -1;
     m->path = xstrdup(path ? path : "(generated default model)");
     const Config *c = &m->cfg;
@@ -505,28 +579,35 @@ int model_load(Model *m, const char *path, int tp, int tp_rank)
         model_free(m);
         return -1;
     }
+    m->gemm_dtype = !strcmp(dtype, "bfloat16") && !c->mla ? DTYPE_BF16
+                    : !strcmp(dtype, "auto")                ? stored_gemm_dtype(&src)
+                                                            : DTYPE_F32;
     int D = c->head_dim, dim = c->dim;
     Weights *w = &m->w;
     if (c->mla) {
         int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim) ||
                  load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
-                 load_kind(&src, w, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim) || load_mla(&src, m);
+                 load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim) || load_mla(&src, m);
         source_close(&src);
         if (rc) model_free(m);
         return rc ? -1 : 0;
     }
     int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim) ||
              load_kind(&src, w, &w->rms_att, T_RMS_ATT, 0, 1, 0, dim) ||
-             load_kind(&src, w, &w->wq, T_WQ, s->q_head0 * D, s->q_heads * D, 0, dim) ||
-             load_kind(&src, w, &w->wk, T_WK, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
-             load_kind(&src, w, &w->wv, T_WV, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
-             load_kind(&src, w, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D) ||
+             load_matrix(&src, m, &w->wq, T_WQ, s->q_head0 * D, s->q_heads * D, 0, dim) ||
+             load_matrix(&src, m, &w->wk, T_WK, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
+             load_matrix(&src, m, &w->wv, T_WV, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
+             load_matrix(&src, m, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D) ||
              load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim) ||
-             load_kind(&src, w, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
-             load_kind(&src, w, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
-             load_kind(&src, w, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden) ||
-             load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
-             load_kind(&src, w, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
+             load_matrix(&src, m, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
+             load_matrix(&src, m, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
+             load_matrix(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden) ||
+             load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim);
+    /* a tied LM head that is the whole embedding in the GEMM type is the
+     * embedding itself: one copy */
+    if (!rc && c->tied_embeddings && s->vocab == c->vocab_size && m->gemm_dtype == DTYPE_F32)
+        w->lm_head = (WeightRef){w->token_embedding, DTYPE_F32};
+    else if (!rc) rc = load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
     /* biases follow their matrices' split: column-parallel ones are
      * sharded, row-parallel ones (o, down) are whole and added once after
      * the TP sum; q/k norms act within a head and are whole */

@@ -36,20 +36,40 @@ typedef struct {
     float *s_gate, *s_up, *s_down;       /* shared experts: (moe_hidden*n_shared, dim), ...; NULL when none */
 } MlaLayer;
 
-/* Per-rank fp32 weights; shapes are the shard's (tp = 1: the full model's). */
+/* Element types of weight storage. */
+typedef enum { DTYPE_F32, DTYPE_BF16 } DType;
+
+static inline size_t dtype_bytes(DType t) { return t == DTYPE_BF16 ? 2 : 4; }
+
+/* A weight matrix as a backend stores it for matmul: data in backend memory,
+ * row-major elements of dtype. The type travels with the pointer, so a
+ * sub-matrix (one layer of a stack) is taken with weight_at, which steps in
+ * elements of that type; there is no arithmetic on untyped storage. */
+typedef struct {
+    const void *data;
+    DType dtype;
+} WeightRef;
+
+static inline WeightRef weight_at(WeightRef w, size_t elements)
+{
+    return (WeightRef){(const char *)w.data + elements * dtype_bytes(w.dtype), w.dtype};
+}
+
+/* Per-rank weights; shapes are the shard's (tp = 1: the full model's). The
+ * matrices the GEMMs read are in the model's gemm_dtype, the rest fp32. */
 typedef struct {
     float *token_embedding; /* (vocab, dim), full: every rank embeds every token */
     float *rms_att;         /* (layer, dim) */
-    float *wq;              /* (layer, q_heads*head_dim, dim) */
-    float *wk;              /* (layer, kv_heads*head_dim, dim) */
-    float *wv;              /* (layer, kv_heads*head_dim, dim) */
-    float *wo;              /* (layer, dim, q_heads*head_dim) */
+    WeightRef wq;           /* (layer, q_heads*head_dim, dim) */
+    WeightRef wk;           /* (layer, kv_heads*head_dim, dim) */
+    WeightRef wv;           /* (layer, kv_heads*head_dim, dim) */
+    WeightRef wo;           /* (layer, dim, q_heads*head_dim) */
     float *rms_ffn;         /* (layer, dim) */
-    float *w_gate;          /* (layer, hidden, dim) */
-    float *w_up;            /* (layer, hidden, dim) */
-    float *w_down;          /* (layer, dim, hidden) */
+    WeightRef w_gate;       /* (layer, hidden, dim) */
+    WeightRef w_up;         /* (layer, hidden, dim) */
+    WeightRef w_down;       /* (layer, dim, hidden) */
     float *rms_final;       /* (dim) */
-    float *lm_head;         /* (vocab, dim) */
+    WeightRef lm_head;      /* (vocab, dim) */
     /* present when the config says so, else NULL */
     float *bq;              /* (layer, q_heads*head_dim) */
     float *bk, *bv;         /* (layer, kv_heads*head_dim) */
@@ -58,9 +78,9 @@ typedef struct {
     float *b_down;          /* (layer, dim): added once, after the TP sum */
     float *q_norm, *k_norm; /* (layer, head_dim) */
     MlaLayer *mla;          /* DeepSeek-V2/V3: per layer, instead of the stacks above */
-    /* Buffers to release: weights are copied into these as fp32 shards,
-     * except whole f32 tensors of a llama2.c file, which point into its
-     * mapping (kept until model_free). */
+    /* Buffers to release: weights are copied into these as shards, except
+     * whole f32 tensors of a llama2.c file, which point into its mapping
+     * (kept until model_free), and a tied LM head that is the embedding. */
     void **owned;
     int n_owned;
     void *map;
@@ -71,6 +91,7 @@ typedef struct {
     Config cfg;
     Shard shard;
     Weights w;
+    DType gemm_dtype; /* of w's matrices */
     char *path;
 } Model;
 
@@ -102,6 +123,10 @@ int config_from_llama2c_header(const char *path, const unsigned char *head, size
 int model_check_checkpoint(const char *path, const Config *c);
 /* Loads this rank's shard of the weights (path NULL: generated default). */
 int model_load(Model *m, const char *path, int tp, int tp_rank);
+/* The same with the GEMM matrices in dtype: "float32", "bfloat16", or
+ * "auto": bfloat16 when the checkpoint stores them so (not for MLA models,
+ * whose matrices load as float32), else float32. */
+int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype);
 
 void model_free(Model *m);
 
