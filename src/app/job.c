@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -576,10 +577,22 @@ int run_job(const Options *o, MPI_Comm world, int device)
     tm.total = now_s() - t_begin;
     double *all_tm = rank == 0 ? xmalloc(sizeof(double) * TIMING_N * (size_t)world_size) : NULL;
     CommStats *all_comm = rank == 0 ? xmalloc(sizeof(CommStats) * (size_t)world_size) : NULL;
-    long long *all_kv = rank == 0 ? xmalloc(sizeof(long long) * (size_t)world_size) : NULL;
+    /* per rank: KV peak, weight bytes, peak resident memory */
+    long long *all_kv = rank == 0 ? xmalloc(sizeof(long long) * 3 * (size_t)world_size) : NULL;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    long long mem[3] = {kv_peak, (long long)model.w.bytes, (long long)ru.ru_maxrss * 1024};
     DCP_CHECK(MPI_Gather(&tm, TIMING_N, MPI_DOUBLE, all_tm, TIMING_N, MPI_DOUBLE, 0, world));
     DCP_CHECK(MPI_Gather(&comm, sizeof comm, MPI_BYTE, all_comm, sizeof comm, MPI_BYTE, 0, world));
-    DCP_CHECK(MPI_Gather(&kv_peak, 1, MPI_LONG_LONG, all_kv, 1, MPI_LONG_LONG, 0, world));
+    DCP_CHECK(MPI_Gather(mem, 3, MPI_LONG_LONG, all_kv, 3, MPI_LONG_LONG, 0, world));
+    long long *all_w = all_kv ? all_kv + world_size : NULL, *all_rss = all_kv ? all_kv + 2 * (size_t)world_size : NULL;
+    if (rank == 0) /* (rank, 3) -> three per-rank columns */
+        for (int r = world_size - 1; r >= 0; r--) {
+            long long k = all_kv[3 * r], wb = all_kv[3 * r + 1], rs_ = all_kv[3 * r + 2];
+            all_kv[r] = k;
+            all_w[r] = wb;
+            all_rss[r] = rs_;
+        }
     /* the rest is rank 0's alone (writing may take longer than a step) */
     watchdog_stop();
     int write_rc = 0, failed = 0;
@@ -625,6 +638,14 @@ int run_job(const Options *o, MPI_Comm world, int device)
         if (decode_s > 0)
             printf("# decode-only steps: %ld tokens in %.3f s: %.1f tokens/s\n", decode_only, decode_s,
                    decode_only / decode_s);
+        long long w_max = 0, kv_max = 0, rss_max = 0;
+        for (int r = 0; r < world_size; r++) {
+            w_max = all_w[r] > w_max ? all_w[r] : w_max;
+            kv_max = all_kv[r] > kv_max ? all_kv[r] : kv_max;
+            rss_max = all_rss[r] > rss_max ? all_rss[r] : rss_max;
+        }
+        printf("# memory per rank (most of any rank): weights %.1f MiB, KV at most %.1f MiB, peak resident %.1f MiB\n",
+               w_max / 1048576.0, kv_max / 1048576.0, rss_max / 1048576.0);
         print_latency(&rs, res);
         int run_requests = rs.n - failed - n_done;
         printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s, %.2f requests/s%s\n", rs.n,
@@ -639,7 +660,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
                         .seed = o->seed,
                         .prompts_path = o->prompts, .fingerprint = fp_line, .resumed_requests = n_done,
                         .run_tokens = run_tokens, .run_requests = run_requests};
-        RankReports rep = {ranks, all_tm, all_comm, all_kv};
+        RankReports rep = {ranks, all_tm, all_comm, all_kv, all_w, all_rss};
         StepReport sr = {steps, step_dp, n_steps, kv_blocks, block_size, capacity, gen_s};
         write_rc = !strcmp(o->output_format, "jsonl") ? output_write_jsonl(o->output, &info, &rs, res, texts, tok)
                                                       : output_write(o->output, &info, &rs, res, texts, &rep, &sr);

@@ -307,7 +307,7 @@ static int write_layout(hid_t f, const RankInfo *ranks, int world)
     return rc;
 }
 
-static int write_comm(hid_t f, const CommStats *stats, const long long *kv_peak, int world)
+static int write_comm(hid_t f, const CommStats *stats, const RankReports *rep, int world)
 {
     hid_t g = group(f, "comm");
     if (g < 0) return dcp_fail("HDF5: cannot create /comm");
@@ -335,7 +335,9 @@ static int write_comm(hid_t f, const CommStats *stats, const long long *kv_peak,
     H5Gclose(g);
     if (!rc) {
         hid_t gm = group(f, "memory");
-        rc = write_array(gm, "kv_bytes_peak", H5T_NATIVE_LLONG, kv_peak, (size_t)world);
+        rc = write_array(gm, "kv_bytes_peak", H5T_NATIVE_LLONG, rep->kv_peak_bytes, (size_t)world) ||
+             write_array(gm, "weight_bytes", H5T_NATIVE_LLONG, rep->weight_bytes, (size_t)world) ||
+             write_array(gm, "rss_bytes_peak", H5T_NATIVE_LLONG, rep->rss_peak_bytes, (size_t)world);
         H5Gclose(gm);
     }
     free(calls);
@@ -482,7 +484,7 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
     write_root_attrs(f, info);
     int rc = write_requests(f, rs, res, texts) || write_layout(f, rep->ranks, info->world_size) ||
              write_timings(f, rep->timings, info->world_size) ||
-             write_comm(f, rep->comm, rep->kv_peak_bytes, info->world_size) || write_steps(f, steps);
+             write_comm(f, rep->comm, rep, info->world_size) || write_steps(f, steps);
     if (!rc) {
         double secs = steps->generation_s, tps = secs > 0 ? info->run_tokens / secs : 0,
                rps = secs > 0 ? info->run_requests / secs : 0;

@@ -8,7 +8,7 @@
  *   /layout/     the rank map: coordinates, heads and host of each rank
  *   /timings/    one dataset per phase: seconds on each rank (world_size)
  *   /comm/PHASE/KIND/  calls, bytes, seconds of each collective per rank
- *   /memory/     kv_bytes_peak per rank
+ *   /memory/     kv_bytes_peak, weight_bytes, rss_bytes_peak per rank
  *   /steps/      one row per scheduler step of each DP group */
 #ifndef DCP_OUTPUT_H
 #define DCP_OUTPUT_H
@@ -37,6 +37,8 @@ typedef struct {
     const double *timings;          /* (world_size, TIMING_N) seconds */
     const CommStats *comm;
     const long long *kv_peak_bytes; /* most KV bytes the rank held at once */
+    const long long *weight_bytes;  /* the rank's weights */
+    const long long *rss_peak_bytes; /* its peak resident memory (getrusage) */
 } RankReports;
 
 /* The scheduler's steps of every DP group, and the run's totals. */

@@ -443,6 +443,7 @@ static void *owned_alloc(Weights *w, size_t bytes)
     if (bytes >= huge && !posix_memalign(&p, huge, bytes)) madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
     else p = xmalloc(bytes);
     w->owned[w->n_owned++] = p;
+    w->bytes += bytes;
     return p;
 }
 
@@ -470,6 +471,7 @@ static int load_kind(Source *src, Weights *w, float **dst, TensorKind k, int row
     if (src->cfg->format == FORMAT_LLAMA2C && row0 == 0 && nrows == rows && col0 == 0 && ncols == cols) {
         TensorKind at = k == T_LM_HEAD && src->cfg->tied_embeddings ? T_EMBED : k;
         *dst = (float *)(src->map + src->offset[at]); /* 4-byte aligned: 28-byte header, f32 data */
+        if (at == k) w->bytes += (size_t)nl * rows * cols * sizeof(float); /* a tied head is counted once */
         return 0;
     }
     size_t per = (size_t)nrows * ncols;

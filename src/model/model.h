@@ -83,6 +83,7 @@ typedef struct {
      * (kept until model_free), and a tied LM head that is the embedding. */
     void **owned;
     int n_owned;
+    size_t bytes; /* all of this rank's weights, owned or mapped */
     void *map;
     size_t map_size;
 } Weights;
