@@ -270,10 +270,12 @@ __global__ void k_kv_write(float *k_pool, float *v_pool, const float *k, const f
     }
 }
 
-static void cuda_kv_write(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int T,
-                          int kvd)
+// fp32 caches only (kv_dtypes): the engine refuses another type here
+static void cuda_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots,
+                          int T, int kvd)
 {
-    if (T) k_kv_write<<<T, 128, 0, stream>>>(k_pool, v_pool, k, v, slots, kvd);
+    (void)kv_dtype;
+    if (T) k_kv_write<<<T, 128, 0, stream>>>((float *)k_pool, (float *)v_pool, k, v, slots, kvd);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -558,6 +560,7 @@ extern "C" const Backend *backend_cuda(void)
     b.embedding = cuda_embedding;
     b.gather_rows = cuda_gather_rows;
     b.kv_write = cuda_kv_write;
+    b.kv_dtypes = 1u << DTYPE_F32;
     b.strided_copy = cuda_strided_copy;
     b.scatter_add_rows = cuda_scatter_add_rows;
     b.attention = cuda_attention;

@@ -26,10 +26,30 @@ checks=$((checks + 1))
 "$DCPINFER" --help >"$WORK/help" 2>&1
 missing=
 for opt in --model --tokenizer --max-tokens --temperature --top-p --seed --max-model-len --output --backend \
-    --cpu-gemm --max-num-seqs --max-num-batched-tokens --skip-invalid --progress --quiet; do
+    --cpu-gemm --max-num-seqs --max-num-batched-tokens --skip-invalid --progress --quiet --dtype --kv-cache-dtype; do
     grep -q -- "$opt" "$WORK/help" || missing="$missing $opt"
 done
 if [ -z "$missing" ]; then pass "--help documents every option"; else fail "--help lacks:$missing"; fi
+
+# --kv-cache-dtype bfloat16: the same memory holds twice the positions, and
+# the KV bytes reported are 2 bytes per element: the default model has 4
+# layers, 2 KV heads of 16, so K and V take 4 x 2 x 32 x 2 bytes = 512 per
+# position (1024 in fp32); x and y hold 3 + 12 and 1 + 5 positions, whose
+# 16-position blocks are written as far as the tokens go
+checks=$((checks + 1))
+for kv in float32 bfloat16; do
+    run_dcp kv$kv --kv-cache-memory 1M --kv-cache-dtype $kv --output "$WORK/kv$kv.h5" "$P"
+done
+size32=$(sed -n 's/^# KV cache size: \([0-9]*\) tokens.*/\1/p' "$WORK/kvfloat32.out")
+size16=$(sed -n 's/^# KV cache size: \([0-9]*\) tokens.*/\1/p' "$WORK/kvbfloat16.out")
+peak32=$(h5dump -d /memory/kv_bytes_peak "$WORK/kvfloat32.h5" 2>/dev/null | sed -n 's/.*(0): *//p')
+peak16=$(h5dump -d /memory/kv_bytes_peak "$WORK/kvbfloat16.h5" 2>/dev/null | sed -n 's/.*(0): *//p')
+if [ -n "$size32" ] && [ "$size16" = $((2 * size32)) ] && [ -n "$peak32" ] && [ "$peak16" = $((peak32 / 2)) ] &&
+    [ $((peak32 % 1024)) = 0 ]; then
+    pass "bf16 KV cache: $size16 positions in 1M (fp32 $size32), peak $peak16 bytes (fp32 $peak32)"
+else
+    fail "bf16 KV cache: positions $size16 vs $size32, peak bytes $peak16 vs $peak32"
+fi
 
 # stories260K with a text prompt: the greedy story of llama2.c's run.c
 model=$SHARED/models/stories260K

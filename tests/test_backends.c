@@ -147,13 +147,13 @@ static void attention_and_merges(uint64_t *st)
     int *dt0 = on_gpu(table0, sizeof table0), *dt1 = on_gpu(table1, sizeof table1);
     int n_keys[T] = {20, 0, 32, 1};
     const int *ht[T] = {table0, table0, table1, table1}, *gt[T] = {dt0, dt0, dt1, dt1};
-    const float *hk[T], *hv[T], *gk[T], *gv[T];
+    const void *hk[T], *hv[T], *gk[T], *gv[T];
     for (int t = 0; t < T; t++) hk[t] = kpool, hv[t] = vpool, gk[t] = dk, gv[t] = dv;
     float out[T * H * D], lse[T * H];
     float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
-    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, n_keys, NULL, kvd, ht, B, 0};
+    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, n_keys, NULL, kvd, ht, B, 0, DTYPE_F32};
     cpu->attention(&a);
-    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, n_keys, NULL, kvd, gt, B, 0};
+    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, n_keys, NULL, kvd, gt, B, 0, DTYPE_F32};
     gpu->attention(&ga);
     float *go = back(dout, T * H * D), *gl = back(dlse, T * H);
     EXPECT_CLOSE("attention paged", go, out, T * H * D, 1e-5);
@@ -164,9 +164,9 @@ static void attention_and_merges(uint64_t *st)
     float *kk = rnd(300 * kvd, st), *vv = rnd(300 * kvd, st);
     float *dkk = on_gpu(kk, sizeof(float) * 300 * kvd), *dvv = on_gpu(vv, sizeof(float) * 300 * kvd);
     for (int t = 0; t < T; t++) hk[t] = kk, hv[t] = vv, gk[t] = dkk, gv[t] = dvv;
-    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, many, NULL, kvd, NULL, 0, 0};
+    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32};
     cpu->attention(&c);
-    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, many, NULL, kvd, NULL, 0, 0};
+    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32};
     gpu->attention(&gc);
     go = back(dout, T * H * D), gl = back(dlse, T * H);
     EXPECT_CLOSE("attention rows", go, out, T * H * D, 1e-5);
@@ -226,8 +226,8 @@ static void attention_and_merges(uint64_t *st)
     int *dslots = on_gpu(slots, sizeof slots);
     float *knew = rnd(T * kvd, st), *vnew = rnd(T * kvd, st);
     float *dkn = on_gpu(knew, sizeof(float) * T * kvd), *dvn = on_gpu(vnew, sizeof(float) * T * kvd);
-    cpu->kv_write(kpool, vpool, knew, vnew, slots, T, kvd);
-    gpu->kv_write(dk, dv, dkn, dvn, dslots, T, kvd);
+    cpu->kv_write(kpool, vpool, DTYPE_F32, knew, vnew, slots, T, kvd);
+    gpu->kv_write(dk, dv, DTYPE_F32, dkn, dvn, dslots, T, kvd);
     go = back(dk, POOL * kvd);
     EXPECT_CLOSE("kv_write", go, kpool, POOL * kvd, 0);
     free(go);
@@ -248,7 +248,7 @@ static void mla_ops(uint64_t *st)
     int table[] = {3, 0, 6, 1}, *dt = on_gpu(table, sizeof table);
     int n_keys[T] = {29, 1, 0};
     const int *ht[T] = {table, table, table}, *gt[T] = {dt, dt, dt};
-    const float *hk[T] = {pool, pool, pool}, *gk[T] = {dp, dp, dp};
+    const void *hk[T] = {pool, pool, pool}, *gk[T] = {dp, dp, dp};
     float out[T * H * DV], lse[T * H];
     float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
     AttnBatch a = {.T = T, .n_heads = H, .n_kv_heads = 1, .head_dim = D, .scale = 0.2f, .q = q, .out = out, .lse = lse,
@@ -264,8 +264,8 @@ static void mla_ops(uint64_t *st)
     int slots[T] = {5, -1, 60};
     int *dslots = on_gpu(slots, sizeof slots);
     float *row = rnd(T * D, st), *drow = on_gpu(row, sizeof(float) * T * D);
-    cpu->kv_write(pool, NULL, row, NULL, slots, T, D);
-    gpu->kv_write(dp, NULL, drow, NULL, dslots, T, D);
+    cpu->kv_write(pool, NULL, DTYPE_F32, row, NULL, slots, T, D);
+    gpu->kv_write(dp, NULL, DTYPE_F32, drow, NULL, dslots, T, D);
     go = back(dp, POOL * D);
     EXPECT_CLOSE("kv_write, latent rows only", go, pool, POOL * D, 0);
     free(go);

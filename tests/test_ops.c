@@ -18,7 +18,7 @@ static void test_attention_split(const Backend *be)
     for (int i = 0; i < N * KVH * D; i++) k[i] = frand(&s), v[i] = frand(&s);
     /* token t attends to keys [0, n[t]); context holds [0, split), new [split, n) */
     int n_all[T] = {13, 5, 1}, split[T] = {6, 5, 0};
-    const float *kp[T], *vp[T];
+    const void *kp[T], *vp[T];
     int nk[T];
     float full[T * H * D], lse_full[T * H], ctx[T * H * D], lse_ctx[T * H], nw[T * H * D], lse_nw[T * H];
     for (int t = 0; t < T; t++) kp[t] = k, vp[t] = v, nk[t] = n_all[t];

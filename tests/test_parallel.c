@@ -26,6 +26,7 @@ typedef struct {
     size_t kv_memory; /* per rank; 0: 64 MiB */
     int guarded;      /* the guarded backend: device-like buffers, staged MPI */
     double rel_tol;   /* >0: logits within this of one rank's, relative to the row's largest |logit| (else 1e-3 absolute) */
+    DType kv_dtype;   /* of the KV cache */
 } Layout;
 
 /* What a layout run reports besides its checks. */
@@ -73,7 +74,15 @@ typedef struct {
     int *identity;
 } Reference;
 
-static Reference reference_run(const char *path, RequestSet *rs)
+static int rank_of_world(void)
+{
+    int r;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+/* One rank's run (every rank makes its own), with a KV cache of kv_dtype. */
+static Reference reference_run_kv(const char *path, RequestSet *rs, DType kv_dtype)
 {
     Model m;
     CHECK(model_load(&m, path, 1, 0) == 0, "load %s: %s", path, dcp_error());
@@ -82,7 +91,8 @@ static Reference reference_run(const char *path, RequestSet *rs)
     ref.cap = capture_new(rs, m.cfg.vocab_size, ref.identity);
     Timings tm = {0};
     Engine e;
-    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
+    EngineOptions eo = {.kv_dtype = kv_dtype};
+    engine_init(&e, &m, backend_cpu(), NULL, &eo, &tm, NULL);
     GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = 4096,
                      .on_logits = capture, .on_logits_ctx = &ref.cap};
     generate(&e, rs, ref.res, &go, NULL);
@@ -90,6 +100,8 @@ static Reference reference_run(const char *path, RequestSet *rs)
     model_free(&m);
     return ref;
 }
+
+static Reference reference_run(const char *path, RequestSet *rs) { return reference_run_kv(path, rs, DTYPE_F32); }
 
 /* Runs a layout on the first np ranks of world and checks it against ref.
  * Returns this rank's engine figures through kv_peak and stats. */
@@ -118,7 +130,7 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         Engine e;
         /* blocks of 16 positions, or the multiple of the interleave next above */
         EngineOptions eo = {L.merge, L.kv_memory ? L.kv_memory : 64 << 20,
-                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I, 0, 0};
+                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I, 0, 0, L.kv_dtype};
         engine_init(&e, &m, L.guarded ? backend_guarded() : backend_cpu(), &t, &eo, &tm, &cs);
         GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = L.budget,
                          .on_logits = L.tokens_only ? NULL : capture, .on_logits_ctx = &cap};
@@ -192,6 +204,10 @@ static void free_reference(Reference *ref, int n)
 
 static const char *merge_name(MergeBackend m) { return m == MERGE_A2A ? "a2a" : "ag_rs"; }
 
+/* a bf16 KV cache against the fp32 one on stories260K (logits span about
+ * +-15), over the positions before the first differing greedy token */
+#define BF16_KV_TOL 0.3
+
 /* stories260K (8 query / 4 KV heads), REFERENCE-llama2c.txt cases 1 and 2 */
 static void stories_layouts(void)
 {
@@ -228,6 +244,38 @@ static void stories_layouts(void)
                            NULL);
             }
     }
+    /* a bf16 KV cache: against the fp32 cache, logits move by the rounding
+     * of K and V to 8 mantissa bits; DCP shards and merges it as it does
+     * fp32 (against one rank with the same cache) */
+    Reference ref16 = reference_run_kv(path, &rs, DTYPE_BF16);
+    double worst = 0;
+    int same = 0, total = 0;
+    for (int i = 0; i < rs.n; i++) {
+        int n = ref16.res[i].n, agree = 0; /* positions up to the first differing token see the same inputs */
+        while (agree < n && ref16.res[i].tokens[agree] == ref.res[i].tokens[agree]) agree++;
+        same += agree, total += n;
+        for (size_t x = 0; x < (size_t)(rs.r[i].n_prompt + (agree < n ? agree : n - 1)) * 512; x++)
+            worst = fmax(worst, fabs(ref16.cap.logits[i][x] - ref.cap.logits[i][x]));
+    }
+    if (rank_of_world() == 0)
+        fprintf(stderr, "%-44s max |logit - fp32 KV| = %.2g, greedy tokens as fp32: %d of %d\n",
+                "stories260K bf16 KV, one rank", worst, same, total);
+    CHECK(worst <= BF16_KV_TOL, "bf16 KV cache: logits differ from the fp32 cache's by %g (tolerance %g)", worst,
+          BF16_KV_TOL);
+    /* Across layouts the fp32 K and V differ in the last bits (the TP sums'
+     * order), and a last-bit difference at a bf16 rounding boundary is a
+     * bf16 step (2^-8): measured 0.023 at tp 8 dcp 2 (0.0016 of the row's
+     * largest |logit|), so the tolerance is relative, 5e-3 of it; the
+     * greedy tokens must still be the same. */
+    for (int mb = 0; mb < 2; mb++) {
+        char label[96];
+        snprintf(label, sizeof label, "stories260K bf16 KV np 8 tp 8 dcp 2 I 3 %s", merge_name((MergeBackend)mb));
+        run_layout(label, path, &rs, &ref16,
+                   (Layout){.np = 8, .tp = 8, .dcp = 2, .I = 3, .merge = (MergeBackend)mb, .budget = 2048,
+                            .kv_dtype = DTYPE_BF16, .rel_tol = 5e-3},
+                   NULL);
+    }
+    free_reference(&ref16, rs.n);
     free_reference(&ref, rs.n);
     requests_free(&rs);
     free(text);

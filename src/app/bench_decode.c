@@ -55,7 +55,7 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     /* a pool just large enough for the batch */
     size_t per_seq = (size_t)kv_blocks_for(&t, L + steps + 1, 16) * 16;
     EngineOptions eo = {v.merge, per_seq * b * kv_bytes_per_position(m.cfg.n_layers, m.shard.kv_heads, m.cfg.head_dim),
-                        16, 0, 1};
+                        16, 0, 1, DTYPE_F32};
     engine_init(&e, &m, be, &t, &eo, &tm, &cs);
     Chunk *chunks = xmalloc(sizeof(Chunk) * b);
     BlockTable *tables = xcalloc((size_t)b, sizeof(BlockTable));
@@ -69,8 +69,8 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     fill_random(host, chunk, &st);
     for (size_t off = 0; off < pool_floats; off += chunk) {
         size_t n = pool_floats - off < chunk ? pool_floats - off : chunk;
-        e.be->upload(e.k_pool + off, host, sizeof(float) * n);
-        e.be->upload(e.v_pool + off, host, sizeof(float) * n);
+        e.be->upload((float *)e.k_pool + off, host, sizeof(float) * n);
+        e.be->upload((float *)e.v_pool + off, host, sizeof(float) * n);
         e.be->synchronize();
     }
     free(host);

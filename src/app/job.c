@@ -518,7 +518,13 @@ int run_job(const Options *o, MPI_Comm world, int device)
     CommStats comm = {0};
     Engine eng;
     EngineOptions eo = {strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, o->kv_cache_memory,
-                        o->block_size, mpi_device, 0};
+                        o->block_size, mpi_device, 0,
+                        strcmp(o->kv_cache_dtype, "bfloat16") ? DTYPE_F32 : DTYPE_BF16};
+    if (failed_anywhere(!(be->kv_dtypes & 1u << eo.kv_dtype) &&
+                            dcp_fail("--kv-cache-dtype %s: the %s backend stores float32 KV caches only",
+                                     o->kv_cache_dtype, be->name),
+                        world))
+        goto out;
     engine_init(&eng, &model, be, &topo, &eo, &tm, &comm);
     long long capacity = engine_kv_capacity(&eng);
     if (rank == 0 && !o->quiet)

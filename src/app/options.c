@@ -17,7 +17,7 @@ enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
-    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT
+    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE
 };
 
 static const struct option long_opts[] = {
@@ -39,6 +39,7 @@ static const struct option long_opts[] = {
     {"block-size", required_argument, 0, OPT_BLOCK_SIZE},
     {"mpi-device-buffers", required_argument, 0, OPT_MPI_DEVICE_BUFFERS},
     {"dtype", required_argument, 0, OPT_DTYPE},
+    {"kv-cache-dtype", required_argument, 0, OPT_KV_DTYPE},
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
@@ -108,6 +109,9 @@ void options_usage(FILE *f)
             "\n"
             "KV cache:\n"
             "  --kv-cache-memory BYTES  K/V memory per rank, e.g. 512M or 2G (default 1G)\n"
+            "  --kv-cache-dtype T       auto (float32), float32, or bfloat16: half the bytes per\n"
+            "                           position, twice the positions in the same memory;\n"
+            "                           attention still accumulates in fp32 (cpu backend)\n"
             "  --block-size B           positions per KV block per rank (default 16); a block id\n"
             "                           spans B x dcp positions of the DCP group\n"
             "\n"
@@ -165,7 +169,7 @@ int options_parse(Options *o, int argc, char **argv, int print)
     *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .tp = 1, .dcp = 1,
                    .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
                    .block_size = 16, .mpi_device_buffers = "auto",
-                   .dtype = "auto", .max_tokens = 16, .temperature = 1.0f,
+                   .dtype = "auto", .kv_cache_dtype = "auto", .max_tokens = 16, .temperature = 1.0f,
                    .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1,
                    .journal = 1};
     optind = 1;
@@ -198,6 +202,11 @@ int options_parse(Options *o, int argc, char **argv, int print)
             o->dtype = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16"))
                 rc = dcp_fail("--dtype %s: choose auto, float32 or bfloat16", optarg);
+            break;
+        case OPT_KV_DTYPE:
+            o->kv_cache_dtype = optarg;
+            if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16"))
+                rc = dcp_fail("--kv-cache-dtype %s: choose auto, float32 or bfloat16", optarg);
             break;
         case OPT_MPI_DEVICE_BUFFERS:
             o->mpi_device_buffers = optarg;

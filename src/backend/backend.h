@@ -22,17 +22,18 @@ typedef struct {
     const float *q;           /* (T, n_heads, head_dim) */
     float *out;               /* (T, n_heads, v_dim, or head_dim when v_dim is 0) */
     float *lse;               /* (T, n_heads) */
-    const float *const *k;    /* per token: its first key row (n_kv_heads*head_dim floats) */
-    const float *const *v;    /* per token: its first value row */
+    const void *const *k;     /* per token: its first key row (n_kv_heads*head_dim elements of kv_dtype) */
+    const void *const *v;     /* per token: its first value row */
     const int *n_keys;        /* per token: rows to attend to */
     const int *key0;          /* per token: first key attended to (keys before it are outside a sliding
                                  window); NULL: 0 */
-    int kv_stride;            /* floats from one key row to the next */
+    int kv_stride;            /* elements from one key row to the next */
     /* Paged keys: when blocks is set, key j of token t is row
      * blocks[t][j / block_size] * block_size + j % block_size from k[t]. */
     const int *const *blocks;
     int block_size;
     int v_dim;                /* values: the first v_dim floats of each value row (MLA); 0: head_dim */
+    DType kv_dtype;           /* of the key and value rows (bf16: a --kv-cache-dtype bfloat16 cache) */
 } AttnBatch;
 
 typedef struct Backend {
@@ -91,8 +92,15 @@ typedef struct Backend {
     void (*strided_copy)(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width);
     void (*scatter_add_rows)(float *y, const float *src, const int *rows, const float *weights, int R, int dim);
     /* the slot mapping: for t with slots[t] >= 0, row slots[t] of one
-     * layer's k_pool/v_pool (rows of kvd floats) receives k[t]/v[t] */
-    void (*kv_write)(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int T, int kvd);
+     * layer's k_pool/v_pool (rows of kvd elements of kv_dtype) receives
+     * k[t]/v[t] (rounded to nearest even for bf16); v_pool NULL: keys only */
+    void (*kv_write)(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots, int T,
+                     int kvd);
+    /* the KV cache types the backend stores: 1 << DTYPE_F32 | ...; and
+     * x (n) rounded in place to the values a bf16 cache holds (NULL where
+     * the backend has no bf16 cache) */
+    unsigned kv_dtypes;
+    void (*round_bf16)(float *x, size_t n);
     void (*attention)(const AttnBatch *a);
     /* o1/lse1 (rows, head_dim)/(rows) become the merge of two partial
      * attentions over disjoint key sets (DESIGN.md section 4). */

@@ -111,7 +111,8 @@ static void cpu_attention(const AttnBatch *a)
 {
     int group = a->n_heads / a->n_kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
     int rows = a->T * a->n_heads;
-    AttendRowFn attend = cpu_attend_row(DTYPE_F32);
+    AttendRowFn attend = cpu_attend_row(a->kv_dtype);
+    size_t esize = dtype_bytes(a->kv_dtype);
 #pragma omp parallel
     {
         /* each thread's scores, kept from call to call */
@@ -132,7 +133,8 @@ static void cpu_attention(const AttnBatch *a)
                 free(score);
                 score = xmalloc(sizeof(float) * (size_t)cap);
             }
-            attend(o, &a->lse[r], a->q + (size_t)r * D, a->k[t] + (size_t)kvh * D, a->v[t] + (size_t)kvh * D,
+            attend(o, &a->lse[r], a->q + (size_t)r * D, (const char *)a->k[t] + (size_t)kvh * D * esize,
+                   (const char *)a->v[t] + (size_t)kvh * D * esize,
                    a->blocks ? a->blocks[t] : NULL, a->block_size, (size_t)a->kv_stride, j0, n, D, Dv, a->scale,
                    score);
         }
@@ -272,13 +274,27 @@ static void cpu_gather_rows(float *dst, const float *src, const int *rows, int R
     for (int r = 0; r < R; r++) memcpy(dst + (size_t)r * dim, src + (size_t)rows[r] * dim, sizeof(float) * dim);
 }
 
-static void cpu_kv_write(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int T, int kvd)
+static void cpu_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots,
+                         int T, int kvd)
 {
     for (int t = 0; t < T; t++) {
         if (slots[t] < 0) continue;
-        memcpy(k_pool + (size_t)slots[t] * kvd, k + (size_t)t * kvd, sizeof(float) * kvd);
-        if (v_pool) memcpy(v_pool + (size_t)slots[t] * kvd, v + (size_t)t * kvd, sizeof(float) * kvd);
+        size_t row = (size_t)slots[t] * kvd;
+        const float *kt = k + (size_t)t * kvd, *vt = v ? v + (size_t)t * kvd : NULL;
+        if (kv_dtype == DTYPE_F32) {
+            memcpy((float *)k_pool + row, kt, sizeof(float) * kvd);
+            if (v_pool) memcpy((float *)v_pool + row, vt, sizeof(float) * kvd);
+            continue;
+        }
+        uint16_t *kr = (uint16_t *)k_pool + row, *vr = v_pool ? (uint16_t *)v_pool + row : NULL;
+        for (int i = 0; i < kvd; i++) kr[i] = f32_to_bf16(kt[i]);
+        for (int i = 0; vr && i < kvd; i++) vr[i] = f32_to_bf16(vt[i]);
     }
+}
+
+static void cpu_round_bf16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
 static void cpu_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width)
@@ -321,6 +337,8 @@ static const Backend cpu = {
     .synchronize = cpu_synchronize,
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,
+    .kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16,
+    .round_bf16 = cpu_round_bf16,
     .strided_copy = cpu_strided_copy,
     .scatter_add_rows = cpu_scatter_add_rows,
     .pack_partials = cpu_pack_partials,

@@ -11,7 +11,8 @@ static CommStats solo_stats;
 
 size_t engine_kv_bytes_per_token(const Engine *e)
 {
-    size_t kv = kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim);
+    size_t kv = kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim) /
+                sizeof(float) * dtype_bytes(e->kv_dtype);
     return e->model->cfg.mla ? kv / 2 : kv; /* MLA: one latent row, no separate values */
 }
 
@@ -117,6 +118,7 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     e->comm->stage_be = be->host_memory || (eo && eo->mpi_device_buffers) ? NULL : be;
     e->comm->sync_be = !be->host_memory && eo && eo->mpi_device_buffers ? be : NULL;
     upload_weights(e);
+    e->kv_dtype = eo ? eo->kv_dtype : DTYPE_F32; /* the job checked the backend stores it */
     size_t memory = eo && eo->kv_cache_memory ? eo->kv_cache_memory : (size_t)256 << 20;
     int B = eo && eo->block_size ? eo->block_size : 16;
     size_t per_block = engine_kv_bytes_per_token(e) * B;
@@ -202,8 +204,8 @@ static void ensure_capacity(Engine *e, int T)
     e->pos = xmalloc(sizeof(int) * T);
     e->slots = xmalloc(sizeof(int) * T);
     e->rows = xmalloc(sizeof(int) * T);
-    e->kp = xmalloc(sizeof(float *) * T * N);
-    e->vp = xmalloc(sizeof(float *) * T * N);
+    e->kp = xmalloc(sizeof(void *) * T * N);
+    e->vp = xmalloc(sizeof(void *) * T * N);
     e->n_keys = xmalloc(sizeof(int) * T * N);
     e->key0 = xmalloc(sizeof(int) * T * N);
     e->tables = xmalloc(sizeof(int *) * T * N);
@@ -300,8 +302,9 @@ void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int
             int p = ch->pos0 + j, first = W && p - W + 1 > 0 ? p - W + 1 : 0;
             if (context) {
                 int upto = keys == ATTEND_ALL ? p + 1 : ch->pos0;
-                e->kp[t] = e->k_pool + layer_off;
-                e->vp[t] = (c->mla ? e->k_pool : e->v_pool) + layer_off; /* MLA: values are the latent rows */
+                size_t at = layer_off * dtype_bytes(e->kv_dtype);
+                e->kp[t] = (char *)e->k_pool + at;
+                e->vp[t] = (char *)(c->mla ? e->k_pool : e->v_pool) + at; /* MLA: values are the latent rows */
                 e->n_keys[t] = keys == ATTEND_ALL ? kv_local_len(tp, upto, tp->dcp_rank) : local;
                 e->key0[t] = first ? kv_local_len(tp, first < upto ? first : upto, tp->dcp_rank) : 0;
                 e->tables[t] = tables[i];
@@ -314,8 +317,8 @@ void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int
         }
     }
     for (int r = 1; r < copies; r++) { /* gathered queries of other ranks read the same keys */
-        memcpy(e->kp + (size_t)r * T, e->kp, sizeof(float *) * T);
-        memcpy(e->vp + (size_t)r * T, e->vp, sizeof(float *) * T);
+        memcpy(e->kp + (size_t)r * T, e->kp, sizeof(void *) * T);
+        memcpy(e->vp + (size_t)r * T, e->vp, sizeof(void *) * T);
         memcpy(e->n_keys + (size_t)r * T, e->n_keys, sizeof(int) * T);
         memcpy(e->key0 + (size_t)r * T, e->key0, sizeof(int) * T);
         memcpy(e->tables + (size_t)r * T, e->tables, sizeof(int *) * T);
@@ -325,7 +328,8 @@ void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int
                     .scale = c->mla ? c->m.softmax_scale : 1.0f / sqrtf((float)c->head_dim), .q = q, .out = out,
                     .lse = lse,
                     .k = e->kp, .v = e->vp, .n_keys = e->n_keys, .key0 = W ? e->key0 : NULL, .kv_stride = kvd,
-                    .blocks = context ? e->tables : NULL, .block_size = e->pool.block_size};
+                    .blocks = context ? e->tables : NULL, .block_size = e->pool.block_size,
+                    .kv_dtype = context ? e->kv_dtype : DTYPE_F32};
     e->be->attention(&ab);
 }
 
@@ -368,26 +372,33 @@ void engine_self_attention(Engine *e, const Chunk *chunks, const int *const *tab
     const Backend *be = e->be;
     int mla = e->model->cfg.mla;
     size_t off = kv_offset(e, layer, 0, 0);
-    float *v_pool = mla ? NULL : e->v_pool + off, *v = mla ? NULL : e->v;
+    size_t at = off * dtype_bytes(e->kv_dtype);
+    void *k_pool = (char *)e->k_pool + at, *v_pool = mla ? NULL : (char *)e->v_pool + at;
+    float *v = mla ? NULL : e->v;
     if (e->topo->dcp == 1) {
         /* The new keys are stored first and every token reads its keys from
          * the cache in one pass: the same keys in the same order whether
          * its prompt came in one chunk or several, alone or batched, so its
          * result does not depend on either. */
-        be->kv_write(e->k_pool + off, v_pool, e->k, v, e->d_slots, T, kv_row);
+        be->kv_write(k_pool, v_pool, e->kv_dtype, e->k, v, e->d_slots, T, kv_row);
         engine_attend(e, chunks, tables, n_chunks, layer, ATTEND_ALL, e->q, 1, n_heads, e->att, e->lse);
         return;
     }
     /* The cache is sharded: the new keys (which every rank holds) and each
      * rank's cached shard are attended apart; the shards' partials are
-     * merged over the DCP group, then with the new part. */
+     * merged over the DCP group, then with the new part. A bf16 cache's
+     * new keys are read as the cache will hold them, as at DCP 1. */
+    if (e->kv_dtype == DTYPE_BF16) {
+        be->round_bf16(e->k, (size_t)T * kv_row);
+        if (v) be->round_bf16(v, (size_t)T * kv_row);
+    }
     engine_attend(e, chunks, tables, n_chunks, layer, ATTEND_NEW, e->q, 1, n_heads, e->att, e->lse);
     if (has_context) {
         context_attention_dcp(e, chunks, tables, n_chunks, layer, T);
         be->merge_attention(e->att, e->lse, e->att_ctx, e->lse_ctx, T * n_heads, out_dim);
     }
     /* the owners store the new tokens' K/V (DESIGN.md section 3) */
-    be->kv_write(e->k_pool + off, v_pool, e->k, v, e->d_slots, T, kv_row);
+    be->kv_write(k_pool, v_pool, e->kv_dtype, e->k, v, e->d_slots, T, kv_row);
 }
 
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits)

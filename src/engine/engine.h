@@ -30,6 +30,7 @@ typedef struct {
     int block_size;         /* positions per block per rank; 0: 16 */
     int mpi_device_buffers; /* GPU backends: MPI takes device pointers (else staged) */
     int timing_sync;        /* wait for the device around timed phases (benchmarks) */
+    DType kv_dtype;         /* of the KV cache (DTYPE_F32 unless --kv-cache-dtype) */
 } EngineOptions;
 
 /* One layer's weights as the backend holds them; shapes are this rank's
@@ -92,7 +93,8 @@ typedef struct {
     EngineWeights w;
     /* paged KV cache of this rank: (layer, block, block_size, kv_heads*head_dim) */
     BlockPool pool;
-    float *k_pool, *v_pool;
+    void *k_pool, *v_pool; /* elements of kv_dtype */
+    DType kv_dtype;
     /* activations (backend buffers), sized for cap_T tokens and cap_R logit rows */
     int cap_T, cap_R;
     float *x, *xb, *xb2, *q, *k, *v, *att, *lse, *att_ctx, *lse_ctx, *hb, *hb2, *xf, *logits;
@@ -101,7 +103,7 @@ typedef struct {
     int *pos, *slots, *rows;
     int *d_tokens, *d_pos, *d_slots, *d_rows, *d_tables;
     int cap_tables;
-    const float **kp, **vp;
+    const void **kp, **vp;
     int *n_keys, *key0;
     const int **tables;
     const int **chunk_tables; /* per chunk: its block table in backend memory */

@@ -1,0 +1,130 @@
+#!/bin/bash
+# Benchmark (not a test): dcpinfer on the CPU against this machine's limits.
+#   machine: read bandwidth (1 and 2 threads) and the fp32 FMA peak, from a
+#     register-only FMA loop (dcpinfer-bench-cpu), and OpenBLAS's sgemm
+#     with OPENBLAS_CORETYPE naming the real core (in that command alone)
+#   dcpinfer, on generated models of stories15M's and stories110M's shapes,
+#   fp32 and bf16 (a checkpoint stored as bf16, run with the default dtype):
+#     decode   one request, 8-token prompt, 256 tokens, 1 and 2 threads:
+#              tokens/s and the fraction of the bandwidth bound (weight
+#              bytes read per token x tokens/s / read bandwidth)
+#     prefill  one 512-token prompt: tokens/s, the GEMMs' GFLOP/s as a
+#              fraction of the FMA peak (2 x 512 x matrix weights /
+#              /timings/matmul), and attention's share of the prefill
+#     batch    32 requests x 64 tokens decoded together on the 15M shape,
+#              2 threads: tokens/s, and whether every request got exactly
+#              the tokens it gets alone (--max-num-seqs 1)
+#   and each run's peak resident memory. Each figure is the best of REPS
+#   runs (default 3): the machine is shared and its speed varies.
+set -u
+. "$(dirname "$0")/setup.sh"
+ensure_packages || exit 1
+build_dcpinfer || exit 1
+REPS=${REPS:-3}
+W=$(mktemp -d "${TMPDIR:-/tmp}/dcpbench.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+B="$BUILD_DIR"
+
+# ---- the machine -----------------------------------------------------------
+grep -q avx512f /proc/cpuinfo && core=SkylakeX || core=Haswell
+for t in 1 2; do
+    OPENBLAS_CORETYPE=$core "$B/dcpinfer-bench-cpu" $t 512 768 2048 >"$W/machine$t" || exit 1
+done
+val() { sed -n "s/^$1 \([0-9.]*\).*/\1/p" "$2"; }
+bw1=$(val read_bandwidth_gbs "$W/machine1") bw2=$(val read_bandwidth_gbs "$W/machine2")
+peak1=$(val fma_peak_gflops "$W/machine1") peak2=$(val fma_peak_gflops "$W/machine2")
+echo "# dcpinfer CPU benchmark: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores," \
+    "kernels $(sed -n 's/.*isa //p' "$W/machine1"), best of $REPS"
+printf "# machine: read bandwidth %s GB/s (1 thread), %s GB/s (2); FMA peak %s GFLOP/s (1), %s (2)\n" \
+    "$bw1" "$bw2" "$peak1" "$peak2"
+printf "# 512x768x2048 GEMM GFLOP/s, 1 / 2 threads: OpenBLAS sgemm (%s) %s / %s, dcpinfer fp32 %s / %s, bf16 %s / %s\n" \
+    $core "$(val sgemm_gflops "$W/machine1")" "$(val sgemm_gflops "$W/machine2")" \
+    "$(val gemm_f32_gflops "$W/machine1")" "$(val gemm_f32_gflops "$W/machine2")" \
+    "$(val gemm_bf16_gflops "$W/machine1")" "$(val gemm_bf16_gflops "$W/machine2")"
+
+# ---- models ------------------------------------------------------------------
+# NAME LAYERS DIM HEADS HIDDEN (kv heads = heads, vocab 32000, untied)
+shapes="15M 6 288 6 768
+110M 12 768 12 2048"
+while read -r name layers dim heads hidden; do
+    for dt in f32 bf16; do
+        "$B/dcpinfer-mkmodel" --out "$W/m$name-$dt" --layers $layers --dim $dim --heads $heads --kv-heads $heads \
+            --hidden $hidden --vocab 32000 --max-len 1024 --seed 110 --dtype $dt >/dev/null || exit 1
+    done
+done <<<"$shapes"
+# bytes a decode step reads: every matrix and the LM head (the embedding
+# table gives one row); FLOPs of a prefill token: 2 x the layer matrices
+weights() { echo "$2 $3 $5" | awk -v e="$6" '{ L = $1; d = $2; h = $3;
+    m = L * (4 * d * d + 3 * d * h); printf "%.0f %.0f\n", (m + 32000 * d) * e, 2 * m }'; }
+
+awk 'BEGIN { srand(3); s = ""; for (j = 0; j < 8; j++) s = s (j ? ", " : "") int(rand() * 32000);
+    printf "{\"id\": \"d\", \"prompt_token_ids\": [%s], \"max_tokens\": 256, \"temperature\": 0, \"ignore_eos\": true}\n", s }' \
+    >"$W/decode.jsonl"
+awk 'BEGIN { srand(5); s = ""; for (j = 0; j < 512; j++) s = s (j ? ", " : "") int(rand() * 32000);
+    printf "{\"id\": \"p\", \"prompt_token_ids\": [%s], \"max_tokens\": 1, \"temperature\": 0}\n", s }' >"$W/prefill.jsonl"
+awk 'BEGIN { srand(7); for (i = 0; i < 32; i++) { len = 16 + int(rand() * 32); s = "";
+    for (j = 0; j < len; j++) s = s (j ? ", " : "") int(rand() * 32000);
+    printf "{\"id\": \"r%d\", \"prompt_token_ids\": [%s], \"max_tokens\": 64, \"temperature\": 0, \"ignore_eos\": true}\n", i, s } }' \
+    >"$W/batch.jsonl"
+
+run() { # THREADS MODEL PROMPTS OUT [args]: one run, its summary in OUT.txt
+    local t=$1 m=$2 p=$3 out=$4
+    shift 4
+    OMP_NUM_THREADS=$t mpirun --bind-to none -np 1 "$B/dcpinfer" --model "$m" --kv-cache-memory 256M --quiet \
+        --output "$out.h5" "$@" "$p" </dev/null >"$out.txt" 2>&1 || { cat "$out.txt" >&2; exit 1; }
+}
+h5val() { h5dump -d "$2" "$1" | sed -n 's/.*(0): *//p'; }
+best() { sort -g | tail -1; }
+least() { sort -g | head -1; }
+rss() { sed -n 's/.*peak resident \([0-9.]*\) MiB.*/\1/p' "$1"; }
+
+printf "\n# %-5s %-5s %-8s %8s %10s %10s %12s %9s\n" shape dtype run threads "tokens/s" "of bound" "GEMM GFLOP/s" "RSS MiB"
+while read -r name layers dim heads hidden; do
+    for dt in f32 bf16; do
+        m="$W/m$name-$dt"
+        read -r wbytes flops <<<"$(weights x $layers $dim $heads $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
+        for t in 1 2; do
+            rates="" mem=""
+            for r in $(seq "$REPS"); do
+                run $t "$m" "$W/decode.jsonl" "$W/d"
+                rates="$rates $(sed -n 's/^# decode-only steps: .*: \([0-9.]*\) tokens\/s.*/\1/p' "$W/d.txt")"
+                mem="$mem $(rss "$W/d.txt")"
+            done
+            rate=$(echo $rates | tr ' ' '\n' | best)
+            bw=$([ $t = 1 ] && echo "$bw1" || echo "$bw2")
+            printf "  %-5s %-5s %-8s %8s %10s %9.0f%% %12s %9s\n" $name $dt decode $t "$rate" \
+                "$(awk -v r="$rate" -v b="$wbytes" -v w="$bw" 'BEGIN { print 100 * r * b / (w * 1e9) }')" - \
+                "$(echo $mem | tr ' ' '\n' | least)"
+        done
+        for t in 1 2; do
+            secs="" gemm="" att="" mem=""
+            for r in $(seq "$REPS"); do
+                run $t "$m" "$W/prefill.jsonl" "$W/p"
+                secs="$secs $(h5val "$W/p.h5" /timings/prefill)"
+                gemm="$gemm $(h5val "$W/p.h5" /timings/matmul)"
+                att="$att $(h5val "$W/p.h5" /timings/attention)"
+                mem="$mem $(rss "$W/p.txt")"
+            done
+            s=$(echo $secs | tr ' ' '\n' | least) g=$(echo $gemm | tr ' ' '\n' | least) a=$(echo $att | tr ' ' '\n' | least)
+            peak=$([ $t = 1 ] && echo "$peak1" || echo "$peak2")
+            gf=$(awk -v f="$flops" -v g="$g" 'BEGIN { printf "%.1f", 512 * f / g / 1e9 }')
+            printf "  %-5s %-5s %-8s %8s %10.1f %10s %12s %9s  (%.0f%% of FMA peak; attention %.0f%% of prefill)\n" \
+                $name $dt prefill $t "$(awk -v s="$s" 'BEGIN { print 512 / s }')" - "$gf" \
+                "$(echo $mem | tr ' ' '\n' | least)" "$(awk -v g="$gf" -v p="$peak" 'BEGIN { print 100 * g / p }')" \
+                "$(awk -v a="$a" -v s="$s" 'BEGIN { print 100 * a / s }')"
+        done
+    done
+done <<<"$shapes"
+
+for dt in f32 bf16; do
+    rates=""
+    for r in $(seq "$REPS"); do
+        run 2 "$W/m15M-$dt" "$W/batch.jsonl" "$W/b"
+        rates="$rates $(sed -n 's/^# .* output tokens in [0-9.]* s: \([0-9.]*\) tokens\/s.*$/\1/p' "$W/b.txt")"
+    done
+    run 2 "$W/m15M-$dt" "$W/batch.jsonl" "$W/s" --max-num-seqs 1
+    same=$(cmp -s <(h5dump -d /requests/output_tokens "$W/b.h5" | tail -n +3) \
+        <(h5dump -d /requests/output_tokens "$W/s.h5" | tail -n +3) && echo "tokens as alone" || echo "TOKENS DIFFER")
+    printf "  %-5s %-5s %-8s %8s %10s %10s %12s %9s  32 requests; %s\n" 15M $dt batch 2 \
+        "$(echo $rates | tr ' ' '\n' | best)" - - "$(rss "$W/b.txt")" "$same"
+done
