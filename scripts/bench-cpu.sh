@@ -16,6 +16,8 @@
 #              the tokens it gets alone (--max-num-seqs 1)
 #   and each run's peak resident memory. Each figure is the best of REPS
 #   runs (default 3): the machine is shared and its speed varies.
+# DCPINFER=path runs another dcpinfer build on the same models (an earlier
+# version, for before/after figures).
 set -u
 . "$(dirname "$0")/setup.sh"
 ensure_packages || exit 1
@@ -24,6 +26,7 @@ REPS=${REPS:-3}
 W=$(mktemp -d "${TMPDIR:-/tmp}/dcpbench.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 B="$BUILD_DIR"
+D=${DCPINFER:-$B/dcpinfer}
 
 # ---- the machine -----------------------------------------------------------
 grep -q avx512f /proc/cpuinfo && core=SkylakeX || core=Haswell
@@ -70,7 +73,7 @@ awk 'BEGIN { srand(7); for (i = 0; i < 32; i++) { len = 16 + int(rand() * 32); s
 run() { # THREADS MODEL PROMPTS OUT [args]: one run, its summary in OUT.txt
     local t=$1 m=$2 p=$3 out=$4
     shift 4
-    OMP_NUM_THREADS=$t mpirun --bind-to none -np 1 "$B/dcpinfer" --model "$m" --kv-cache-memory 256M --quiet \
+    OMP_NUM_THREADS=$t mpirun --bind-to none -np 1 "$D" --model "$m" --kv-cache-memory 256M --quiet \
         --output "$out.h5" "$@" "$p" </dev/null >"$out.txt" 2>&1 || { cat "$out.txt" >&2; exit 1; }
 }
 h5val() { h5dump -d "$2" "$1" | sed -n 's/.*(0): *//p'; }

@@ -169,10 +169,12 @@ TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, 
                     __m256 *p = park[pr][half];                                                               \
                     const WT *wq = wp + (size_t)kc * 2 * npairs + (size_t)(2 * pr + half) * (kend - kc) - kc; \
                     const float *xq = xp + (size_t)half * K16 * 3;                                            \
-                    if (kc == 0)                                                                              \
-                        for (int i = 0; i < 12; i++) p[i] = _mm256_setzero_ps();                              \
-                    __m256 a00 = p[0], a01 = p[1], a10 = p[2], a11 = p[3], a20 = p[4], a21 = p[5];            \
-                    __m256 a30 = p[6], a31 = p[7], a40 = p[8], a41 = p[9], a50 = p[10], a51 = p[11];          \
+                    __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z;     \
+                    __m256 a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;                              \
+                    if (kc > 0) {                                                                             \
+                        a00 = p[0], a01 = p[1], a10 = p[2], a11 = p[3], a20 = p[4], a21 = p[5];               \
+                        a30 = p[6], a31 = p[7], a40 = p[8], a41 = p[9], a50 = p[10], a51 = p[11];             \
+                    }                                                                                         \
                     for (int k = kc; k < kend; k += 16) {                                                     \
                         const float *xk = xq + (size_t)k * 3;                                                 \
                         __m256 b0 = LOADW8(wq + k), b1 = LOADW8(wq + k + 8), v;                               \
@@ -204,7 +206,7 @@ TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, 
  * AVX2_PANEL: per chunk of K, per pair, lanes 0-7 of every 16-column step
  * of both rows side by side (16 elements), then lanes 8-15 the same way, so
  * each pass streams whole cache lines. */
-static void avx2_pack_weights(void *wp, const void *w, size_t ldw, int npairs, int K, size_t esize)
+TGT_AVX2 static void avx2_pack_weights(void *wp, const void *w, size_t ldw, int npairs, int K, size_t esize)
 {
     int K16 = K & ~15;
     char *out = wp;
@@ -214,15 +216,18 @@ static void avx2_pack_weights(void *wp, const void *w, size_t ldw, int npairs, i
         for (int pr = 0; pr < npairs; pr++)
             for (int half = 0; half < 2; half++)
                 for (int k = kc + 8 * half; k < kend; k += 16)
-                    for (int j = 0; j < 2; j++, out += 8 * esize)
-                        memcpy(out, in + ((size_t)(2 * pr + j) * ldw + k) * esize, 8 * esize);
+                    for (int j = 0; j < 2; j++, out += 8 * esize) {
+                        const char *from = in + ((size_t)(2 * pr + j) * ldw + k) * esize;
+                        if (esize == 4) memcpy(out, from, 32); /* constant sizes: inlined moves, not calls */
+                        else memcpy(out, from, 16);
+                    }
     }
 }
 
 /* Six rows of x (ldx apart) packed for AVX2_PANEL: lanes 0-7 of every
  * 16-column step, the six rows' 8 floats side by side, then lanes 8-15 the
  * same way; K16 * 6 floats. */
-static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K)
+TGT_AVX2 static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K)
 {
     int K16 = K & ~15;
     for (int half = 0; half < 2; half++)
