@@ -1,6 +1,6 @@
 /* dcpinfer-bench-cpu: this machine's limits, for scripts/bench-cpu.sh.
  *   read bandwidth: GB/s summing a 1 GiB array (vector loads, 8
- *     accumulators, threads splitting it), best of 5
+ *     accumulators, threads splitting it), best of 8
  *   FMA peak: GFLOP/s of a register-only loop of independent FMAs at the
  *     widest vector the GEMM kernels use on this CPU
  *   sgemm: OpenBLAS's GFLOP/s for (M, K) x (K, N)^T, each thread calling a
@@ -39,7 +39,7 @@ static double read_bandwidth(int threads)
     for (size_t i = 0; i < n; i++) p[i] = (float)(i & 7);
     double best = 0;
     volatile float sink = 0;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < 8; rep++) {
         double t0 = now_s();
         float total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
@@ -85,7 +85,7 @@ static double fma_peak(int threads)
     long iters = 100000000;
     double flops = (double)iters * (wide ? 12 * 16 : 10 * 8) * 2 * threads, best = 0;
     volatile float sink = 0;
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < 6; rep++) {
         double t0 = now_s();
 #pragma omp parallel num_threads(threads)
         sink += wide ? fma_loop_avx512(iters) : fma_loop_avx2(iters);
