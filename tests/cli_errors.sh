@@ -53,7 +53,10 @@ if nm "$DCPINFER" 2>/dev/null | grep -q cublasCreate; then
 else
     expect_error no_cuda 2 "--backend cuda: this dcpinfer was built without CUDA" --backend cuda "$P"
 fi
-expect_error dtype_on_cpu 2 "--dtype bfloat16: the CPU backend computes in float32 only" --dtype bfloat16 "$P"
+expect_error dtype_unknown 2 "--dtype float16: choose auto, float32 or bfloat16" --dtype float16 "$P"
+expect_error kv_dtype_unknown 2 "--kv-cache-dtype fp8: choose auto, float32 or bfloat16" --kv-cache-dtype fp8 "$P"
+expect_error bf16_openblas 2 "--dtype bfloat16: OpenBLAS has no bf16 GEMM (--cpu-gemm openblas)" --dtype bfloat16 \
+    --cpu-gemm openblas "$P"
 expect_error model_len_above_model 1 "--max-model-len 4096 exceeds the model's maximum of 2048" --max-model-len 4096 "$P"
 
 # a prompt above the context limit fails alone; the others complete

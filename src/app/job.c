@@ -592,13 +592,13 @@ int run_job(const Options *o, MPI_Comm world, int device)
     DCP_CHECK(MPI_Gather(&comm, sizeof comm, MPI_BYTE, all_comm, sizeof comm, MPI_BYTE, 0, world));
     DCP_CHECK(MPI_Gather(mem, 3, MPI_LONG_LONG, all_kv, 3, MPI_LONG_LONG, 0, world));
     long long *all_w = all_kv ? all_kv + world_size : NULL, *all_rss = all_kv ? all_kv + 2 * (size_t)world_size : NULL;
-    if (rank == 0) /* (rank, 3) -> three per-rank columns */
-        for (int r = world_size - 1; r >= 0; r--) {
-            long long k = all_kv[3 * r], wb = all_kv[3 * r + 1], rs_ = all_kv[3 * r + 2];
-            all_kv[r] = k;
-            all_w[r] = wb;
-            all_rss[r] = rs_;
-        }
+    if (rank == 0) { /* (rank, 3) -> three per-rank columns */
+        long long *rows = xmalloc(sizeof(long long) * 3 * (size_t)world_size);
+        memcpy(rows, all_kv, sizeof(long long) * 3 * (size_t)world_size);
+        for (int r = 0; r < world_size; r++)
+            all_kv[r] = rows[3 * r], all_w[r] = rows[3 * r + 1], all_rss[r] = rows[3 * r + 2];
+        free(rows);
+    }
     /* the rest is rank 0's alone (writing may take longer than a step) */
     watchdog_stop();
     int write_rc = 0, failed = 0;

@@ -451,11 +451,13 @@ static void *owned_alloc(Weights *w, size_t bytes)
  * memory once they have been copied (they stay in the page cache). */
 static void source_release(Source *src, TensorKind k)
 {
-    if (!src->map) return;
+    /* a tied LM head is the embedding's rows, which may be in use in place */
+    if (!src->map || (k == T_LM_HEAD && src->cfg->tied_embeddings)) return;
     int rows, cols;
     tensor_full_shape(src->cfg, k, &rows, &cols);
     size_t nl = tensor_is_per_layer(k) ? (size_t)src->cfg->n_layers : 1, page = (size_t)sysconf(_SC_PAGESIZE);
     size_t a = src->offset[k], b = a + nl * rows * cols * 4;
+    if (b > src->map_size) b = src->map_size; /* never past the mapping: those pages are someone else's */
     a = (a + page - 1) / page * page; /* pages wholly inside: its neighbours may be in use */
     b = b / page * page;
     if (b > a) madvise((char *)src->map + a, b - a, MADV_DONTNEED);
