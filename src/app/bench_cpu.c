@@ -3,11 +3,10 @@
  *     accumulators, threads splitting it), best of 8
  *   FMA peak: GFLOP/s of a register-only loop of independent FMAs at the
  *     widest vector the GEMM kernels use on this CPU
- *   sgemm: OpenBLAS's GFLOP/s for (M, K) x (K, N)^T, each thread calling a
- *     single-threaded sgemm on its share of N, as --cpu-gemm openblas does
+ *   sgemm: OpenBLAS's GFLOP/s for (M, K) x (K, N)^T through the CPU
+ *     backend's --cpu-gemm openblas path
  *   gemm: the same shape through the batch-invariant GEMM (fp32 and bf16)
  * Usage: dcpinfer-bench-cpu [threads] [M K N] */
-#include <cblas.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -105,8 +104,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N]\n");
         return 2;
     }
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(1);
+    backend_set_threads(threads);
     if (strcmp(cpu_isa(), "generic") == 0) {
         fprintf(stderr, "dcpinfer-bench-cpu: needs AVX2 and FMA\n");
         return 1;
@@ -128,21 +126,19 @@ int main(int argc, char **argv)
         memcpy(&u, &w[i], 4);
         w16[i] = (uint16_t)(u >> 16);
     }
+    /* the CPU backend's --cpu-gemm openblas path: threads split N, each
+     * calling a single-threaded sgemm */
+    const Backend *openblas = backend_cpu();
+    backend_cpu_set_gemm("openblas");
     double best = 1e30;
     for (int rep = 0; rep < 20; rep++) {
         double t0 = now_s();
-        int width = ((N + threads - 1) / threads + 15) / 16 * 16;
-#pragma omp parallel for schedule(static)
-        for (int p = 0; p < threads; p++) {
-            int n0 = p * width, n = n0 + width <= N ? width : N - n0;
-            if (n > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, K, 1.0f, x, K, w + (size_t)n0 * K, K, 0.0f,
-                            y + n0, N);
-        }
+        openblas->matmul(y, x, (WeightRef){w, DTYPE_F32}, M, K, N);
         double dt = now_s() - t0;
         if (dt < best) best = dt;
     }
     printf("sgemm_gflops %.1f  # M %d K %d N %d\n", gflops(M, K, N, best), M, K, N);
+    backend_cpu_set_gemm("invariant");
     for (int b = 0; b < 2; b++) {
         WeightRef wr = b ? (WeightRef){w16, DTYPE_BF16} : (WeightRef){w, DTYPE_F32};
         best = 1e30;

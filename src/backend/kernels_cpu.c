@@ -89,27 +89,12 @@ static inline float gen_tree(VGen a)
 #define W2F W2F_F32
 #define v_loadw gen_loadw_f32
 #include "kernels_cpu.inc"
-#undef SFX
-#undef WT
-#undef W2F
-#undef v_loadw
 #define SFX(name) gen_bf16_##name
 #define WT uint16_t
 #define W2F W2F_BF16
 #define v_loadw gen_loadw_bf16
 #include "kernels_cpu.inc"
-#undef SFX
-#undef WT
-#undef W2F
-#undef v_loadw
-#undef TGT
-#undef V
-#undef v_zero
-#undef v_loadx
-#undef v_fma
-#undef v_tree
-#undef v_set1
-#undef v_storex
+#include "kernels_cpu_end.inc"
 
 /* ---- AVX2 + FMA: 16 lanes in two 8-lane halves ------------------------ */
 #define TGT_AVX2 __attribute__((target("avx2,fma")))
@@ -313,10 +298,6 @@ AVX2_PANEL(avx2_f32_panel, float, avx2_loadu8, avx2_f32_dot_finish)
 #define TILE_M 6
 
 #include "kernels_cpu.inc"
-#undef SFX
-#undef WT
-#undef W2F
-#undef v_loadw
 #define SFX(name) avx2_bf16_##name
 #define WT uint16_t
 #define W2F W2F_BF16
@@ -329,18 +310,7 @@ AVX2_PANEL(avx2_bf16_panel, uint16_t, avx2_widen8, avx2_bf16_dot_finish)
 #define TILE_M 6
 
 #include "kernels_cpu.inc"
-#undef SFX
-#undef WT
-#undef W2F
-#undef v_loadw
-#undef TGT
-#undef V
-#undef v_zero
-#undef v_loadx
-#undef v_fma
-#undef v_tree
-#undef v_set1
-#undef v_storex
+#include "kernels_cpu_end.inc"
 
 /* ---- AVX-512: 16 lanes in one register ------------------------------- */
 #define TGT_AVX512 __attribute__((target("avx512f,avx2,fma")))
@@ -368,27 +338,12 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
 #define W2F W2F_F32
 #define v_loadw _mm512_loadu_ps
 #include "kernels_cpu.inc"
-#undef SFX
-#undef WT
-#undef W2F
-#undef v_loadw
 #define SFX(name) avx512_bf16_##name
 #define WT uint16_t
 #define W2F W2F_BF16
 #define v_loadw avx512_loadw_bf16
 #include "kernels_cpu.inc"
-#undef SFX
-#undef WT
-#undef W2F
-#undef v_loadw
-#undef TGT
-#undef V
-#undef v_zero
-#undef v_loadx
-#undef v_fma
-#undef v_tree
-#undef v_set1
-#undef v_storex
+#include "kernels_cpu_end.inc"
 
 /* ---- dispatch ---------------------------------------------------------- */
 typedef void (*BlockFn)(float *y, const float *x, const float *xpack, void *wpack, const void *w, int T, int K, int N,
