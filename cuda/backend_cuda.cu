@@ -93,7 +93,7 @@ static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
     const float *f = (const float *)host.data;
     if (!gemm_bf16) return WeightRef{cuda_weights(f, n), DTYPE_F32};
     uint16_t *h = (uint16_t *)xmalloc(sizeof(uint16_t) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(f[i]);
+    f32_to_bf16_n(h, f, n);
     void *d = cuda_alloc(sizeof(uint16_t) * n);
     DCP_CHECK(cudaMemcpy(d, h, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
     free(h);

@@ -488,7 +488,7 @@ static void preemption(const char *path)
     const int G = 16, Ns[] = {1, 4}, Bs[] = {1, 16, 64}, budgets[] = {16, 256, 4096};
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    size_t per_position = kv_bytes_per_position(4, 1, 16);
+    size_t per_position = kv_bytes_per_position(4, 1, 16, sizeof(float));
     for (int ni = 0; ni < 2; ni++)
         for (int bi = 0; bi < 3; bi++) {
             int N = Ns[ni], B = Bs[bi], span = B * N;
@@ -653,7 +653,7 @@ static void deepseek_layouts(void)
                                 "capacity %lld vs %lld positions\n",
                         eight.kv_peak, eight.kv_peak * 8, one.kv_peak, eight.capacity, one.capacity);
             /* a KV budget below what the four requests need together */
-            size_t per_position = kv_bytes_per_position(3, 1, 40) / 2;
+            size_t per_position = kv_bytes_per_position(3, 1, 40, sizeof(float)) / 2;
             LayoutRun tight = {0};
             run_layout("deepseek v3_yarn: tp 8 dcp 8, 4 KV blocks (preemption)", dir, &rs, &ref,
                        (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .budget = 16, .block_size = 16,

@@ -229,10 +229,8 @@ static WeightRef cpu_gemm_weights(WeightRef host, size_t n)
     if (gemm_bf16 < 0 || (gemm_bf16 == 1) == (host.dtype == DTYPE_BF16)) return host;
     void *p;
     if (gemm_bf16) {
-        uint16_t *h = xmalloc(sizeof(uint16_t) * (n ? n : 1));
-        const float *f = host.data;
-        for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(f[i]);
-        p = h;
+        p = xmalloc(sizeof(uint16_t) * (n ? n : 1));
+        f32_to_bf16_n(p, host.data, n);
     } else {
         float *f = xmalloc(sizeof(float) * (n ? n : 1));
         const uint16_t *h = host.data;
@@ -286,9 +284,8 @@ static void cpu_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float
             if (v_pool) memcpy((float *)v_pool + row, vt, sizeof(float) * kvd);
             continue;
         }
-        uint16_t *kr = (uint16_t *)k_pool + row, *vr = v_pool ? (uint16_t *)v_pool + row : NULL;
-        for (int i = 0; i < kvd; i++) kr[i] = f32_to_bf16(kt[i]);
-        for (int i = 0; vr && i < kvd; i++) vr[i] = f32_to_bf16(vt[i]);
+        f32_to_bf16_n((uint16_t *)k_pool + row, kt, (size_t)kvd);
+        if (v_pool) f32_to_bf16_n((uint16_t *)v_pool + row, vt, (size_t)kvd);
     }
 }
 

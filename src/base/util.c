@@ -95,6 +95,11 @@ uint16_t f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+void f32_to_bf16_n(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
 float f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;

@@ -29,6 +29,8 @@ uint64_t fnv1a(uint64_t h, const void *data, size_t n);
 /* fp16/bf16 <-> fp32 conversions used by the checkpoint readers/writers. */
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);
+/* dst (n) = src rounded to bf16, as f32_to_bf16 */
+void f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 float f16_to_f32(uint16_t h);
 
 /* Reads a whole file into a NUL-terminated buffer; *len_out excludes the NUL. */

@@ -11,8 +11,8 @@ static CommStats solo_stats;
 
 size_t engine_kv_bytes_per_token(const Engine *e)
 {
-    size_t kv = kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim) /
-                sizeof(float) * dtype_bytes(e->kv_dtype);
+    size_t kv = kv_bytes_per_position(e->model->cfg.n_layers, e->model->shard.kv_heads, e->model->cfg.head_dim,
+                                      dtype_bytes(e->kv_dtype));
     return e->model->cfg.mla ? kv / 2 : kv; /* MLA: one latent row, no separate values */
 }
 
@@ -225,6 +225,12 @@ static size_t kv_offset(const Engine *e, int layer, int block, int slot)
     return (((size_t)layer * e->pool.n_blocks + block) * B + slot) * kvd;
 }
 
+/* A layer's rows of a KV pool (elements of kv_dtype). */
+static void *kv_layer(const Engine *e, void *pool, int layer)
+{
+    return pool ? (char *)pool + kv_offset(e, layer, 0, 0) * dtype_bytes(e->kv_dtype) : NULL;
+}
+
 /* Per-step metadata, computed once on the host and handed to the backend:
  * positions, the slot mapping (row of this rank's pool each new token is
  * stored at, -1 where another DCP rank owns it), and the block tables of
@@ -290,7 +296,7 @@ void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int
     const Topology *tp = e->topo;
     int kvd = s->kv_heads * c->head_dim, T = 0, W = e->w.layer && e->w.layer[layer].sliding ? c->sliding_window : 0;
     for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
-    size_t layer_off = kv_offset(e, layer, 0, 0);
+    const void *k_rows = kv_layer(e, e->k_pool, layer), *v_rows = kv_layer(e, e->v_pool, layer);
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
         int local = kv_local_len(tp, ch->pos0, tp->dcp_rank);
@@ -302,9 +308,8 @@ void engine_attend(Engine *e, const Chunk *chunks, const int *const *tables, int
             int p = ch->pos0 + j, first = W && p - W + 1 > 0 ? p - W + 1 : 0;
             if (context) {
                 int upto = keys == ATTEND_ALL ? p + 1 : ch->pos0;
-                size_t at = layer_off * dtype_bytes(e->kv_dtype);
-                e->kp[t] = (char *)e->k_pool + at;
-                e->vp[t] = (char *)(c->mla ? e->k_pool : e->v_pool) + at; /* MLA: values are the latent rows */
+                e->kp[t] = k_rows;
+                e->vp[t] = c->mla ? k_rows : v_rows; /* MLA: values are the latent rows */
                 e->n_keys[t] = keys == ATTEND_ALL ? kv_local_len(tp, upto, tp->dcp_rank) : local;
                 e->key0[t] = first ? kv_local_len(tp, first < upto ? first : upto, tp->dcp_rank) : 0;
                 e->tables[t] = tables[i];
@@ -371,9 +376,7 @@ void engine_self_attention(Engine *e, const Chunk *chunks, const int *const *tab
 {
     const Backend *be = e->be;
     int mla = e->model->cfg.mla;
-    size_t off = kv_offset(e, layer, 0, 0);
-    size_t at = off * dtype_bytes(e->kv_dtype);
-    void *k_pool = (char *)e->k_pool + at, *v_pool = mla ? NULL : (char *)e->v_pool + at;
+    void *k_pool = kv_layer(e, e->k_pool, layer), *v_pool = kv_layer(e, e->v_pool, layer);
     float *v = mla ? NULL : e->v;
     if (e->topo->dcp == 1) {
         /* The new keys are stored first and every token reads its keys from

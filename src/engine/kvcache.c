@@ -79,9 +79,9 @@ void table_free(BlockTable *t)
     memset(t, 0, sizeof *t);
 }
 
-size_t kv_bytes_per_position(int n_layers, int kv_heads, int head_dim)
+size_t kv_bytes_per_position(int n_layers, int kv_heads, int head_dim, size_t elem_bytes)
 {
-    return 2 * sizeof(float) * (size_t)n_layers * kv_heads * head_dim;
+    return 2 * elem_bytes * (size_t)n_layers * kv_heads * head_dim;
 }
 
 int parse_bytes(const char *s, size_t *out)

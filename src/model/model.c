@@ -354,6 +354,26 @@ typedef struct {
     ModelSpec spec;
 } Source;
 
+/* The checkpoint tensor of a kind and layer, its shape checked against the
+ * config's (a tied LM head is the embedding). */
+static int hf_tensor(const Source *src, TensorKind k, int layer, const StTensor **out)
+{
+    const Config *c = src->cfg;
+    int rows, cols;
+    tensor_full_shape(c, k, &rows, &cols);
+    if (k == T_LM_HEAD && c->tied_embeddings) k = T_EMBED;
+    char name[128];
+    tensor_hf_name(k, layer, name, sizeof name);
+    const StTensor *t = st_find(&src->ck, name);
+    if (!t) return dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, name);
+    int64_t trows = t->ndim == 1 ? 1 : t->shape[0], tcols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+    if (t->ndim > 2 || trows != rows || tcols != cols)
+        return dcp_fail("%s: tensor '%s' has shape [%lld, %lld], config.json implies [%d, %d]", src->path, name,
+                        (long long)trows, (long long)tcols, rows, cols);
+    *out = t;
+    return 0;
+}
+
 static int source_read(Source *src, TensorKind k, int layer, int row0, int nrows, int col0, int ncols, float *dst)
 {
     const Config *c = src->cfg;
@@ -376,15 +396,8 @@ static int source_read(Source *src, TensorKind k, int layer, int row0, int nrows
         return 0;
     }
     case FORMAT_HF: {
-        char name[128];
-        tensor_hf_name(k, layer, name, sizeof name);
-        const StTensor *t = st_find(&src->ck, name);
-        if (!t) return dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, name);
-        int64_t trows = t->ndim == 1 ? 1 : t->shape[0], tcols = t->ndim == 1 ? t->shape[0] : t->shape[1];
-        if (t->ndim > 2 || trows != rows || tcols != cols)
-            return dcp_fail("%s: tensor '%s' has shape [%lld, %lld], config.json implies [%d, %d]", src->path, name,
-                            (long long)trows, (long long)tcols, rows, cols);
-        return st_read_f32(t, row0, nrows, col0, ncols, dst);
+        const StTensor *t;
+        return hf_tensor(src, k, layer, &t) || st_read_f32(t, row0, nrows, col0, ncols, dst) ? -1 : 0;
     }
     }
     return -1;
@@ -502,18 +515,14 @@ static int load_matrix(Source *src, Model *m, WeightRef *dst, TensorKind k, int 
     int rc = 0;
     for (int l = 0; l < nl && !rc; l++) {
         const StTensor *t = NULL;
-        if (c->format == FORMAT_HF) {
-            char name[128];
-            tensor_hf_name(k == T_LM_HEAD && c->tied_embeddings ? T_EMBED : k, l, name, sizeof name);
-            t = st_find(&src->ck, name);
-        }
-        if (t && t->dtype == ST_BF16 && t->ndim == 2) {
+        if (c->format == FORMAT_HF && (rc = hf_tensor(src, k, l, &t))) break;
+        if (t && t->dtype == ST_BF16) {
             rc = st_read_bf16(t, row0, nrows, col0, ncols, out + per * l);
             continue;
         }
         if (!tmp) tmp = xmalloc(per * sizeof(float));
         rc = source_read(src, k, l, row0, nrows, col0, ncols, tmp);
-        for (size_t i = 0; i < per && !rc; i++) out[per * l + i] = f32_to_bf16(tmp[i]);
+        if (!rc) f32_to_bf16_n(out + per * l, tmp, per);
     }
     free(tmp);
     source_release(src, k);
@@ -554,8 +563,8 @@ static int load_mla(Source *src, Model *m)
     return rc;
 }
 
-/* "auto": the type the checkpoint stores its first layer's q (or MLA's
- * first) projection in, when that is bf16 and the model is not MLA */
+/* "auto": bf16 when the checkpoint stores its first layer's q projection
+ * so and the model is not MLA (whose matrices load as fp32) */
 static DType stored_gemm_dtype(const Source *src)
 {
     const Config *c = src->cfg;
