@@ -119,7 +119,7 @@ static void attention_row(int n, int D, int B, uint64_t *st)
     for (int i = 0; i < nblocks; i++) table[i] = nblocks - 1 - i; /* blocks in reverse order */
     size_t rows = (size_t)nblocks * B;
     float *k = xmalloc(sizeof(float) * rows * stride), *v = xmalloc(sizeof(float) * rows * stride);
-    float *q = xmalloc(sizeof(float) * D), *score = xmalloc(sizeof(float) * n);
+    float *q = xmalloc(sizeof(float) * D), *score = xmalloc(attend_scratch_bytes(n));
     float *ref = xmalloc(sizeof(float) * D), *out = xmalloc(sizeof(float) * D);
     for (size_t i = 0; i < rows * stride; i++) k[i] = 4 * frand(st), v[i] = frand(st);
     for (int d = 0; d < D; d++) q[d] = frand(st);

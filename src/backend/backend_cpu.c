@@ -115,7 +115,7 @@ static void cpu_attention(const AttnBatch *a)
     size_t esize = dtype_bytes(a->kv_dtype);
 #pragma omp parallel
     {
-        /* each thread's scores, kept from call to call */
+        /* each thread's scores and key offsets, kept from call to call */
         static _Thread_local float *score;
         static _Thread_local int cap;
 #pragma omp for schedule(dynamic, 4)
@@ -131,7 +131,7 @@ static void cpu_attention(const AttnBatch *a)
             if (n > cap) {
                 cap = n > 2 * cap ? n : 2 * cap;
                 free(score);
-                score = xmalloc(sizeof(float) * (size_t)cap);
+                score = xmalloc(attend_scratch_bytes(cap));
             }
             attend(o, &a->lse[r], a->q + (size_t)r * D, (const char *)a->k[t] + (size_t)kvh * D * esize,
                    (const char *)a->v[t] + (size_t)kvh * D * esize,

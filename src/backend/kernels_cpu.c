@@ -35,6 +35,13 @@ static inline float bf16_bits_to_f32(uint16_t h)
 #define W2F_F32(w) (w)
 #define W2F_BF16(w) bf16_bits_to_f32(w)
 
+/* attention reads a key's row this many keys after prefetching it */
+#define ATT_AHEAD 8
+static inline void prefetch_bytes(const void *p, size_t bytes)
+{
+    for (size_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
+}
+
 /* weight rows per block are at most 2 * PANEL_MAX_PAIRS */
 #define PANEL_MAX_PAIRS 64
 

@@ -20,9 +20,13 @@ const char *cpu_isa(void);
  * (elements of the kv type; key j in row table ? table[j / B] * B + j % B
  * : j, rows stride elements apart): out (Dv floats) and lse. Its value
  * depends on the keys only, not on the instruction set or the batch
- * (kernels_cpu.inc). score: n floats of scratch. */
+ * (kernels_cpu.inc). scratch: attend_scratch_bytes(n) bytes. */
 typedef void (*AttendRowFn)(float *out, float *lse, const float *q, const void *k, const void *v, const int *table,
-                            int B, size_t stride, int j0, int n, int D, int Dv, float scale, float *score);
+                            int B, size_t stride, int j0, int n, int D, int Dv, float scale, float *scratch);
 AttendRowFn cpu_attend_row(DType kv);
+static inline size_t attend_scratch_bytes(int n)
+{
+    return sizeof(float) * (((size_t)n + 1) & ~(size_t)1) + sizeof(size_t) * (size_t)n;
+}
 
 #endif
