@@ -109,4 +109,23 @@ expect_error logprobs_too_many 1 '"logprobs" must be an integer in [0, 20]' --ou
 printf '%s\n' "$good" >"$P"
 expect_error kv_too_small 4 'need 1 KV blocks of 16 per rank, the cache has 0' --kv-cache-memory 1K --output "$WORK/kv.h5" "$P"
 
+# the first steps a new user gets wrong, each named precisely
+printf '%s\n' "$good" >"$P"
+mkdir -p "$WORK/a-folder"
+expect_error folder_as_prompts 1 "$WORK/a-folder: a folder, not a prompt file" "$WORK/a-folder"
+expect_error max_tokens_huge 2 "--max-tokens: 99999999999999 is out of range: it takes 1 to 1073741824" \
+    --max-tokens 99999999999999 "$P"
+expect_error tp_one_rank 1 "-tp 2 needs 2 ranks (a multiple of 2), and this run has 1: start it with mpirun -np 2" \
+    -tp 2 "$P"
+mkdir -p "$WORK/l2c"
+"$MKMODEL" --out "$WORK/l2c/tiny.bin" --format llama2c --layers 1 --dim 32 --heads 4 --kv-heads 2 --hidden 64 --vocab 64 >/dev/null
+expect_error llama2c_folder_as_model 1 "$WORK/l2c: a folder without config.json, so not a Hugging Face checkpoint; it holds the llama2.c checkpoint(s) tiny.bin: name the file, e.g. --model $WORK/l2c/tiny.bin" \
+    --model "$WORK/l2c" "$P"
+S260=$SHARED/models/stories260K
+if [ -f "$S260/stories260K.bin" ] && [ -f "$SHARED/tokenizers/llama3/tokenizer.json" ]; then
+    printf '{"id": "t", "prompt": "Once"}\n' >"$P"
+    expect_error tokenizer_json_for_llama2c 1 "tokenizer.json: the tokenizer has ids up to 128255, the model's vocabulary only 512 (wrong tokenizer?)" \
+        --model "$S260/stories260K.bin" --tokenizer "$SHARED/tokenizers/llama3/tokenizer.json" --output "$WORK/tj.h5" "$P"
+fi
+
 finish

@@ -38,12 +38,15 @@ int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int t = (int)(cores / local);
     if (bound_cpus) *bound_cpus = bound;
-    if (share) *share = t;
+    if (share) *share = 0;
     const char *env = getenv("OMP_NUM_THREADS");
-    if (env && atoi(env) > 0) return atoi(env);
+    if (env && atoi(env) > 0) return atoi(env); /* the user's count: nothing limited it */
     /* more threads than the CPUs the launcher bound us to would only queue
      * on them */
-    if (bound > 0 && bound < t) t = bound;
+    if (bound > 0 && bound < t) {
+        if (share) *share = t;
+        t = bound;
+    }
     return t > 0 ? t : 1;
 }
 
@@ -150,7 +153,9 @@ static int read_prompts(const char *path, const RequestDefaults *d, int skip_inv
     char *data = NULL;
     size_t size = 0;
     uint64_t n = UINT64_MAX; /* rank 0 could not read it */
-    if (rank == 0 && read_file(path, &data, &size) == 0) n = size;
+    if (rank == 0 && path_is_dir(path))
+        dcp_fail("%s: a folder, not a prompt file: give a JSON Lines file of requests (see --help)", path);
+    else if (rank == 0 && read_file(path, &data, &size) == 0) n = size;
     DCP_CHECK(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, world));
     if (n == UINT64_MAX) {
         memset(rs, 0, sizeof *rs);
@@ -409,6 +414,72 @@ static void after_step(void *ctx, const int *finished, int n)
         journal_append(&h->journal, h->index[finished[k]], &h->mine->r[finished[k]], &h->res[finished[k]]);
 }
 
+/* The steps' summary. DP groups step concurrently, each on its own
+ * requests: their step counts and decode-only times are given per group
+ * (and the tokens/s of the groups together), never summed as if one ran
+ * after the other. */
+static void print_step_summary(const StepRecord *steps, const int *step_dp, int n_steps, int dp, int kv_blocks)
+{
+    int max_running = 0, peak_blocks = 0, preempted = 0;
+    int *count = xcalloc((size_t)dp, sizeof(int));
+    long *tokens = xcalloc((size_t)dp, sizeof(long));
+    double *secs = xcalloc((size_t)dp, sizeof(double));
+    for (int i = 0; i < n_steps; i++) {
+        int g = step_dp ? step_dp[i] : 0;
+        max_running = steps[i].running > max_running ? steps[i].running : max_running;
+        peak_blocks = steps[i].kv_blocks_used > peak_blocks ? steps[i].kv_blocks_used : peak_blocks;
+        preempted += steps[i].preempted;
+        count[g]++;
+        if (!steps[i].prefill_tokens) {
+            tokens[g] += steps[i].decode_tokens;
+            secs[g] += steps[i].seconds;
+        }
+    }
+    const char *in_group = dp > 1 ? " in a DP group" : "";
+    if (dp == 1) printf("# %d step(s)", n_steps);
+    else {
+        printf("# steps per DP group (the groups run concurrently):");
+        for (int g = 0; g < dp; g++) printf(" %d", count[g]);
+    }
+    printf(", at most %d request(s) running%s, %d preemption(s), KV use at most %.1f%% of %d blocks%s\n",
+           max_running, in_group, preempted, 100.0 * peak_blocks / (kv_blocks ? kv_blocks : 1), kv_blocks,
+           dp > 1 ? " per rank" : "");
+    if (dp == 1) {
+        if (secs[0] > 0)
+            printf("# decode-only steps: %ld tokens in %.3f s: %.1f tokens/s\n", tokens[0], secs[0],
+                   tokens[0] / secs[0]);
+    } else {
+        double rate = 0;
+        int any = 0;
+        for (int g = 0; g < dp; g++) any |= secs[g] > 0;
+        if (any) {
+            printf("# decode-only steps per DP group:");
+            for (int g = 0; g < dp; g++) {
+                printf("%s %d: %ld tokens in %.3f s (%.1f tokens/s)", g ? ";" : "", g, tokens[g], secs[g],
+                       secs[g] > 0 ? tokens[g] / secs[g] : 0.0);
+                rate += secs[g] > 0 ? tokens[g] / secs[g] : 0.0;
+            }
+            printf("; together %.1f tokens/s\n", rate);
+        }
+    }
+    free(count);
+    free(tokens);
+    free(secs);
+}
+
+/* Progress on rank 0's stderr: rewritten in place on a terminal, plain
+ * lines every --progress-interval seconds otherwise. By default shown on a
+ * terminal, and under a launcher (mpirun, srun: stderr is then a pipe the
+ * user watches, or a job's log), unless --quiet. */
+static int progress_mode(const Options *o)
+{
+    static const char *launchers[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_ID"};
+    int under_launcher = 0;
+    for (size_t i = 0; i < sizeof launchers / sizeof *launchers; i++) under_launcher |= getenv(launchers[i]) != NULL;
+    int on = o->progress >= 0 ? o->progress : !o->quiet && (isatty(2) || under_launcher);
+    return !on ? 0 : isatty(2) ? PROGRESS_TERMINAL : PROGRESS_LINES;
+}
+
 int run_job(const Options *o, MPI_Comm world, int device)
 {
     int rank, world_size;
@@ -425,7 +496,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
                                           (!strcmp(o->mpi_device_buffers, "auto") && device_mpi_accepts_device_buffers()));
     const char *mpi_buffers = be->host_memory ? "host" : mpi_device ? "device" : "staged";
     backend_set_threads(threads);
-    if (rank == 0 && threads < share && !o->quiet)
+    if (rank == 0 && share && !o->quiet)
         printf("# note: rank 0 is bound to %d CPU(s), so it runs %d thread(s) instead of its share of %d; launch "
                "with mpirun --bind-to none (or --map-by slot:PE=%d), or srun --cpus-per-task=%d\n",
                bound_cpus, threads, share, share, share);
@@ -543,7 +614,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
     dp_select(&rs, group, topo.dp_rank, &mine, index);
     GenOptions go = {.max_model_len = max_model_len, .max_num_seqs = o->max_num_seqs,
                      .max_batched_tokens = o->max_batched_tokens,
-                     .progress = rank == 0 && (o->progress >= 0 ? o->progress : isatty(2)), .tok = tok};
+                     .progress = rank == 0 ? progress_mode(o) : 0,
+                     .progress_interval = o->progress_interval > 0 ? o->progress_interval : isatty(2) ? 1.0 : 10.0,
+                     .dp = topo.dp, .dp_rank = topo.dp_rank, .tok = tok};
     Result *mine_res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
     StepHook hook = {.mine = &mine, .res = mine_res, .index = index};
     if (o->journal && topo.tp_rank == 0 &&
@@ -625,25 +698,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
             }
             if (world_size > 1) print_comm_summary(all_comm, all_kv, world_size);
         }
-        int max_running = 0, peak_blocks = 0, preempted = 0;
-        for (int i = 0; i < n_steps; i++) {
-            max_running = steps[i].running > max_running ? steps[i].running : max_running;
-            peak_blocks = steps[i].kv_blocks_used > peak_blocks ? steps[i].kv_blocks_used : peak_blocks;
-            preempted += steps[i].preempted;
-        }
-        printf("# %d step(s), at most %d request(s) running, %d preemption(s), KV use at most %.1f%% of %d "
-               "blocks\n",
-               n_steps, max_running, preempted, 100.0 * peak_blocks / (kv_blocks ? kv_blocks : 1), kv_blocks);
-        long decode_only = 0;
-        double decode_s = 0;
-        for (int i = 0; i < n_steps; i++)
-            if (!steps[i].prefill_tokens) {
-                decode_only += steps[i].decode_tokens;
-                decode_s += steps[i].seconds;
-            }
-        if (decode_s > 0)
-            printf("# decode-only steps: %ld tokens in %.3f s: %.1f tokens/s\n", decode_only, decode_s,
-                   decode_only / decode_s);
+        print_step_summary(steps, step_dp, n_steps, topo.dp, kv_blocks);
         long long w_max = 0, kv_max = 0, rss_max = 0;
         for (int r = 0; r < world_size; r++) {
             w_max = all_w[r] > w_max ? all_w[r] : w_max;

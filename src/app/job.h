@@ -9,7 +9,9 @@
 
 /* Threads for this rank: OMP_NUM_THREADS, else the node's cores divided by
  * the ranks on the node (MPI_COMM_TYPE_SHARED), at most the CPUs the rank
- * is bound to. Reports that count and the node share (may be NULL). */
+ * is bound to. Reports that count (bound_cpus) and, only when the binding
+ * lowered the thread count, the node share it would have had (share; 0
+ * otherwise). Either may be NULL. */
 int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share);
 
 /* Exit status of dcpinfer (README "Exit status"). */

@@ -17,7 +17,8 @@ enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
-    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE
+    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE,
+    OPT_PROGRESS_INTERVAL
 };
 
 static const struct option long_opts[] = {
@@ -53,6 +54,7 @@ static const struct option long_opts[] = {
     {"step-timeout", required_argument, 0, OPT_STEP_TIMEOUT},
     {"progress", no_argument, 0, OPT_PROGRESS},
     {"no-progress", no_argument, 0, OPT_NO_PROGRESS},
+    {"progress-interval", required_argument, 0, OPT_PROGRESS_INTERVAL},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"help", no_argument, 0, OPT_HELP},
     {"version", no_argument, 0, OPT_VERSION},
@@ -132,7 +134,11 @@ void options_usage(FILE *f)
             "  --no-journal             do not record finished requests (no --resume possible)\n"
             "  --step-timeout S         end the job when no step completes in S seconds (a\n"
             "                           stopped or hung rank); default 0: never\n"
-            "  --progress, --no-progress  progress line on stderr (default: when it is a terminal)\n"
+            "  --progress, --no-progress  progress on stderr: requests done, tokens/s, KV use, ETA\n"
+            "                           (default: on when stderr is a terminal, where one line is\n"
+            "                           rewritten in place, or under mpirun/srun; off with --quiet)\n"
+            "  --progress-interval S    seconds between progress updates (default: 1 on a\n"
+            "                           terminal, 10 for plain lines into a pipe or a Slurm log)\n"
             "  --quiet                  no per-request lines on stdout\n"
             "  --help, --version\n"
             "\n"
@@ -147,8 +153,9 @@ static int parse_int(const char *opt, const char *s, int lo, int hi, int *out)
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return dcp_fail("%s: '%s' is not an integer from %d to %d", opt, s, lo, hi);
+    if (!*end && end != s && (errno == ERANGE || v < lo || v > hi))
+        return dcp_fail("%s: %s is out of range: it takes %d to %d", opt, s, lo, hi);
+    if (errno || *end || end == s) return dcp_fail("%s: '%s' is not an integer from %d to %d", opt, s, lo, hi);
     *out = (int)v;
     return 0;
 }
@@ -249,12 +256,18 @@ int options_parse(Options *o, int argc, char **argv, int print)
         }
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NO_PROGRESS: o->progress = 0; break;
+        case OPT_PROGRESS_INTERVAL: {
+            float t;
+            rc = parse_float("--progress-interval", optarg, 0, 1e7f, 1, &t);
+            o->progress_interval = t;
+            break;
+        }
         case OPT_QUIET: o->quiet = 1; break;
         case OPT_HELP:
             if (print) options_usage(stdout);
             return 1;
         case OPT_VERSION:
-            if (print) printf("%s %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+            if (print) print_version(stdout);
             return 1;
         default:
             if (optopt >= OPT_MODEL) return dcp_fail("%s needs a value (see --help)", argv[optind - 1]);

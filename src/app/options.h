@@ -21,7 +21,8 @@ typedef struct {
     int max_num_seqs;
     int max_batched_tokens;
     int skip_invalid;
-    int progress;          /* -1: when stderr is a terminal */
+    int progress;          /* -1: when stderr is a terminal or a launcher started the run */
+    double progress_interval; /* seconds between progress updates; 0: 1 on a terminal, else 10 */
     int quiet;
     int tp, dcp, dp;       /* dp 0: world / tp */
     int interleave;        /* --cp-kv-cache-interleave-size */
@@ -39,5 +40,7 @@ typedef struct {
 /* 0: run; 1: --help or --version printed, exit 0; -1: error in dcp_error(). */
 int options_parse(Options *o, int argc, char **argv, int print);
 void options_usage(FILE *f);
+/* --version: release, configure options, backends, libraries (version.c) */
+void print_version(FILE *f);
 
 #endif

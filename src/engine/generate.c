@@ -229,6 +229,41 @@ static void record_step(GenStats *st, const StepRecord *r)
     st->steps[st->n_steps++] = *r;
 }
 
+/* "1h02m", "3m05s", "12s" */
+static void format_duration(char *buf, size_t n, double s)
+{
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, n, "%lds", t);
+}
+
+/* The progress line: requests done, tokens/s, KV use, and the time the
+ * unfinished requests' remaining token budgets take at the rate so far (an
+ * upper bound when requests stop early). With DP it is rank 0's group's. */
+static void print_progress(const GenOptions *o, const Scheduler *sch, long generated, double elapsed, double kv_pct)
+{
+    const RequestSet *rs = sch->rs;
+    long left = 0;
+    for (int i = 0; i < rs->n; i++)
+        if (!sch->res[i].finish_reason) {
+            long cap = (long)sch->max_model_len - rs->r[i].n_prompt, want = rs->r[i].max_tokens;
+            left += (want < cap ? want : cap) - sch->res[i].n;
+        }
+    double rate = elapsed > 0 ? generated / elapsed : 0.0;
+    char eta[32] = "?", took[32], group[48] = "";
+    if (left <= 0) strcpy(eta, "0s");
+    else if (rate > 0) format_duration(eta, sizeof eta, left / rate);
+    format_duration(took, sizeof took, elapsed);
+    if (o->dp > 1) snprintf(group, sizeof group, "DP group %d of %d: ", o->dp_rank, o->dp);
+    int terminal = o->progress == PROGRESS_TERMINAL;
+    fprintf(stderr, "%sdcpinfer: %s%d/%d requests done, %d running, %d waiting, %.1f tokens/s, KV %.0f%% used, "
+                    "%s elapsed, ETA %s%s",
+            terminal ? "\r\033[K" : "", group, sch->done, rs->n, sch->n_running, sch->tail - sch->head, rate, kv_pct,
+            took, eta, terminal ? "" : "\n");
+    fflush(stderr);
+}
+
 int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenStats *stats)
 {
     const Config *c = &e->model->cfg;
@@ -277,6 +312,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     int *finished = xmalloc(sizeof(int) * seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
+    int shown = 0;
 
     while (scheduler_plan(&sch, &plan)) {
         if (plan.nc == 0) { /* cannot happen while every request fits the cache alone */
@@ -310,12 +346,16 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         }
         if (o->on_step) o->on_step(o->on_step_ctx, finished, n_finished);
         record_step(st, &rec);
-        if (o->progress && now_s() - last_progress >= 1.0) {
+        if (o->progress && now_s() - last_progress >= o->progress_interval) {
             last_progress = now_s();
-            fprintf(stderr, "dcpinfer: %d/%d requests done, %d running, %d waiting, %.1f tokens/s, KV %.0f%% used\n",
-                    sch.done, rs->n, sch.n_running, sch.tail - sch.head, generated / (last_progress - t_start),
-                    100.0 * rec.kv_blocks_used / (e->pool.n_blocks ? e->pool.n_blocks : 1));
+            print_progress(o, &sch, generated, last_progress - t_start,
+                           100.0 * rec.kv_blocks_used / (e->pool.n_blocks ? e->pool.n_blocks : 1));
+            shown = 1;
         }
+    }
+    if (shown && o->progress == PROGRESS_TERMINAL) { /* the final state, then the line is left */
+        print_progress(o, &sch, generated, now_s() - t_start, 0.0);
+        fputc('\n', stderr);
     }
     st->preemptions = sch.preemptions;
     st->kv_positions_peak = sch.kv_positions_peak;

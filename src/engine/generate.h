@@ -13,7 +13,9 @@ typedef struct {
     int max_model_len;       /* context limit: prompt + output tokens */
     int max_num_seqs;        /* requests decoding together */
     int max_batched_tokens;  /* tokens per forward pass */
-    int progress;            /* progress line on stderr, at most once a second */
+    int progress;            /* on stderr: PROGRESS_TERMINAL, PROGRESS_LINES or 0 */
+    double progress_interval; /* seconds between updates */
+    int dp, dp_rank;         /* the DP groups, for the progress line's label */
     const Tokenizer *tok;    /* when set: output text as tokens arrive, and stop strings */
     /* When set, called with the logits of every position of every request
      * (forces logits for all prompt tokens too). */
@@ -24,6 +26,10 @@ typedef struct {
     void (*on_step)(void *ctx, const int *finished, int n_finished);
     void *on_step_ctx;
 } GenOptions;
+
+/* Progress on stderr every progress_interval seconds: one line rewritten
+ * in place (a terminal), or plain lines (a pipe, a log). */
+enum { PROGRESS_TERMINAL = 1, PROGRESS_LINES = 2 };
 
 /* One scheduler step, as recorded. */
 typedef struct {

@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -137,11 +138,37 @@ int config_from_llama2c_header(const char *path, const unsigned char *head, size
     return 0;
 }
 
+/* A folder given as --model without config.json: names the llama2.c
+ * checkpoints in it, if any, as the likely intent. */
+static int not_hf_folder(const char *dir)
+{
+    char bins[1024] = "", first[512] = "";
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n > 4 && !strcmp(e->d_name + n - 4, ".bin") && strncmp(e->d_name, "tok", 3) && /* tokenizer.bin, tok512.bin */
+            strlen(bins) + n + 3 < sizeof bins) {
+            snprintf(bins + strlen(bins), sizeof bins - strlen(bins), "%s%s", *bins ? ", " : "", e->d_name);
+            if (!*first) snprintf(first, sizeof first, "%s", e->d_name);
+        }
+    }
+    if (d) closedir(d);
+    if (*first)
+        return dcp_fail("%s: a folder without config.json, so not a Hugging Face checkpoint; it holds the llama2.c "
+                        "checkpoint(s) %s: name the file, e.g. --model %s/%s",
+                        dir, bins, dir, first);
+    return dcp_fail("%s: a folder without config.json: --model takes a Hugging Face folder (config.json and "
+                    "*.safetensors) or a llama2.c .bin file",
+                    dir);
+}
+
 static int read_hf_config(const char *dir, Config *c)
 {
     char path[4096], *text;
     size_t len;
     snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!path_exists(path)) return not_hf_folder(dir);
     if (check_regular_file(path, "config") || read_file(path, &text, &len)) return -1;
     int rc = config_from_json(path, text, len, c);
     free(text);

@@ -10,6 +10,10 @@ int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int
     int Hq = c->n_heads, Hkv = c->n_kv_heads;
     if (tp < 1 || dcp < 1 || dp < 0)
         return dcp_fail("invalid layout: -tp %d, -dcp %d, -dp %d must be positive", tp, dcp, dp);
+    if (world_size == 1 && tp > 1)
+        return dcp_fail("invalid layout: -tp %d needs %d ranks (a multiple of %d), and this run has 1: start it with "
+                        "mpirun -np %d dcpinfer ... (or srun -n %d)",
+                        tp, tp, tp, tp, tp);
     if (world_size % tp)
         return dcp_fail("invalid layout: %d ranks are not divisible by -tp %d (world = dp x tp)", world_size, tp);
     if (dp && (long long)dp * tp != world_size)

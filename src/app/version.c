@@ -1,0 +1,38 @@
+/* dcpinfer --version: the release, how this build was configured, and the
+ * libraries it runs with, for bug reports and for telling builds apart. */
+#include <cblas.h>
+#include <hdf5.h>
+#include <jansson.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "config.h"
+#include "kernels_cpu.h"
+#include "options.h"
+
+void print_version(FILE *f)
+{
+    char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    int len = 0;
+    MPI_Get_library_version(mpi, &len); /* allowed before MPI_Init */
+    char *nl = strchr(mpi, '\n');
+    if (nl) *nl = '\0';
+    char *comma = strchr(mpi, ','); /* Open MPI: "Open MPI v4.1.4, package: ..." */
+    if (comma) *comma = '\0';
+    unsigned h5[3] = {0};
+    H5get_libversion(&h5[0], &h5[1], &h5[2]);
+    fprintf(f, "%s %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+    fprintf(f, "configure: %s\n", *DCP_CONFIGURE_ARGS ? DCP_CONFIGURE_ARGS : "(no options)");
+    fprintf(f, "backends: cpu (kernels: %s on this CPU); %s\n", cpu_isa(), DCP_CUDA_BUILD);
+#if defined(__clang__)
+    const char *cc = "clang ";
+#elif defined(__GNUC__)
+    const char *cc = "gcc ";
+#else
+    const char *cc = "";
+#endif
+    fprintf(f, "sanitizers: %s; compiler: %s%s\n", DCP_SANITIZERS, cc, __VERSION__);
+    fprintf(f, "libraries: %s; HDF5 %u.%u.%u; OpenBLAS (%s); jansson %s\n", mpi, h5[0], h5[1], h5[2],
+            openblas_get_config(), JANSSON_VERSION);
+}

@@ -1,0 +1,119 @@
+#!/bin/sh
+# What a user sees around the results: progress under mpirun and on a
+# terminal, the thread note only when binding limited the threads, DP
+# summaries per group (never concurrent times added up), --version.
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+
+P=$WORK/p.jsonl
+for i in 1 2 3 4; do
+    printf '{"id": "r%d", "prompt_token_ids": [1, %d, 3], "max_tokens": 300, "temperature": 0, "ignore_eos": true}\n' $i $i
+done >"$P"
+progress_re='^dcpinfer: [0-4]/4 requests done, [0-9]+ running, [0-9]+ waiting, [0-9.]+ tokens/s, KV [0-9]+% used, [0-9hms]+ elapsed, ETA [0-9hms]+$'
+
+# under mpirun stderr is a pipe: plain lines, every --progress-interval
+checks=$((checks + 1))
+run_dcp lines --progress-interval 0.001 --max-model-len 512 --output "$WORK/l.h5" "$P"
+n=$(grep -cE "$progress_re" "$WORK/lines.err")
+others=$(grep -cvE "$progress_re" "$WORK/lines.err")
+if [ "$(cat "$WORK/lines.rc")" = 0 ] && [ "$n" -ge 3 ] && [ "$others" = 0 ] && ! grep -q "$(printf '\r')" "$WORK/lines.err"; then
+    pass "progress under mpirun: $n plain lines"
+else
+    fail "progress under mpirun: $n progress lines, $others others (rc $(cat "$WORK/lines.rc")):"
+    sed 's/^/    /' "$WORK/lines.err" | head >&2
+fi
+# the first line after the first step, the last after the last step (all
+# done, nothing left: ETA 0s)
+checks=$((checks + 1))
+first=$(grep -E "$progress_re" "$WORK/lines.err" | head -1)
+last=$(grep -E "$progress_re" "$WORK/lines.err" | tail -1)
+if echo "$first" | grep -q '^dcpinfer: 0/4 requests done, 4 running, 0 waiting' &&
+    echo "$last" | grep -q '^dcpinfer: 4/4 requests done, 0 running, 0 waiting, .* ETA 0s$'; then
+    pass "progress: from '$first' to '$last'"
+else
+    fail "progress: first '$first', last '$last'"
+fi
+
+# off with --no-progress and with --quiet (an explicit --progress wins)
+for case in "noprog --no-progress" "quiet --quiet" "quietprog --quiet --progress"; do
+    set -- $case
+    name=$1; shift
+    checks=$((checks + 1))
+    run_dcp "$name" "$@" --progress-interval 0.001 --max-model-len 512 --output "$WORK/$name.h5" "$P"
+    n=$(grep -cE "$progress_re" "$WORK/$name.err")
+    ok=$([ "$n" = 0 ] && echo none || echo some)
+    want=$([ "$name" = quietprog ] && echo some || echo none)
+    if [ "$ok" = "$want" ]; then
+        pass "progress with $*: $n line(s)"
+    else
+        fail "progress with $*: $n line(s)"
+    fi
+done
+
+# on a terminal: one line rewritten in place (carriage return, erase to
+# the end of the line), left with a newline at the end
+checks=$((checks + 1))
+if command -v script >/dev/null 2>&1; then
+    OMPI_MCA_ess_singleton_isolated=1 script -qec "'$DCPINFER' --progress-interval 0.001 --max-model-len 512 --output '$WORK/t.h5' '$P' >/dev/null" \
+        /dev/null >"$WORK/tty.raw" 2>&1
+    rewrites=$(tr '\r' '\n' <"$WORK/tty.raw" | grep -c "$(printf '\033')\[Kdcpinfer: [0-4]/4 requests done")
+    if [ "$rewrites" -ge 2 ] && tr '\r' '\n' <"$WORK/tty.raw" | grep -q '4/4 requests done.*ETA 0s'; then
+        pass "progress on a terminal: $rewrites rewrites of one line, ending at 4/4"
+    else
+        fail "progress on a terminal: $rewrites rewrites:"; cat -v "$WORK/tty.raw" | head -5 >&2
+    fi
+else
+    pass "progress on a terminal: no 'script' command here, not checked"
+fi
+
+# a plain executable writing stderr to a file (no launcher, no terminal):
+# no progress unless asked
+checks=$((checks + 1))
+OMPI_MCA_ess_singleton_isolated=1 "$DCPINFER" --max-model-len 512 --output "$WORK/pl.h5" "$P" >/dev/null 2>"$WORK/plain.err"
+n=$(grep -cE "$progress_re" "$WORK/plain.err")
+if [ "$n" = 0 ]; then pass "no progress for a plain run into a file"; else fail "plain run: $n progress lines"; fi
+
+# the thread note: only when binding lowered the thread count
+if [ "$(nproc)" -ge 2 ]; then
+    checks=$((checks + 1))
+    printf '{"id": "a", "prompt_token_ids": [1, 2], "max_tokens": 2}\n' >"$WORK/one.jsonl"
+    OMP_NUM_THREADS=1 "$MPIRUN" -q --bind-to core -np 1 "$DCPINFER" --output "$WORK/n1.h5" "$WORK/one.jsonl" \
+        >"$WORK/omp1.out" 2>&1
+    "$MPIRUN" -q --bind-to core -np 1 "$DCPINFER" --output "$WORK/n2.h5" "$WORK/one.jsonl" >"$WORK/bound.out" 2>&1
+    if ! grep -q '# note: rank 0 is bound' "$WORK/omp1.out" && grep -q '# 1 request(s), 0 failed' "$WORK/omp1.out" &&
+        grep -q "# note: rank 0 is bound to 1 CPU(s), so it runs 1 thread(s) instead of its share of $(nproc)" "$WORK/bound.out"; then
+        pass "thread note: none with OMP_NUM_THREADS=1, one when bound to a core"
+    else
+        fail "thread note:"; grep -h 'note' "$WORK/omp1.out" "$WORK/bound.out" >&2
+    fi
+fi
+
+# DP: step counts and decode-only figures per group, each equal to what
+# the file's /steps records for that group
+checks=$((checks + 1))
+NP=2 run_dcp dp -dp 2 --max-model-len 512 --output "$WORK/dp.h5" "$P"
+col() { h5dump -y -d "/steps/$1" "$WORK/dp.h5" | sed -n '/DATA {/,/}/p' | tr -c '0-9.e\n-' ' ' | tr -s ' \n' '\n' | grep .; }
+col dp_rank >"$WORK/g"
+col prefill_tokens >"$WORK/pf"
+col decode_tokens >"$WORK/dt"
+want=$(paste "$WORK/g" "$WORK/pf" "$WORK/dt" | awk '{ n[$1]++; if ($2 == 0) t[$1] += $3 }
+    END { printf "steps %d %d; decode-only tokens %d %d", n[0], n[1], t[0], t[1] }')
+steps=$(sed -n 's/^# steps per DP group (the groups run concurrently): \([0-9]*\) \([0-9]*\),.*/\1 \2/p' "$WORK/dp.out")
+tokens=$(sed -n 's/^# decode-only steps per DP group: 0: \([0-9]*\) tokens .*; 1: \([0-9]*\) tokens .*; together .*/\1 \2/p' "$WORK/dp.out")
+got="steps $steps; decode-only tokens $tokens"
+if [ "$got" = "$want" ] && ! grep -q '^# decode-only steps:' "$WORK/dp.out"; then
+    pass "dp 2 summary per group: $got"
+else
+    fail "dp 2 summary: printed '$got', /steps gives '$want'"; grep '^# ' "$WORK/dp.out" >&2
+fi
+
+# --version: the release, the build's configuration and libraries
+checks=$((checks + 1))
+"$DCPINFER" --version >"$WORK/version" 2>&1
+if grep -q "^dcpinfer [0-9]" "$WORK/version" && grep -q '^configure: ' "$WORK/version" &&
+    grep -q '^backends: cpu (kernels: [a-z0-9]* on this CPU); cuda ' "$WORK/version" &&
+    grep -q '^libraries: .*MPI.*; HDF5 [0-9]*\.[0-9]*\.[0-9]*; OpenBLAS' "$WORK/version"; then
+    pass "--version: $(tr '\n' '|' <"$WORK/version")"
+else
+    fail "--version:"; cat "$WORK/version" >&2
+fi
+finish
