@@ -11,14 +11,14 @@ DEMO_ARGS=${DEMO_ARGS:-}
 OUT=${OUT:-$TOP/demo-out}
 mkdir -p "$OUT"
 
-echo "== default model, $NP rank(s): mpirun -np $NP dcpinfer --max-tokens 24 inputs/demo.jsonl"
+echo "== default model, $NP rank(s): mpirun -np $NP dcpinfer${DEMO_ARGS:+ $DEMO_ARGS} --max-tokens 24 inputs/demo.jsonl"
 mpirun --bind-to none --oversubscribe -np "$NP" "$BUILD_DIR/dcpinfer" $DEMO_ARGS --max-tokens 24 --output "$OUT/demo.h5" \
     "$TOP/inputs/demo.jsonl" || exit 1
 
 STORIES=${STORIES:-$TOP/../shared/models/stories260K}
 if [ -f "$STORIES/stories260K.bin" ]; then
     echo
-    echo "== stories260K: mpirun -np $NP dcpinfer --model stories260K.bin --tokenizer tok512.bin inputs/stories.jsonl"
+    echo "== stories260K: mpirun -np $NP dcpinfer${DEMO_ARGS:+ $DEMO_ARGS} --model stories260K.bin --tokenizer tok512.bin inputs/stories.jsonl"
     mpirun --bind-to none --oversubscribe -np "$NP" "$BUILD_DIR/dcpinfer" $DEMO_ARGS --model "$STORIES/stories260K.bin" \
         --tokenizer "$STORIES/tok512.bin" --output "$OUT/stories.h5" "$TOP/inputs/stories.jsonl" || exit 1
     echo
