@@ -2,7 +2,8 @@
 # Builds dcpinfer (installing its Debian packages if missing) and runs the
 # test suite twice: a normal build, and an AddressSanitizer +
 # UndefinedBehaviorSanitizer build with a short fuzzing run of every parser;
-# in between it builds the CUDA variant (build only) where nvcc exists.
+# in between the system tests (the README's commands, Slurm) and the CUDA
+# variant's build (build only) where nvcc exists.
 # Last, make distcheck builds and tests the release tarball. Ends with
 # "N passed, N failed, N skipped".
 set -u
@@ -67,7 +68,32 @@ cuda_build() {
     fi
 }
 
+# tests of the whole system, once, against the normal build: the README's
+# commands as written (tests/readme.sh), and the Slurm scripts on a real
+# one-node Slurm cluster (tests/slurm.sh)
+system_tests() {
+    local t rc
+    for t in readme slurm; do
+        echo "== system test tests/$t.sh"
+        DCP_SRCDIR=$TOP DCP_BUILDDIR=$TOP/build bash "$TOP/tests/$t.sh" >"$TOP/build/$t.log" 2>&1
+        rc=$?
+        grep -E '^(ok|FAIL):' "$TOP/build/$t.log" | sed 's/^/   /'
+        if [ $rc = 0 ]; then
+            echo "   PASS: tests/$t.sh"
+            passed=$((passed + 1))
+        elif [ $rc = 77 ]; then
+            echo "   SKIP: tests/$t.sh: $(tail -1 "$TOP/build/$t.log")"
+            skipped=$((skipped + 1))
+        else
+            echo "   FAIL: tests/$t.sh"
+            tail -30 "$TOP/build/$t.log"
+            failed=$((failed + 1))
+        fi
+    done
+}
+
 run_suite normal "$TOP/build" ""
+system_tests
 cuda_build
 # Open MPI keeps allocations until exit; valgrind_leaks.sh checks leaks in
 # the normal build, so LeakSanitizer stays off here. tests/fuzz.sh fuzzes
