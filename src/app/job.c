@@ -391,7 +391,10 @@ static int prepare_journal(const Options *o, const Fingerprint *fp, const Reques
         return 0;
     }
     *n_done = n;
-    if (!o->quiet)
+    if (!o->quiet && n == 0)
+        printf("# --resume: no finished request of an earlier run in %s.journal*: all %d to run\n", o->output,
+               rs->n);
+    else if (!o->quiet)
         printf("# resumed: %d of %d request(s) finished by earlier runs (%s.journal*), %d to run\n", n, rs->n,
                o->output, rs->n - n);
     return journal_consolidate(o->output, fp, rs, earlier, done);
