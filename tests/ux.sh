@@ -8,7 +8,7 @@ P=$WORK/p.jsonl
 for i in 1 2 3 4; do
     printf '{"id": "r%d", "prompt_token_ids": [1, %d, 3], "max_tokens": 300, "temperature": 0, "ignore_eos": true}\n' $i $i
 done >"$P"
-progress_re='^dcpinfer: [0-4]/4 requests done, [0-9]+ running, [0-9]+ waiting, [0-9.]+ tokens/s, KV [0-9]+% used, [0-9hms]+ elapsed, ETA [0-9hms]+$'
+progress_re='^dcpinfer: [0-4]/4 requests done, [0-9]+ running, [0-9]+ waiting, [0-9.]+ tokens/s, KV [0-9]+% used, [0-9hms]+ elapsed, ETA (<1s|[0-9hms]+)$'
 
 # under mpirun stderr is a pipe: plain lines, every --progress-interval
 checks=$((checks + 1))
@@ -31,6 +31,42 @@ if echo "$first" | grep -q '^dcpinfer: 0/4 requests done, 4 running, 0 waiting' 
     pass "progress: from '$first' to '$last'"
 else
     fail "progress: first '$first', last '$last'"
+fi
+
+# a 30-second run under mpirun with the default settings, its stderr a pipe
+# and, concurrently, the same from a pseudo-terminal (mpirun hands rank 0
+# a pipe there too): a plain line every 10 s in both. One thread each, so
+# that the two runs do not spin against each other.
+if "$DCPINFER" --version | grep -q '^sanitizers: no'; then
+    for i in $(seq 24); do
+        printf '{"id": "l%d", "prompt_token_ids": [1, %d, 3], "max_tokens": 2000, "ignore_eos": true}\n' $i $i
+    done >"$WORK/long.jsonl"
+    long_re='^dcpinfer: [0-9]+/24 requests done, .* tokens/s, KV [0-9]+% used, [0-9hms]+ elapsed, ETA (<1s|[0-9hms]+)$'
+    export OMP_NUM_THREADS=1
+    "$MPIRUN" -q --bind-to none -np 1 "$DCPINFER" --output "$WORK/long-pipe.h5" "$WORK/long.jsonl" \
+        >"$WORK/long-pipe.out" 2>"$WORK/long-pipe.err" &
+    pipe_pid=$!
+    if command -v script >/dev/null 2>&1; then
+        script -qec "'$MPIRUN' -q --bind-to none -np 1 '$DCPINFER' --output '$WORK/long-pty.h5' '$WORK/long.jsonl' >'$WORK/long-pty.out'" \
+            /dev/null >"$WORK/long-pty.raw" 2>&1
+    fi
+    wait $pipe_pid
+    unset OMP_NUM_THREADS
+    for how in pipe pty; do
+        [ "$how" = pty ] && ! command -v script >/dev/null 2>&1 && continue
+        checks=$((checks + 1))
+        f=$WORK/long-$how.err
+        [ "$how" = pty ] && { tr -d '\r' <"$WORK/long-pty.raw" >"$f"; }
+        wall=$(sed -n 's/^# 24 request(s), 0 failed, [0-9]* output tokens in \([0-9]*\)\..*/\1/p' "$WORK/long-$how.out")
+        n=$(grep -cE "$long_re" "$f")
+        want=$(( ${wall:-0} / 10 - 1 ))
+        [ "$want" -lt 1 ] && want=1
+        if [ -n "$wall" ] && [ "$n" -ge "$want" ]; then
+            pass "$wall-second run under mpirun, from a $how: $n progress lines (every 10 s), the last '$(grep -E "$long_re" "$f" | tail -1)'"
+        else
+            fail "$how: $n progress lines in a ${wall:-?}-second run (expected at least $want):"; head -5 "$f" >&2
+        fi
+    done
 fi
 
 # off with --no-progress and with --quiet (an explicit --progress wins)
@@ -106,12 +142,26 @@ else
     fail "dp 2 summary: printed '$got', /steps gives '$want'"; grep '^# ' "$WORK/dp.out" >&2
 fi
 
+# each group's wall time is at least its decode-only time and at most the
+# run's (which ends when the slowest group does)
+checks=$((checks + 1))
+walls=$(sed -n "s/^# DP groups' generation wall time (the run's is the slowest): 0: \([0-9.]*\) s, 1: \([0-9.]*\) s$/\1 \2/p" "$WORK/dp.out")
+decode=$(sed -n 's/^# decode-only steps per DP group: 0: [0-9]* tokens in \([0-9.]*\) s .*; 1: [0-9]* tokens in \([0-9.]*\) s .*/\1 \2/p' "$WORK/dp.out")
+run=$(sed -n 's/^# 4 request(s), 0 failed, [0-9]* output tokens in \([0-9.]*\) s.*/\1/p' "$WORK/dp.out")
+if [ -n "$walls" ] && [ -n "$decode" ] && [ -n "$run" ] &&
+    echo "$walls $decode $run" | awk '{ exit !($1 >= $3 && $2 >= $4 && $1 <= $5 + 0.001 && $2 <= $5 + 0.001) }'; then
+    pass "dp 2 wall times $walls s, decode-only $decode s, run $run s"
+else
+    fail "dp 2 wall times '$walls', decode-only '$decode', run '$run'"
+fi
+
 # --version: the release, the build's configuration and libraries
 checks=$((checks + 1))
 "$DCPINFER" --version >"$WORK/version" 2>&1
 if grep -q "^dcpinfer [0-9]" "$WORK/version" && grep -q '^configure: ' "$WORK/version" &&
     grep -q '^backends: cpu (kernels: [a-z0-9]* on this CPU); cuda ' "$WORK/version" &&
-    grep -q '^libraries: .*MPI.*; HDF5 [0-9]*\.[0-9]*\.[0-9]*; OpenBLAS' "$WORK/version"; then
+    grep -q '^libraries: .*MPI.*; HDF5 [0-9]*\.[0-9]*\.[0-9]*; OpenBLAS' "$WORK/version" &&
+    grep -q '^MPI and device memory: .*; takes device buffers now: ' "$WORK/version"; then
     pass "--version: $(tr '\n' '|' <"$WORK/version")"
 else
     fail "--version:"; cat "$WORK/version" >&2

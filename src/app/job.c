@@ -425,6 +425,7 @@ static void print_step_summary(const StepRecord *steps, const int *step_dp, int 
 {
     int max_running = 0, peak_blocks = 0, preempted = 0;
     int *count = xcalloc((size_t)dp, sizeof(int));
+    double *end = xcalloc((size_t)dp, sizeof(double)); /* a group's last step's end */
     long *tokens = xcalloc((size_t)dp, sizeof(long));
     double *secs = xcalloc((size_t)dp, sizeof(double));
     for (int i = 0; i < n_steps; i++) {
@@ -433,6 +434,8 @@ static void print_step_summary(const StepRecord *steps, const int *step_dp, int 
         peak_blocks = steps[i].kv_blocks_used > peak_blocks ? steps[i].kv_blocks_used : peak_blocks;
         preempted += steps[i].preempted;
         count[g]++;
+        double e = steps[i].t_start + steps[i].seconds;
+        end[g] = e > end[g] ? e : end[g];
         if (!steps[i].prefill_tokens) {
             tokens[g] += steps[i].decode_tokens;
             secs[g] += steps[i].seconds;
@@ -464,8 +467,12 @@ static void print_step_summary(const StepRecord *steps, const int *step_dp, int 
             }
             printf("; together %.1f tokens/s\n", rate);
         }
+        printf("# DP groups' generation wall time (the run's is the slowest):");
+        for (int g = 0; g < dp; g++) printf("%s %d: %.3f s", g ? "," : "", g, end[g]);
+        printf("\n");
     }
     free(count);
+    free(end);
     free(tokens);
     free(secs);
 }

@@ -4,10 +4,14 @@
 #include <hdf5.h>
 #include <jansson.h>
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
 #include <stdio.h>
 #include <string.h>
 
 #include "config.h"
+#include "device.h"
 #include "kernels_cpu.h"
 #include "options.h"
 
@@ -35,4 +39,11 @@ void print_version(FILE *f)
     fprintf(f, "sanitizers: %s; compiler: %s%s\n", DCP_SANITIZERS, cc, __VERSION__);
     fprintf(f, "libraries: %s; HDF5 %u.%u.%u; OpenBLAS (%s); jansson %s\n", mpi, h5[0], h5[1], h5[2],
             openblas_get_config(), JANSSON_VERSION);
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+    const char *built = MPIX_CUDA_AWARE_SUPPORT ? "built CUDA-aware" : "built without CUDA support";
+#else
+    const char *built = "no CUDA-awareness query (mpi-ext.h)";
+#endif
+    fprintf(f, "MPI and device memory: %s; takes device buffers now: %s\n", built,
+            device_mpi_accepts_device_buffers() ? "yes" : "no (staged through host memory)");
 }

@@ -253,6 +253,7 @@ static void print_progress(const GenOptions *o, const Scheduler *sch, long gener
     double rate = elapsed > 0 ? generated / elapsed : 0.0;
     char eta[32] = "?", took[32], group[48] = "";
     if (left <= 0) strcpy(eta, "0s");
+    else if (rate > 0 && left / rate < 1) strcpy(eta, "<1s");
     else if (rate > 0) format_duration(eta, sizeof eta, left / rate);
     format_duration(took, sizeof took, elapsed);
     if (o->dp > 1) snprintf(group, sizeof group, "DP group %d of %d: ", o->dp_rank, o->dp);
