@@ -86,8 +86,8 @@ for v in 1e30 inf nan 1e-3; do
     expect_error "kv_memory_$v" 2 "--kv-cache-memory: '$v' is not a size from 1K to 1P" --kv-cache-memory "$v" "$P"
 done
 expect_error kv_memory_above_node 1 "is above this node's memory" --kv-cache-memory 1T "$P"
-expect_error dp_huge 2 "-dp: '1073741824' is not an integer from 1 to 65536" -dp 1073741824 "$P"
-expect_error block_huge 2 "--block-size: '1073741824' is not an integer from 1 to 65536" \
+expect_error dp_huge 2 "-dp: 1073741824 is out of range: it takes 1 to 65536" -dp 1073741824 "$P"
+expect_error block_huge 2 "--block-size: 1073741824 is out of range: it takes 1 to 65536" \
     --block-size 1073741824 --cp-kv-cache-interleave-size 1073741824 "$P"
 
 # buffers follow the requests there are, not the limits: a million
