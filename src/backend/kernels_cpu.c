@@ -239,48 +239,43 @@ TGT_AVX2 static inline V2 avx2_eo_to_lanes(__m256 even, __m256 odd)
     __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
     return (V2){_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31)};
 }
-#define AVX2_EO_STEP(acc_e, acc_o, wrow)                                                          \
-    do {                                                                                         \
-        __m256i u = _mm256_loadu_si256((const __m256i *)((wrow) + k));                           \
-        acc_e = _mm256_fmadd_ps(xe, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), acc_e);       \
-        acc_o = _mm256_fmadd_ps(xo, _mm256_castsi256_ps(_mm256_and_si256(u, himask)), acc_o);    \
-    } while (0)
 TGT_AVX2 static inline float avx2_bf16_dot_finish(V2 acc, const float *x, const uint16_t *w, int k, int K);
+/* R (<= 6) weight rows at once, each row's 16 lanes in two accumulators,
+ * twelve chains in flight. Short rows (under 4 KiB) also prefetch the next
+ * R rows as one linear stream: the hardware prefetcher would start each
+ * row's stream anew; longer rows do better without. */
+TGT_AVX2 static inline __attribute__((always_inline)) void avx2_bf16_rows(float *y, const float *x, const float *xeo,
+                                                                          const uint16_t *w, int K, int R)
+{
+    int K16 = K & ~15, ahead = (size_t)K * 2 < 4096;
+    const __m256i himask = _mm256_set1_epi32((int)0xffff0000u);
+    const char *next = (const char *)(w + (size_t)R * K);
+    __m256 e[6], o[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) e[r] = o[r] = _mm256_setzero_ps();
+    for (int k = 0; k < K16; k += 16) {
+        __m256 xe = _mm256_loadu_ps(xeo + k), xo = _mm256_loadu_ps(xeo + k + 8);
+        if (ahead) /* R x 32 bytes of the next rows per step */
+            for (int i = 0; i < R; i += 2) _mm_prefetch(next + (size_t)R * 2 * k + 64 * (i / 2), _MM_HINT_T0);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m256i u = _mm256_loadu_si256((const __m256i *)(w + (size_t)r * K + k));
+            e[r] = _mm256_fmadd_ps(xe, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), e[r]);
+            o[r] = _mm256_fmadd_ps(xo, _mm256_castsi256_ps(_mm256_and_si256(u, himask)), o[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) y[r] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e[r], o[r]), x, w + (size_t)r * K, K16, K);
+}
 TGT_AVX2 static void avx2_bf16_gemv_rows(float *y, const float *x, const uint16_t *w, int nrows, int K)
 {
     int K16 = K & ~15;
     float xeo[K16 ? K16 : 1]; /* per 16: the 8 even, then the 8 odd elements */
     for (int k = 0; k < K16; k += 16)
         for (int i = 0; i < 8; i++) xeo[k + i] = x[k + 2 * i], xeo[k + 8 + i] = x[k + 2 * i + 1];
-    const __m256i himask = _mm256_set1_epi32((int)0xffff0000u);
     int n = 0;
-    for (; n + 4 <= nrows; n += 4) {
-        const uint16_t *w0 = w + (size_t)n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-        __m256 e0 = _mm256_setzero_ps(), o0 = e0, e1 = e0, o1 = e0, e2 = e0, o2 = e0, e3 = e0, o3 = e0;
-        for (int k = 0; k < K16; k += 16) {
-            __m256 xe = _mm256_loadu_ps(xeo + k), xo = _mm256_loadu_ps(xeo + k + 8);
-            /* the next four rows, one linear stream: 128 bytes per step */
-            _mm_prefetch((const char *)(w3 + K) + 8 * k, _MM_HINT_T0);
-            _mm_prefetch((const char *)(w3 + K) + 8 * k + 64, _MM_HINT_T0);
-            AVX2_EO_STEP(e0, o0, w0);
-            AVX2_EO_STEP(e1, o1, w1);
-            AVX2_EO_STEP(e2, o2, w2);
-            AVX2_EO_STEP(e3, o3, w3);
-        }
-        y[n] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e0, o0), x, w0, K16, K);
-        y[n + 1] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e1, o1), x, w1, K16, K);
-        y[n + 2] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e2, o2), x, w2, K16, K);
-        y[n + 3] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e3, o3), x, w3, K16, K);
-    }
-    for (; n < nrows; n++) {
-        const uint16_t *w0 = w + (size_t)n * K;
-        __m256 e0 = _mm256_setzero_ps(), o0 = e0;
-        for (int k = 0; k < K16; k += 16) {
-            __m256 xe = _mm256_loadu_ps(xeo + k), xo = _mm256_loadu_ps(xeo + k + 8);
-            AVX2_EO_STEP(e0, o0, w0);
-        }
-        y[n] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e0, o0), x, w0, K16, K);
-    }
+    for (; n + 6 <= nrows; n += 6) avx2_bf16_rows(y + n, x, xeo, w + (size_t)n * K, K, 6);
+    for (; n < nrows; n++) avx2_bf16_rows(y + n, x, xeo, w + (size_t)n * K, K, 1);
 }
 
 static inline __m256 avx2_loadu8(const float *p) __attribute__((target("avx2,fma"), always_inline));
@@ -300,8 +295,35 @@ static inline __m256 avx2_loadu8(const float *p) { return _mm256_loadu_ps(p); }
 #define v_loadw avx2_loadx
 TGT static inline float SFX(dot_finish)(V acc, const float *x, const WT *w, int k, int K);
 AVX2_PANEL(avx2_f32_panel, float, avx2_loadu8, avx2_f32_dot_finish)
+/* decode's GEMV: R (<= 6) weight rows at once, twelve chains in flight
+ * (four rows left the loads waiting on too few misses) */
+TGT_AVX2 static inline __attribute__((always_inline)) void avx2_f32_rows(float *y, const float *x, const float *w,
+                                                                         int K, int R)
+{
+    int K16 = K & ~15;
+    __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int k = 0; k < K16; k += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            lo[r] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + (size_t)r * K + k), lo[r]);
+            hi[r] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w + (size_t)r * K + k + 8), hi[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) y[r] = avx2_f32_dot_finish((V2){lo[r], hi[r]}, x, w + (size_t)r * K, K16, K);
+}
+TGT_AVX2 static void avx2_f32_gemv_rows(float *y, const float *x, const float *w, int nrows, int K)
+{
+    int n = 0;
+    for (; n + 6 <= nrows; n += 6) avx2_f32_rows(y + n, x, w + (size_t)n * K, K, 6);
+    for (; n < nrows; n++) avx2_f32_rows(y + n, x, w + (size_t)n * K, K, 1);
+}
 #define PANEL avx2_f32_panel
 #define PACK_W avx2_pack_weights
+#define GEMV_ROWS avx2_f32_gemv_rows
 #define TILE_M 6
 
 #include "kernels_cpu.inc"
