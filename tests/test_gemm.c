@@ -176,9 +176,11 @@ int main(int argc, char **argv)
         for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
             for (size_t c = 0; c < sizeof Ts / sizeof *Ts; c++) shape(Ts[c], Ks[a], Ns[b], &st);
     shape(64, 768, 300, &st); /* large enough for the threaded path */
-    /* several row groups and blocks; the widest blocks (small K) */
+    /* several blocks, the widest blocks (small K); several row groups
+     * (about 2 MiB of activations each: 256 rows at K = 2048) */
     shape(406, 344, 128, &st);
     shape(406, 128, 344, &st);
+    shape(406, 2048, 24, &st);
     shape(13, 16, 600, &st);
     /* head sizes around the 16- and 64-lane groups, key counts around 4 */
     static const int Ds[] = {8, 16, 40, 64, 128, 200};
