@@ -260,6 +260,7 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_bf16_rows(float 
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             __m256i u = _mm256_loadu_si256((const __m256i *)(w + (size_t)r * K + k));
+            __asm__("" : "+x"(u)); /* one load: GCC would load it again as the AND's operand */
             e[r] = _mm256_fmadd_ps(xe, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), e[r]);
             o[r] = _mm256_fmadd_ps(xo, _mm256_castsi256_ps(_mm256_and_si256(u, himask)), o[r]);
         }
