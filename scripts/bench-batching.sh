@@ -10,8 +10,7 @@ ensure_packages || exit 1
 build_dcpinfer || exit 1
 N=${N:-32}
 MAX_TOKENS=${MAX_TOKENS:-64}
-W=$(mktemp -d "${TMPDIR:-/tmp}/dcpbench.XXXXXX")
-trap 'rm -rf "$W"' EXIT
+bench_workdir
 
 "$BUILD_DIR/dcpinfer-mkmodel" --out "$W/model" --layers 6 --dim 288 --heads 6 --kv-heads 6 --hidden 768 \
     --vocab 32000 --max-len 256 --seed 15 || exit 1

@@ -22,8 +22,7 @@ REQUESTS=${REQUESTS:-256}
 OFFERED=${OFFERED:-4 8 16 32 64 128}
 OUT=${OUT:-$TOP/bench-out}
 mkdir -p "$OUT"
-W=$(mktemp -d "${TMPDIR:-/tmp}/dcpbench.XXXXXX")
-trap 'rm -rf "$W"' EXIT
+bench_workdir
 
 B=$BUILD_DIR
 "$B/dcpinfer-mkmodel" --out "$W/mqa" --layers 4 --dim 128 --heads 8 --kv-heads 1 --hidden 344 --vocab 512 \

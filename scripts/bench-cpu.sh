@@ -23,8 +23,7 @@ set -u
 ensure_packages || exit 1
 build_dcpinfer || exit 1
 REPS=${REPS:-3}
-W=$(mktemp -d "${TMPDIR:-/tmp}/dcpbench.XXXXXX")
-trap 'rm -rf "$W"' EXIT
+bench_workdir
 B="$BUILD_DIR"
 D=${DCPINFER:-$B/dcpinfer}
 

@@ -9,8 +9,7 @@ set -u
 ensure_packages || exit 1
 build_dcpinfer || exit 1
 NP=${NP:-8}
-W=$(mktemp -d "${TMPDIR:-/tmp}/dcpbench.XXXXXX")
-trap 'rm -rf "$W"' EXIT
+bench_workdir
 "$BUILD_DIR/dcpinfer-mkmodel" --out "$W/mqa" --layers 4 --dim 512 --heads 16 --kv-heads 1 --hidden 1376 \
     --vocab 2000 --max-len 40000 || exit 1
 mpirun -q --oversubscribe --bind-to none -np "$NP" "$BUILD_DIR/dcpinfer-bench-decode" --model "$W/mqa" \

@@ -37,5 +37,11 @@ build_dcpinfer() {
     make -C "$BUILD_DIR" -j"$jobs" >"$BUILD_DIR/make.out" 2>&1 || { tail -40 "$BUILD_DIR/make.out" >&2; return 1; }
 }
 
+# W: a scratch folder for a benchmark script, removed when it exits
+bench_workdir() {
+    W=$(mktemp -d "${TMPDIR:-/tmp}/dcpbench.XXXXXX")
+    trap 'rm -rf "$W"' EXIT
+}
+
 # mpirun as root on a CI machine, oversubscribed without busy-waiting
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1

@@ -625,8 +625,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
     GenOptions go = {.max_model_len = max_model_len, .max_num_seqs = o->max_num_seqs,
                      .max_batched_tokens = o->max_batched_tokens,
                      .progress = rank == 0 ? progress_mode(o) : 0,
-                     .progress_interval = o->progress_interval > 0 ? o->progress_interval : isatty(2) ? 1.0 : 10.0,
                      .dp = topo.dp, .dp_rank = topo.dp_rank, .tok = tok};
+    go.progress_interval = o->progress_interval > 0 ? o->progress_interval
+                           : go.progress == PROGRESS_TERMINAL ? 1.0 : 10.0;
     Result *mine_res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
     StepHook hook = {.mine = &mine, .res = mine_res, .index = index};
     if (o->journal && topo.tp_rank == 0 &&

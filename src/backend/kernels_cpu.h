@@ -24,9 +24,11 @@ const char *cpu_isa(void);
 typedef void (*AttendRowFn)(float *out, float *lse, const float *q, const void *k, const void *v, const int *table,
                             int B, size_t stride, int j0, int n, int D, int Dv, float scale, float *scratch);
 AttendRowFn cpu_attend_row(DType kv);
+/* the scratch: n scores, then (8-byte aligned) n key offsets */
+static inline size_t attend_scores_floats(int n) { return ((size_t)n + 1) & ~(size_t)1; }
 static inline size_t attend_scratch_bytes(int n)
 {
-    return sizeof(float) * (((size_t)n + 1) & ~(size_t)1) + sizeof(size_t) * (size_t)n;
+    return sizeof(float) * attend_scores_floats(n) + sizeof(size_t) * (size_t)n;
 }
 
 #endif
