@@ -88,16 +88,16 @@ static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
     if (host.dtype == DTYPE_BF16) {
         void *d = cuda_alloc(sizeof(uint16_t) * (n ? n : 1));
         DCP_CHECK(cudaMemcpy(d, host.data, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
-        return WeightRef{d, DTYPE_BF16};
+        return WeightRef{d, DTYPE_BF16, 0};
     }
     const float *f = (const float *)host.data;
-    if (!gemm_bf16) return WeightRef{cuda_weights(f, n), DTYPE_F32};
+    if (!gemm_bf16) return WeightRef{cuda_weights(f, n), DTYPE_F32, 0};
     uint16_t *h = (uint16_t *)xmalloc(sizeof(uint16_t) * (n ? n : 1));
     f32_to_bf16_n(h, f, n);
     void *d = cuda_alloc(sizeof(uint16_t) * n);
     DCP_CHECK(cudaMemcpy(d, h, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
     free(h);
-    return WeightRef{d, DTYPE_BF16};
+    return WeightRef{d, DTYPE_BF16, 0};
 }
 
 static int cuda_set_gemm_dtype(const char *dtype)

@@ -57,9 +57,9 @@ static void elementwise(uint64_t *st)
     const char *dtypes[2] = {"float32", "bfloat16"};
     for (int b = 0; b < 2; b++) {
         CHECK(gpu->set_gemm_dtype(dtypes[b]) == 0, "%s GEMMs: %s", dtypes[b], dcp_error());
-        WeightRef stack = gpu->gemm_weights((WeightRef){w, DTYPE_F32}, (size_t)LAYERS * OUT * DIM);
+        WeightRef stack = gpu->gemm_weights((WeightRef){w, DTYPE_F32, 0}, (size_t)LAYERS * OUT * DIM);
         for (int l = 0; l < LAYERS; l++) {
-            cpu->matmul(y, x, (WeightRef){w + (size_t)l * OUT * DIM, DTYPE_F32}, T, DIM, OUT);
+            cpu->matmul(y, x, (WeightRef){w + (size_t)l * OUT * DIM, DTYPE_F32, 0}, T, DIM, OUT);
             gpu->matmul(dy, dx, weight_at(stack, (size_t)l * OUT * DIM), T, DIM, OUT);
             float *gy = back(dy, T * OUT);
             char name[32];

@@ -52,7 +52,31 @@ static void shape(int T, int K, int N, uint64_t *st)
     }
     size_t ny = (size_t)T * N;
     float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny), *y1 = xmalloc(sizeof(float) * ny);
-    WeightRef wf = {w, DTYPE_F32}, wbf = {wb, DTYPE_F32}, w16r = {w16, DTYPE_BF16};
+    WeightRef wf = {w, DTYPE_F32, 0}, wbf = {wb, DTYPE_F32, 0}, w16r = {w16, DTYPE_BF16, 0};
+
+    /* the same bf16 matrix in groups of six rows (WeightRef), where K and
+     * N allow; every element where the layout's formula puts it */
+    uint16_t *w16g = NULL;
+    if (K % 16 == 0 && N >= 6) {
+        w16g = xmalloc(2 * (size_t)N * K);
+        memcpy(w16g, w16, 2 * (size_t)N * K);
+        CHECK(weight_group_rows(w16g, N, K, 2, 6) == 6, "N %d K %d: not grouped", N, K);
+        int misplaced = 0;
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++) {
+                size_t at = n < N / 6 * 6 ? (size_t)(n / 6) * 6 * K + (size_t)(k / 16) * 96 + (n % 6) * 16 + k % 16
+                                          : (size_t)n * K + k;
+                misplaced += w16g[at] != w16[(size_t)n * K + k];
+            }
+        CHECK(!misplaced, "N %d K %d: %d grouped elements misplaced", N, K, misplaced);
+    } else { /* left row after row */
+        uint16_t *c = xmalloc(2 * (size_t)N * K);
+        memcpy(c, w16, 2 * (size_t)N * K);
+        CHECK(weight_group_rows(c, N, K, 2, 6) == 0 && !memcmp(c, w16, 2 * (size_t)N * K), "K %d N %d: grouped", K,
+              N);
+        free(c);
+    }
+    WeightRef w16gr = {w16g, DTYPE_BF16, 6};
 
     CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
     omp_set_num_threads(1);
@@ -102,12 +126,21 @@ static void shape(int T, int K, int N, uint64_t *st)
             rows_alone(y1, x, w16r, T, K, N);
             CHECK(!memcmp(y1, yb, sizeof(float) * ny), "T %d K %d N %d: %s bf16 rows alone differ", T, K, N,
                   isa_names[i]);
+            /* bf16 rows stored in groups of six: the same bits */
+            if (w16g) {
+                gemm_invariant(y1, x, w16gr, T, K, N);
+                CHECK(!memcmp(y1, yb, sizeof(float) * ny), "T %d K %d N %d: %s, %d threads, grouped bf16 differs", T,
+                      K, N, isa_names[i], threads);
+                rows_alone(y1, x, w16gr, T, K, N);
+                CHECK(!memcmp(y1, yb, sizeof(float) * ny), "T %d K %d N %d: %s grouped bf16 rows alone differ", T, K,
+                      N, isa_names[i]);
+            }
             free(yb);
             free(yw);
         }
     }
     CHECK(!cpu_set_isa("auto"), "auto");
-    free(x), free(w), free(wb), free(w16), free(ref), free(y), free(y1);
+    free(x), free(w), free(wb), free(w16), free(w16g), free(ref), free(y), free(y1);
 }
 
 /* One attention row over n paged keys: the same bits on every ISA, and
@@ -182,6 +215,10 @@ int main(int argc, char **argv)
     shape(406, 128, 344, &st);
     shape(406, 2048, 24, &st);
     shape(13, 16, 600, &st);
+    /* bf16 groups of six: two threads splitting rows inside a group's
+     * reach (1003 rows: 167 groups and one row), decode and prefill */
+    shape(1, 64, 1003, &st);
+    shape(9, 64, 1003, &st);
     /* head sizes around the 16- and 64-lane groups, key counts around 4 */
     static const int Ds[] = {8, 16, 40, 64, 128, 200};
     static const int ns[] = {1, 3, 4, 9, 100, 1000};

@@ -140,10 +140,12 @@ int main(int argc, char **argv)
     /* bf16 GEMM weights (--dtype bfloat16): the same 64 positions, fed the
      * reference tokens (the prompt is run.c's whole sequence, so every
      * position sees the same inputs), against run.c's fp32 logits; bf16
-     * keeps 8 bits of mantissa, so a logit moves by a few hundredths */
+     * keeps 8 bits of mantissa, so a logit moves by a few hundredths;
+     * loaded as dcpinfer loads it (the CPU's row groups where they fit) */
     Model mb;
-    CHECK(model_load_as(&mb, model_path, 1, 0, "bfloat16") == 0 && mb.w.wq.dtype == DTYPE_BF16, "bf16 load: %s",
-          dcp_error());
+    CHECK(model_load_as(&mb, model_path, 1, 0, "bfloat16", backend_cpu()->gemm_row_group(DTYPE_BF16)) == 0 &&
+              mb.w.wq.dtype == DTYPE_BF16,
+          "bf16 load: %s", dcp_error());
     RequestSet rb = {0};
     add_request(&rb, want1, 64, 1, 0.0f, 1.0f, 0);
     Capture capb = {xcalloc(64 * VOCAB, sizeof(float)), 0};

@@ -133,14 +133,14 @@ int main(int argc, char **argv)
     double best = 1e30;
     for (int rep = 0; rep < 20; rep++) {
         double t0 = now_s();
-        openblas->matmul(y, x, (WeightRef){w, DTYPE_F32}, M, K, N);
+        openblas->matmul(y, x, (WeightRef){w, DTYPE_F32, 0}, M, K, N);
         double dt = now_s() - t0;
         if (dt < best) best = dt;
     }
     printf("sgemm_gflops %.1f  # M %d K %d N %d\n", gflops(M, K, N, best), M, K, N);
     backend_cpu_set_gemm("invariant");
     for (int b = 0; b < 2; b++) {
-        WeightRef wr = b ? (WeightRef){w16, DTYPE_BF16} : (WeightRef){w, DTYPE_F32};
+        WeightRef wr = b ? (WeightRef){w16, DTYPE_BF16, 0} : (WeightRef){w, DTYPE_F32, 0};
         best = 1e30;
         for (int rep = 0; rep < 20; rep++) {
             double t0 = now_s();

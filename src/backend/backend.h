@@ -60,6 +60,9 @@ typedef struct Backend {
     const float *(*weights)(const float *host, size_t n);
     WeightRef (*gemm_weights)(WeightRef host, size_t n);
     void (*release_weights)(const void *p);
+    /* rows per group (WeightRef.group) of the layout matmul reads fastest
+     * for matrices of type t, 0 for row after row; NULL: row after row only */
+    int (*gemm_row_group)(DType t);
     /* "auto" (as loaded), "float32" or "bfloat16" storage of the GEMM
      * weights; returns -1 with dcp_error() when the backend has no such type */
     int (*set_gemm_dtype)(const char *dtype);

@@ -239,7 +239,7 @@ static WeightRef cpu_gemm_weights(WeightRef host, size_t n)
     }
     copies = xrealloc(copies, sizeof(void *) * (size_t)(n_copies + 1));
     copies[n_copies++] = p;
-    return (WeightRef){p, gemm_bf16 ? DTYPE_BF16 : DTYPE_F32};
+    return (WeightRef){p, gemm_bf16 ? DTYPE_BF16 : DTYPE_F32, 0};
 }
 
 static void cpu_release_weights(const void *p)
@@ -255,6 +255,8 @@ static void cpu_release_weights(const void *p)
             return;
         }
 }
+
+static int cpu_gemm_row_group(DType t) { return use_openblas ? 0 : cpu_weight_group(t); }
 
 static int cpu_set_gemm_dtype(const char *dtype)
 {
@@ -330,6 +332,7 @@ static const Backend cpu = {
     .weights = cpu_weights,
     .gemm_weights = cpu_gemm_weights,
     .release_weights = cpu_release_weights,
+    .gemm_row_group = cpu_gemm_row_group,
     .set_gemm_dtype = cpu_set_gemm_dtype,
     .synchronize = cpu_synchronize,
     .gather_rows = cpu_gather_rows,

@@ -44,7 +44,7 @@ static WeightRef up_typed(Engine *e, WeightRef host, size_t n)
 }
 
 /* MLA's matrices load as fp32 (model_load_as) */
-static WeightRef up_matrix(Engine *e, const float *host, size_t n) { return up_typed(e, (WeightRef){host, DTYPE_F32}, n); }
+static WeightRef up_matrix(Engine *e, const float *host, size_t n) { return up_typed(e, (WeightRef){host, DTYPE_F32, 0}, n); }
 
 static const float *up_vector(Engine *e, const float *host, size_t n)
 {

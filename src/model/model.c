@@ -531,7 +531,7 @@ static int load_matrix(Source *src, Model *m, WeightRef *dst, TensorKind k, int 
     if (m->gemm_dtype == DTYPE_F32) {
         float *p;
         if (load_kind(src, &m->w, &p, k, row0, nrows, col0, ncols)) return -1;
-        *dst = (WeightRef){p, DTYPE_F32};
+        *dst = (WeightRef){p, DTYPE_F32, 0};
         return 0;
     }
     const Config *c = src->cfg;
@@ -553,8 +553,26 @@ static int load_matrix(Source *src, Model *m, WeightRef *dst, TensorKind k, int 
     }
     free(tmp);
     source_release(src, k);
-    *dst = (WeightRef){out, DTYPE_BF16};
+    int group = 0;
+    for (int l = 0; l < nl && !rc && m->bf16_group; l++)
+        group = weight_group_rows(out + per * l, nrows, ncols, sizeof(uint16_t), m->bf16_group);
+    *dst = (WeightRef){out, DTYPE_BF16, group};
     return rc;
+}
+
+int weight_group_rows(void *m, int rows, int cols, size_t esize, int G)
+{
+    if (G <= 0 || cols % 16 || rows < G) return 0;
+    size_t piece = 16 * esize, row_bytes = (size_t)cols * esize;
+    char *group = xmalloc(row_bytes * G), *p = m;
+    for (int g = 0; g + G <= rows; g += G, p += row_bytes * G) {
+        memcpy(group, p, row_bytes * G);
+        for (int c = 0; c < cols; c += 16)
+            for (int r = 0; r < G; r++)
+                memcpy(p + ((size_t)c * G + (size_t)r * 16) * esize, group + (size_t)r * row_bytes + c * esize, piece);
+    }
+    free(group);
+    return G;
 }
 
 /* Every layer of an MLA model: this rank's shard of it. */
@@ -602,11 +620,15 @@ static DType stored_gemm_dtype(const Source *src)
     return t && t->dtype == ST_BF16 ? DTYPE_BF16 : DTYPE_F32;
 }
 
-int model_load(Model *m, const char *path, int tp, int tp_rank) { return model_load_as(m, path, tp, tp_rank, "float32"); }
+int model_load(Model *m, const char *path, int tp, int tp_rank)
+{
+    return model_load_as(m, path, tp, tp_rank, "float32", 0);
+}
 
-int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype)
+int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group)
 {
     memset(m, 0, sizeof *m);
+    m->bf16_group = bf16_group;
     if (strcmp(dtype, "auto") && strcmp(dtype, "float32") && strcmp(dtype, "bfloat16"))
         return dcp_fail("--dtype %s: choose auto, float32 or bfloat16", dtype);
     if (model_read_config(path, &m->cfg) || model_check_checkpoint(path, &m->cfg)) return -1;
@@ -646,7 +668,7 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
     /* a tied LM head that is the whole embedding in the GEMM type is the
      * embedding itself: one copy */
     if (!rc && c->tied_embeddings && s->vocab == c->vocab_size && m->gemm_dtype == DTYPE_F32)
-        w->lm_head = (WeightRef){w->token_embedding, DTYPE_F32};
+        w->lm_head = (WeightRef){w->token_embedding, DTYPE_F32, 0};
     else if (!rc) rc = load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
     /* biases follow their matrices' split: column-parallel ones are
      * sharded, row-parallel ones (o, down) are whole and added once after

@@ -42,18 +42,43 @@ typedef enum { DTYPE_F32, DTYPE_BF16 } DType;
 static inline size_t dtype_bytes(DType t) { return t == DTYPE_BF16 ? 2 : 4; }
 
 /* A weight matrix as a backend stores it for matmul: data in backend memory,
- * row-major elements of dtype. The type travels with the pointer, so a
- * sub-matrix (one layer of a stack) is taken with weight_at, which steps in
- * elements of that type; there is no arithmetic on untyped storage. */
+ * elements of dtype. The type travels with the pointer, so a sub-matrix
+ * (one layer of a stack) is taken with weight_at, which steps in elements
+ * of that type; there is no arithmetic on untyped storage.
+ * Rows are stored one after another (group 0), or in groups of G rows
+ * (group G: the CPU's layout for bf16 decode, which then streams one
+ * matrix as one run of memory): the G rows of a group side by side in
+ * steps of 16 columns, so element (r, c) of a rows x cols matrix is at
+ *   (r / G) * G * cols + (c / 16) * 16 * G + (r % G) * 16 + c % 16,
+ * and the rows after the last whole group follow as usual (r * cols + c).
+ * A grouped matrix has cols a multiple of 16; each layer of a stack is
+ * grouped on its own, so weight_at still steps by whole matrices. */
 typedef struct {
     const void *data;
     DType dtype;
+    int group; /* 0: row after row; G: rows in groups of G */
 } WeightRef;
 
 static inline WeightRef weight_at(WeightRef w, size_t elements)
 {
-    return (WeightRef){(const char *)w.data + elements * dtype_bytes(w.dtype), w.dtype};
+    return (WeightRef){(const char *)w.data + elements * dtype_bytes(w.dtype), w.dtype, w.group};
 }
+
+/* Where row r's first element is, and how many elements apart its steps
+ * of 16 columns are (16 for a row stored whole). */
+static inline size_t weight_row_start(int group, int r, int rows, int cols)
+{
+    return group && r < rows / group * group ? (size_t)(r / group) * group * cols + (size_t)(r % group) * 16
+                                             : (size_t)r * cols;
+}
+static inline size_t weight_row_step(int group, int r, int rows)
+{
+    return group && r < rows / group * group ? 16 * (size_t)group : 16;
+}
+/* Regroups one rows x cols matrix of elements of esize bytes in place,
+ * from rows one after another to groups of G (0 when it stays so: cols not
+ * a multiple of 16, or fewer rows than G); returns the group it has. */
+int weight_group_rows(void *m, int rows, int cols, size_t esize, int G);
 
 /* Per-rank weights; shapes are the shard's (tp = 1: the full model's). The
  * matrices the GEMMs read are in the model's gemm_dtype, the rest fp32. */
@@ -93,6 +118,7 @@ typedef struct {
     Shard shard;
     Weights w;
     DType gemm_dtype; /* of w's matrices */
+    int bf16_group;   /* rows per group of bf16 matrices that allow it */
     char *path;
 } Model;
 
@@ -126,8 +152,10 @@ int model_check_checkpoint(const char *path, const Config *c);
 int model_load(Model *m, const char *path, int tp, int tp_rank);
 /* The same with the GEMM matrices in dtype: "float32", "bfloat16", or
  * "auto": bfloat16 when the checkpoint stores them so (not for MLA models,
- * whose matrices load as float32), else float32. */
-int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype);
+ * whose matrices load as float32), else float32. bf16_group: bfloat16
+ * matrices stored in groups of that many rows where they can be (see
+ * WeightRef; the backend's gemm_row_group), 0: row after row. */
+int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group);
 
 void model_free(Model *m);
 
