@@ -152,10 +152,10 @@ static void attention_row(int n, int D, int B, uint64_t *st)
     for (int i = 0; i < nblocks; i++) table[i] = nblocks - 1 - i; /* blocks in reverse order */
     size_t rows = (size_t)nblocks * B;
     float *k = xmalloc(sizeof(float) * rows * stride), *v = xmalloc(sizeof(float) * rows * stride);
-    float *q = xmalloc(sizeof(float) * D), *score = xmalloc(attend_scratch_bytes(n));
+    float *q = xmalloc(sizeof(float) * 6 * D), *score = xmalloc(attend_scratch_bytes(n, 6));
     float *ref = xmalloc(sizeof(float) * D), *out = xmalloc(sizeof(float) * D);
     for (size_t i = 0; i < rows * stride; i++) k[i] = 4 * frand(st), v[i] = frand(st);
-    for (int d = 0; d < D; d++) q[d] = frand(st);
+    for (int d = 0; d < 6 * D; d++) q[d] = frand(st);
     float scale = 1.0f / sqrtf((float)D), lse_ref = 0, lse;
     int j0 = n / 5;
     double *s = xmalloc(sizeof(double) * n), m = -INFINITY, sum = 0;
@@ -179,7 +179,7 @@ static void attention_row(int n, int D, int B, uint64_t *st)
         float *l = i == 0 ? &lse_ref : &lse;
         float exact[4096];
         memcpy(exact, out, sizeof(float) * D);
-        cpu_attend_row(DTYPE_F32)(o, l, q, k + D, v + D, table, B, (size_t)stride, j0, n, D, D, scale, score);
+        cpu_attend(DTYPE_F32)(o, l, q, k + D, v + D, table, B, (size_t)stride, j0, n, D, D, 1, 1, scale, score);
         if (i == 0) {
             for (int d = 0; d < D; d++) {
                 double e = fabs(ref[d] - exact[d]);
@@ -192,7 +192,30 @@ static void attention_row(int n, int D, int B, uint64_t *st)
                   n, D, isa_names[i]);
         }
     }
+    /* six query heads on the three KV heads (two each) in one call, fp32
+     * and bf16 caches: each head exactly as alone, on every ISA */
+    uint16_t *k16 = xmalloc(2 * rows * stride), *v16 = xmalloc(2 * rows * stride);
+    for (size_t i = 0; i < rows * stride; i++) k16[i] = to_bf16(k[i]), v16[i] = to_bf16(v[i]);
+    float *all = xmalloc(sizeof(float) * 6 * D), *one = xmalloc(sizeof(float) * D), lse6[6];
+    for (int i = 0; i < 3; i++) {
+        if (cpu_set_isa(isa_names[i])) continue;
+        for (int bf = 0; bf < 2; bf++) {
+            DType kt = bf ? DTYPE_BF16 : DTYPE_F32;
+            const void *kk = bf ? (const void *)k16 : k, *vv = bf ? (const void *)v16 : v;
+            cpu_attend(kt)(all, lse6, q, kk, vv, table, B, (size_t)stride, j0, n, D, D, 6, 2, scale, score);
+            int differ = 0;
+            for (int h = 0; h < 6; h++) {
+                size_t e = (size_t)(h / 2) * D * (bf ? 2 : 4);
+                cpu_attend(kt)(one, &lse, q + (size_t)h * D, (const char *)kk + e, (const char *)vv + e, table, B,
+                               (size_t)stride, j0, n, D, D, 1, 1, scale, score);
+                differ += memcmp(one, all + (size_t)h * D, sizeof(float) * D) || lse != lse6[h];
+            }
+            CHECK(!differ, "attention n %d D %d, %s %s: %d of 6 heads differ from alone", n, D, isa_names[i],
+                  bf ? "bf16" : "fp32", differ);
+        }
+    }
     CHECK(!cpu_set_isa("auto"), "auto");
+    free(k16), free(v16), free(all), free(one);
     free(table), free(k), free(v), free(q), free(score), free(ref), free(out), free(s);
 }
 

@@ -109,34 +109,41 @@ static void cpu_embedding(float *x, const float *table, const int *tokens, int T
 
 static void cpu_attention(const AttnBatch *a)
 {
-    int group = a->n_heads / a->n_kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
-    int rows = a->T * a->n_heads;
-    AttendRowFn attend = cpu_attend_row(a->kv_dtype);
+    int kv_heads = a->n_kv_heads, group = a->n_heads / kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
+    AttendFn attend = cpu_attend(a->kv_dtype);
     size_t esize = dtype_bytes(a->kv_dtype);
-#pragma omp parallel
+    /* a unit of work: a token's heads (read together, key by key), split
+     * by KV heads when there are too few tokens to go round the threads */
+    int threads = omp_get_max_threads(), splits = 1;
+    if (a->T < threads) splits = (threads + a->T - 1) / a->T;
+    if (splits > kv_heads) splits = kv_heads;
+    int units = a->T * splits;
+#pragma omp parallel if (units > 1)
     {
         /* each thread's scores and key offsets, kept from call to call */
         static _Thread_local float *score;
-        static _Thread_local int cap;
-#pragma omp for schedule(dynamic, 4)
-        for (int r = 0; r < rows; r++) {
-            int t = r / a->n_heads, h = r % a->n_heads, kvh = h / group;
-            int n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
-            float *o = a->out + (size_t)r * Dv;
+        static _Thread_local size_t cap;
+#pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < units; u++) {
+            int t = u / splits, s = u % splits;
+            int g0 = (int)((long)kv_heads * s / splits), g1 = (int)((long)kv_heads * (s + 1) / splits);
+            int H = (g1 - g0) * group, n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
+            size_t r = (size_t)t * a->n_heads + (size_t)g0 * group; /* the unit's first row */
+            float *o = a->out + r * Dv;
             if (n - j0 <= 0) {
-                memset(o, 0, sizeof(float) * Dv);
-                a->lse[r] = -INFINITY;
+                memset(o, 0, sizeof(float) * Dv * H);
+                for (int h = 0; h < H; h++) a->lse[r + h] = -INFINITY;
                 continue;
             }
-            if (n > cap) {
-                cap = n > 2 * cap ? n : 2 * cap;
+            size_t need = attend_scratch_bytes(n, H);
+            if (need > cap) {
+                cap = need > 2 * cap ? need : 2 * cap;
                 free(score);
-                score = xmalloc(attend_scratch_bytes(cap));
+                score = xmalloc(cap);
             }
-            attend(o, &a->lse[r], a->q + (size_t)r * D, (const char *)a->k[t] + (size_t)kvh * D * esize,
-                   (const char *)a->v[t] + (size_t)kvh * D * esize,
-                   a->blocks ? a->blocks[t] : NULL, a->block_size, (size_t)a->kv_stride, j0, n, D, Dv, a->scale,
-                   score);
+            attend(o, &a->lse[r], a->q + r * D, (const char *)a->k[t] + (size_t)g0 * D * esize,
+                   (const char *)a->v[t] + (size_t)g0 * D * esize, a->blocks ? a->blocks[t] : NULL, a->block_size,
+                   (size_t)a->kv_stride, j0, n, D, Dv, H, group, a->scale, score);
         }
     }
 }

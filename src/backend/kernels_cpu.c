@@ -418,13 +418,13 @@ typedef void (*BlockFn)(float *y, const float *x, const float *xpack, void *wpac
 static const struct {
     const char *name;
     BlockFn f32, bf16;
-    AttendRowFn attend_f32, attend_bf16;
+    AttendFn attend_f32, attend_bf16;
     int tile_m;                                                   /* rows per prefill tile */
     void (*pack)(float *xp, const float *x, size_t ldx, int K); /* one tile for its panel, or NULL */
 } isas[] = {
-    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend_row, gen_bf16_attend_row, 3, NULL},
-    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend_row, avx2_bf16_attend_row, 6, avx2_pack_tile},
-    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend_row, avx512_bf16_attend_row, 3, NULL},
+    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, 3, NULL},
+    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, 6, avx2_pack_tile},
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, 3, NULL},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
 static int isa = ISA_AUTO;
@@ -461,7 +461,7 @@ const char *cpu_isa(void)
     return isas[isa].name;
 }
 
-AttendRowFn cpu_attend_row(DType kv)
+AttendFn cpu_attend(DType kv)
 {
     if (isa == ISA_AUTO) isa = best_isa();
     return kv == DTYPE_BF16 ? isas[isa].attend_bf16 : isas[isa].attend_f32;

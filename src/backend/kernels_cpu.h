@@ -22,19 +22,28 @@ int cpu_weight_group(DType t);
 int cpu_set_isa(const char *name);
 const char *cpu_isa(void);
 
-/* Attention of one query row q (D floats) over keys j0 .. n-1 of k and v
- * (elements of the kv type; key j in row table ? table[j / B] * B + j % B
- * : j, rows stride elements apart): out (Dv floats) and lse. Its value
- * depends on the keys only, not on the instruction set or the batch
- * (kernels_cpu.inc). scratch: attend_scratch_bytes(n) bytes. */
-typedef void (*AttendRowFn)(float *out, float *lse, const float *q, const void *k, const void *v, const int *table,
-                            int B, size_t stride, int j0, int n, int D, int Dv, float scale, float *scratch);
-AttendRowFn cpu_attend_row(DType kv);
-/* the scratch: n scores, then (8-byte aligned) n key offsets */
+/* Attention of the H query rows of one token (q: H rows of D floats, row h
+ * reading KV head h / group, whose elements start D * (h / group) into each
+ * row of k and v) over keys j0 .. n-1 of k and v (elements of the kv type;
+ * key j in row table ? table[j / B] * B + j % B : j, rows stride elements
+ * apart): out (H rows of Dv floats) and lse (H). A row's value depends on
+ * its keys only, not on the instruction set, the batch or the other heads
+ * of the call (kernels_cpu.inc). scratch: attend_scratch_bytes(n, H). */
+typedef void (*AttendFn)(float *out, float *lse, const float *q, const void *k, const void *v, const int *table,
+                         int B, size_t stride, int j0, int n, int D, int Dv, int H, int group, float scale,
+                         float *scratch);
+AttendFn cpu_attend(DType kv);
+/* the scratch: H rows of n scores, H sums, then (8-byte aligned) n key
+ * offsets */
 static inline size_t attend_scores_floats(int n) { return ((size_t)n + 1) & ~(size_t)1; }
-static inline size_t attend_scratch_bytes(int n)
+static inline size_t attend_offsets_at(int n, int H)
 {
-    return sizeof(float) * attend_scores_floats(n) + sizeof(size_t) * (size_t)n;
+    return sizeof(float) * ((size_t)H * attend_scores_floats(n) + (((size_t)H + 1) & ~(size_t)1));
 }
+static inline size_t *attend_offsets(float *scratch, int n, int H)
+{
+    return (size_t *)((char *)scratch + attend_offsets_at(n, H));
+}
+static inline size_t attend_scratch_bytes(int n, int H) { return attend_offsets_at(n, H) + sizeof(size_t) * (size_t)n; }
 
 #endif
