@@ -238,6 +238,7 @@ int main(int argc, char **argv)
     shape(406, 128, 344, &st);
     shape(406, 2048, 24, &st);
     shape(13, 16, 600, &st);
+    shape(13, 1040, 10, &st); /* K in two unequal chunks (528 + 512) */
     /* bf16 groups of six: two threads splitting rows inside a group's
      * reach (1003 rows: 167 groups and one row), decode and prefill */
     shape(1, 64, 1003, &st);
