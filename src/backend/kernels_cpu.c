@@ -41,6 +41,15 @@ static inline void prefetch_bytes(const void *p, size_t bytes)
 {
     for (size_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
 }
+/* bytes of the rows of keys i0 .. i1-1 (i1 capped at n) whose row does not
+ * follow the one before (rows at element offsets row[i] of esize bytes,
+ * stride apart when they follow): the hardware prefetcher takes the others */
+static inline void prefetch_new_rows(const void *base, const size_t *row, int i0, int i1, int n, size_t stride,
+                                     size_t esize, size_t bytes)
+{
+    for (int i = i0; i < i1 && i < n; i++)
+        if (row[i] != row[i - 1] + stride) prefetch_bytes((const char *)base + row[i] * esize, bytes);
+}
 
 /* weight rows per block are at most 2 * PANEL_MAX_PAIRS */
 #define PANEL_MAX_PAIRS 64
@@ -258,13 +267,20 @@ TGT_AVX2 static inline V2 avx2_eo_to_lanes(__m256 even, __m256 odd)
 }
 TGT_AVX2 static inline float avx2_bf16_dot_finish(V2 acc, const float *x, const uint16_t *w, int k, int K);
 /* R (<= 6) weight rows at once, each row's 16 lanes in two accumulators,
- * twelve chains in flight. Short rows (under 4 KiB) also prefetch the next
- * R rows as one linear stream: the hardware prefetcher would start each
- * row's stream anew; longer rows do better without. */
+ * twelve chains in flight; row r's step of 16 columns at k is at
+ * w + r * rs + k * ks: rows stored whole (rs = K, ks = 1) or a group of six
+ * (WeightRef.group 6: rs = 16, ks = 6, K a multiple of 16). A group is one
+ * run of memory, prefetched 1 KiB ahead (110M's decode matrices,
+ * alternating runs: about 10% more bytes per second than six whole rows,
+ * within a few percent of fp32's). Whole rows under 4 KiB prefetch the
+ * next R rows as one linear stream: the hardware prefetcher would start
+ * each row's stream anew; longer rows do better without. */
+#define GROUP_AHEAD 1024
 TGT_AVX2 static inline __attribute__((always_inline)) void avx2_bf16_rows(float *y, const float *x, const float *xeo,
-                                                                          const uint16_t *w, int K, int R)
+                                                                          const uint16_t *w, int K, int R, size_t rs,
+                                                                          size_t ks)
 {
-    int K16 = K & ~15, ahead = (size_t)K * 2 < 4096;
+    int K16 = K & ~15, grouped = ks > 1, ahead = !grouped && (size_t)K * 2 < 4096;
     const __m256i himask = _mm256_set1_epi32((int)0xffff0000u);
     const char *next = (const char *)(w + (size_t)R * K);
     __m256 e[6], o[6];
@@ -272,46 +288,22 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_bf16_rows(float 
     for (int r = 0; r < R; r++) e[r] = o[r] = _mm256_setzero_ps();
     for (int k = 0; k < K16; k += 16) {
         __m256 xe = _mm256_loadu_ps(xeo + k), xo = _mm256_loadu_ps(xeo + k + 8);
-        if (ahead) /* R x 32 bytes of the next rows per step */
+        if (grouped) { /* the group's 192 bytes of this step, 1 KiB on */
+            const char *p = (const char *)(w + (size_t)k * ks) + GROUP_AHEAD;
+            _mm_prefetch(p, _MM_HINT_NTA), _mm_prefetch(p + 64, _MM_HINT_NTA), _mm_prefetch(p + 128, _MM_HINT_NTA);
+        } else if (ahead) /* R x 32 bytes of the next rows per step */
             for (int i = 0; i < R; i += 2) _mm_prefetch(next + (size_t)R * 2 * k + 64 * (i / 2), _MM_HINT_T0);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            __m256i u = _mm256_loadu_si256((const __m256i *)(w + (size_t)r * K + k));
+            __m256i u = _mm256_loadu_si256((const __m256i *)(w + r * rs + k * ks));
             __asm__("" : "+x"(u)); /* one load: GCC would load it again as the AND's operand */
             e[r] = _mm256_fmadd_ps(xe, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), e[r]);
             o[r] = _mm256_fmadd_ps(xo, _mm256_castsi256_ps(_mm256_and_si256(u, himask)), o[r]);
         }
     }
 #pragma GCC unroll 6
-    for (int r = 0; r < R; r++) y[r] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e[r], o[r]), x, w + (size_t)r * K, K16, K);
-}
-/* Six rows stored as a group (WeightRef.group 6): the same chains as
- * avx2_bf16_rows, the group read as one run of memory, 1 KiB of it
- * prefetched ahead (110M's decode matrices, alternating runs: about 10%
- * more bytes per second than six whole rows with the next six prefetched,
- * within a few percent of fp32's) */
-#define GROUP_AHEAD 1024
-TGT_AVX2 static void avx2_bf16_group6(float *y, const float *x, const float *xeo, const uint16_t *w, int K)
-{
-    const __m256i himask = _mm256_set1_epi32((int)0xffff0000u);
-    __m256 e[6], o[6];
-#pragma GCC unroll 6
-    for (int r = 0; r < 6; r++) e[r] = o[r] = _mm256_setzero_ps();
-    for (int k = 0; k < K; k += 16) {
-        const uint16_t *wk = w + (size_t)k * 6;
-        const char *ahead = (const char *)wk + GROUP_AHEAD;
-        _mm_prefetch(ahead, _MM_HINT_NTA), _mm_prefetch(ahead + 64, _MM_HINT_NTA), _mm_prefetch(ahead + 128, _MM_HINT_NTA);
-        __m256 xe = _mm256_loadu_ps(xeo + k), xo = _mm256_loadu_ps(xeo + k + 8);
-#pragma GCC unroll 6
-        for (int r = 0; r < 6; r++) {
-            __m256i u = _mm256_loadu_si256((const __m256i *)(wk + 16 * r));
-            __asm__("" : "+x"(u)); /* one load: GCC would load it again as the AND's operand */
-            e[r] = _mm256_fmadd_ps(xe, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), e[r]);
-            o[r] = _mm256_fmadd_ps(xo, _mm256_castsi256_ps(_mm256_and_si256(u, himask)), o[r]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < 6; r++) y[r] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e[r], o[r]), x, w, K, K);
+    for (int r = 0; r < R; r++) /* (a group has no tail for dot_finish to read) */
+        y[r] = avx2_bf16_dot_finish(avx2_eo_to_lanes(e[r], o[r]), x, w + r * rs, K16, K);
 }
 /* y[n] for rows n0 .. n1-1 of an N x K matrix in row groups G (0 or 6) */
 TGT_AVX2 static void avx2_bf16_gemv_rows(float *y, const float *x, const uint16_t *w, int n0, int n1, int N, int K,
@@ -322,9 +314,10 @@ TGT_AVX2 static void avx2_bf16_gemv_rows(float *y, const float *x, const uint16_
     for (int k = 0; k < K16; k += 16)
         for (int i = 0; i < 8; i++) xeo[k + i] = x[k + 2 * i], xeo[k + 8 + i] = x[k + 2 * i + 1];
     int n = n0, grouped = G ? N / G * G : n0;
-    for (; n + 6 <= n1 && n < grouped; n += 6) avx2_bf16_group6(y + n, x, xeo, w + weight_row_start(G, n, N, K), K);
-    for (; n + 6 <= n1; n += 6) avx2_bf16_rows(y + n, x, xeo, w + (size_t)n * K, K, 6);
-    for (; n < n1; n++) avx2_bf16_rows(y + n, x, xeo, w + (size_t)n * K, K, 1);
+    for (; n + 6 <= n1 && n < grouped; n += 6)
+        avx2_bf16_rows(y + n, x, xeo, w + weight_row_start(G, n, N, K), K, 6, 16, 6);
+    for (; n + 6 <= n1; n += 6) avx2_bf16_rows(y + n, x, xeo, w + (size_t)n * K, K, 6, (size_t)K, 1);
+    for (; n < n1; n++) avx2_bf16_rows(y + n, x, xeo, w + (size_t)n * K, K, 1, (size_t)K, 1);
 }
 
 static inline __m256 avx2_loadu8(const float *p) __attribute__((target("avx2,fma"), always_inline));
@@ -509,7 +502,7 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
     }
     int G = w.group, align = G ? 12 : 4; /* row splits: whole pairs, and whole groups */
     BlockFn f = w.dtype == DTYPE_BF16 ? isas[isa].bf16 : isas[isa].f32;
-    /* about 128 KiB of weights per block, a multiple of 4 rows: the packed
+    /* about 128 KiB of weights per block, a multiple of align rows: the packed
      * block stays in L2 (half of a 512 KiB L2) while prefill's row tiles
      * stream past it */
     int nb = (int)(131072 / ((size_t)in * dtype_bytes(w.dtype))) / align * align;
@@ -551,8 +544,11 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
             if (packing && r0 < r1) /* each thread packs its own copy: no barrier */
                 for (int i = 0; i + tm <= rows; i += tm)
                     isas[isa].pack(xp + (size_t)(i / tm) * K16 * tm, xt + (size_t)i * in, (size_t)in, in);
-            for (int n0 = r0; n0 < r1; n0 += nb) {
-                int n1 = n0 + nb < r1 ? n0 + nb : r1;
+            /* one row (decode) keeps nothing in L2: its GEMV takes the
+             * thread's rows in one call (bf16 splits x once per call) */
+            int step = T == 1 ? r1 - r0 : nb;
+            for (int n0 = r0; n0 < r1; n0 += step) {
+                int n1 = n0 + step < r1 ? n0 + step : r1;
                 f(y + (size_t)t0 * out, xt, xp, wp, w.data, rows, in, out, n0, n1, G);
             }
         }

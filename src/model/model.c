@@ -563,13 +563,16 @@ static int load_matrix(Source *src, Model *m, WeightRef *dst, TensorKind k, int 
 int weight_group_rows(void *m, int rows, int cols, size_t esize, int G)
 {
     if (G <= 0 || cols % 16 || rows < G) return 0;
-    size_t piece = 16 * esize, row_bytes = (size_t)cols * esize;
+    size_t row_bytes = (size_t)cols * esize;
     char *group = xmalloc(row_bytes * G), *p = m;
-    for (int g = 0; g + G <= rows; g += G, p += row_bytes * G) {
-        memcpy(group, p, row_bytes * G);
-        for (int c = 0; c < cols; c += 16)
-            for (int r = 0; r < G; r++)
-                memcpy(p + ((size_t)c * G + (size_t)r * 16) * esize, group + (size_t)r * row_bytes + c * esize, piece);
+    for (int g = 0; g + G <= rows; g += G) { /* rows g .. g+G-1, where weight_row_start and _step put them */
+        memcpy(group, p + (size_t)g * row_bytes, row_bytes * G);
+        for (int r = 0; r < G; r++) {
+            char *to = p + weight_row_start(G, g + r, rows, cols) * esize;
+            size_t step = weight_row_step(G, g + r, rows) * esize;
+            for (int c = 0; c < cols; c += 16)
+                memcpy(to + (size_t)(c / 16) * step, group + (size_t)r * row_bytes + (size_t)c * esize, 16 * esize);
+        }
     }
     free(group);
     return G;
