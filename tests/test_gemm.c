@@ -223,8 +223,8 @@ int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
     uint64_t st = 42;
-    /* K around the 16-lane width and its tail, N around the 2- and 4-row
-     * tiles and the 4-row blocks, T around the 3-row tile */
+    /* K around the 16-lane width and its tail, N around the 4-row blocks
+     * of the portable kernel, T around the 3- and 6-row tiles */
     static const int Ks[] = {1, 7, 16, 17, 31, 48, 100, 775};
     static const int Ns[] = {1, 3, 6, 9, 70};
     static const int Ts[] = {1, 2, 3, 4, 7, 20};
@@ -238,7 +238,11 @@ int main(int argc, char **argv)
     shape(406, 128, 344, &st);
     shape(406, 2048, 24, &st);
     shape(13, 16, 600, &st);
-    shape(13, 1040, 10, &st); /* K in two unequal chunks (528 + 512) */
+    shape(13, 1040, 10, &st);
+    /* AVX2's panels of 16 weight rows: a part panel after whole ones, with
+     * a tail of K; K = 2048, whose lanes' runs are padded apart */
+    shape(12, 33, 17, &st);
+    shape(18, 2048, 40, &st);
     /* bf16 groups of six: two threads splitting rows inside a group's
      * reach (1003 rows: 167 groups and one row), decode and prefill */
     shape(1, 64, 1003, &st);

@@ -10,9 +10,10 @@
  *   (K16 = K rounded down to a multiple of 16), combined by a fixed tree
  *   h[i] = a[i] + a[i+8], g[i] = h[i] + h[i+4], f[i] = g[i] + g[i+2],
  *   s = f[0] + f[1], then s = fma(x[k], w[k], s) for k = K16 .. K-1.
- * AVX-512 holds the 16 lanes in one register, AVX2 in two halves, the
- * portable fallback in an array with fmaf; the results are the same bits,
- * so a request's tokens do not depend on the machine's vector width either.
+ * AVX-512 holds the 16 lanes in one register, AVX2 in two halves (and its
+ * prefill kernel one lane of 16 outputs in two registers), the portable
+ * fallback in an array with fmaf; the results are the same bits, so a
+ * request's tokens do not depend on the machine's vector width either.
  * Threads split the output columns, never K. bf16 weights are widened to
  * fp32 in registers (exact), so a bf16 matrix gives the fp32 result of its
  * widened values. */
@@ -50,9 +51,6 @@ static inline void prefetch_new_rows(const void *base, const size_t *row, int i0
     for (int i = i0; i < i1 && i < n; i++)
         if (row[i] != row[i - 1] + stride) prefetch_bytes((const char *)base + row[i] * esize, bytes);
 }
-
-/* weight rows per block are at most 2 * PANEL_MAX_PAIRS */
-#define PANEL_MAX_PAIRS 64
 
 /* ---- portable: 16 lanes in an array ---------------------------------- */
 typedef struct {
@@ -144,115 +142,168 @@ TGT_AVX2 static inline void avx2_storex(float *p, V2 v)
 }
 TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, a.hi)); }
 
-/* AVX2's tile: six activation rows against the block's weight rows, two
- * at a time. Twelve 16-lane accumulators are 24 registers, more than AVX2
- * has, so each chunk of K is passed twice: lanes 0-7 (k = 0..7 mod 16),
- * then lanes 8-15, twelve 8-lane accumulators at a time, parked in memory
- * between passes. Chunks are the outer loop, so a chunk of the six rows
- * stays in L1 while every weight pair of the block passes it. Each lane's
- * chain still runs over k in order, so the result is dot_finish's.
- * The six rows come packed (avx2_pack_tile): activation rows a power of two
- * apart (K = 2048) would otherwise share L1 sets with each other and with
- * the weights and evict each other. */
-#define REG(v) ({ __asm__("" : "+x"(v)); }) /* else GCC reloads v inside every FMA */
-/* K in chunks of at most PANEL_CHUNK columns, as equal as whole 16-column
- * steps allow: a chunk of the six rows (24 KiB at most, both passes) stays
- * in L1 beside a pair's weights, and a K that fits in one chunk parks
- * nothing (110M's K = 768 GEMMs, one thread: 54-58 GFLOP/s with 512-column
- * chunks, 63-66 with one 768-column chunk) */
-#define PANEL_CHUNK 1024
-static inline int panel_chunk(int K16)
-{
-    int n = (K16 + PANEL_CHUNK - 1) / PANEL_CHUNK;
-    return n ? (K16 / 16 + n - 1) / n * 16 : 16;
-}
-#define AVX2_PANEL(NAME, WT, LOADW8, FINISH)                                                                   \
-    TGT_AVX2 static void NAME(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const WT *w,  \
-                              const WT *wp, size_t ldw, int npairs, int K)                                    \
-    {                                                                                                         \
-        static _Thread_local __m256 park[PANEL_MAX_PAIRS][2][12];                                             \
-        int K16 = K & ~15;                                                                                    \
-        if (K16 == 0) memset(park, 0, sizeof(park[0]) * (size_t)npairs);                                      \
-        int chunk = panel_chunk(K16);                                                                         \
-        for (int kc = 0; kc < K16; kc += chunk) {                                                             \
-            int kend = kc + chunk < K16 ? kc + chunk : K16;                                                   \
-            for (int pr = 0; pr < npairs; pr++)                                                               \
-                for (int half = 0; half < 2; half++) {                                                        \
-                    __m256 *p = park[pr][half];                                                               \
-                    const WT *wq = wp + (size_t)kc * 2 * npairs + (size_t)(2 * pr + half) * (kend - kc) - kc; \
-                    const float *xq = xp + (size_t)half * K16 * 3;                                            \
-                    __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z;     \
-                    __m256 a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;                              \
-                    if (kc > 0) {                                                                             \
-                        a00 = p[0], a01 = p[1], a10 = p[2], a11 = p[3], a20 = p[4], a21 = p[5];               \
-                        a30 = p[6], a31 = p[7], a40 = p[8], a41 = p[9], a50 = p[10], a51 = p[11];             \
-                    }                                                                                         \
-                    for (int k = kc; k < kend; k += 16) {                                                     \
-                        const float *xk = xq + (size_t)k * 3;                                                 \
-                        __m256 b0 = LOADW8(wq + k), b1 = LOADW8(wq + k + 8), v;                               \
-                        v = _mm256_loadu_ps(xk), REG(v);                                                      \
-                        a00 = _mm256_fmadd_ps(v, b0, a00), a01 = _mm256_fmadd_ps(v, b1, a01);                 \
-                        v = _mm256_loadu_ps(xk + 8), REG(v);                                                  \
-                        a10 = _mm256_fmadd_ps(v, b0, a10), a11 = _mm256_fmadd_ps(v, b1, a11);                 \
-                        v = _mm256_loadu_ps(xk + 16), REG(v);                                                 \
-                        a20 = _mm256_fmadd_ps(v, b0, a20), a21 = _mm256_fmadd_ps(v, b1, a21);                 \
-                        v = _mm256_loadu_ps(xk + 24), REG(v);                                                 \
-                        a30 = _mm256_fmadd_ps(v, b0, a30), a31 = _mm256_fmadd_ps(v, b1, a31);                 \
-                        v = _mm256_loadu_ps(xk + 32), REG(v);                                                 \
-                        a40 = _mm256_fmadd_ps(v, b0, a40), a41 = _mm256_fmadd_ps(v, b1, a41);                 \
-                        v = _mm256_loadu_ps(xk + 40), REG(v);                                                 \
-                        a50 = _mm256_fmadd_ps(v, b0, a50), a51 = _mm256_fmadd_ps(v, b1, a51);                 \
-                    }                                                                                         \
-                    p[0] = a00, p[1] = a01, p[2] = a10, p[3] = a11, p[4] = a20, p[5] = a21, p[6] = a30;       \
-                    p[7] = a31, p[8] = a40, p[9] = a41, p[10] = a50, p[11] = a51;                             \
-                }                                                                                             \
-        }                                                                                                     \
-        for (int pr = 0; pr < npairs; pr++)                                                                   \
-            for (int i = 0; i < 6; i++)                                                                       \
-                for (int j = 0; j < 2; j++)                                                                   \
-                    y[i * ldy + 2 * pr + j] = FINISH((V2){park[pr][0][2 * i + j], park[pr][1][2 * i + j]},    \
-                                                     x + i * ldx, w + (2 * pr + j) * ldw, K16, K);            \
-    }
-
-/* Weight rows n0 .. n0 + 2 * npairs - 1 of an N x K matrix (elements of
- * esize bytes, row groups G: WeightRef) packed for AVX2_PANEL: per chunk
- * of K, per pair, lanes 0-7 of every 16-column step of both rows side by
- * side (16 elements), then lanes 8-15 the same way, so each pass streams
- * whole cache lines. */
-TGT_AVX2 static void avx2_pack_weights(void *wp, const void *w, int n0, int npairs, int N, int K, int G, size_t esize)
+/* AVX2's prefill kernel holds the 16 chains the other way round: one
+ * lane's chain (k = l, l + 16, ... < K16) for a tile of six activation
+ * rows by 16 weight rows, 12 registers, with the activations broadcast.
+ * The lanes run one after another, each from zero over its k in order, and
+ * the tree then adds the 16 lanes' sums of an output as v_tree does, so
+ * every element is dot_finish's arithmetic. Per step: two vector loads
+ * of weights and six broadcasts for 12 FMAs. (With lanes along K, as in
+ * the GEMV, every operand is a full vector, eight vector loads per 12
+ * FMAs: on this CPU, 512x768x2048 ran at 68-72 GFLOP/s on one thread in
+ * its best runs, 78 so.) The kernel alone, its data in cache, reaches 85%
+ * of the FMA peak at K = 768 and 94% at K = 2048: each lane's run of K/16
+ * steps costs about nine steps more. Both operands come packed in lane
+ * order: a tile (avx2_pack_tile) holds, for lane 0 to 15, the six rows'
+ * x[k] for k = l, l + 16, ...; a panel of 16 weight rows
+ * (avx2_pack_weights) the 16 rows' w[k] the same way, widened to fp32, so
+ * bf16 and fp32 share the kernel. Each lane's run is padded by one cache
+ * line: lane runs a power of two apart (K = 2048) would map the 16 streams
+ * of the packing to one L1 set. The tail k = K16 .. K-1 follows the 16
+ * lanes, one k at a time. */
+static inline size_t avx2_lane_floats(int K, int rows) { return (size_t)K / 16 * rows + 16; }
+static size_t avx2_tile_floats(int K) { return 16 * avx2_lane_floats(K, 6) + (size_t)(K % 16) * 6; }
+static inline size_t avx2_panel_floats(int K) { return 16 * avx2_lane_floats(K, 16) + (size_t)(K % 16) * 16; }
+static size_t avx2_block_floats(int n, int K) { return (size_t)(n + 15) / 16 * avx2_panel_floats(K); }
+/* packed index of column k: its lane's run, then its step in it */
+static inline size_t avx2_packed_at(int k, int K, int rows)
 {
     int K16 = K & ~15;
-    char *out = wp;
+    return k < K16 ? (size_t)(k % 16) * avx2_lane_floats(K, rows) + (size_t)(k / 16) * rows
+                   : 16 * avx2_lane_floats(K, rows) + (size_t)(k - K16) * rows;
+}
+
+TGT_AVX2 static inline void avx2_transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* Six rows of x (ldx apart) packed in lane order: avx2_tile_floats(K).
+ * A part tile (rows < 6) repeats its last row; the panel stores only
+ * its rows. */
+TGT_AVX2 static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K, int rows)
+{
+    int K16 = K & ~15;
+    for (int k0 = 0; k0 < K16; k0 += 8) { /* 8 columns of the 6 rows (the last twice or more) turned */
+        __m256 r[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(x + (i < rows ? i : rows - 1) * ldx + k0);
+        avx2_transpose8(r);
+        for (int i = 0; i < 8; i++) { /* six floats: a masked store is microcoded on AMD */
+            float *d = xp + avx2_packed_at(k0 + i, K, 6);
+            _mm_storeu_ps(d, _mm256_castps256_ps128(r[i]));
+            _mm_storel_pi((__m64 *)(d + 4), _mm256_extractf128_ps(r[i], 1));
+        }
+    }
+    for (int k = K16; k < K; k++)
+        for (int r = 0; r < 6; r++) xp[avx2_packed_at(k, K, 6) + r] = x[(r < rows ? r : rows - 1) * ldx + k];
+}
+
+/* Weight rows n0 .. n0 + ncols - 1 of an N x K matrix (elements of esize
+ * bytes, row groups G: WeightRef) packed as panels of 16 rows in lane
+ * order, fp32: avx2_panel_floats(K) each. A last panel's missing rows
+ * repeat its last row (their results are not stored). */
+TGT_AVX2 static void avx2_pack_weights(void *wp, const void *w, int n0, int ncols, int N, int K, int G, size_t esize)
+{
+    int K16 = K & ~15;
     const char *in = w;
-    int chunk = panel_chunk(K16);
-    for (int kc = 0; kc < K16; kc += chunk) {
-        int kend = kc + chunk < K16 ? kc + chunk : K16;
-        for (int pr = 0; pr < npairs; pr++) {
-            int n = n0 + 2 * pr;
-            const char *row[2] = {in + weight_row_start(G, n, N, K) * esize, in + weight_row_start(G, n + 1, N, K) * esize};
-            size_t step[2] = {weight_row_step(G, n, N) * esize, weight_row_step(G, n + 1, N) * esize};
-            for (int half = 0; half < 2; half++)
-                for (int k = kc + 8 * half; k < kend; k += 16)
-                    for (int j = 0; j < 2; j++, out += 8 * esize) {
-                        const char *from = row[j] + (size_t)(k / 16) * step[j] + (size_t)(k % 16) * esize;
-                        if (esize == 4) memcpy(out, from, 32); /* constant sizes: inlined moves, not calls */
-                        else memcpy(out, from, 16);
-                    }
+    float *out = wp;
+    for (int p = 0; p < ncols; p += 16, out += avx2_panel_floats(K)) {
+        const char *row[16];
+        size_t step[16];
+        for (int i = 0; i < 16; i++) {
+            int n = n0 + p + (p + i < ncols ? i : ncols - 1 - p);
+            row[i] = in + weight_row_start(G, n, N, K) * esize, step[i] = weight_row_step(G, n, N) * esize;
+        }
+        /* the next panel's 16 rows, one run of memory (nearly so when
+         * grouped), fetched into L2 while this one is turned: sixteen
+         * streams at once are more than the hardware prefetcher follows */
+        const char *next = in + weight_row_start(G, n0 + p + 16 < N ? n0 + p + 16 : n0 + p, N, K) * esize;
+        size_t next_lines = p + 16 < ncols ? 16 * (size_t)K * esize / 64 : 0, fetched = 0;
+        for (int k0 = 0; k0 < K16; k0 += 8) {
+            for (size_t end = next_lines * (k0 + 8) / K16; fetched < end; fetched++)
+                _mm_prefetch(next + 64 * fetched, _MM_HINT_T1);
+            for (int h = 0; h < 16; h += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++) {
+                    const char *from = row[h + i] + (size_t)(k0 / 16) * step[h + i] + (size_t)(k0 % 16) * esize;
+                    r[i] = esize == 4 ? _mm256_loadu_ps((const float *)from) : avx2_widen8((const uint16_t *)from);
+                }
+                avx2_transpose8(r);
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + avx2_packed_at(k0 + i, K, 16) + h, r[i]);
+            }
+        }
+        for (int k = K16; k < K; k++) /* the tail: rows stored whole (G 0) */
+            for (int i = 0; i < 16; i++) {
+                const char *from = row[i] + (size_t)k * esize;
+                out[avx2_packed_at(k, K, 16) + i] = esize == 4 ? *(const float *)from : bf16_bits_to_f32(*(const uint16_t *)from);
+            }
+    }
+}
+
+/* The packed tile against ncols packed weight rows: y (the tile's rows,
+ * ldy apart) */
+TGT_AVX2 static void avx2_panel(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const void *w,
+                                const float *wp, size_t ldw, int ncols, int K, int rows)
+{
+    (void)x, (void)ldx, (void)w, (void)ldw;
+    int S = K / 16, K16 = K & ~15;
+    for (int p = 0; p < ncols; p += 16, wp += avx2_panel_floats(K)) {
+        __m256 lane[16][12]; /* each lane's sums: row i, weight rows 0-7 (2i) and 8-15 (2i + 1) */
+        for (int l = 0; l < 16; l++) {
+            const float *xl = xp + (size_t)l * avx2_lane_floats(K, 6), *wl = wp + (size_t)l * avx2_lane_floats(K, 16);
+            __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z;
+            __m256 a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;
+            for (int s = 0; s < S; s++, xl += 6, wl += 16) {
+                __m256 b0 = _mm256_loadu_ps(wl), b1 = _mm256_loadu_ps(wl + 8), v;
+                v = _mm256_broadcast_ss(xl);
+                a00 = _mm256_fmadd_ps(v, b0, a00), a01 = _mm256_fmadd_ps(v, b1, a01);
+                v = _mm256_broadcast_ss(xl + 1);
+                a10 = _mm256_fmadd_ps(v, b0, a10), a11 = _mm256_fmadd_ps(v, b1, a11);
+                v = _mm256_broadcast_ss(xl + 2);
+                a20 = _mm256_fmadd_ps(v, b0, a20), a21 = _mm256_fmadd_ps(v, b1, a21);
+                v = _mm256_broadcast_ss(xl + 3);
+                a30 = _mm256_fmadd_ps(v, b0, a30), a31 = _mm256_fmadd_ps(v, b1, a31);
+                v = _mm256_broadcast_ss(xl + 4);
+                a40 = _mm256_fmadd_ps(v, b0, a40), a41 = _mm256_fmadd_ps(v, b1, a41);
+                v = _mm256_broadcast_ss(xl + 5);
+                a50 = _mm256_fmadd_ps(v, b0, a50), a51 = _mm256_fmadd_ps(v, b1, a51);
+            }
+            __m256 *o = lane[l];
+            o[0] = a00, o[1] = a01, o[2] = a10, o[3] = a11, o[4] = a20, o[5] = a21;
+            o[6] = a30, o[7] = a31, o[8] = a40, o[9] = a41, o[10] = a50, o[11] = a51;
+        }
+        const float *xt = xp + avx2_packed_at(K16, K, 6), *wt = wp + avx2_packed_at(K16, K, 16);
+        for (int i = 0; i < 12; i++) { /* v_tree's sums, eight outputs at a time, then the tail */
+            int r = i / 2, c = 8 * (i % 2);
+            if (r >= rows) break;
+            __m256 h[8], g[4];
+            for (int a = 0; a < 8; a++) h[a] = _mm256_add_ps(lane[a][i], lane[a + 8][i]);
+            for (int a = 0; a < 4; a++) g[a] = _mm256_add_ps(h[a], h[a + 4]);
+            __m256 sum = _mm256_add_ps(_mm256_add_ps(g[0], g[2]), _mm256_add_ps(g[1], g[3]));
+            for (int k = 0; k < K - K16; k++)
+                sum = _mm256_fmadd_ps(_mm256_broadcast_ss(xt + k * 6 + r), _mm256_loadu_ps(wt + k * 16 + c), sum);
+            float *yr = y + r * ldy + p + c;
+            if (ncols - p - c >= 8) _mm256_storeu_ps(yr, sum);
+            else {
+                float v[8];
+                _mm256_storeu_ps(v, sum);
+                for (int j = 0; j < ncols - p - c; j++) yr[j] = v[j];
+            }
         }
     }
 }
 
-/* Six rows of x (ldx apart) packed for AVX2_PANEL: lanes 0-7 of every
- * 16-column step, the six rows' 8 floats side by side, then lanes 8-15 the
- * same way; K16 * 6 floats. */
-TGT_AVX2 static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K)
-{
-    int K16 = K & ~15;
-    for (int half = 0; half < 2; half++)
-        for (int k = 0; k < K16; k += 16)
-            for (int r = 0; r < 6; r++)
-                memcpy(xp + (size_t)half * K16 * 3 + (size_t)k * 3 + r * 8, x + r * ldx + k + 8 * half, 32);
-}
 /* AVX2's bf16 GEMV. Widening with one AND (odd elements: the high half of
  * each 32-bit pair) and one shift (even elements) per 16 weights, instead
  * of a zero-extension and a shift per 8, makes decode memory-bound at one
@@ -336,7 +387,6 @@ static inline __m256 avx2_loadu8(const float *p) { return _mm256_loadu_ps(p); }
 #define W2F W2F_F32
 #define v_loadw avx2_loadx
 TGT static inline float SFX(dot_finish)(V acc, const float *x, const WT *w, int k, int K);
-AVX2_PANEL(avx2_f32_panel, float, avx2_loadu8, avx2_f32_dot_finish)
 /* decode's GEMV: R (<= 6) weight rows at once, twelve chains in flight
  * (four rows left the loads waiting on too few misses) */
 TGT_AVX2 static inline __attribute__((always_inline)) void avx2_f32_rows(float *y, const float *x, const float *w,
@@ -364,8 +414,9 @@ TGT_AVX2 static void avx2_f32_gemv_rows(float *y, const float *x, const float *w
     for (; n + 6 <= n1; n += 6) avx2_f32_rows(y + n, x, w + (size_t)n * K, K, 6);
     for (; n < n1; n++) avx2_f32_rows(y + n, x, w + (size_t)n * K, K, 1);
 }
-#define PANEL avx2_f32_panel
+#define PANEL avx2_panel
 #define PACK_W avx2_pack_weights
+#define TILE_FLOATS avx2_tile_floats
 #define GEMV_ROWS avx2_f32_gemv_rows
 #define TILE_M 6
 
@@ -374,10 +425,9 @@ TGT_AVX2 static void avx2_f32_gemv_rows(float *y, const float *x, const float *w
 #define WT uint16_t
 #define W2F W2F_BF16
 #define v_loadw avx2_loadw_bf16
-TGT static inline float SFX(dot_finish)(V acc, const float *x, const WT *w, int k, int K);
-AVX2_PANEL(avx2_bf16_panel, uint16_t, avx2_widen8, avx2_bf16_dot_finish)
-#define PANEL avx2_bf16_panel
+#define PANEL avx2_panel
 #define PACK_W avx2_pack_weights
+#define TILE_FLOATS avx2_tile_floats
 #define GEMV_ROWS avx2_bf16_gemv_rows
 #define TILE_M 6
 
@@ -424,12 +474,17 @@ static const struct {
     const char *name;
     BlockFn f32, bf16;
     AttendFn attend_f32, attend_bf16;
-    int tile_m;                                                   /* rows per prefill tile */
-    void (*pack)(float *xp, const float *x, size_t ldx, int K); /* one tile for its panel, or NULL */
+    int tile_m; /* rows per prefill tile */
+    /* one tile packed for its panel (tile_floats(K) floats), and the floats
+     * of a block of n packed weight rows; or NULL */
+    void (*pack)(float *xp, const float *x, size_t ldx, int K, int rows);
+    size_t (*tile_floats)(int K);
+    size_t (*block_floats)(int n, int K);
 } isas[] = {
-    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, 3, NULL},
-    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, 6, avx2_pack_tile},
-    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, 3, NULL},
+    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, 3, NULL, NULL, NULL},
+    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, 6, avx2_pack_tile, avx2_tile_floats,
+     avx2_block_floats},
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, 3, NULL, NULL, NULL},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
 static int isa = ISA_AUTO;
@@ -500,14 +555,18 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
         free(m);
         return;
     }
-    int G = w.group, align = G ? 12 : 4; /* row splits: whole pairs, and whole groups */
+    int G = w.group, align = G ? 48 : 16; /* row splits: whole panels of 16, and whole groups */
     BlockFn f = w.dtype == DTYPE_BF16 ? isas[isa].bf16 : isas[isa].f32;
-    /* about 128 KiB of weights per block, a multiple of align rows: the packed
-     * block stays in L2 (half of a 512 KiB L2) while prefill's row tiles
-     * stream past it */
-    int nb = (int)(131072 / ((size_t)in * dtype_bytes(w.dtype))) / align * align;
-    if (nb < align) nb = align;
-    if (nb > 2 * PANEL_MAX_PAIRS) nb = 2 * PANEL_MAX_PAIRS / align * align;
+    int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000;
+    int threads = parallel ? omp_get_max_threads() : 1;
+    int packing = isas[isa].pack && T >= tm;
+    /* weight rows per block, a multiple of 16: about 512 KiB packed (each
+     * tile is read once per block, and a packed panel streams well even
+     * from L3: 110M's GEMMs on one thread were alike from 64 to 256
+     * rows), or 128 KiB as stored for kernels reading them in place */
+    size_t row_bytes = packing ? isas[isa].block_floats(16, in) / 16 * sizeof(float) : (size_t)in * dtype_bytes(w.dtype);
+    int nb = (int)((packing ? 524288 : 131072) / row_bytes) / 16 * 16;
+    if (nb < 16) nb = 16;
     /* prefill: rows in groups of about 2 MiB of activations (a multiple of
      * the 6- and 3-row tiles), each group passing over this thread's blocks;
      * the tiles stream from L3 (a few KiB per tile against a whole block),
@@ -517,14 +576,14 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
      * 256 KiB blocks and 256 KiB groups) */
     int tb = (int)(2097152 / ((size_t)in * sizeof(float))) / 6 * 6;
     if (tb < 6) tb = 6;
-    int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000, K16 = in & ~15;
-    int threads = parallel ? omp_get_max_threads() : 1;
     /* per thread: the row group's tiles and one block's weights, packed
      * (the block repacked for each row group: packed into a buffer that
      * stays in L2, it is read faster than a packed copy of all blocks) */
-    size_t xbytes = (size_t)tb * K16 * sizeof(float), block_bytes = (size_t)nb * K16 * dtype_bytes(w.dtype);
-    size_t per_thread = (xbytes + block_bytes + 63) & ~(size_t)63;
-    int packing = isas[isa].pack && T >= tm && K16 > 0;
+    size_t xbytes = 0, per_thread = 0;
+    if (packing) {
+        xbytes = (size_t)tb / tm * isas[isa].tile_floats(in) * sizeof(float);
+        per_thread = (xbytes + isas[isa].block_floats(nb, in) * sizeof(float) + 63) & ~(size_t)63;
+    }
     if (packing && per_thread * threads > pack_cap) { /* grows to the largest shape, then stays */
         free(pack_buf);
         pack_cap = per_thread * threads;
@@ -539,18 +598,20 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
         float *xp = packing ? (float *)(pack_buf + per_thread * me) : NULL;
         char *wp = packing ? pack_buf + per_thread * me + xbytes : NULL;
         for (int t0 = 0; t0 < T; t0 += tb) {
-            int rows = T - t0 < tb ? T - t0 : tb;
+            /* tiles: the rows in them, a packed last tile in part */
+            int rows = T - t0 < tb ? T - t0 : tb, tiles = packing ? rows : rows / tm * tm;
             const float *xt = x + (size_t)t0 * in;
+            float *yt = y + (size_t)t0 * out;
             if (packing && r0 < r1) /* each thread packs its own copy: no barrier */
-                for (int i = 0; i + tm <= rows; i += tm)
-                    isas[isa].pack(xp + (size_t)(i / tm) * K16 * tm, xt + (size_t)i * in, (size_t)in, in);
-            /* one row (decode) keeps nothing in L2: its GEMV takes the
-             * thread's rows in one call (bf16 splits x once per call) */
-            int step = T == 1 ? r1 - r0 : nb;
-            for (int n0 = r0; n0 < r1; n0 += step) {
-                int n1 = n0 + step < r1 ? n0 + step : r1;
-                f(y + (size_t)t0 * out, xt, xp, wp, w.data, rows, in, out, n0, n1, G);
-            }
+                for (int i = 0; i < tiles; i += tm)
+                    isas[isa].pack(xp + (size_t)(i / tm) * isas[isa].tile_floats(in), xt + (size_t)i * in, (size_t)in,
+                                   in, tiles - i < tm ? tiles - i : tm);
+            for (int n0 = r0; tiles && n0 < r1; n0 += nb)
+                f(yt, xt, xp, wp, w.data, tiles, in, out, n0, n0 + nb < r1 ? n0 + nb : r1, G);
+            /* the rows after the last tile (decode's one row) keep nothing
+             * in L2: their GEMV takes the thread's rows in one call */
+            if (rows > tiles && r0 < r1)
+                f(yt + (size_t)tiles * out, xt + (size_t)tiles * in, NULL, NULL, w.data, rows - tiles, in, out, r0, r1, G);
         }
     }
 }
