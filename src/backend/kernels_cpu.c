@@ -162,9 +162,8 @@ TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, 
  * of the packing to one L1 set. The tail k = K16 .. K-1 follows the 16
  * lanes, one k at a time. */
 static inline size_t avx2_lane_floats(int K, int rows) { return (size_t)K / 16 * rows + 16; }
-static size_t avx2_tile_floats(int K) { return 16 * avx2_lane_floats(K, 6) + (size_t)(K % 16) * 6; }
+static inline size_t avx2_lane_tile_floats(int K) { return 16 * avx2_lane_floats(K, 6) + (size_t)(K % 16) * 6; }
 static inline size_t avx2_panel_floats(int K) { return 16 * avx2_lane_floats(K, 16) + (size_t)(K % 16) * 16; }
-static size_t avx2_block_floats(int n, int K) { return (size_t)(n + 15) / 16 * avx2_panel_floats(K); }
 /* packed index of column k: its lane's run, then its step in it */
 static inline size_t avx2_packed_at(int k, int K, int rows)
 {
@@ -189,10 +188,10 @@ TGT_AVX2 static inline void avx2_transpose8(__m256 r[8])
     r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-/* Six rows of x (ldx apart) packed in lane order: avx2_tile_floats(K).
+/* Six rows of x (ldx apart) packed in lane order: avx2_lane_tile_floats(K).
  * A part tile (rows < 6) repeats its last row; the panel stores only
  * its rows. */
-TGT_AVX2 static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K, int rows)
+TGT_AVX2 static void avx2_pack_lane_tile(float *xp, const float *x, size_t ldx, int K, int rows)
 {
     int K16 = K & ~15;
     for (int k0 = 0; k0 < K16; k0 += 8) { /* 8 columns of the 6 rows (the last twice or more) turned */
@@ -213,7 +212,7 @@ TGT_AVX2 static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K
  * bytes, row groups G: WeightRef) packed as panels of 16 rows in lane
  * order, fp32: avx2_panel_floats(K) each. A last panel's missing rows
  * repeat its last row (their results are not stored). */
-TGT_AVX2 static void avx2_pack_weights(void *wp, const void *w, int n0, int ncols, int N, int K, int G, size_t esize)
+TGT_AVX2 static void avx2_pack_panels(void *wp, const void *w, int n0, int ncols, int N, int K, int G, size_t esize)
 {
     int K16 = K & ~15;
     const char *in = w;
@@ -253,10 +252,8 @@ TGT_AVX2 static void avx2_pack_weights(void *wp, const void *w, int n0, int ncol
 
 /* The packed tile against ncols packed weight rows: y (the tile's rows,
  * ldy apart) */
-TGT_AVX2 static void avx2_panel(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const void *w,
-                                const float *wp, size_t ldw, int ncols, int K, int rows)
+TGT_AVX2 static void avx2_lane_panel(float *y, size_t ldy, const float *xp, const float *wp, int ncols, int K, int rows)
 {
-    (void)x, (void)ldx, (void)w, (void)ldw;
     int S = K / 16, K16 = K & ~15;
     for (int p = 0; p < ncols; p += 16, wp += avx2_panel_floats(K)) {
         __m256 lane[16][12]; /* each lane's sums: row i, weight rows 0-7 (2i) and 8-15 (2i + 1) */
@@ -302,6 +299,119 @@ TGT_AVX2 static void avx2_panel(float *y, size_t ldy, const float *x, size_t ldx
             }
         }
     }
+}
+
+/* For K under AVX2_LANE_K, a lane's run is too short to pay for its start
+ * and its store (110M's shapes have K = 768 and 2048; stories15M's
+ * K = 288, where the batched GEMMs took 20-40% longer so), and the tile
+ * keeps lanes along K, as the GEMV does: six rows against two weight rows,
+ * each 16-column step in two passes (lanes 0-7, then 8-15), twelve 8-lane
+ * accumulators. Each lane's chain runs over k in order, so the result is
+ * dot_finish's. Packed: a tile, K16 * 6 floats, holds lanes 0-7 of every
+ * step with the six rows' 8 floats side by side, then lanes 8-15; a pair
+ * of weight rows, in their own type, lanes 0-7 of every step of both rows
+ * side by side, then lanes 8-15, so each pass streams whole cache lines. */
+#define AVX2_LANE_K 512
+#define REG(v) ({ __asm__("" : "+x"(v)); }) /* else GCC reloads v inside every FMA */
+TGT_AVX2 static void avx2_pack_pair_tile(float *xp, const float *x, size_t ldx, int K, int rows)
+{
+    int K16 = K & ~15;
+    for (int half = 0; half < 2; half++)
+        for (int k = 0; k < K16; k += 16)
+            for (int r = 0; r < 6; r++)
+                memcpy(xp + (size_t)half * K16 * 3 + (size_t)k * 3 + r * 8,
+                       x + (r < rows ? r : rows - 1) * ldx + k + 8 * half, 32);
+}
+/* (an odd last row is paired with itself; its second result is not stored) */
+TGT_AVX2 static void avx2_pack_pairs(void *wp, const void *w, int n0, int ncols, int N, int K, int G, size_t esize)
+{
+    int K16 = K & ~15;
+    char *out = wp;
+    const char *in = w;
+    for (int n = n0; n < n0 + ncols; n += 2) {
+        int m = n + 1 < n0 + ncols ? n + 1 : n;
+        const char *row[2] = {in + weight_row_start(G, n, N, K) * esize, in + weight_row_start(G, m, N, K) * esize};
+        size_t step[2] = {weight_row_step(G, n, N) * esize, weight_row_step(G, m, N) * esize};
+        for (int half = 0; half < 2; half++)
+            for (int k = 8 * half; k < K16; k += 16)
+                for (int j = 0; j < 2; j++, out += 8 * esize) {
+                    const char *from = row[j] + (size_t)(k / 16) * step[j] + (size_t)(k % 16) * esize;
+                    if (esize == 4) memcpy(out, from, 32); /* constant sizes: inlined moves, not calls */
+                    else memcpy(out, from, 16);
+                }
+    }
+}
+#define AVX2_PAIRS_PANEL(NAME, WT, LOADW8, FINISH)                                                                  \
+    TGT_AVX2 static void NAME(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const WT *w,       \
+                              const WT *wp, size_t ldw, int ncols, int K, int rows)                                \
+    {                                                                                                              \
+        int K16 = K & ~15;                                                                                         \
+        for (int pr = 0; 2 * pr < ncols; pr++) {                                                                   \
+            __m256 acc[2][12];                                                                                     \
+            for (int half = 0; half < 2; half++) {                                                                 \
+                const WT *wq = wp + (size_t)(2 * pr + half) * K16;                                                 \
+                const float *xq = xp + (size_t)half * K16 * 3;                                                     \
+                __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z;              \
+                __m256 a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;                                       \
+                for (int k = 0; k < K16; k += 16) {                                                                \
+                    const float *xk = xq + (size_t)k * 3;                                                          \
+                    __m256 b0 = LOADW8(wq + k), b1 = LOADW8(wq + k + 8), v;                                        \
+                    v = _mm256_loadu_ps(xk), REG(v);                                                               \
+                    a00 = _mm256_fmadd_ps(v, b0, a00), a01 = _mm256_fmadd_ps(v, b1, a01);                          \
+                    v = _mm256_loadu_ps(xk + 8), REG(v);                                                           \
+                    a10 = _mm256_fmadd_ps(v, b0, a10), a11 = _mm256_fmadd_ps(v, b1, a11);                          \
+                    v = _mm256_loadu_ps(xk + 16), REG(v);                                                          \
+                    a20 = _mm256_fmadd_ps(v, b0, a20), a21 = _mm256_fmadd_ps(v, b1, a21);                          \
+                    v = _mm256_loadu_ps(xk + 24), REG(v);                                                          \
+                    a30 = _mm256_fmadd_ps(v, b0, a30), a31 = _mm256_fmadd_ps(v, b1, a31);                          \
+                    v = _mm256_loadu_ps(xk + 32), REG(v);                                                          \
+                    a40 = _mm256_fmadd_ps(v, b0, a40), a41 = _mm256_fmadd_ps(v, b1, a41);                          \
+                    v = _mm256_loadu_ps(xk + 40), REG(v);                                                          \
+                    a50 = _mm256_fmadd_ps(v, b0, a50), a51 = _mm256_fmadd_ps(v, b1, a51);                          \
+                }                                                                                                  \
+                __m256 *p = acc[half];                                                                             \
+                p[0] = a00, p[1] = a01, p[2] = a10, p[3] = a11, p[4] = a20, p[5] = a21;                            \
+                p[6] = a30, p[7] = a31, p[8] = a40, p[9] = a41, p[10] = a50, p[11] = a51;                          \
+            }                                                                                                      \
+            for (int i = 0; i < rows; i++)                                                                         \
+                for (int j = 0; j < 2 && 2 * pr + j < ncols; j++)                                                 \
+                    y[i * ldy + 2 * pr + j] = FINISH((V2){acc[0][2 * i + j], acc[1][2 * i + j]}, x + i * ldx,      \
+                                                     w + (2 * pr + j) * ldw, K16, K);                              \
+        }                                                                                                          \
+    }                                                                                                              \
+    TGT_AVX2 static void NAME##_or_lanes(float *y, size_t ldy, const float *x, size_t ldx, const float *xp,        \
+                                         const WT *w, const void *wp, size_t ldw, int ncols, int K, int rows)      \
+    {                                                                                                              \
+        if (K >= AVX2_LANE_K) avx2_lane_panel(y, ldy, xp, wp, ncols, K, rows);                                     \
+        else NAME(y, ldy, x, ldx, xp, w, wp, ldw, ncols, K, rows);                                                 \
+    }
+
+/* the AVX2 prefill layouts by K */
+TGT_AVX2 static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K, int rows)
+{
+    if (K >= AVX2_LANE_K) avx2_pack_lane_tile(xp, x, ldx, K, rows);
+    else avx2_pack_pair_tile(xp, x, ldx, K, rows);
+}
+static size_t avx2_tile_floats(int K) { return K >= AVX2_LANE_K ? avx2_lane_tile_floats(K) : (size_t)(K & ~15) * 6; }
+TGT_AVX2 static void avx2_pack_weights(void *wp, const void *w, int n0, int ncols, int N, int K, int G, size_t esize)
+{
+    if (K >= AVX2_LANE_K) avx2_pack_panels(wp, w, n0, ncols, N, K, G, esize);
+    else avx2_pack_pairs(wp, w, n0, ncols, N, K, G, esize);
+}
+/* weight rows per block (a multiple of 16) and the floats their packing
+ * takes: panels about 512 KiB (each tile is read once per block, and a
+ * packed panel streams well even from L3: 110M's GEMMs on one thread were
+ * alike from 64 to 256 rows); pairs about 128 KiB as stored, the block
+ * staying in L2 while the tiles pass it */
+static int avx2_block_rows(int K, size_t esize)
+{
+    int n = K >= AVX2_LANE_K ? (int)(524288 / (avx2_panel_floats(K) / 16 * sizeof(float)))
+                             : (int)(131072 / ((size_t)K * esize));
+    return n < 16 ? 16 : n / 16 * 16;
+}
+static size_t avx2_block_floats(int n, int K)
+{
+    return K >= AVX2_LANE_K ? (size_t)(n + 15) / 16 * avx2_panel_floats(K) : (size_t)(n + 1) / 2 * 2 * (K & ~15);
 }
 
 /* AVX2's bf16 GEMV. Widening with one AND (odd elements: the high half of
@@ -414,7 +524,8 @@ TGT_AVX2 static void avx2_f32_gemv_rows(float *y, const float *x, const float *w
     for (; n + 6 <= n1; n += 6) avx2_f32_rows(y + n, x, w + (size_t)n * K, K, 6);
     for (; n < n1; n++) avx2_f32_rows(y + n, x, w + (size_t)n * K, K, 1);
 }
-#define PANEL avx2_panel
+AVX2_PAIRS_PANEL(avx2_f32_pairs, float, avx2_loadu8, avx2_f32_dot_finish)
+#define PANEL avx2_f32_pairs_or_lanes
 #define PACK_W avx2_pack_weights
 #define TILE_FLOATS avx2_tile_floats
 #define GEMV_ROWS avx2_f32_gemv_rows
@@ -425,7 +536,8 @@ TGT_AVX2 static void avx2_f32_gemv_rows(float *y, const float *x, const float *w
 #define WT uint16_t
 #define W2F W2F_BF16
 #define v_loadw avx2_loadw_bf16
-#define PANEL avx2_panel
+AVX2_PAIRS_PANEL(avx2_bf16_pairs, uint16_t, avx2_widen8, avx2_bf16_dot_finish)
+#define PANEL avx2_bf16_pairs_or_lanes
 #define PACK_W avx2_pack_weights
 #define TILE_FLOATS avx2_tile_floats
 #define GEMV_ROWS avx2_bf16_gemv_rows
@@ -475,16 +587,18 @@ static const struct {
     BlockFn f32, bf16;
     AttendFn attend_f32, attend_bf16;
     int tile_m; /* rows per prefill tile */
-    /* one tile packed for its panel (tile_floats(K) floats), and the floats
-     * of a block of n packed weight rows; or NULL */
+    /* one tile packed for its panel (tile_floats(K) floats), the weight
+     * rows per block, and the floats of a block of n packed weight rows;
+     * or NULL */
     void (*pack)(float *xp, const float *x, size_t ldx, int K, int rows);
     size_t (*tile_floats)(int K);
+    int (*block_rows)(int K, size_t esize);
     size_t (*block_floats)(int n, int K);
 } isas[] = {
-    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, 3, NULL, NULL, NULL},
+    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, 3, NULL, NULL, NULL, NULL},
     {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, 6, avx2_pack_tile, avx2_tile_floats,
-     avx2_block_floats},
-    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, 3, NULL, NULL, NULL},
+     avx2_block_rows, avx2_block_floats},
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, 3, NULL, NULL, NULL, NULL},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
 static int isa = ISA_AUTO;
@@ -560,12 +674,11 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
     int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000;
     int threads = parallel ? omp_get_max_threads() : 1;
     int packing = isas[isa].pack && T >= tm;
-    /* weight rows per block, a multiple of 16: about 512 KiB packed (each
-     * tile is read once per block, and a packed panel streams well even
-     * from L3: 110M's GEMMs on one thread were alike from 64 to 256
-     * rows), or 128 KiB as stored for kernels reading them in place */
-    size_t row_bytes = packing ? isas[isa].block_floats(16, in) / 16 * sizeof(float) : (size_t)in * dtype_bytes(w.dtype);
-    int nb = (int)((packing ? 524288 : 131072) / row_bytes) / 16 * 16;
+    /* weight rows per block, a multiple of 16: the packing's own, or about
+     * 128 KiB as stored for the kernels that read them in place (half of a
+     * 512 KiB L2) */
+    int nb = packing ? isas[isa].block_rows(in, dtype_bytes(w.dtype))
+                     : (int)(131072 / ((size_t)in * dtype_bytes(w.dtype))) / 16 * 16;
     if (nb < 16) nb = 16;
     /* prefill: rows in groups of about 2 MiB of activations (a multiple of
      * the 6- and 3-row tiles), each group passing over this thread's blocks;
