@@ -690,17 +690,18 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
      * 256 KiB blocks and 256 KiB groups) */
     int tb = (int)(2097152 / ((size_t)in * sizeof(float))) / 6 * 6;
     if (tb < 6) tb = 6;
-    /* per thread: the row group's tiles and one block's weights, packed
-     * (the block repacked for each row group: packed into a buffer that
-     * stays in L2, it is read faster than a packed copy of all blocks) */
+    /* packed: the row group's tiles, shared by the threads, and per thread
+     * one block's weights (the block repacked for each row group: packed
+     * into a buffer that stays in L2, it is read faster than a packed copy
+     * of all blocks) */
     size_t xbytes = 0, per_thread = 0;
     if (packing) {
-        xbytes = (size_t)tb / tm * isas[isa].tile_floats(in) * sizeof(float);
-        per_thread = (xbytes + isas[isa].block_floats(nb, in) * sizeof(float) + 63) & ~(size_t)63;
+        xbytes = ((size_t)(tb + tm - 1) / tm * isas[isa].tile_floats(in) * sizeof(float) + 63) & ~(size_t)63;
+        per_thread = (isas[isa].block_floats(nb, in) * sizeof(float) + 63) & ~(size_t)63;
     }
-    if (packing && per_thread * threads > pack_cap) { /* grows to the largest shape, then stays */
+    if (packing && xbytes + per_thread * threads > pack_cap) { /* grows to the largest shape, then stays */
         free(pack_buf);
-        pack_cap = per_thread * threads;
+        pack_cap = xbytes + per_thread * threads;
         pack_buf = xmalloc(pack_cap);
     }
 #pragma omp parallel if (parallel)
@@ -709,23 +710,28 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
         int nt = omp_get_num_threads(), me = omp_get_thread_num();
         int r0 = (int)((long)out * me / nt) / align * align;
         int r1 = me == nt - 1 ? out : (int)((long)out * (me + 1) / nt) / align * align;
-        float *xp = packing ? (float *)(pack_buf + per_thread * me) : NULL;
-        char *wp = packing ? pack_buf + per_thread * me + xbytes : NULL;
+        float *xp = packing ? (float *)pack_buf : NULL;
+        char *wp = packing ? pack_buf + xbytes + per_thread * me : NULL;
         for (int t0 = 0; t0 < T; t0 += tb) {
             /* tiles: the rows in them, a packed last tile in part */
             int rows = T - t0 < tb ? T - t0 : tb, tiles = packing ? rows : rows / tm * tm;
             const float *xt = x + (size_t)t0 * in;
             float *yt = y + (size_t)t0 * out;
-            if (packing && r0 < r1) /* each thread packs its own copy: no barrier */
-                for (int i = 0; i < tiles; i += tm)
+            if (packing) { /* the threads pack every nt-th tile, then all read all */
+                for (int i = me * tm; i < tiles; i += nt * tm)
                     isas[isa].pack(xp + (size_t)(i / tm) * isas[isa].tile_floats(in), xt + (size_t)i * in, (size_t)in,
                                    in, tiles - i < tm ? tiles - i : tm);
+#pragma omp barrier
+            }
             for (int n0 = r0; tiles && n0 < r1; n0 += nb)
                 f(yt, xt, xp, wp, w.data, tiles, in, out, n0, n0 + nb < r1 ? n0 + nb : r1, G);
             /* the rows after the last tile (decode's one row) keep nothing
              * in L2: their GEMV takes the thread's rows in one call */
             if (rows > tiles && r0 < r1)
                 f(yt + (size_t)tiles * out, xt + (size_t)tiles * in, NULL, NULL, w.data, rows - tiles, in, out, r0, r1, G);
+            if (packing && t0 + tb < T) {
+#pragma omp barrier /* the next group's tiles go where these are */
+            }
         }
     }
 }
