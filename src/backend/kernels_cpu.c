@@ -226,8 +226,9 @@ TGT_AVX2 static void avx2_pack_panels(void *wp, const void *w, int n0, int ncols
             row[i] = in + weight_row_start(G, n, N, K) * esize, step[i] = weight_row_step(G, n, N) * esize;
         }
         /* the next panel's 16 rows, one run of memory (nearly so when
-         * grouped), fetched into L2 while this one is turned: sixteen
-         * streams at once are more than the hardware prefetcher follows */
+         * grouped), fetched into L2 while this one is turned (110M's
+         * prefill shapes, one thread, alternating in one process: 1-3.5%
+         * less time than without) */
         const char *next = in + weight_row_start(G, n0 + p + 16 < N ? n0 + p + 16 : n0 + p, N, K) * esize;
         size_t next_lines = p + 16 < ncols ? 16 * (size_t)K * esize / 64 : 0, fetched = 0;
         for (int k0 = 0; k0 < K16; k0 += 8) {
