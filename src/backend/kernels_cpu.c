@@ -343,21 +343,36 @@ TGT_AVX2 static void avx2_pack_pairs(void *wp, const void *w, int n0, int ncols,
                 }
     }
 }
+/* wp: the block packed by avx2_pack_pairs, or NULL: the rows read in
+ * place, row n's 16 columns of step s at weight_row_start + s * step.
+ * Row starts by group 6, AVX2's only one (cpu_weight_group), so that the
+ * divisions are by a constant: with G's, a 510 x 288 x 768 GEMM took 15%
+ * longer. */
+static inline size_t avx2_row_start(int G, int n, int N, int K)
+{
+    return G ? weight_row_start(6, n, N, K) : (size_t)n * K;
+}
+static inline size_t avx2_row_step(int G, int n, int N) { return G ? weight_row_step(6, n, N) : 16; }
 #define AVX2_PAIRS_PANEL(NAME, WT, LOADW8, FINISH)                                                                  \
     TGT_AVX2 static void NAME(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const WT *w,       \
-                              const WT *wp, size_t ldw, int ncols, int K, int rows)                                \
+                              const WT *wp, int n0, int N, int G, int ncols, int K, int rows)                      \
     {                                                                                                              \
         int K16 = K & ~15;                                                                                         \
         for (int pr = 0; 2 * pr < ncols; pr++) {                                                                   \
+            int n = n0 + 2 * pr, m = 2 * pr + 1 < ncols ? n + 1 : n;                                               \
+            /* packed, the rows are read only for the tail, and grouped rows have none */                         \
+            int g = wp ? 0 : G;                                                                                    \
+            const WT *row[2] = {w + avx2_row_start(g, n, N, K), w + avx2_row_start(g, m, N, K)};                   \
+            size_t sa = avx2_row_step(g, n, N), sb = avx2_row_step(g, m, N);                                       \
             __m256 acc[2][12];                                                                                     \
             for (int half = 0; half < 2; half++) {                                                                 \
-                const WT *wq = wp + (size_t)(2 * pr + half) * K16;                                                 \
-                const float *xq = xp + (size_t)half * K16 * 3;                                                     \
+                const WT *wa = wp ? wp + (size_t)(2 * pr + half) * K16 : row[0] + 8 * half;                        \
+                const WT *wb = wp ? wa + 8 : row[1] + 8 * half;                                                    \
+                const float *xk = xp + (size_t)half * K16 * 3;                                                     \
                 __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z;              \
                 __m256 a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;                                       \
-                for (int k = 0; k < K16; k += 16) {                                                                \
-                    const float *xk = xq + (size_t)k * 3;                                                          \
-                    __m256 b0 = LOADW8(wq + k), b1 = LOADW8(wq + k + 8), v;                                        \
+                for (int k = 0; k < K16; k += 16, xk += 48, wa += sa, wb += sb) {                                  \
+                    __m256 b0 = LOADW8(wa), b1 = LOADW8(wb), v;                                                    \
                     v = _mm256_loadu_ps(xk), REG(v);                                                               \
                     a00 = _mm256_fmadd_ps(v, b0, a00), a01 = _mm256_fmadd_ps(v, b1, a01);                          \
                     v = _mm256_loadu_ps(xk + 8), REG(v);                                                           \
@@ -378,14 +393,15 @@ TGT_AVX2 static void avx2_pack_pairs(void *wp, const void *w, int n0, int ncols,
             for (int i = 0; i < rows; i++)                                                                         \
                 for (int j = 0; j < 2 && 2 * pr + j < ncols; j++)                                                 \
                     y[i * ldy + 2 * pr + j] = FINISH((V2){acc[0][2 * i + j], acc[1][2 * i + j]}, x + i * ldx,      \
-                                                     w + (2 * pr + j) * ldw, K16, K);                              \
+                                                     row[j], K16, K);                                              \
         }                                                                                                          \
     }                                                                                                              \
     TGT_AVX2 static void NAME##_or_lanes(float *y, size_t ldy, const float *x, size_t ldx, const float *xp,        \
-                                         const WT *w, const void *wp, size_t ldw, int ncols, int K, int rows)      \
+                                         const WT *w, const void *wp, int n0, int N, int G, int ncols, int K,      \
+                                         int rows)                                                                 \
     {                                                                                                              \
         if (K >= AVX2_LANE_K) avx2_lane_panel(y, ldy, xp, wp, ncols, K, rows);                                     \
-        else NAME(y, ldy, x, ldx, xp, w, wp, ldw, ncols, K, rows);                                                 \
+        else NAME(y, ldy, x, ldx, xp, w, wp, n0, N, G, ncols, K, rows);                                            \
     }
 
 /* the AVX2 prefill layouts by K */
@@ -395,10 +411,24 @@ TGT_AVX2 static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K
     else avx2_pack_pair_tile(xp, x, ldx, K, rows);
 }
 static size_t avx2_tile_floats(int K) { return K >= AVX2_LANE_K ? avx2_lane_tile_floats(K) : (size_t)(K & ~15) * 6; }
-TGT_AVX2 static void avx2_pack_weights(void *wp, const void *w, int n0, int ncols, int N, int K, int G, size_t esize)
+/* Lanes: always packed. Pairs: packed only for many rows, read in place
+ * for fewer (packing costs about what a few tiles do: 32 x 288 x 32000, one
+ * thread, 0.86 of the time with fp32 read in place; bf16, six-row groups,
+ * 32 x 288 x 768: 0.92, 48-96 rows even, 128-384 rows 1.03-1.06; fp32
+ * 1.0 from 192 rows). */
+#ifndef PAIRS_PACK_F32
+#define PAIRS_PACK_F32 192
+#endif
+#ifndef PAIRS_PACK_BF16
+#define PAIRS_PACK_BF16 48
+#endif
+TGT_AVX2 static const void *avx2_pack_weights(void *wp, const void *w, int n0, int ncols, int N, int K, int G,
+                                              size_t esize, int tiles)
 {
     if (K >= AVX2_LANE_K) avx2_pack_panels(wp, w, n0, ncols, N, K, G, esize);
-    else avx2_pack_pairs(wp, w, n0, ncols, N, K, G, esize);
+    else if (tiles >= (esize == 4 ? PAIRS_PACK_F32 : PAIRS_PACK_BF16)) avx2_pack_pairs(wp, w, n0, ncols, N, K, G, esize);
+    else return NULL;
+    return wp;
 }
 /* weight rows per block (a multiple of 16) and the floats their packing
  * takes: panels about 512 KiB (each tile is read once per block, and a
@@ -582,8 +612,17 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
 #include "kernels_cpu_end.inc"
 
 /* ---- dispatch ---------------------------------------------------------- */
-typedef void (*BlockFn)(float *y, const float *x, const float *xpack, void *wpack, const void *w, int T, int K, int N,
-                        int n0, int n1, int G);
+/* Rows past the last whole tile: up to GEMV_LEFT of them go to the GEMV
+ * block by block, more fill a last tile packed in part. Against padding
+ * every part tile (one thread, alternating in one process): 2 rows left,
+ * 20 x 288 x 288 0.70, 32 x 288 x 768 0.81, 8 x 768 x 2048 0.94,
+ * 32 x 288 x 32000 0.99; 3-5 rows left were mixed (9 x 288 x 768 0.57,
+ * but 29 x 768 x 2048 1.12 and 29 x 288 x 32000 1.05). */
+#ifndef GEMV_LEFT
+#define GEMV_LEFT 2
+#endif
+typedef void (*BlockFn)(float *y, const float *x, const float *xpack, void *wpack, const void *w, int T, int tiles,
+                        int K, int N, int n0, int n1, int G);
 static const struct {
     const char *name;
     BlockFn f32, bf16;
@@ -676,12 +715,12 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
     int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000;
     int threads = parallel ? omp_get_max_threads() : 1;
     int packing = isas[isa].pack && T >= tm;
-    /* weight rows per block, a multiple of 16: the packing's own, or about
-     * 128 KiB as stored for the kernels that read them in place (half of a
-     * 512 KiB L2) */
+    /* weight rows per block, a multiple of align: the packing's own, or
+     * about 128 KiB as stored for the kernels that read them in place (half
+     * of a 512 KiB L2) */
     int nb = packing ? isas[isa].block_rows(in, dtype_bytes(w.dtype))
-                     : (int)(131072 / ((size_t)in * dtype_bytes(w.dtype))) / 16 * 16;
-    if (nb < 16) nb = 16;
+                     : (int)(131072 / ((size_t)in * dtype_bytes(w.dtype)));
+    nb = nb < align ? align : nb / align * align;
     /* prefill: rows in groups of about 2 MiB of activations (a multiple of
      * the 6- and 3-row tiles), each group passing over this thread's blocks;
      * the tiles stream from L3 (a few KiB per tile against a whole block),
@@ -714,8 +753,11 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
         float *xp = packing ? (float *)pack_buf : NULL;
         char *wp = packing ? pack_buf + xbytes + per_thread * me : NULL;
         for (int t0 = 0; t0 < T; t0 += tb) {
-            /* tiles: the rows in them, a packed last tile in part */
-            int rows = T - t0 < tb ? T - t0 : tb, tiles = packing ? rows : rows / tm * tm;
+            /* the rows run in tiles: whole tiles, and a last one packed in
+             * part unless its rows are few enough for the GEMV to take them
+             * block by block */
+            int rows = T - t0 < tb ? T - t0 : tb, tiles = rows / tm * tm;
+            if (packing && rows - tiles > GEMV_LEFT) tiles = rows;
             const float *xt = x + (size_t)t0 * in;
             float *yt = y + (size_t)t0 * out;
             if (packing) { /* the threads pack every nt-th tile, then all read all */
@@ -724,12 +766,11 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
                                    in, tiles - i < tm ? tiles - i : tm);
 #pragma omp barrier
             }
-            for (int n0 = r0; tiles && n0 < r1; n0 += nb)
-                f(yt, xt, xp, wp, w.data, tiles, in, out, n0, n0 + nb < r1 ? n0 + nb : r1, G);
-            /* the rows after the last tile (decode's one row) keep nothing
-             * in L2: their GEMV takes the thread's rows in one call */
-            if (rows > tiles && r0 < r1)
-                f(yt + (size_t)tiles * out, xt + (size_t)tiles * in, NULL, NULL, w.data, rows - tiles, in, out, r0, r1, G);
+            /* no tile (decode's one row, a few rows) keeps nothing in L2:
+             * the GEMV takes the thread's rows in one call */
+            int step = tiles ? nb : r1 - r0;
+            for (int n0 = r0; n0 < r1; n0 += step)
+                f(yt, xt, xp, wp, w.data, rows, tiles, in, out, n0, n0 + step < r1 ? n0 + step : r1, G);
             if (packing && t0 + tb < T) {
 #pragma omp barrier /* the next group's tiles go where these are */
             }
