@@ -247,9 +247,11 @@ int main(int argc, char **argv)
      * reach (1003 rows: 167 groups and one row), decode and prefill */
     shape(1, 64, 1003, &st);
     shape(9, 64, 1003, &st);
-    /* one or two rows after the tiles, by the GEMV block by block: blocks
-     * that start inside a bf16 group's reach (blocks of 1008 and 144 rows
-     * when grouped), for both AVX2 prefill kernels */
+    /* rows by the GEMV block by block: fewer than a tile, and one or two
+     * after the tiles (both AVX2 prefill kernels), in blocks of 1008 and
+     * 144 rows when grouped, which would start inside a bf16 group if
+     * blocks were multiples of 16 only */
+    shape(4, 64, 2100, &st);
     shape(8, 64, 2100, &st);
     shape(20, 768, 700, &st);
     /* head sizes around the 16- and 64-lane groups, key counts around 4 */

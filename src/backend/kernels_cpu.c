@@ -412,10 +412,10 @@ TGT_AVX2 static void avx2_pack_tile(float *xp, const float *x, size_t ldx, int K
 }
 static size_t avx2_tile_floats(int K) { return K >= AVX2_LANE_K ? avx2_lane_tile_floats(K) : (size_t)(K & ~15) * 6; }
 /* Lanes: always packed. Pairs: packed only for many rows, read in place
- * for fewer (packing costs about what a few tiles do: 32 x 288 x 32000, one
- * thread, 0.86 of the time with fp32 read in place; bf16, six-row groups,
- * 32 x 288 x 768: 0.92, 48-96 rows even, 128-384 rows 1.03-1.06; fp32
- * 1.0 from 192 rows). */
+ * for fewer (packing costs about what a few tiles do). Read in place
+ * against packed, one thread: fp32 32 x 288 x 32000 0.86 of the time,
+ * T x 288 x 768 0.91-0.96 for T = 32-96, 0.97-1.04 from 128 rows; bf16 in
+ * six-row groups 0.98 at 32 rows, 1.02 at 48, 1.04-1.07 from 96. */
 #ifndef PAIRS_PACK_F32
 #define PAIRS_PACK_F32 192
 #endif
@@ -615,9 +615,9 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
 /* Rows past the last whole tile: up to GEMV_LEFT of them go to the GEMV
  * block by block, more fill a last tile packed in part. Against padding
  * every part tile (one thread, alternating in one process): 2 rows left,
- * 20 x 288 x 288 0.70, 32 x 288 x 768 0.81, 8 x 768 x 2048 0.94,
- * 32 x 288 x 32000 0.99; 3-5 rows left were mixed (9 x 288 x 768 0.57,
- * but 29 x 768 x 2048 1.12 and 29 x 288 x 32000 1.05). */
+ * 0.97-0.99 of the time (20 x 288 x 288, 32 x 288 x 768, 8 x 768 x 2048,
+ * 32 x 288 x 32000); 3-5 rows left by the GEMV were mixed (9 x 288 x 768
+ * 0.96, but 29 x 768 x 2048 1.10 and 29 x 288 x 32000 1.08). */
 #ifndef GEMV_LEFT
 #define GEMV_LEFT 2
 #endif
@@ -766,9 +766,12 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
                                    in, tiles - i < tm ? tiles - i : tm);
 #pragma omp barrier
             }
-            /* no tile (decode's one row, a few rows) keeps nothing in L2:
-             * the GEMV takes the thread's rows in one call */
-            int step = tiles ? nb : r1 - r0;
+            /* one row (decode) keeps nothing in L2: its GEMV takes the
+             * thread's rows in one call; more rows go block by block, each
+             * block read from memory once for all of them (against 2-5
+             * rows in one call: 2 x 768 x 2048 0.82 of the time, 3 x 2048
+             * x 768 0.81-0.89, 4 x 288 x 32000 0.40) */
+            int step = tiles || rows > 1 ? nb : r1 - r0;
             for (int n0 = r0; n0 < r1; n0 += step)
                 f(yt, xt, xp, wp, w.data, rows, tiles, in, out, n0, n0 + step < r1 ? n0 + step : r1, G);
             if (packing && t0 + tb < T) {
