@@ -344,15 +344,10 @@ TGT_AVX2 static void avx2_pack_pairs(void *wp, const void *w, int n0, int ncols,
     }
 }
 /* wp: the block packed by avx2_pack_pairs, or NULL: the rows read in
- * place, row n's 16 columns of step s at weight_row_start + s * step.
- * Row starts by group 6, AVX2's only one (cpu_weight_group), so that the
- * divisions are by a constant: with G's, a 510 x 288 x 768 GEMM took 15%
+ * place, row n's 16 columns of step s at weight_row_start + s * step. Row
+ * starts once per pair, and not at all when packed: computed for every
+ * output element, they made a 510 x 288 x 768 bf16 GEMM take about 15%
  * longer. */
-static inline size_t avx2_row_start(int G, int n, int N, int K)
-{
-    return G ? weight_row_start(6, n, N, K) : (size_t)n * K;
-}
-static inline size_t avx2_row_step(int G, int n, int N) { return G ? weight_row_step(6, n, N) : 16; }
 #define AVX2_PAIRS_PANEL(NAME, WT, LOADW8, FINISH)                                                                  \
     TGT_AVX2 static void NAME(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const WT *w,       \
                               const WT *wp, int n0, int N, int G, int ncols, int K, int rows)                      \
@@ -362,8 +357,8 @@ static inline size_t avx2_row_step(int G, int n, int N) { return G ? weight_row_
             int n = n0 + 2 * pr, m = 2 * pr + 1 < ncols ? n + 1 : n;                                               \
             /* packed, the rows are read only for the tail, and grouped rows have none */                         \
             int g = wp ? 0 : G;                                                                                    \
-            const WT *row[2] = {w + avx2_row_start(g, n, N, K), w + avx2_row_start(g, m, N, K)};                   \
-            size_t sa = avx2_row_step(g, n, N), sb = avx2_row_step(g, m, N);                                       \
+            const WT *row[2] = {w + weight_row_start(g, n, N, K), w + weight_row_start(g, m, N, K)};               \
+            size_t sa = weight_row_step(g, n, N), sb = weight_row_step(g, m, N);                                   \
             __m256 acc[2][12];                                                                                     \
             for (int half = 0; half < 2; half++) {                                                                 \
                 const WT *wa = wp ? wp + (size_t)(2 * pr + half) * K16 : row[0] + 8 * half;                        \
