@@ -146,17 +146,18 @@ TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, 
  * lane's chain (k = l, l + 16, ... < K16) for a tile of six activation
  * rows by 16 weight rows, 12 registers, with the activations broadcast.
  * The lanes run one after another, each from zero over its k in order, and
- * the tree then adds the 16 lanes' sums of an output as v_tree does, so
+ * their sums of an output are added by v_tree's tree (avx2_lane_panel), so
  * every element is dot_finish's arithmetic. Per step: two vector loads
  * of weights and six broadcasts for 12 FMAs, where lanes along K (as in
  * the GEMV and the pair kernel below) make every operand a full vector,
  * eight vector loads per 12 FMAs. On this CPU, the two alternating in one
  * process (512 rows, fp32, one thread): K = 768 3-8% faster, K = 2048
- * 10-13%, bf16 0-4%. The kernel alone, its data in cache, reaches 85% of
- * the FMA peak at K = 768 and 94% at K = 2048: each lane's run of K/16
- * steps costs about nine steps more. Both operands come packed in lane
- * order: a tile (avx2_pack_tile) holds, for lane 0 to 15, the six rows'
- * x[k] for k = l, l + 16, ...; a panel of 16 weight rows
+ * 10-13%, bf16 0-4%. The kernel alone, its data in cache, reached 85% of
+ * the FMA peak at K = 768 and 94% at K = 2048 (when it added the lanes
+ * after the last): each lane's run of K/16 steps cost about nine steps
+ * more. Both operands come packed in lane order: a tile (avx2_pack_tile)
+ * holds, lane by lane in the kernel's order (avx2_packed_at), the six
+ * rows' x[k] for k = l, l + 16, ...; a panel of 16 weight rows
  * (avx2_pack_weights) the 16 rows' w[k] the same way, widened to fp32, so
  * bf16 and fp32 share the kernel. Each lane's run is padded by one cache
  * line: lane runs a power of two apart (K = 2048) would map the 16 streams
@@ -165,11 +166,14 @@ TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, 
 static inline size_t avx2_lane_floats(int K, int rows) { return (size_t)K / 16 * rows + 16; }
 static inline size_t avx2_lane_tile_floats(int K) { return 16 * avx2_lane_floats(K, 6) + (size_t)(K % 16) * 6; }
 static inline size_t avx2_panel_floats(int K) { return 16 * avx2_lane_floats(K, 16) + (size_t)(K % 16) * 16; }
+/* lane l's run is the bitrev4(l)-th: the runs in the order v_tree adds the
+ * lanes (0, 8, 4, 12, 2, ...), the order the kernel takes them */
+static inline int bitrev4(int l) { return (l & 1) << 3 | (l & 2) << 1 | (l & 4) >> 1 | (l & 8) >> 3; }
 /* packed index of column k: its lane's run, then its step in it */
 static inline size_t avx2_packed_at(int k, int K, int rows)
 {
     int K16 = K & ~15;
-    return k < K16 ? (size_t)(k % 16) * avx2_lane_floats(K, rows) + (size_t)(k / 16) * rows
+    return k < K16 ? (size_t)bitrev4(k % 16) * avx2_lane_floats(K, rows) + (size_t)(k / 16) * rows
                    : 16 * avx2_lane_floats(K, rows) + (size_t)(k - K16) * rows;
 }
 
@@ -253,14 +257,27 @@ TGT_AVX2 static void avx2_pack_panels(void *wp, const void *w, int n0, int ncols
 }
 
 /* The packed tile against ncols packed weight rows: y (the tile's rows,
- * ldy apart) */
+ * ldy apart). The lanes run in the order v_tree adds them (0, 8, 4, 12,
+ * 2, ...: bitrev4, as they are packed), and each lane's sums join the
+ * tree as soon as its run ends: the q-th lane closes a subtree for each
+ * trailing one bit of q, and adds that subtree's other half from a stack
+ * of at most four, the same additions as v_tree's. They overlap the next
+ * lane's run; adding all 16 lanes' stored sums after the last took about
+ * 12% of this kernel's time at K = 768 (perf). Against that, one thread,
+ * alternating in one process: 512 x 768 x 768 and 512 x 768 x 2048 0.89-
+ * 0.95 of the time (fp32 and grouped bf16), K = 2048 0.99-1.02; the lanes
+ * taken in this order but packed 0, 1, 2, ... were 1.04-1.05 (the
+ * panel's runs no longer one stream). */
+#define ACC12(OP) OP(0, a00) OP(1, a01) OP(2, a10) OP(3, a11) OP(4, a20) OP(5, a21) \
+    OP(6, a30) OP(7, a31) OP(8, a40) OP(9, a41) OP(10, a50) OP(11, a51)
 TGT_AVX2 static void avx2_lane_panel(float *y, size_t ldy, const float *xp, const float *wp, int ncols, int K, int rows)
 {
     int S = K / 16, K16 = K & ~15;
     for (int p = 0; p < ncols; p += 16, wp += avx2_panel_floats(K)) {
-        __m256 lane[16][12]; /* each lane's sums: row i, weight rows 0-7 (2i) and 8-15 (2i + 1) */
-        for (int l = 0; l < 16; l++) {
-            const float *xl = xp + (size_t)l * avx2_lane_floats(K, 6), *wl = wp + (size_t)l * avx2_lane_floats(K, 16);
+        __m256 part[4][12]; /* part[j]: a subtree of 2^j lanes; its 12 sums: row i, weight rows 0-7 (2i), 8-15 (2i + 1) */
+        __m256 sum[12];
+        for (int q = 0; q < 16; q++) {
+            const float *xl = xp + (size_t)q * avx2_lane_floats(K, 6), *wl = wp + (size_t)q * avx2_lane_floats(K, 16);
             __m256 z = _mm256_setzero_ps(), a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z;
             __m256 a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;
             for (int s = 0; s < S; s++, xl += 6, wl += 16) {
@@ -278,30 +295,35 @@ TGT_AVX2 static void avx2_lane_panel(float *y, size_t ldy, const float *xp, cons
                 v = _mm256_broadcast_ss(xl + 5);
                 a50 = _mm256_fmadd_ps(v, b0, a50), a51 = _mm256_fmadd_ps(v, b1, a51);
             }
-            __m256 *o = lane[l];
-            o[0] = a00, o[1] = a01, o[2] = a10, o[3] = a11, o[4] = a20, o[5] = a21;
-            o[6] = a30, o[7] = a31, o[8] = a40, o[9] = a41, o[10] = a50, o[11] = a51;
+            int j = 0;
+            for (; q >> j & 1; j++) { /* the subtrees this lane closes: earlier lanes first, as v_tree adds */
+#define JOIN(i, a) a = _mm256_add_ps(part[j][i], a);
+                ACC12(JOIN)
+#undef JOIN
+            }
+#define KEEP(i, a) to[i] = a;
+            __m256 *to = q < 15 ? part[j] : sum;
+            ACC12(KEEP)
+#undef KEEP
         }
         const float *xt = xp + avx2_packed_at(K16, K, 6), *wt = wp + avx2_packed_at(K16, K, 16);
-        for (int i = 0; i < 12; i++) { /* v_tree's sums, eight outputs at a time, then the tail */
+        for (int i = 0; i < 12; i++) { /* then the tail, eight outputs at a time */
             int r = i / 2, c = 8 * (i % 2);
             if (r >= rows) break;
-            __m256 h[8], g[4];
-            for (int a = 0; a < 8; a++) h[a] = _mm256_add_ps(lane[a][i], lane[a + 8][i]);
-            for (int a = 0; a < 4; a++) g[a] = _mm256_add_ps(h[a], h[a + 4]);
-            __m256 sum = _mm256_add_ps(_mm256_add_ps(g[0], g[2]), _mm256_add_ps(g[1], g[3]));
+            __m256 s = sum[i];
             for (int k = 0; k < K - K16; k++)
-                sum = _mm256_fmadd_ps(_mm256_broadcast_ss(xt + k * 6 + r), _mm256_loadu_ps(wt + k * 16 + c), sum);
+                s = _mm256_fmadd_ps(_mm256_broadcast_ss(xt + k * 6 + r), _mm256_loadu_ps(wt + k * 16 + c), s);
             float *yr = y + r * ldy + p + c;
-            if (ncols - p - c >= 8) _mm256_storeu_ps(yr, sum);
+            if (ncols - p - c >= 8) _mm256_storeu_ps(yr, s);
             else {
                 float v[8];
-                _mm256_storeu_ps(v, sum);
+                _mm256_storeu_ps(v, s);
                 for (int j = 0; j < ncols - p - c; j++) yr[j] = v[j];
             }
         }
     }
 }
+#undef ACC12
 
 /* For K under AVX2_LANE_K, a lane's run is too short to pay for its start
  * and its store (110M's shapes have K = 768 and 2048; stories15M's
