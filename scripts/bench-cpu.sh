@@ -15,8 +15,10 @@
 #              2 threads: tokens/s, and whether every request got exactly
 #              the tokens it gets alone (--max-num-seqs 1)
 #   and each run's peak resident memory. Each figure is the best of REPS
-#   runs (default 3): the machine is shared and its speed varies; the
-#   machine figures are the better of two measurements.
+#   rounds (default 3), each round running every configuration once: the
+#   machine is shared and its speed drifts, and rounds spread a slow spell
+#   over all figures instead of one figure's every run. The machine
+#   figures are the better of two measurements, before and after.
 # DCPINFER=path runs another dcpinfer build on the same models (an earlier
 # version, for before/after figures).
 set -u
@@ -30,24 +32,16 @@ D=${DCPINFER:-$B/dcpinfer}
 
 # ---- the machine -----------------------------------------------------------
 grep -q avx512f /proc/cpuinfo && core=SkylakeX || core=Haswell
-# twice, each figure the better of the two: a core taken away for a moment
-# once halved the 2-thread FMA peak of a run (102.6 against 197.7 GFLOP/s)
-for rep in 1 2; do
+# before the runs and after them, each figure the better of the two: a core
+# taken away for a moment once halved the 2-thread FMA peak of a run (102.6
+# against 197.7 GFLOP/s)
+machine() {
     for t in 1 2; do
-        OPENBLAS_CORETYPE=$core "$B/dcpinfer-bench-cpu" $t 512 768 2048 >"$W/machine$t.$rep" || exit 1
+        OPENBLAS_CORETYPE=$core "$B/dcpinfer-bench-cpu" $t 512 768 2048 >"$W/machine$t.$1" || exit 1
     done
-done
+}
 val() { cat "$2".[12] | sed -n "s/^$1 \([0-9.]*\).*/\1/p" | sort -g | tail -1; }
-bw1=$(val read_bandwidth_gbs "$W/machine1") bw2=$(val read_bandwidth_gbs "$W/machine2")
-peak1=$(val fma_peak_gflops "$W/machine1") peak2=$(val fma_peak_gflops "$W/machine2")
-echo "# dcpinfer CPU benchmark: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores," \
-    "kernels $(sed -n 's/.*isa //p' "$W/machine1.1"), best of $REPS"
-printf "# machine: read bandwidth %s GB/s (1 thread), %s GB/s (2); FMA peak %s GFLOP/s (1), %s (2)\n" \
-    "$bw1" "$bw2" "$peak1" "$peak2"
-printf "# 512x768x2048 GEMM GFLOP/s, 1 / 2 threads: OpenBLAS sgemm (%s) %s / %s, dcpinfer fp32 %s / %s, bf16 %s / %s\n" \
-    $core "$(val sgemm_gflops "$W/machine1")" "$(val sgemm_gflops "$W/machine2")" \
-    "$(val gemm_f32_gflops "$W/machine1")" "$(val gemm_f32_gflops "$W/machine2")" \
-    "$(val gemm_bf16_gflops "$W/machine1")" "$(val gemm_bf16_gflops "$W/machine2")"
+machine 1
 
 # ---- models ------------------------------------------------------------------
 # NAME LAYERS DIM HEADS HIDDEN (kv heads = heads, vocab 32000, untied)
@@ -85,53 +79,73 @@ best() { sort -g | tail -1; }
 least() { sort -g | head -1; }
 rss() { sed -n 's/.*peak resident \([0-9.]*\) MiB.*/\1/p' "$1"; }
 
+declare -A dec prefill_s gemm_s att_s batch mem
+for r in $(seq "$REPS"); do
+    echo "# round $r of $REPS" >&2
+    while read -r name layers dim heads hidden; do
+        for dt in f32 bf16; do
+            m="$W/m$name-$dt"
+            for t in 1 2; do
+                run $t "$m" "$W/decode.jsonl" "$W/d"
+                dec[$name.$dt.$t]+=" $(sed -n 's/^# decode-only steps: .*: \([0-9.]*\) tokens\/s.*/\1/p' "$W/d.txt")"
+                mem[d.$name.$dt.$t]+=" $(rss "$W/d.txt")"
+            done
+            for t in 1 2; do
+                run $t "$m" "$W/prefill.jsonl" "$W/p"
+                prefill_s[$name.$dt.$t]+=" $(h5val "$W/p.h5" /timings/prefill)"
+                gemm_s[$name.$dt.$t]+=" $(h5val "$W/p.h5" /timings/matmul)"
+                att_s[$name.$dt.$t]+=" $(h5val "$W/p.h5" /timings/attention)"
+                mem[p.$name.$dt.$t]+=" $(rss "$W/p.txt")"
+            done
+        done
+    done <<<"$shapes"
+    for dt in f32 bf16; do
+        run 2 "$W/m15M-$dt" "$W/batch.jsonl" "$W/b.$dt"
+        batch[$dt]+=" $(sed -n 's/^# .* output tokens in [0-9.]* s: \([0-9.]*\) tokens\/s.*$/\1/p' "$W/b.$dt.txt")"
+        mem[b.$dt]+=" $(rss "$W/b.$dt.txt")"
+    done
+done
+machine 2
+bw1=$(val read_bandwidth_gbs "$W/machine1") bw2=$(val read_bandwidth_gbs "$W/machine2")
+peak1=$(val fma_peak_gflops "$W/machine1") peak2=$(val fma_peak_gflops "$W/machine2")
+echo "# dcpinfer CPU benchmark: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores," \
+    "kernels $(sed -n 's/.*isa //p' "$W/machine1.1"), best of $REPS"
+printf "# machine: read bandwidth %s GB/s (1 thread), %s GB/s (2); FMA peak %s GFLOP/s (1), %s (2)\n" \
+    "$bw1" "$bw2" "$peak1" "$peak2"
+printf "# 512x768x2048 GEMM GFLOP/s, 1 / 2 threads: OpenBLAS sgemm (%s) %s / %s, dcpinfer fp32 %s / %s, bf16 %s / %s\n" \
+    $core "$(val sgemm_gflops "$W/machine1")" "$(val sgemm_gflops "$W/machine2")" \
+    "$(val gemm_f32_gflops "$W/machine1")" "$(val gemm_f32_gflops "$W/machine2")" \
+    "$(val gemm_bf16_gflops "$W/machine1")" "$(val gemm_bf16_gflops "$W/machine2")"
+
 printf "\n# %-5s %-5s %-8s %8s %10s %10s %12s %9s\n" shape dtype run threads "tokens/s" "of bound" "GEMM GFLOP/s" "RSS MiB"
 while read -r name layers dim heads hidden; do
     for dt in f32 bf16; do
-        m="$W/m$name-$dt"
         read -r wbytes flops <<<"$(weights x $layers $dim $heads $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
         for t in 1 2; do
-            rates="" mem=""
-            for r in $(seq "$REPS"); do
-                run $t "$m" "$W/decode.jsonl" "$W/d"
-                rates="$rates $(sed -n 's/^# decode-only steps: .*: \([0-9.]*\) tokens\/s.*/\1/p' "$W/d.txt")"
-                mem="$mem $(rss "$W/d.txt")"
-            done
-            rate=$(echo $rates | tr ' ' '\n' | best)
+            rate=$(echo ${dec[$name.$dt.$t]} | tr ' ' '\n' | best)
             bw=$([ $t = 1 ] && echo "$bw1" || echo "$bw2")
             printf "  %-5s %-5s %-8s %8s %10s %9.0f%% %12s %9s\n" $name $dt decode $t "$rate" \
                 "$(awk -v r="$rate" -v b="$wbytes" -v w="$bw" 'BEGIN { print 100 * r * b / (w * 1e9) }')" - \
-                "$(echo $mem | tr ' ' '\n' | least)"
+                "$(echo ${mem[d.$name.$dt.$t]} | tr ' ' '\n' | least)"
         done
         for t in 1 2; do
-            secs="" gemm="" att="" mem=""
-            for r in $(seq "$REPS"); do
-                run $t "$m" "$W/prefill.jsonl" "$W/p"
-                secs="$secs $(h5val "$W/p.h5" /timings/prefill)"
-                gemm="$gemm $(h5val "$W/p.h5" /timings/matmul)"
-                att="$att $(h5val "$W/p.h5" /timings/attention)"
-                mem="$mem $(rss "$W/p.txt")"
-            done
-            s=$(echo $secs | tr ' ' '\n' | least) g=$(echo $gemm | tr ' ' '\n' | least) a=$(echo $att | tr ' ' '\n' | least)
+            s=$(echo ${prefill_s[$name.$dt.$t]} | tr ' ' '\n' | least)
+            g=$(echo ${gemm_s[$name.$dt.$t]} | tr ' ' '\n' | least)
+            a=$(echo ${att_s[$name.$dt.$t]} | tr ' ' '\n' | least)
             peak=$([ $t = 1 ] && echo "$peak1" || echo "$peak2")
             gf=$(awk -v f="$flops" -v g="$g" 'BEGIN { printf "%.1f", 512 * f / g / 1e9 }')
             printf "  %-5s %-5s %-8s %8s %10.1f %10s %12s %9s  (%.0f%% of FMA peak; attention %.0f%% of prefill)\n" \
                 $name $dt prefill $t "$(awk -v s="$s" 'BEGIN { print 512 / s }')" - "$gf" \
-                "$(echo $mem | tr ' ' '\n' | least)" "$(awk -v g="$gf" -v p="$peak" 'BEGIN { print 100 * g / p }')" \
+                "$(echo ${mem[p.$name.$dt.$t]} | tr ' ' '\n' | least)" "$(awk -v g="$gf" -v p="$peak" 'BEGIN { print 100 * g / p }')" \
                 "$(awk -v a="$a" -v s="$s" 'BEGIN { print 100 * a / s }')"
         done
     done
 done <<<"$shapes"
 
 for dt in f32 bf16; do
-    rates=""
-    for r in $(seq "$REPS"); do
-        run 2 "$W/m15M-$dt" "$W/batch.jsonl" "$W/b"
-        rates="$rates $(sed -n 's/^# .* output tokens in [0-9.]* s: \([0-9.]*\) tokens\/s.*$/\1/p' "$W/b.txt")"
-    done
     run 2 "$W/m15M-$dt" "$W/batch.jsonl" "$W/s" --max-num-seqs 1
-    same=$(cmp -s <(h5dump -d /requests/output_tokens "$W/b.h5" | tail -n +3) \
+    same=$(cmp -s <(h5dump -d /requests/output_tokens "$W/b.$dt.h5" | tail -n +3) \
         <(h5dump -d /requests/output_tokens "$W/s.h5" | tail -n +3) && echo "tokens as alone" || echo "TOKENS DIFFER")
     printf "  %-5s %-5s %-8s %8s %10s %10s %12s %9s  32 requests; %s\n" 15M $dt batch 2 \
-        "$(echo $rates | tr ' ' '\n' | best)" - - "$(rss "$W/b.txt")" "$same"
+        "$(echo ${batch[$dt]} | tr ' ' '\n' | best)" - - "$(echo ${mem[b.$dt]} | tr ' ' '\n' | least)" "$same"
 done
