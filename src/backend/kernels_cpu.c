@@ -177,6 +177,12 @@ static inline size_t avx2_packed_at(int k, int K, int rows)
                    : 16 * avx2_lane_floats(K, rows) + (size_t)(k - K16) * rows;
 }
 
+/* where each lane's run starts, for the packing's stores */
+static inline void avx2_run_starts(size_t run[16], int K, int rows)
+{
+    for (int l = 0; l < 16; l++) run[l] = avx2_packed_at(l, K, rows);
+}
+
 TGT_AVX2 static inline void avx2_transpose8(__m256 r[8])
 {
     __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -199,12 +205,14 @@ TGT_AVX2 static inline void avx2_transpose8(__m256 r[8])
 TGT_AVX2 static void avx2_pack_lane_tile(float *xp, const float *x, size_t ldx, int K, int rows)
 {
     int K16 = K & ~15;
+    size_t run[16];
+    avx2_run_starts(run, K, 6);
     for (int k0 = 0; k0 < K16; k0 += 8) { /* 8 columns of the 6 rows (the last twice or more) turned */
         __m256 r[8];
         for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(x + (i < rows ? i : rows - 1) * ldx + k0);
         avx2_transpose8(r);
         for (int i = 0; i < 8; i++) { /* six floats: a masked store is microcoded on AMD */
-            float *d = xp + avx2_packed_at(k0 + i, K, 6);
+            float *d = xp + run[k0 % 16 + i] + (size_t)(k0 / 16) * 6;
             _mm_storeu_ps(d, _mm256_castps256_ps128(r[i]));
             _mm_storel_pi((__m64 *)(d + 4), _mm256_extractf128_ps(r[i], 1));
         }
@@ -222,6 +230,8 @@ TGT_AVX2 static void avx2_pack_panels(void *wp, const void *w, int n0, int ncols
     int K16 = K & ~15;
     const char *in = w;
     float *out = wp;
+    size_t run[16];
+    avx2_run_starts(run, K, 16);
     for (int p = 0; p < ncols; p += 16, out += avx2_panel_floats(K)) {
         const char *row[16];
         size_t step[16];
@@ -245,7 +255,7 @@ TGT_AVX2 static void avx2_pack_panels(void *wp, const void *w, int n0, int ncols
                     r[i] = esize == 4 ? _mm256_loadu_ps((const float *)from) : avx2_widen8((const uint16_t *)from);
                 }
                 avx2_transpose8(r);
-                for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + avx2_packed_at(k0 + i, K, 16) + h, r[i]);
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + run[k0 % 16 + i] + (size_t)(k0 / 16) * 16 + h, r[i]);
             }
         }
         for (int k = K16; k < K; k++) /* the tail: rows stored whole (G 0) */
