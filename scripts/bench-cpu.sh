@@ -75,8 +75,8 @@ run() { # THREADS MODEL PROMPTS OUT [args]: one run, its summary in OUT.txt
         --output "$out.h5" "$@" "$p" </dev/null >"$out.txt" 2>&1 || { cat "$out.txt" >&2; exit 1; }
 }
 h5val() { h5dump -d "$2" "$1" | sed -n 's/.*(0): *//p'; }
-best() { sort -g | tail -1; }
-least() { sort -g | head -1; }
+best() { printf '%s\n' "$@" | sort -g | tail -1; } # of the values given
+least() { printf '%s\n' "$@" | sort -g | head -1; }
 rss() { sed -n 's/.*peak resident \([0-9.]*\) MiB.*/\1/p' "$1"; }
 
 declare -A dec prefill_s gemm_s att_s batch mem
@@ -122,21 +122,21 @@ while read -r name layers dim heads hidden; do
     for dt in f32 bf16; do
         read -r wbytes flops <<<"$(weights x $layers $dim $heads $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
         for t in 1 2; do
-            rate=$(echo ${dec[$name.$dt.$t]} | tr ' ' '\n' | best)
+            rate=$(best ${dec[$name.$dt.$t]})
             bw=$([ $t = 1 ] && echo "$bw1" || echo "$bw2")
             printf "  %-5s %-5s %-8s %8s %10s %9.0f%% %12s %9s\n" $name $dt decode $t "$rate" \
                 "$(awk -v r="$rate" -v b="$wbytes" -v w="$bw" 'BEGIN { print 100 * r * b / (w * 1e9) }')" - \
-                "$(echo ${mem[d.$name.$dt.$t]} | tr ' ' '\n' | least)"
+                "$(least ${mem[d.$name.$dt.$t]})"
         done
         for t in 1 2; do
-            s=$(echo ${prefill_s[$name.$dt.$t]} | tr ' ' '\n' | least)
-            g=$(echo ${gemm_s[$name.$dt.$t]} | tr ' ' '\n' | least)
-            a=$(echo ${att_s[$name.$dt.$t]} | tr ' ' '\n' | least)
+            s=$(least ${prefill_s[$name.$dt.$t]})
+            g=$(least ${gemm_s[$name.$dt.$t]})
+            a=$(least ${att_s[$name.$dt.$t]})
             peak=$([ $t = 1 ] && echo "$peak1" || echo "$peak2")
             gf=$(awk -v f="$flops" -v g="$g" 'BEGIN { printf "%.1f", 512 * f / g / 1e9 }')
             printf "  %-5s %-5s %-8s %8s %10.1f %10s %12s %9s  (%.0f%% of FMA peak; attention %.0f%% of prefill)\n" \
                 $name $dt prefill $t "$(awk -v s="$s" 'BEGIN { print 512 / s }')" - "$gf" \
-                "$(echo ${mem[p.$name.$dt.$t]} | tr ' ' '\n' | least)" "$(awk -v g="$gf" -v p="$peak" 'BEGIN { print 100 * g / p }')" \
+                "$(least ${mem[p.$name.$dt.$t]})" "$(awk -v g="$gf" -v p="$peak" 'BEGIN { print 100 * g / p }')" \
                 "$(awk -v a="$a" -v s="$s" 'BEGIN { print 100 * a / s }')"
         done
     done
@@ -147,5 +147,5 @@ for dt in f32 bf16; do
     same=$(cmp -s <(h5dump -d /requests/output_tokens "$W/b.$dt.h5" | tail -n +3) \
         <(h5dump -d /requests/output_tokens "$W/s.h5" | tail -n +3) && echo "tokens as alone" || echo "TOKENS DIFFER")
     printf "  %-5s %-5s %-8s %8s %10s %10s %12s %9s  32 requests; %s\n" 15M $dt batch 2 \
-        "$(echo ${batch[$dt]} | tr ' ' '\n' | best)" - - "$(echo ${mem[b.$dt]} | tr ' ' '\n' | least)" "$same"
+        "$(best ${batch[$dt]})" - - "$(least ${mem[b.$dt]})" "$same"
 done
