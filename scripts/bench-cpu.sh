@@ -7,7 +7,10 @@
 #   fp32 and bf16 (a checkpoint stored as bf16, run with the default dtype):
 #     decode   one request, 8-token prompt, 256 tokens, 1 and 2 threads:
 #              tokens/s and the fraction of the bandwidth bound (weight
-#              bytes read per token x tokens/s / read bandwidth)
+#              bytes read per token x tokens/s / read bandwidth); also
+#              that fraction against the read rate the machine sustains
+#              for 2 s just before and just after the run (median of the
+#              rounds, and their range)
 #     prefill  one 512-token prompt: tokens/s, the GEMMs' GFLOP/s as a
 #              fraction of the FMA peak (2 x 512 x matrix weights /
 #              /timings/matmul), and attention's share of the prefill
@@ -55,7 +58,7 @@ while read -r name layers dim heads hidden; do
 done <<<"$shapes"
 # bytes a decode step reads: every matrix and the LM head (the embedding
 # table gives one row); FLOPs of a prefill token: 2 x the layer matrices
-weights() { echo "$2 $3 $5" | awk -v e="$6" '{ L = $1; d = $2; h = $3;
+weights() { echo "$1 $2 $3" | awk -v e="$4" '{ L = $1; d = $2; h = $3;
     m = L * (4 * d * d + 3 * d * h); printf "%.0f %.0f\n", (m + 32000 * d) * e, 2 * m }'; }
 
 awk 'BEGIN { srand(3); s = ""; for (j = 0; j < 8; j++) s = s (j ? ", " : "") int(rand() * 32000);
@@ -77,17 +80,32 @@ run() { # THREADS MODEL PROMPTS OUT [args]: one run, its summary in OUT.txt
 h5val() { h5dump -d "$2" "$1" | sed -n 's/.*(0): *//p'; }
 best() { printf '%s\n' "$@" | sort -g | tail -1; } # of the values given
 least() { printf '%s\n' "$@" | sort -g | head -1; }
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 rss() { sed -n 's/.*peak resident \([0-9.]*\) MiB.*/\1/p' "$1"; }
 
-declare -A dec prefill_s gemm_s att_s batch mem
+# the read bandwidth the machine sustains at this moment: every pass over
+# the 1 GiB array for 2 s, taken just before and just after each decode
+# run. A decode run's tokens/s is a rate over seconds of the machine as it
+# is then (a neighbour's load included), while the best of 8 short passes
+# is its limit on a quiet moment: run beside run, the fraction compares
+# like with like.
+sustained() { "$B/dcpinfer-bench-cpu" --read 2 "$1" | sed -n 's/^read_sustained_gbs //p'; }
+
+declare -A dec beside prefill_s gemm_s att_s batch mem
 for r in $(seq "$REPS"); do
     echo "# round $r of $REPS" >&2
     while read -r name layers dim heads hidden; do
         for dt in f32 bf16; do
             m="$W/m$name-$dt"
+            read -r wbytes flops <<<"$(weights $layers $dim $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
             for t in 1 2; do
+                b0=$(sustained $t)
                 run $t "$m" "$W/decode.jsonl" "$W/d"
-                dec[$name.$dt.$t]+=" $(sed -n 's/^# decode-only steps: .*: \([0-9.]*\) tokens\/s.*/\1/p' "$W/d.txt")"
+                b1=$(sustained $t)
+                rate=$(sed -n 's/^# decode-only steps: .*: \([0-9.]*\) tokens\/s.*/\1/p' "$W/d.txt")
+                dec[$name.$dt.$t]+=" $rate"
+                beside[$name.$dt.$t]+=" $(awk -v r="$rate" -v b="$wbytes" -v x="$b0" -v y="$b1" \
+                    'BEGIN { print 100 * r * b / ((x + y) / 2 * 1e9) }')"
                 mem[d.$name.$dt.$t]+=" $(rss "$W/d.txt")"
             done
             for t in 1 2; do
@@ -120,13 +138,15 @@ printf "# 512x768x2048 GEMM GFLOP/s, 1 / 2 threads: OpenBLAS sgemm (%s) %s / %s,
 printf "\n# %-5s %-5s %-8s %8s %10s %10s %12s %9s\n" shape dtype run threads "tokens/s" "of bound" "GEMM GFLOP/s" "RSS MiB"
 while read -r name layers dim heads hidden; do
     for dt in f32 bf16; do
-        read -r wbytes flops <<<"$(weights x $layers $dim $heads $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
+        read -r wbytes flops <<<"$(weights $layers $dim $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
         for t in 1 2; do
             rate=$(best ${dec[$name.$dt.$t]})
             bw=$([ $t = 1 ] && echo "$bw1" || echo "$bw2")
-            printf "  %-5s %-5s %-8s %8s %10s %9.0f%% %12s %9s\n" $name $dt decode $t "$rate" \
+            printf "  %-5s %-5s %-8s %8s %10s %9.0f%% %12s %9s  (%.0f%% of the read rate beside it; rounds %.0f-%.0f%%)\n" \
+                $name $dt decode $t "$rate" \
                 "$(awk -v r="$rate" -v b="$wbytes" -v w="$bw" 'BEGIN { print 100 * r * b / (w * 1e9) }')" - \
-                "$(least ${mem[d.$name.$dt.$t]})"
+                "$(least ${mem[d.$name.$dt.$t]})" "$(median ${beside[$name.$dt.$t]})" \
+                "$(least ${beside[$name.$dt.$t]})" "$(best ${beside[$name.$dt.$t]})"
         done
         for t in 1 2; do
             s=$(least ${prefill_s[$name.$dt.$t]})

@@ -1,12 +1,14 @@
 /* dcpinfer-bench-cpu: this machine's limits, for scripts/bench-cpu.sh.
  *   read bandwidth: GB/s summing a 1 GiB array (vector loads, 8
- *     accumulators, threads splitting it), best of 8
+ *     accumulators, threads splitting it), best of 8; with --read
+ *     SECONDS, only this, as the rate over every pass for that long
  *   FMA peak: GFLOP/s of a register-only loop of independent FMAs at the
  *     widest vector the GEMM kernels use on this CPU
  *   sgemm: OpenBLAS's GFLOP/s for (M, K) x (K, N)^T through the CPU
  *     backend's --cpu-gemm openblas path
  *   gemm: the same shape through the batch-invariant GEMM (fp32 and bf16)
- * Usage: dcpinfer-bench-cpu [threads] [M K N] */
+ * Usage: dcpinfer-bench-cpu [threads] [M K N]
+ *        dcpinfer-bench-cpu --read SECONDS [threads] */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -30,15 +32,19 @@ __attribute__((target("avx2,fma"))) static float read_avx2(const float *p, size_
     return s[0] + s[7];
 }
 
-static double read_bandwidth(int threads)
+/* GB/s summing a 1 GiB array with THREADS threads: the best of 8 passes
+ * (the machine's limit), or, with SECONDS > 0, every pass for that long
+ * together (what it sustains over a stretch, as a decode run must) */
+static double read_bandwidth(int threads, double seconds)
 {
     size_t n = (size_t)1 << 28; /* 1 GiB of floats */
     float *p = xmalloc(n * sizeof(float));
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t i = 0; i < n; i++) p[i] = (float)(i & 7);
-    double best = 0;
+    double best = 0, start = now_s();
     volatile float sink = 0;
-    for (int rep = 0; rep < 8; rep++) {
+    int rep = 0;
+    for (; seconds > 0 ? now_s() - start < seconds : rep < 8; rep++) {
         double t0 = now_s();
         float total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
@@ -52,8 +58,9 @@ static double read_bandwidth(int threads)
         double gbs = n * sizeof(float) / dt / 1e9;
         if (gbs > best) best = gbs;
     }
+    double all = (double)rep * n * sizeof(float) / (now_s() - start) / 1e9;
     free(p);
-    return best;
+    return seconds > 0 ? all : best;
 }
 
 __attribute__((target("avx2,fma"))) static float fma_loop_avx2(long iters)
@@ -98,10 +105,20 @@ static double gflops(int M, int K, int N, double seconds) { return 2.0 * M * K *
 
 int main(int argc, char **argv)
 {
+    if (argc > 2 && !strcmp(argv[1], "--read")) {
+        double seconds = atof(argv[2]);
+        int threads = argc > 3 ? atoi(argv[3]) : omp_get_max_threads();
+        if (seconds <= 0 || threads < 1) {
+            fprintf(stderr, "usage: dcpinfer-bench-cpu --read SECONDS [threads]\n");
+            return 2;
+        }
+        printf("read_sustained_gbs %.2f\n", read_bandwidth(threads, seconds));
+        return 0;
+    }
     int threads = argc > 1 ? atoi(argv[1]) : omp_get_max_threads();
     int M = argc > 4 ? atoi(argv[2]) : 512, K = argc > 4 ? atoi(argv[3]) : 768, N = argc > 4 ? atoi(argv[4]) : 2048;
     if (threads < 1 || M < 1 || K < 1 || N < 1) {
-        fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N]\n");
+        fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N] | --read SECONDS [threads]\n");
         return 2;
     }
     backend_set_threads(threads);
@@ -110,7 +127,7 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("threads %d isa %s\n", threads, cpu_isa());
-    printf("read_bandwidth_gbs %.2f\n", read_bandwidth(threads));
+    printf("read_bandwidth_gbs %.2f\n", read_bandwidth(threads, 0));
     printf("fma_peak_gflops %.1f\n", fma_peak(threads));
     /* COPIES weight matrices used in turn, as a model's layers are: the
      * weights come from memory, not from the cache the previous call left */
