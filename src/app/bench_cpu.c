@@ -105,26 +105,23 @@ static double gflops(int M, int K, int N, double seconds) { return 2.0 * M * K *
 
 int main(int argc, char **argv)
 {
-    if (argc > 2 && !strcmp(argv[1], "--read")) {
-        double seconds = atof(argv[2]);
-        int threads = argc > 3 ? atoi(argv[3]) : omp_get_max_threads();
-        if (seconds <= 0 || threads < 1) {
-            fprintf(stderr, "usage: dcpinfer-bench-cpu --read SECONDS [threads]\n");
-            return 2;
-        }
-        printf("read_sustained_gbs %.2f\n", read_bandwidth(threads, seconds));
-        return 0;
-    }
-    int threads = argc > 1 ? atoi(argv[1]) : omp_get_max_threads();
+    int sustained = argc > 2 && !strcmp(argv[1], "--read");
+    double seconds = sustained ? atof(argv[2]) : 0;
+    int threads = sustained ? (argc > 3 ? atoi(argv[3]) : omp_get_max_threads())
+                            : (argc > 1 ? atoi(argv[1]) : omp_get_max_threads());
     int M = argc > 4 ? atoi(argv[2]) : 512, K = argc > 4 ? atoi(argv[3]) : 768, N = argc > 4 ? atoi(argv[4]) : 2048;
-    if (threads < 1 || M < 1 || K < 1 || N < 1) {
+    if (threads < 1 || (sustained ? seconds <= 0 : M < 1 || K < 1 || N < 1)) {
         fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N] | --read SECONDS [threads]\n");
         return 2;
     }
     backend_set_threads(threads);
-    if (strcmp(cpu_isa(), "generic") == 0) {
+    if (strcmp(cpu_isa(), "generic") == 0) { /* the read loop is AVX2 as well */
         fprintf(stderr, "dcpinfer-bench-cpu: needs AVX2 and FMA\n");
         return 1;
+    }
+    if (sustained) {
+        printf("read_sustained_gbs %.2f\n", read_bandwidth(threads, seconds));
+        return 0;
     }
     printf("threads %d isa %s\n", threads, cpu_isa());
     printf("read_bandwidth_gbs %.2f\n", read_bandwidth(threads, 0));
