@@ -184,6 +184,11 @@ static inline void avx2_run_starts(size_t run[16], int K, int rows)
 {
     for (int l = 0; l < 16; l++) run[l] = avx2_packed_at(l, K, rows);
 }
+/* avx2_packed_at(k, K, rows) for k < K16, from those starts */
+static inline size_t avx2_run_at(const size_t run[16], int k, int rows)
+{
+    return run[k % 16] + (size_t)(k / 16) * rows;
+}
 
 TGT_AVX2 static inline void avx2_transpose8(__m256 r[8])
 {
@@ -214,7 +219,7 @@ TGT_AVX2 static void avx2_pack_lane_tile(float *xp, const float *x, size_t ldx, 
         for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(x + (i < rows ? i : rows - 1) * ldx + k0);
         avx2_transpose8(r);
         for (int i = 0; i < 8; i++) { /* six floats: a masked store is microcoded on AMD */
-            float *d = xp + run[k0 % 16 + i] + (size_t)(k0 / 16) * 6;
+            float *d = xp + avx2_run_at(run, k0 + i, 6);
             _mm_storeu_ps(d, _mm256_castps256_ps128(r[i]));
             _mm_storel_pi((__m64 *)(d + 4), _mm256_extractf128_ps(r[i], 1));
         }
@@ -257,7 +262,7 @@ TGT_AVX2 static void avx2_pack_panels(void *wp, const void *w, int n0, int ncols
                     r[i] = esize == 4 ? _mm256_loadu_ps((const float *)from) : avx2_widen8((const uint16_t *)from);
                 }
                 avx2_transpose8(r);
-                for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + run[k0 % 16 + i] + (size_t)(k0 / 16) * 16 + h, r[i]);
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + avx2_run_at(run, k0 + i, 16) + h, r[i]);
             }
         }
         for (int k = K16; k < K; k++) /* the tail: rows stored whole (G 0) */
