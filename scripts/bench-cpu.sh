@@ -50,16 +50,19 @@ machine 1
 # NAME LAYERS DIM HEADS HIDDEN (kv heads = heads, vocab 32000, untied)
 shapes="15M 6 288 6 768
 110M 12 768 12 2048"
-while read -r name layers dim heads hidden; do
-    for dt in f32 bf16; do
-        "$B/dcpinfer-mkmodel" --out "$W/m$name-$dt" --layers $layers --dim $dim --heads $heads --kv-heads $heads \
-            --hidden $hidden --vocab 32000 --max-len 1024 --seed 110 --dtype $dt >/dev/null || exit 1
-    done
-done <<<"$shapes"
 # bytes a decode step reads: every matrix and the LM head (the embedding
 # table gives one row); FLOPs of a prefill token: 2 x the layer matrices
 weights() { echo "$1 $2 $3" | awk -v e="$4" '{ L = $1; d = $2; h = $3;
     m = L * (4 * d * d + 3 * d * h); printf "%.0f %.0f\n", (m + 32000 * d) * e, 2 * m }'; }
+declare -A wbytes flops
+while read -r name layers dim heads hidden; do
+    for dt in f32 bf16; do
+        "$B/dcpinfer-mkmodel" --out "$W/m$name-$dt" --layers $layers --dim $dim --heads $heads --kv-heads $heads \
+            --hidden $hidden --vocab 32000 --max-len 1024 --seed 110 --dtype $dt >/dev/null || exit 1
+        read -r "wbytes[$name.$dt]" "flops[$name.$dt]" \
+            <<<"$(weights $layers $dim $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
+    done
+done <<<"$shapes"
 
 awk 'BEGIN { srand(3); s = ""; for (j = 0; j < 8; j++) s = s (j ? ", " : "") int(rand() * 32000);
     printf "{\"id\": \"d\", \"prompt_token_ids\": [%s], \"max_tokens\": 256, \"temperature\": 0, \"ignore_eos\": true}\n", s }' \
@@ -89,6 +92,8 @@ rss() { sed -n 's/.*peak resident \([0-9.]*\) MiB.*/\1/p' "$1"; }
 # is then (a neighbour's load included), while the best of 8 short passes
 # is its limit on a quiet moment: run beside run, the fraction compares
 # like with like.
+# RATE (decode tokens/s) x the weight bytes of SHAPE.DTYPE, in % of GBS
+of_read() { awk -v r="$1" -v b="${wbytes[$2]}" -v w="$3" 'BEGIN { print 100 * r * b / (w * 1e9) }'; }
 sustained() { "$B/dcpinfer-bench-cpu" --read 2 "$1" | sed -n 's/^read_sustained_gbs //p'; }
 
 declare -A dec beside prefill_s gemm_s att_s batch mem
@@ -97,15 +102,13 @@ for r in $(seq "$REPS"); do
     while read -r name layers dim heads hidden; do
         for dt in f32 bf16; do
             m="$W/m$name-$dt"
-            read -r wbytes flops <<<"$(weights $layers $dim $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
             for t in 1 2; do
                 b0=$(sustained $t)
                 run $t "$m" "$W/decode.jsonl" "$W/d"
                 b1=$(sustained $t)
                 rate=$(sed -n 's/^# decode-only steps: .*: \([0-9.]*\) tokens\/s.*/\1/p' "$W/d.txt")
                 dec[$name.$dt.$t]+=" $rate"
-                beside[$name.$dt.$t]+=" $(awk -v r="$rate" -v b="$wbytes" -v x="$b0" -v y="$b1" \
-                    'BEGIN { print 100 * r * b / ((x + y) / 2 * 1e9) }')"
+                beside[$name.$dt.$t]+=" $(of_read "$rate" "$name.$dt" "$(awk -v x="$b0" -v y="$b1" 'BEGIN { print (x + y) / 2 }')")"
                 mem[d.$name.$dt.$t]+=" $(rss "$W/d.txt")"
             done
             for t in 1 2; do
@@ -138,13 +141,12 @@ printf "# 512x768x2048 GEMM GFLOP/s, 1 / 2 threads: OpenBLAS sgemm (%s) %s / %s,
 printf "\n# %-5s %-5s %-8s %8s %10s %10s %12s %9s\n" shape dtype run threads "tokens/s" "of bound" "GEMM GFLOP/s" "RSS MiB"
 while read -r name layers dim heads hidden; do
     for dt in f32 bf16; do
-        read -r wbytes flops <<<"$(weights $layers $dim $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
         for t in 1 2; do
             rate=$(best ${dec[$name.$dt.$t]})
             bw=$([ $t = 1 ] && echo "$bw1" || echo "$bw2")
             printf "  %-5s %-5s %-8s %8s %10s %9.0f%% %12s %9s  (%.0f%% of the read rate beside it; rounds %.0f-%.0f%%)\n" \
                 $name $dt decode $t "$rate" \
-                "$(awk -v r="$rate" -v b="$wbytes" -v w="$bw" 'BEGIN { print 100 * r * b / (w * 1e9) }')" - \
+                "$(of_read "$rate" "$name.$dt" "$bw")" - \
                 "$(least ${mem[d.$name.$dt.$t]})" "$(median ${beside[$name.$dt.$t]})" \
                 "$(least ${beside[$name.$dt.$t]})" "$(best ${beside[$name.$dt.$t]})"
         done
@@ -153,7 +155,7 @@ while read -r name layers dim heads hidden; do
             g=$(least ${gemm_s[$name.$dt.$t]})
             a=$(least ${att_s[$name.$dt.$t]})
             peak=$([ $t = 1 ] && echo "$peak1" || echo "$peak2")
-            gf=$(awk -v f="$flops" -v g="$g" 'BEGIN { printf "%.1f", 512 * f / g / 1e9 }')
+            gf=$(awk -v f="${flops[$name.$dt]}" -v g="$g" 'BEGIN { printf "%.1f", 512 * f / g / 1e9 }')
             printf "  %-5s %-5s %-8s %8s %10.1f %10s %12s %9s  (%.0f%% of FMA peak; attention %.0f%% of prefill)\n" \
                 $name $dt prefill $t "$(awk -v s="$s" 'BEGIN { print 512 / s }')" - "$gf" \
                 "$(least ${mem[p.$name.$dt.$t]})" "$(awk -v g="$gf" -v p="$peak" 'BEGIN { print 100 * g / p }')" \
