@@ -55,6 +55,9 @@ else
 fi
 expect_error dtype_unknown 2 "--dtype float16: choose auto, float32 or bfloat16" --dtype float16 "$P"
 expect_error kv_dtype_unknown 2 "--kv-cache-dtype fp8: choose auto, float32 or bfloat16" --kv-cache-dtype fp8 "$P"
+expect_error cpu_isa_unknown 2 "--cpu-isa sse9: choose auto, generic, avx2 or avx512" --cpu-isa sse9 "$P"
+grep -q avx512f /proc/cpuinfo ||
+    expect_error cpu_isa_missing 2 "--cpu-isa avx512: this CPU does not have it (best: " --cpu-isa avx512 "$P"
 expect_error bf16_openblas 2 "--dtype bfloat16: OpenBLAS has no bf16 GEMM (--cpu-gemm openblas)" --dtype bfloat16 \
     --cpu-gemm openblas "$P"
 expect_error model_len_above_model 1 "--max-model-len 4096 exceeds the model's maximum of 2048" --max-model-len 4096 "$P"

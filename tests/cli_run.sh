@@ -26,7 +26,7 @@ checks=$((checks + 1))
 "$DCPINFER" --help >"$WORK/help" 2>&1
 missing=
 for opt in --model --tokenizer --max-tokens --temperature --top-p --seed --max-model-len --output --backend \
-    --cpu-gemm --max-num-seqs --max-num-batched-tokens --skip-invalid --progress --quiet --dtype --kv-cache-dtype; do
+    --cpu-gemm --cpu-isa --max-num-seqs --max-num-batched-tokens --skip-invalid --progress --quiet --dtype --kv-cache-dtype; do
     grep -q -- "$opt" "$WORK/help" || missing="$missing $opt"
 done
 if [ -z "$missing" ]; then pass "--help documents every option"; else fail "--help lacks:$missing"; fi
@@ -50,6 +50,40 @@ if [ -n "$size32" ] && [ "$size16" = $((2 * size32)) ] && [ -n "$peak32" ] && [ 
 else
     fail "bf16 KV cache: positions $size16 vs $size32, peak bytes $peak16 vs $peak32"
 fi
+
+# --cpu-isa: every instruction set this CPU has gives the portable
+# kernels' bits (tokens, logprobs, prompt logprobs), fp32 and bf16
+# weights, on a model whose K (520, 1030) takes the prefill's lane
+# kernels, with a tail of K, and a 23-token prompt several 6-row tiles
+"$MKMODEL" --out "$WORK/isa32" --layers 2 --dim 520 --heads 4 --kv-heads 2 --hidden 1030 --vocab 300 --seed 9 \
+    --dtype f32 >/dev/null
+"$MKMODEL" --out "$WORK/isa16" --layers 2 --dim 520 --heads 4 --kv-heads 2 --hidden 1030 --vocab 300 --seed 9 \
+    --dtype bf16 >/dev/null
+printf '{"id": "i", "prompt_token_ids": [%s], "max_tokens": 8, "temperature": 0, "logprobs": 2, "prompt_logprobs": 1}\n' \
+    "$(seq -s ', ' 3 25)" >"$WORK/isa.jsonl"
+results() {
+    for d in output_tokens output_logprobs output_top_ids output_top_logprobs prompt_logprobs; do
+        h5dump -d /requests/$d "$1" 2>/dev/null | tail -n +3
+    done
+}
+for m in isa32 isa16; do
+    run_dcp $m.generic --model "$WORK/$m" --cpu-isa generic --output "$WORK/$m.generic.h5" "$WORK/isa.jsonl"
+    for isa in avx2 avx512; do
+        checks=$((checks + 1))
+        run_dcp $m.$isa --model "$WORK/$m" --cpu-isa $isa --output "$WORK/$m.$isa.h5" "$WORK/isa.jsonl"
+        results "$WORK/$m.generic.h5" >"$WORK/$m.generic.txt"
+        results "$WORK/$m.$isa.h5" >"$WORK/$m.$isa.txt"
+        if grep -q "this CPU does not have it" "$WORK/$m.$isa.err"; then
+            pass "$m: no $isa on this CPU, skipped"
+        elif [ "$(cat "$WORK/$m.$isa.rc")" = 0 ] && [ "$(wc -l <"$WORK/$m.generic.txt")" -gt 20 ] &&
+            cmp -s "$WORK/$m.generic.txt" "$WORK/$m.$isa.txt"; then
+            pass "$m: --cpu-isa $isa gives the portable kernels' tokens and logprobs"
+        else
+            fail "$m: --cpu-isa $isa differs from generic (rc $(cat "$WORK/$m.$isa.rc"))"
+            diff "$WORK/$m.generic.txt" "$WORK/$m.$isa.txt" | head >&2
+        fi
+    done
+done
 
 # stories260K with a text prompt: the greedy story of llama2.c's run.c
 model=$SHARED/models/stories260K

@@ -22,6 +22,7 @@
 #include "timing.h"
 #include "tokenizer.h"
 #include "journal.h"
+#include "kernels_cpu.h"
 #include "transfer.h"
 #include "watchdog.h"
 #include "util.h"
@@ -500,7 +501,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
     int bound_cpus, share;
     int threads = threads_per_rank(world, &bound_cpus, &share);
     const Backend *be = backend_find(o->backend);
-    if (failed_anywhere(!be || backend_cpu_set_gemm(o->cpu_gemm) || be->set_gemm_dtype(o->dtype), world)) return EXIT_USAGE;
+    if (failed_anywhere(!be || backend_cpu_set_gemm(o->cpu_gemm) || cpu_set_isa(o->cpu_isa) || be->set_gemm_dtype(o->dtype),
+                       world))
+        return EXIT_USAGE;
     if (!be->host_memory) check_local_rank(world, rank);
     int mpi_device = !be->host_memory && (!strcmp(o->mpi_device_buffers, "yes") ||
                                           (!strcmp(o->mpi_device_buffers, "auto") && device_mpi_accepts_device_buffers()));

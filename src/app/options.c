@@ -18,7 +18,7 @@ enum {
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
     OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE,
-    OPT_PROGRESS_INTERVAL
+    OPT_PROGRESS_INTERVAL, OPT_CPU_ISA
 };
 
 static const struct option long_opts[] = {
@@ -28,6 +28,7 @@ static const struct option long_opts[] = {
     {"output-format", required_argument, 0, OPT_OUTPUT_FORMAT},
     {"backend", required_argument, 0, OPT_BACKEND},
     {"cpu-gemm", required_argument, 0, OPT_CPU_GEMM},
+    {"cpu-isa", required_argument, 0, OPT_CPU_ISA},
     {"tensor-parallel-size", required_argument, 0, OPT_TP},
     {"tp", required_argument, 0, OPT_TP},
     {"decode-context-parallel-size", required_argument, 0, OPT_DCP},
@@ -92,6 +93,8 @@ void options_usage(FILE *f)
             "  --cpu-gemm KIND          invariant (default): a request's results never depend on the\n"
             "                           rest of its batch; openblas: OpenBLAS sgemm, faster for\n"
             "                           large prefills, rounding varies with the batch\n"
+            "  --cpu-isa I              CPU kernels: auto (default: the widest this CPU has),\n"
+            "                           avx512, avx2 or generic; every choice gives the same bits\n"
             "\n"
             "Sampling defaults (a request's own fields win):\n"
             "  --max-tokens N           tokens to generate per request (default 16)\n"
@@ -173,7 +176,7 @@ static int parse_float(const char *opt, const char *s, float lo, float hi, int l
 
 int options_parse(Options *o, int argc, char **argv, int print)
 {
-    *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .tp = 1, .dcp = 1,
+    *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .cpu_isa = "auto", .tp = 1, .dcp = 1,
                    .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
                    .block_size = 16, .mpi_device_buffers = "auto",
                    .dtype = "auto", .kv_cache_dtype = "auto", .max_tokens = 16, .temperature = 1.0f,
@@ -195,6 +198,7 @@ int options_parse(Options *o, int argc, char **argv, int print)
             break;
         case OPT_BACKEND: o->backend = optarg; break;
         case OPT_CPU_GEMM: o->cpu_gemm = optarg; break;
+        case OPT_CPU_ISA: o->cpu_isa = optarg; break;
         case OPT_TP: rc = parse_int("-tp", optarg, 1, 1 << 16, &o->tp); break;
         case OPT_DCP: rc = parse_int("-dcp", optarg, 1, 1 << 16, &o->dcp); break;
         case OPT_DP: rc = parse_int("-dp", optarg, 1, 1 << 16, &o->dp); break;

@@ -13,6 +13,7 @@ typedef struct {
     const char *output_format; /* hdf5 | jsonl, from --output-format or the output's extension */
     const char *backend;
     const char *cpu_gemm;  /* invariant | openblas */
+    const char *cpu_isa;   /* auto | avx512 | avx2 | generic: the CPU kernels */
     int max_tokens;
     float temperature;
     float top_p;
