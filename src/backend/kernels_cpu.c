@@ -625,6 +625,109 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
     return tree8(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
 }
 
+TGT_AVX512 static inline float avx512_f32_dot_finish(__m512 acc, const float *x, const float *w, int k, int K);
+TGT_AVX512 static inline float avx512_bf16_dot_finish(__m512 acc, const float *x, const uint16_t *w, int k, int K);
+
+/* AVX2's prefill kernel (avx2_lane_panel) with a lane's 16 weight rows in
+ * one register: the same packing, six accumulators, and the activations
+ * broadcast from memory into the FMAs. The same additions in the same
+ * order, so the same bits. */
+#define ACC6(OP) OP(0, a0) OP(1, a1) OP(2, a2) OP(3, a3) OP(4, a4) OP(5, a5)
+TGT_AVX512 static void avx512_lane_panel(float *y, size_t ldy, const float *xp, const float *wp, int ncols, int K,
+                                         int rows)
+{
+    int S = K / 16, K16 = K & ~15;
+    for (int p = 0; p < ncols; p += 16, wp += avx2_panel_floats(K)) {
+        __m512 part[4][6], sum[6];
+        for (int q = 0; q < 16; q++) {
+            const float *xl = xp + (size_t)q * avx2_lane_floats(K, 6), *wl = wp + (size_t)q * avx2_lane_floats(K, 16);
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+            for (int s = 0; s < S; s++, xl += 6, wl += 16) {
+                __m512 b = _mm512_loadu_ps(wl);
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(xl[0]), b, a0), a1 = _mm512_fmadd_ps(_mm512_set1_ps(xl[1]), b, a1);
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(xl[2]), b, a2), a3 = _mm512_fmadd_ps(_mm512_set1_ps(xl[3]), b, a3);
+                a4 = _mm512_fmadd_ps(_mm512_set1_ps(xl[4]), b, a4), a5 = _mm512_fmadd_ps(_mm512_set1_ps(xl[5]), b, a5);
+            }
+            int j = 0;
+            for (; q >> j & 1; j++) { /* the subtrees this lane closes, as in avx2_lane_panel */
+#define JOIN(i, a) a = _mm512_add_ps(part[j][i], a);
+                ACC6(JOIN)
+#undef JOIN
+            }
+#define KEEP(i, a) to[i] = a;
+            __m512 *to = q < 15 ? part[j] : sum;
+            ACC6(KEEP)
+#undef KEEP
+        }
+        const float *xt = xp + avx2_packed_at(K16, K, 6), *wt = wp + avx2_packed_at(K16, K, 16);
+        int n = ncols - p < 16 ? ncols - p : 16;
+        for (int r = 0; r < rows; r++) {
+            __m512 s = sum[r];
+            for (int k = 0; k < K - K16; k++)
+                s = _mm512_fmadd_ps(_mm512_set1_ps(xt[k * 6 + r]), _mm512_loadu_ps(wt + k * 16), s);
+            _mm512_mask_storeu_ps(y + r * ldy + p, (__mmask16)((1u << n) - 1), s);
+        }
+    }
+}
+#undef ACC6
+
+/* decode's GEMV: R (<= 6) weight rows at once, one 16-lane chain each;
+ * row r's step of 16 columns at k is at w + r * rs + k * ks (rows stored
+ * whole, or AVX2's bf16 groups of six: avx2_bf16_rows). Whole rows under
+ * 4 KiB fetch the next R rows into L2 as one linear stream, R x 16
+ * elements per step (110M's fp32 decode, one thread, on this Zen 4: 38-40
+ * tokens/s without, 43-46 with; into L1, or two blocks ahead, no better,
+ * or worse; a 1 GiB read in this pattern went from 14-16 GB/s to 21-23,
+ * a linear read's rate) */
+#define AVX512_ROWS(NAME, WT, LOADW, FINISH)                                                                        \
+    TGT_AVX512 static inline __attribute__((always_inline)) void NAME(float *y, const float *x, const WT *w, int K, \
+                                                                      int R, size_t rs, size_t ks)                  \
+    {                                                                                                              \
+        int K16 = K & ~15;                                                                                         \
+        __m512 a[6];                                                                                               \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();                            \
+        const char *next = (const char *)(w + (size_t)R * K);                                                      \
+        int ahead = ks == 1 && (size_t)K * sizeof(WT) < 4096;                                                      \
+        for (int k = 0; k < K16; k += 16) {                                                                        \
+            __m512 xv = _mm512_loadu_ps(x + k);                                                                    \
+            if (ahead)                                                                                             \
+                for (int i = 0; i < R * (int)sizeof(WT) / 4; i++)                                                   \
+                    _mm_prefetch(next + (size_t)R * sizeof(WT) * k + 64 * i, _MM_HINT_T1);                         \
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r] =                                              \
+                _mm512_fmadd_ps(xv, LOADW(w + r * rs + k * ks), a[r]);                                             \
+        }                                                                                                          \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) y[r] = FINISH(a[r], x, w + r * rs, K16, K);            \
+    }
+AVX512_ROWS(avx512_f32_rows, float, _mm512_loadu_ps, avx512_f32_dot_finish)
+AVX512_ROWS(avx512_bf16_rows, uint16_t, avx512_loadw_bf16, avx512_bf16_dot_finish)
+TGT_AVX512 static void avx512_f32_gemv_rows(float *y, const float *x, const float *w, int n0, int n1, int N, int K,
+                                            int G)
+{
+    (void)N, (void)G; /* fp32 rows are stored whole */
+    int n = n0;
+    for (; n + 6 <= n1; n += 6) avx512_f32_rows(y + n, x, w + (size_t)n * K, K, 6, (size_t)K, 1);
+    for (; n < n1; n++) avx512_f32_rows(y + n, x, w + (size_t)n * K, K, 1, (size_t)K, 1);
+}
+TGT_AVX512 static void avx512_bf16_gemv_rows(float *y, const float *x, const uint16_t *w, int n0, int n1, int N,
+                                             int K, int G)
+{
+    int n = n0, grouped = G ? N / G * G : n0;
+    for (; n + 6 <= n1 && n < grouped; n += 6)
+        avx512_bf16_rows(y + n, x, w + weight_row_start(G, n, N, K), K, 6, 16, 6);
+    for (; n + 6 <= n1; n += 6) avx512_bf16_rows(y + n, x, w + (size_t)n * K, K, 6, (size_t)K, 1);
+    for (; n < n1; n++) avx512_bf16_rows(y + n, x, w + (size_t)n * K, K, 1, (size_t)K, 1);
+}
+/* prefill: the lane kernel, or AVX2's pairs for short K */
+#define AVX512_PANEL(NAME, WT, PAIRS)                                                                               \
+    TGT_AVX512 static void NAME(float *y, size_t ldy, const float *x, size_t ldx, const float *xp, const WT *w,     \
+                                const void *wp, int n0, int N, int G, int ncols, int K, int rows)                  \
+    {                                                                                                              \
+        if (K >= AVX2_LANE_K) avx512_lane_panel(y, ldy, xp, wp, ncols, K, rows);                                   \
+        else PAIRS(y, ldy, x, ldx, xp, w, wp, n0, N, G, ncols, K, rows);                                           \
+    }
+AVX512_PANEL(avx512_f32_panel, float, avx2_f32_pairs)
+AVX512_PANEL(avx512_bf16_panel, uint16_t, avx2_bf16_pairs)
+
 #define TGT TGT_AVX512
 #define V __m512
 #define v_zero _mm512_setzero_ps
@@ -637,11 +740,21 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
 #define WT float
 #define W2F W2F_F32
 #define v_loadw _mm512_loadu_ps
+#define PANEL avx512_f32_panel
+#define PACK_W avx2_pack_weights
+#define TILE_FLOATS avx2_tile_floats
+#define GEMV_ROWS avx512_f32_gemv_rows
+#define TILE_M 6
 #include "kernels_cpu.inc"
 #define SFX(name) avx512_bf16_##name
 #define WT uint16_t
 #define W2F W2F_BF16
 #define v_loadw avx512_loadw_bf16
+#define PANEL avx512_bf16_panel
+#define PACK_W avx2_pack_weights
+#define TILE_FLOATS avx2_tile_floats
+#define GEMV_ROWS avx512_bf16_gemv_rows
+#define TILE_M 6
 #include "kernels_cpu.inc"
 #include "kernels_cpu_end.inc"
 
@@ -673,7 +786,8 @@ static const struct {
     {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, 3, NULL, NULL, NULL, NULL},
     {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, 6, avx2_pack_tile, avx2_tile_floats,
      avx2_block_rows, avx2_block_floats},
-    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, 3, NULL, NULL, NULL, NULL},
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, 6, avx2_pack_tile,
+     avx2_tile_floats, avx2_block_rows, avx2_block_floats},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
 static int isa = ISA_AUTO;
@@ -719,7 +833,8 @@ AttendFn cpu_attend(DType kv)
 int cpu_weight_group(DType t)
 {
     if (isa == ISA_AUTO) isa = best_isa();
-    return isa == ISA_AVX2 && t == DTYPE_BF16 ? 6 : 0;
+    /* AVX2's bf16 GEMV reads rows in groups of six (avx2_bf16_gemv_rows), and AVX-512's the same */
+    return isa != ISA_GENERIC && t == DTYPE_BF16 ? 6 : 0;
 }
 
 /* a grouped matrix for kernels that read rows stored whole: a copy so */
