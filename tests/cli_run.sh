@@ -76,8 +76,11 @@ for m in isa32 isa16; do
         if grep -q "this CPU does not have it" "$WORK/$m.$isa.err"; then
             pass "$m: no $isa on this CPU, skipped"
         elif [ "$(cat "$WORK/$m.$isa.rc")" = 0 ] && [ "$(wc -l <"$WORK/$m.generic.txt")" -gt 20 ] &&
-            cmp -s "$WORK/$m.generic.txt" "$WORK/$m.$isa.txt"; then
-            pass "$m: --cpu-isa $isa gives the portable kernels' tokens and logprobs"
+            cmp -s "$WORK/$m.generic.txt" "$WORK/$m.$isa.txt" &&
+            h5dump -a /cpu_kernels "$WORK/$m.$isa.h5" | grep -q "\"$isa\"" &&
+            h5dump -a /cpu_kernels "$WORK/$m.generic.h5" | grep -q '"generic"' &&
+            grep -q "backend cpu (CPU kernels $isa)" "$WORK/$m.$isa.out"; then
+            pass "$m: --cpu-isa $isa gives the portable kernels' tokens and logprobs (and says which kernels ran)"
         else
             fail "$m: --cpu-isa $isa differs from generic (rc $(cat "$WORK/$m.$isa.rc"))"
             diff "$WORK/$m.generic.txt" "$WORK/$m.$isa.txt" | head >&2

@@ -501,8 +501,8 @@ int run_job(const Options *o, MPI_Comm world, int device)
     int bound_cpus, share;
     int threads = threads_per_rank(world, &bound_cpus, &share);
     const Backend *be = backend_find(o->backend);
-    if (failed_anywhere(!be || backend_cpu_set_gemm(o->cpu_gemm) || cpu_set_isa(o->cpu_isa) || be->set_gemm_dtype(o->dtype),
-                       world))
+    if (failed_anywhere(
+            !be || backend_cpu_set_gemm(o->cpu_gemm) || cpu_set_isa(o->cpu_isa) || be->set_gemm_dtype(o->dtype), world))
         return EXIT_USAGE;
     if (!be->host_memory) check_local_rank(world, rank);
     int mpi_device = !be->host_memory && (!strcmp(o->mpi_device_buffers, "yes") ||
@@ -594,9 +594,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
     DCP_CHECK(MPI_Gather(&me, sizeof me, MPI_BYTE, ranks, sizeof me, MPI_BYTE, 0, world));
     if (rank == 0 && !o->quiet) {
         printf("# dcpinfer %s: model %s (%d layers, dim %d, %d heads / %d KV heads, vocab %d), %d request(s), "
-               "backend %s, %d thread(s) per rank\n",
+               "backend %s (CPU kernels %s), %d thread(s) per rank\n",
                PACKAGE_VERSION, model.path, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size,
-               rs.n, be->name, threads);
+               rs.n, be->name, cpu_isa(), threads);
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
                world_size, topo.dp, topo.tp, topo.dcp, topo.interleave, o->dcp_comm_backend, mpi_buffers);
         print_rank_map(ranks, world_size);
@@ -739,7 +739,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
                         .world_size = world_size, .tp = topo.tp, .dcp = topo.dcp, .dp = topo.dp,
                         .interleave = topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
                         .threads_per_rank = threads, .backend = be->name, .mpi_buffers = mpi_buffers,
-                        .seed = o->seed,
+                        .cpu_kernels = cpu_isa(), .seed = o->seed,
                         .prompts_path = o->prompts, .fingerprint = fp_line, .resumed_requests = n_done,
                         .run_tokens = run_tokens, .run_requests = run_requests};
         RankReports rep = {ranks, all_tm, all_comm, all_kv, all_w, all_rss};

@@ -90,6 +90,7 @@ static void write_root_attrs(hid_t f, const RunInfo *in)
     attr_int(f, "threads_per_rank", in->threads_per_rank);
     attr_str(f, "backend", in->backend);
     attr_str(f, "mpi_buffers", in->mpi_buffers);
+    attr_str(f, "cpu_kernels", in->cpu_kernels ? in->cpu_kernels : "");
     unsigned long long seed = in->seed;
     attr_num(f, "seed", H5T_NATIVE_ULLONG, &seed);
     char when[64];
