@@ -508,6 +508,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     int mpi_device = !be->host_memory && (!strcmp(o->mpi_device_buffers, "yes") ||
                                           (!strcmp(o->mpi_device_buffers, "auto") && device_mpi_accepts_device_buffers()));
     const char *mpi_buffers = be->host_memory ? "host" : mpi_device ? "device" : "staged";
+    const char *cpu_kernels = be->host_memory ? cpu_isa() : ""; /* only the CPU backend runs them */
     backend_set_threads(threads);
     if (rank == 0 && share && !o->quiet)
         printf("# note: rank 0 is bound to %d CPU(s), so it runs %d thread(s) instead of its share of %d; launch "
@@ -594,9 +595,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
     DCP_CHECK(MPI_Gather(&me, sizeof me, MPI_BYTE, ranks, sizeof me, MPI_BYTE, 0, world));
     if (rank == 0 && !o->quiet) {
         printf("# dcpinfer %s: model %s (%d layers, dim %d, %d heads / %d KV heads, vocab %d), %d request(s), "
-               "backend %s (CPU kernels %s), %d thread(s) per rank\n",
+               "backend %s%s%s%s, %d thread(s) per rank\n",
                PACKAGE_VERSION, model.path, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size,
-               rs.n, be->name, cpu_isa(), threads);
+               rs.n, be->name, cpu_kernels[0] ? " (CPU kernels " : "", cpu_kernels, cpu_kernels[0] ? ")" : "", threads);
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
                world_size, topo.dp, topo.tp, topo.dcp, topo.interleave, o->dcp_comm_backend, mpi_buffers);
         print_rank_map(ranks, world_size);
@@ -739,7 +740,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
                         .world_size = world_size, .tp = topo.tp, .dcp = topo.dcp, .dp = topo.dp,
                         .interleave = topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
                         .threads_per_rank = threads, .backend = be->name, .mpi_buffers = mpi_buffers,
-                        .cpu_kernels = cpu_isa(), .seed = o->seed,
+                        .cpu_kernels = cpu_kernels, .seed = o->seed,
                         .prompts_path = o->prompts, .fingerprint = fp_line, .resumed_requests = n_done,
                         .run_tokens = run_tokens, .run_requests = run_requests};
         RankReports rep = {ranks, all_tm, all_comm, all_kv, all_w, all_rss};

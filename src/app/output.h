@@ -62,7 +62,7 @@ typedef struct {
     int threads_per_rank;
     const char *backend;
     const char *mpi_buffers; /* host, device or staged */
-    const char *cpu_kernels; /* the CPU kernels run (--cpu-isa): avx512, avx2 or generic */
+    const char *cpu_kernels; /* the CPU backend's kernels (--cpu-isa): avx512, avx2 or generic; "" on a GPU */
     uint64_t seed;
     const char *prompts_path;
     const char *fingerprint; /* what the results depend on (journal.h) */

@@ -677,8 +677,8 @@ TGT_AVX512 static void avx512_lane_panel(float *y, size_t ldy, const float *xp, 
  * 4 KiB fetch the next R rows into L2 as one linear stream, R x 16
  * elements per step (110M's fp32 decode, one thread, on this Zen 4: 38-40
  * tokens/s without, 43-46 with; into L1, or two blocks ahead, no better,
- * or worse; a 1 GiB read in this pattern went from 14-16 GB/s to 21-23,
- * a linear read's rate) */
+ * or worse; a 0.5-1 GiB read in this pattern went from 14-16 GB/s to
+ * 19-23.5, where one linear stream went at 22-27) */
 #define AVX512_ROWS(NAME, WT, LOADW, FINISH)                                                                        \
     TGT_AVX512 static inline __attribute__((always_inline)) void NAME(float *y, const float *x, const WT *w, int K, \
                                                                       int R, size_t rs, size_t ks)                  \
