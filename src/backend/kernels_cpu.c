@@ -671,42 +671,50 @@ TGT_AVX512 static void avx512_lane_panel(float *y, size_t ldy, const float *xp, 
 }
 #undef ACC6
 
-/* decode's GEMV: R (<= 6) weight rows at once, one 16-lane chain each;
- * row r's step of 16 columns at k is at w + r * rs + k * ks (rows stored
- * whole, or AVX2's bf16 groups of six: avx2_bf16_rows). Whole rows under
- * 4 KiB fetch the next R rows into L2 as one linear stream, R x 16
- * elements per step (110M's fp32 decode, one thread, on this Zen 4: 38-40
- * tokens/s without, 43-46 with; into L1, or two blocks ahead, no better,
- * or worse; a 0.5-1 GiB read in this pattern went from 14-16 GB/s to
- * 19-23.5, where one linear stream went at 22-27) */
-#define AVX512_ROWS(NAME, WT, LOADW, FINISH)                                                                        \
-    TGT_AVX512 static inline __attribute__((always_inline)) void NAME(float *y, const float *x, const WT *w, int K, \
-                                                                      int R, size_t rs, size_t ks)                  \
-    {                                                                                                              \
-        int K16 = K & ~15;                                                                                         \
-        __m512 a[6];                                                                                               \
-        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();                            \
-        const char *next = (const char *)(w + (size_t)R * K);                                                      \
-        int ahead = ks == 1 && (size_t)K * sizeof(WT) < 4096;                                                      \
-        for (int k = 0; k < K16; k += 16) {                                                                        \
-            __m512 xv = _mm512_loadu_ps(x + k);                                                                    \
-            if (ahead)                                                                                             \
-                for (int i = 0; i < R * (int)sizeof(WT) / 4; i++)                                                   \
-                    _mm_prefetch(next + (size_t)R * sizeof(WT) * k + 64 * i, _MM_HINT_T1);                         \
-            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r] =                                              \
-                _mm512_fmadd_ps(xv, LOADW(w + r * rs + k * ks), a[r]);                                             \
-        }                                                                                                          \
-        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) y[r] = FINISH(a[r], x, w + r * rs, K16, K);            \
-    }
-AVX512_ROWS(avx512_f32_rows, float, _mm512_loadu_ps, avx512_f32_dot_finish)
-AVX512_ROWS(avx512_bf16_rows, uint16_t, avx512_loadw_bf16, avx512_bf16_dot_finish)
+/* decode's fp32 GEMV: one weight row at a time, one 16-lane chain, so that
+ * the weights are read as one linear stream, which the hardware prefetcher
+ * follows best; out-of-order execution overlaps the next rows' chains
+ * with this one's. Against six rows at once with the next six fetched
+ * into L2 (the 110M shape's decode on this Zen 4, one thread, alternating
+ * runs: 44 -> 54-58 tokens/s; a 1 GiB matrix of 768-wide rows in huge
+ * pages: 18-23 -> 26-29 GB/s, where a linear read went at 29-32) */
 TGT_AVX512 static void avx512_f32_gemv_rows(float *y, const float *x, const float *w, int n0, int n1, int N, int K,
                                             int G)
 {
     (void)N, (void)G; /* fp32 rows are stored whole */
-    int n = n0;
-    for (; n + 6 <= n1; n += 6) avx512_f32_rows(y + n, x, w + (size_t)n * K, K, 6, (size_t)K, 1);
-    for (; n < n1; n++) avx512_f32_rows(y + n, x, w + (size_t)n * K, K, 1, (size_t)K, 1);
+    int K16 = K & ~15;
+    for (int n = n0; n < n1; n++) {
+        const float *wn = w + (size_t)n * K;
+        __m512 a = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int k = 0; k < K16; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(wn + k), a);
+        y[n] = avx512_f32_dot_finish(a, x, wn, K16, K);
+    }
+}
+/* bf16's: R (<= 6) rows at once, one 16-lane chain each, from AVX2's
+ * groups of six (one run of memory: rs = 16, ks = 6) or rows stored whole
+ * (rs = K, ks = 1; those under 4 KiB fetch the next R rows into L2 as one
+ * linear stream, R x 16 elements per step). Rows one at a time, stored
+ * whole, as fp32's: 1 thread 88-102 tokens/s against 99-110 (110M). */
+TGT_AVX512 static inline __attribute__((always_inline)) void avx512_bf16_rows(float *y, const float *x,
+                                                                              const uint16_t *w, int K, int R,
+                                                                              size_t rs, size_t ks)
+{
+    int K16 = K & ~15;
+    __m512 a[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();
+    const char *next = (const char *)(w + (size_t)R * K);
+    int ahead = ks == 1 && (size_t)K * sizeof(uint16_t) < 4096;
+    for (int k = 0; k < K16; k += 16) {
+        __m512 xv = _mm512_loadu_ps(x + k);
+        if (ahead)
+            for (int i = 0; i < R / 2; i++) _mm_prefetch(next + (size_t)R * 2 * k + 64 * i, _MM_HINT_T1);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) a[r] = _mm512_fmadd_ps(xv, avx512_loadw_bf16(w + r * rs + k * ks), a[r]);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) y[r] = avx512_bf16_dot_finish(a[r], x, w + r * rs, K16, K);
 }
 TGT_AVX512 static void avx512_bf16_gemv_rows(float *y, const float *x, const uint16_t *w, int n0, int n1, int N,
                                              int K, int G)
