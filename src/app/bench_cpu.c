@@ -1,6 +1,6 @@
 /* dcpinfer-bench-cpu: this machine's limits, for scripts/bench-cpu.sh.
- *   read bandwidth: GB/s summing a 1 GiB array (vector loads, 8
- *     accumulators, threads splitting it), best of 8; with --read
+ *   read bandwidth: GB/s summing a 1 GiB array in huge pages (vector
+ *     loads, 8 accumulators, threads splitting it), best of 8; with --read
  *     SECONDS, only this, as the rate over every pass for that long
  *   FMA peak: GFLOP/s of a register-only loop of independent FMAs at the
  *     widest vector the GEMM kernels use on this CPU
@@ -38,7 +38,7 @@ __attribute__((target("avx2,fma"))) static float read_avx2(const float *p, size_
 static double read_bandwidth(int threads, double seconds)
 {
     size_t n = (size_t)1 << 28; /* 1 GiB of floats */
-    float *p = xmalloc(n * sizeof(float));
+    float *p = xmalloc_huge(n * sizeof(float)); /* in huge pages, as the model's weights are */
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t i = 0; i < n; i++) p[i] = (float)(i & 7);
     double best = 0, start = now_s();

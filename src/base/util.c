@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -31,6 +32,16 @@ void *xmalloc(size_t n)
 {
     void *p = malloc(n ? n : 1);
     if (!p) oom(n);
+    return p;
+}
+
+void *xmalloc_huge(size_t n)
+{
+    size_t huge = (size_t)2 << 20;
+    void *p;
+    if (n < huge) return xmalloc(n);
+    if (posix_memalign(&p, huge, n)) oom(n);
+    madvise(p, n / huge * huge, MADV_HUGEPAGE);
     return p;
 }
 

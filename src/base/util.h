@@ -16,6 +16,11 @@ void *xmalloc(size_t n);
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+/* n bytes for data streamed from memory (weights, bandwidth loops): at
+ * least 2 MiB go on a 2 MiB boundary, in transparent huge pages where the
+ * kernel offers them (madvise mode), so that a linear read does not miss
+ * the TLB every 4 KiB. Released with free(). */
+void *xmalloc_huge(size_t n);
 
 double now_s(void);
 

@@ -472,16 +472,12 @@ static void source_close(Source *src)
     st_checkpoint_close(&src->ck);
 }
 
-/* Weight buffers: large ones on 2 MiB boundaries and in huge pages where
- * the kernel offers them (madvise mode), so that decode's weight streams
- * do not miss the TLB every 4 KiB. */
+/* Weight buffers: large ones in huge pages (xmalloc_huge), so that
+ * decode's weight streams do not miss the TLB every 4 KiB. */
 static void *owned_alloc(Weights *w, size_t bytes)
 {
     w->owned = xrealloc(w->owned, sizeof(void *) * (size_t)(w->n_owned + 1));
-    void *p;
-    size_t huge = (size_t)2 << 20;
-    if (bytes >= huge && !posix_memalign(&p, huge, bytes)) madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
-    else p = xmalloc(bytes);
+    void *p = xmalloc_huge(bytes);
     w->owned[w->n_owned++] = p;
     w->bytes += bytes;
     return p;
