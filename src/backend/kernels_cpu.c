@@ -676,7 +676,7 @@ TGT_AVX512 static void avx512_lane_panel(float *y, size_t ldy, const float *xp, 
  * follows best; out-of-order execution overlaps the next rows' chains
  * with this one's. Against six rows at once with the next six fetched
  * into L2 (the 110M shape's decode on this Zen 4, one thread, alternating
- * runs: 44 -> 54-58 tokens/s; a 1 GiB matrix of 768-wide rows in huge
+ * runs: 44-47 -> 54-59.5 tokens/s; a 1 GiB matrix of 768-wide rows in huge
  * pages: 18-23 -> 26-29 GB/s, where a linear read went at 29-32) */
 TGT_AVX512 static void avx512_f32_gemv_rows(float *y, const float *x, const float *w, int n0, int n1, int N, int K,
                                             int G)

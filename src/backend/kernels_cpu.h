@@ -12,9 +12,10 @@
 void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int out);
 
 /* Rows per group (WeightRef.group) of the weight layout these kernels read
- * fastest for elements of type t: 6 for bf16 on AVX2 (decode streams a
- * matrix as one run of memory), else 0 (row after row). gemm_invariant
- * takes either layout on every instruction set, with the same result. */
+ * fastest for elements of type t: 6 for bf16 on AVX2 and AVX-512 (decode
+ * streams a matrix as one run of memory), else 0 (row after row).
+ * gemm_invariant takes either layout on every instruction set, with the
+ * same result. */
 int cpu_weight_group(DType t);
 
 /* The kernels' instruction set: "auto" (default: the best this CPU has),
