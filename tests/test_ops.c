@@ -2,6 +2,8 @@
  * context and a new part and merged by LSE equals attention over all keys;
  * empty sides contribute nothing; the two RoPE conventions agree under the
  * row permutation that relates them; partitions cover their range. */
+#include <float.h>
+
 #include "backend.h"
 #include "model.h"
 #include "sampler.h"
@@ -147,6 +149,33 @@ static void test_partition(void)
     }
 }
 
+/* the vocabulary scans against their definitions, plain scans: rows of
+ * every length around the lanes' width and a vocabulary's, with ties, both
+ * zeros, infinities and NaNs */
+static void test_vocab_scans(void)
+{
+    uint64_t s = 7;
+    static float x[32003];
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 2.0f, -FLT_MAX};
+    int wrong_max = 0, wrong_finite = 0, rows = 0;
+    for (int n = 1; n <= 32003; n = n < 70 ? n + 1 : n * 3 + 1) {
+        for (int rep = 0; rep < 40; rep++, rows++) {
+            for (int i = 0; i < n; i++) x[i] = (float)(int)(frand(&s) * 3); /* -2 .. 2: many ties */
+            int specials = rep % 8; /* 0: none; the rest place up to 7 */
+            for (int k = 0; k < specials; k++)
+                x[splitmix64(&s) % (uint64_t)n] = special[(rep / 8 + k) % 7];
+            int best = 0, finite = 1;
+            for (int i = 1; i < n; i++)
+                if (x[i] > x[best]) best = i;
+            for (int i = 0; i < n; i++) finite &= isfinite(x[i]) != 0;
+            wrong_max += argmax_f32(x, n) != best;
+            wrong_finite += logits_finite(x, n) != finite;
+        }
+    }
+    CHECK(!wrong_max, "argmax_f32 differs from a plain scan in %d of %d rows", wrong_max, rows);
+    CHECK(!wrong_finite, "logits_finite differs from isfinite in %d of %d rows", wrong_finite, rows);
+}
+
 static void test_sampler(void)
 {
     float l[5] = {1, 3, 3, 0, -1};
@@ -184,6 +213,7 @@ int main(int argc, char **argv)
     test_rope(be);
     test_matmul_rmsnorm(be);
     test_partition();
+    test_vocab_scans();
     test_sampler();
     test_half_floats();
     MPI_Finalize();
