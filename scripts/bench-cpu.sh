@@ -10,7 +10,9 @@
 #              bytes read per token x tokens/s / read bandwidth); also
 #              that fraction against the read rate the machine sustains
 #              for 2 s just before and just after the run (median of the
-#              rounds, and their range)
+#              rounds, and their range); and bf16 / fp32 tokens/s, both
+#              as the ratio of the best figures and as the median of the
+#              rounds' ratios, each from two runs one after the other
 #     prefill  one 512-token prompt: tokens/s, the GEMMs' GFLOP/s as a
 #              fraction of the FMA peak (2 x 512 x matrix weights /
 #              /timings/matmul), and attention's share of the prefill
@@ -96,21 +98,32 @@ rss() { sed -n 's/.*peak resident \([0-9.]*\) MiB.*/\1/p' "$1"; }
 of_read() { awk -v r="$1" -v b="${wbytes[$2]}" -v w="$3" 'BEGIN { print 100 * r * b / (w * 1e9) }'; }
 sustained() { "$B/dcpinfer-bench-cpu" --read 2 "$1" | sed -n 's/^read_sustained_gbs //p'; }
 
-declare -A dec beside prefill_s gemm_s att_s batch mem
+# bf16 / fp32 decode is also taken pair by pair: the two runs of a round
+# one after the other (fp32 first in odd rounds, bf16 first in even ones,
+# so that a drift favours neither), their ratio, then the median of the
+# rounds. The best of each dtype's rounds may come from different moments
+# of the machine: on the Zen 4, 2-thread pairs a minute apart gave 1.13 and
+# 1.75 with the same binary.
+declare -A dec beside pair prefill_s gemm_s att_s batch mem
 for r in $(seq "$REPS"); do
     echo "# round $r of $REPS" >&2
     while read -r name layers dim heads hidden; do
-        for dt in f32 bf16; do
-            m="$W/m$name-$dt"
-            for t in 1 2; do
+        for t in 1 2; do
+            declare -A now=()
+            for dt in $( ((r % 2)) && echo f32 bf16 || echo bf16 f32); do
                 b0=$(sustained $t)
-                run $t "$m" "$W/decode.jsonl" "$W/d"
+                run $t "$W/m$name-$dt" "$W/decode.jsonl" "$W/d"
                 b1=$(sustained $t)
                 rate=$(sed -n 's/^# decode-only steps: .*: \([0-9.]*\) tokens\/s.*/\1/p' "$W/d.txt")
+                now[$dt]=$rate
                 dec[$name.$dt.$t]+=" $rate"
                 beside[$name.$dt.$t]+=" $(of_read "$rate" "$name.$dt" "$(awk -v x="$b0" -v y="$b1" 'BEGIN { print (x + y) / 2 }')")"
                 mem[d.$name.$dt.$t]+=" $(rss "$W/d.txt")"
             done
+            pair[$name.$t]+=" $(awk -v b="${now[bf16]}" -v f="${now[f32]}" 'BEGIN { print b / f }')"
+        done
+        for dt in f32 bf16; do
+            m="$W/m$name-$dt"
             for t in 1 2; do
                 run $t "$m" "$W/prefill.jsonl" "$W/p"
                 prefill_s[$name.$dt.$t]+=" $(h5val "$W/p.h5" /timings/prefill)"
@@ -171,3 +184,12 @@ for dt in f32 bf16; do
     printf "  %-5s %-5s %-8s %8s %10s %10s %12s %9s  32 requests; %s\n" 15M $dt batch 2 \
         "$(best ${batch[$dt]})" - - "$(least ${mem[b.$dt]})" "$same"
 done
+
+printf "\n# bf16 / fp32 decode tokens/s: the best figures' ratio; run beside run, the median of the rounds (range)\n"
+while read -r name layers dim heads hidden; do
+    for t in 1 2; do
+        printf "  %-5s %d thread%s  %.2fx  run beside run %.2fx (%.2f-%.2fx)\n" $name $t "$([ $t = 1 ] && echo ' ' || echo s)" \
+            "$(awk -v b="$(best ${dec[$name.bf16.$t]})" -v f="$(best ${dec[$name.f32.$t]})" 'BEGIN { print b / f }')" \
+            "$(median ${pair[$name.$t]})" "$(least ${pair[$name.$t]})" "$(best ${pair[$name.$t]})"
+    done
+done <<<"$shapes"
