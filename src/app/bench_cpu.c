@@ -7,8 +7,11 @@
  *   sgemm: OpenBLAS's GFLOP/s for (M, K) x (K, N)^T through the CPU
  *     backend's --cpu-gemm openblas path
  *   gemm: the same shape through the batch-invariant GEMM (fp32 and bf16)
+ *   with --gemv SECONDS, only a decode step's GEMVs (gemv_rate) against
+ *     the read rate, in turn
  * Usage: dcpinfer-bench-cpu [threads] [M K N]
- *        dcpinfer-bench-cpu --read SECONDS [threads] */
+ *        dcpinfer-bench-cpu --read SECONDS [threads]
+ *        dcpinfer-bench-cpu --gemv SECONDS [threads] */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -63,6 +66,38 @@ static double read_bandwidth(int threads, double seconds)
     return seconds > 0 ? all : best;
 }
 
+/* GB/s of the matrices of one decode step of the 110M shape (12 layers of
+ * four 768 x 768, two 2048 x 768 and one 768 x 2048, then a 32000 x 768
+ * LM head), in that order against one activation row, as gemm_invariant
+ * reads them in dcpinfer: elements of type t in huge pages, bf16 in the
+ * row groups the model loader stores; every step for SECONDS together.
+ * The weights' values do not matter to the speed: they are left as
+ * allocated (zero pages would not be read from memory, so each is set). */
+static double gemv_rate(DType t, double seconds)
+{
+    enum { L = 12, D = 768, HID = 2048, VOCAB = 32000 };
+    static const int shape[7][2] = {{D, D}, {D, D}, {D, D}, {D, D}, {HID, D}, {HID, D}, {D, HID}}; /* out, in */
+    size_t n = (size_t)L * (4 * D * D + 3 * (size_t)D * HID) + (size_t)VOCAB * D, es = dtype_bytes(t);
+    char *w = xmalloc_huge(n * es);
+    memset(w, 0x3c, n * es); /* small finite values in either type */
+    float x[HID], y[VOCAB];
+    for (int i = 0; i < HID; i++) x[i] = 1e-3f * (float)i;
+    int group = t == DTYPE_BF16 ? cpu_weight_group(t) : 0, steps = 0;
+    double start = now_s();
+    for (; now_s() - start < seconds; steps++) {
+        size_t off = 0;
+        for (int l = 0; l <= L; l++)
+            for (int i = 0; i < (l < L ? 7 : 1); i++) {
+                int out = l < L ? shape[i][0] : VOCAB, in = l < L ? shape[i][1] : D;
+                gemm_invariant(y, x, (WeightRef){w + off * es, t, group}, 1, in, out);
+                off += (size_t)out * in;
+            }
+    }
+    double gbs = (double)steps * n * es / (now_s() - start) / 1e9;
+    free(w);
+    return gbs;
+}
+
 __attribute__((target("avx2,fma"))) static float fma_loop_avx2(long iters)
 {
     __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
@@ -105,19 +140,26 @@ static double gflops(int M, int K, int N, double seconds) { return 2.0 * M * K *
 
 int main(int argc, char **argv)
 {
-    int sustained = argc > 2 && !strcmp(argv[1], "--read");
+    int sustained = argc > 2 && !strcmp(argv[1], "--read"), gemv = argc > 2 && !strcmp(argv[1], "--gemv");
+    sustained |= gemv;
     double seconds = sustained ? atof(argv[2]) : 0;
     int threads = sustained ? (argc > 3 ? atoi(argv[3]) : omp_get_max_threads())
                             : (argc > 1 ? atoi(argv[1]) : omp_get_max_threads());
     int M = argc > 4 ? atoi(argv[2]) : 512, K = argc > 4 ? atoi(argv[3]) : 768, N = argc > 4 ? atoi(argv[4]) : 2048;
     if (threads < 1 || (sustained ? seconds <= 0 : M < 1 || K < 1 || N < 1)) {
-        fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N] | --read SECONDS [threads]\n");
+        fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N] | --read SECONDS [threads] | --gemv SECONDS [threads]\n");
         return 2;
     }
     backend_set_threads(threads);
     if (strcmp(cpu_isa(), "generic") == 0) { /* the read loop is AVX2 as well */
         fprintf(stderr, "dcpinfer-bench-cpu: needs AVX2 and FMA\n");
         return 1;
+    }
+    if (gemv) { /* in turn, so that each sees the machine of the same minutes */
+        for (int round = 0; round < 2; round++)
+            printf("read_sustained_gbs %.2f  gemv_f32_gbs %.2f  gemv_bf16_gbs %.2f\n", read_bandwidth(threads, seconds),
+                   gemv_rate(DTYPE_F32, seconds), gemv_rate(DTYPE_BF16, seconds));
+        return 0;
     }
     if (sustained) {
         printf("read_sustained_gbs %.2f\n", read_bandwidth(threads, seconds));
