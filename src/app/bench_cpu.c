@@ -71,8 +71,8 @@ static double read_bandwidth(int threads, double seconds)
  * LM head), in that order against one activation row, as gemm_invariant
  * reads them in dcpinfer: elements of type t in huge pages, bf16 in the
  * row groups the model loader stores; every step for SECONDS together.
- * The weights' values do not matter to the speed: they are left as
- * allocated (zero pages would not be read from memory, so each is set). */
+ * The weights' values do not matter to the speed, but each is written:
+ * untouched pages would all map the one zero page, read from cache. */
 static double gemv_rate(DType t, double seconds)
 {
     enum { L = 12, D = 768, HID = 2048, VOCAB = 32000 };
@@ -140,13 +140,13 @@ static double gflops(int M, int K, int N, double seconds) { return 2.0 * M * K *
 
 int main(int argc, char **argv)
 {
-    int sustained = argc > 2 && !strcmp(argv[1], "--read"), gemv = argc > 2 && !strcmp(argv[1], "--gemv");
-    sustained |= gemv;
-    double seconds = sustained ? atof(argv[2]) : 0;
-    int threads = sustained ? (argc > 3 ? atoi(argv[3]) : omp_get_max_threads())
-                            : (argc > 1 ? atoi(argv[1]) : omp_get_max_threads());
+    int gemv = argc > 2 && !strcmp(argv[1], "--gemv");
+    int timed = gemv || (argc > 2 && !strcmp(argv[1], "--read")); /* --read or --gemv SECONDS [threads] */
+    double seconds = timed ? atof(argv[2]) : 0;
+    int threads = timed ? (argc > 3 ? atoi(argv[3]) : omp_get_max_threads())
+                        : (argc > 1 ? atoi(argv[1]) : omp_get_max_threads());
     int M = argc > 4 ? atoi(argv[2]) : 512, K = argc > 4 ? atoi(argv[3]) : 768, N = argc > 4 ? atoi(argv[4]) : 2048;
-    if (threads < 1 || (sustained ? seconds <= 0 : M < 1 || K < 1 || N < 1)) {
+    if (threads < 1 || (timed ? seconds <= 0 : M < 1 || K < 1 || N < 1)) {
         fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N] | --read SECONDS [threads] | --gemv SECONDS [threads]\n");
         return 2;
     }
@@ -161,7 +161,7 @@ int main(int argc, char **argv)
                    gemv_rate(DTYPE_F32, seconds), gemv_rate(DTYPE_BF16, seconds));
         return 0;
     }
-    if (sustained) {
+    if (timed) {
         printf("read_sustained_gbs %.2f\n", read_bandwidth(threads, seconds));
         return 0;
     }
