@@ -1,10 +1,12 @@
 /* The CPU backend's ops against direct formulas: attention split into a
  * context and a new part and merged by LSE equals attention over all keys;
  * empty sides contribute nothing; the two RoPE conventions agree under the
- * row permutation that relates them; partitions cover their range. */
+ * row permutation that relates them; partitions cover their range; the
+ * attention kernel is its defined arithmetic to the bit. */
 #include <float.h>
 
 #include "backend.h"
+#include "kernels_cpu.h"
 #include "model.h"
 #include "sampler.h"
 #include "testutil.h"
@@ -78,6 +80,107 @@ static void test_attention_split(const Backend *be)
     worst = fabs(lse_full[3] - (m + log(sum)));
     for (int x = 0; x < D; x++) worst = fmax(worst, fabs(full[3 * D + x] - o[x] / sum));
     CHECK(worst < 1e-5, "attention vs direct softmax: %g", worst);
+}
+
+/* the attention kernel (kernels_cpu.inc's attend) against its defined
+ * arithmetic written plainly: every score a dot product in 16 lane chains
+ * over k, added by the fixed tree, then the rest in order; times scale;
+ * m the maximum; p_j = expf(s_j - m); sum and every output lane chains
+ * over j in order; out = o x (1 / sum); lse = m + logf(sum). Bit for bit,
+ * on every instruction set this CPU has, fp32 and bf16 KV, paged and not,
+ * for calls that read whole rows (all KV heads) and calls that read a
+ * part of each row (one KV head each, as threads split a token's heads):
+ * the kernel reads the two in different orders */
+static float plain_dot(const float *x, const float *w, int K)
+{
+    float a[16] = {0}, h[8], g[4];
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int l = 0; l < 16; l++) a[l] = fmaf(x[k + l], w[k + l], a[l]);
+    for (int i = 0; i < 8; i++) h[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) g[i] = h[i] + h[i + 4];
+    float s = (g[0] + g[2]) + (g[1] + g[3]);
+    for (; k < K; k++) s = fmaf(x[k], w[k], s);
+    return s;
+}
+static void plain_attend(float *out, float *lse, const float *q, const float *k, const float *v, const size_t *row,
+                         int j0, int n, int D, int Dv, int H, int group, float scale)
+{
+    float p[96];
+    for (int h = 0; h < H; h++) {
+        size_t at = (size_t)(h / group) * D;
+        float m = -INFINITY, sum = 0.0f, *o = out + (size_t)h * Dv;
+        for (int j = j0; j < n; j++) {
+            p[j] = plain_dot(q + (size_t)h * D, k + row[j] + at, D) * scale;
+            m = p[j] > m ? p[j] : m;
+        }
+        for (int j = j0; j < n; j++) {
+            p[j] = expf(p[j] - m);
+            sum += p[j];
+        }
+        for (int d = 0; d < Dv; d++) {
+            float a = 0.0f;
+            for (int j = j0; j < n; j++) a = fmaf(p[j], v[row[j] + at + d], a);
+            o[d] = a * (1.0f / sum);
+        }
+        lse[h] = m + logf(sum);
+    }
+}
+static void test_attend_defined(void)
+{
+    static const char *const isa_names[] = {"generic", "avx2", "avx512"};
+    enum { NMAX = 96, BLOCK = 5, NB = NMAX / BLOCK + 1, KVH = 4, DMAX = 80, HMAX = 12 };
+    static float k[NB * BLOCK * KVH * DMAX], v[NB * BLOCK * KVH * DMAX], kr[NB * BLOCK * KVH * DMAX],
+        vr[NB * BLOCK * KVH * DMAX];
+    static uint16_t kb[NB * BLOCK * KVH * DMAX], vb[NB * BLOCK * KVH * DMAX];
+    float q[HMAX * DMAX], want[HMAX * DMAX], got[HMAX * DMAX], want_lse[HMAX], got_lse[HMAX];
+    float *scratch = xmalloc(attend_scratch_bytes(NMAX, HMAX));
+    int table[NB];
+    size_t row[NMAX];
+    uint64_t s = 11;
+    int calls = 0, wrong = 0;
+    for (int i = 0; i < NB; i++) table[i] = (i * 7 + 3) % NB; /* blocks out of order */
+    for (int i = 0; i < NB * BLOCK * KVH * DMAX; i++) {
+        k[i] = frand(&s), v[i] = frand(&s);
+        kb[i] = f32_to_bf16(k[i]), vb[i] = f32_to_bf16(v[i]);
+    }
+    for (int ii = 0; ii < 3; ii++) {
+        if (cpu_set_isa(isa_names[ii])) continue;
+        for (int rep = 0; rep < 60; rep++) {
+            int kvh = 1 + rep % KVH, group = 1 + rep / 4 % 3, H = kvh * group, D = (int[]){16, 64, 80, 24}[rep % 4];
+            int Dv = rep % 5 == 4 ? D / 2 : D, n = 1 + (int)(splitmix64(&s) % NMAX), paged = rep % 2;
+            int j0 = rep % 3 == 2 ? (int)(splitmix64(&s) % (uint64_t)n) : 0, bf = rep / 2 % 2;
+            size_t stride = (size_t)kvh * D;
+            for (int i = 0; i < H * D; i++) q[i] = 2.0f * frand(&s);
+            for (int j = 0; j < n; j++)
+                row[j] = (paged ? (size_t)table[j / BLOCK] * BLOCK + (size_t)(j % BLOCK) : (size_t)j) * stride;
+            const float *kk = k, *vv = v;
+            if (bf) { /* the reference reads the bf16 values as floats */
+                for (size_t i = 0; i < (size_t)NB * BLOCK * stride; i++) kr[i] = bf16_to_f32(kb[i]), vr[i] = bf16_to_f32(vb[i]);
+                kk = kr, vv = vr;
+            }
+            float scale = 1.0f / sqrtf((float)D);
+            plain_attend(want, want_lse, q, kk, vv, row, j0, n, D, Dv, H, group, scale);
+            AttendFn attend = cpu_attend(bf ? DTYPE_BF16 : DTYPE_F32);
+            size_t es = bf ? 2 : 4;
+            const char *kbase = bf ? (const char *)kb : (const char *)k, *vbase = bf ? (const char *)vb : (const char *)v;
+            for (int split = 0; split < 2; split++) {
+                int parts = split ? kvh : 1;
+                for (int part = 0; part < parts; part++) { /* KV heads [part, part + kvh / parts) */
+                    int g0 = part * (kvh / parts), Hp = kvh / parts * group;
+                    attend(got + (size_t)g0 * group * Dv, got_lse + g0 * group, q + (size_t)g0 * group * D,
+                           kbase + (size_t)g0 * D * es, vbase + (size_t)g0 * D * es, paged ? table : NULL, BLOCK,
+                           stride, j0, n, D, Dv, Hp, group, scale, scratch);
+                }
+                calls++;
+                wrong += memcmp(got, want, sizeof(float) * H * Dv) || memcmp(got_lse, want_lse, sizeof(float) * H);
+            }
+        }
+    }
+    free(scratch);
+    CHECK(calls >= 240, "attention kernel checks ran: %d", calls);
+    CHECK(!wrong, "attention kernel differs from its defined arithmetic in %d of %d calls", wrong, calls);
+    CHECK(!cpu_set_isa("auto"), "auto");
 }
 
 static void test_rope(const Backend *be)
@@ -210,6 +313,7 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     const Backend *be = backend_cpu();
     test_attention_split(be);
+    test_attend_defined();
     test_rope(be);
     test_matmul_rmsnorm(be);
     test_partition();
