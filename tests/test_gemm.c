@@ -179,7 +179,7 @@ static void attention_row(int n, int D, int B, uint64_t *st)
         float *l = i == 0 ? &lse_ref : &lse;
         float exact[4096];
         memcpy(exact, out, sizeof(float) * D);
-        cpu_attend(DTYPE_F32)(o, l, q, k + D, v + D, table, B, (size_t)stride, j0, n, D, D, 1, 1, scale, score);
+        cpu_attend(DTYPE_F32)(o, l, q, k + D, v + D, table, B, (size_t)stride, j0, n, D, D, 1, 1, scale, score, 0);
         if (i == 0) {
             for (int d = 0; d < D; d++) {
                 double e = fabs(ref[d] - exact[d]);
@@ -202,12 +202,12 @@ static void attention_row(int n, int D, int B, uint64_t *st)
         for (int bf = 0; bf < 2; bf++) {
             DType kt = bf ? DTYPE_BF16 : DTYPE_F32;
             const void *kk = bf ? (const void *)k16 : k, *vv = bf ? (const void *)v16 : v;
-            cpu_attend(kt)(all, lse6, q, kk, vv, table, B, (size_t)stride, j0, n, D, D, 6, 2, scale, score);
+            cpu_attend(kt)(all, lse6, q, kk, vv, table, B, (size_t)stride, j0, n, D, D, 6, 2, scale, score, 0);
             int differ = 0;
             for (int h = 0; h < 6; h++) {
                 size_t e = (size_t)(h / 2) * D * (bf ? 2 : 4);
                 cpu_attend(kt)(one, &lse, q + (size_t)h * D, (const char *)kk + e, (const char *)vv + e, table, B,
-                               (size_t)stride, j0, n, D, D, 1, 1, scale, score);
+                               (size_t)stride, j0, n, D, D, 1, 1, scale, score, 0);
                 differ += memcmp(one, all + (size_t)h * D, sizeof(float) * D) || lse != lse6[h];
             }
             CHECK(!differ, "attention n %d D %d, %s %s: %d of 6 heads differ from alone", n, D, isa_names[i],

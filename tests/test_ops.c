@@ -88,9 +88,10 @@ static void test_attention_split(const Backend *be)
  * m the maximum; p_j = expf(s_j - m); sum and every output lane chains
  * over j in order; out = o x (1 / sum); lse = m + logf(sum). Bit for bit,
  * on every instruction set this CPU has, fp32 and bf16 KV, paged and not,
- * for calls that read whole rows (all KV heads) and calls that read a
- * part of each row (one KV head each, as threads split a token's heads):
- * the kernel reads the two in different orders */
+ * for calls that read whole rows (all KV heads), whole rows said to be
+ * warm, and calls that read a part of each row (one KV head each, as
+ * threads split a token's heads): the kernel reads them in different
+ * orders */
 static float plain_dot(const float *x, const float *w, int K)
 {
     float a[16] = {0}, h[8], g[4];
@@ -164,13 +165,13 @@ static void test_attend_defined(void)
             AttendFn attend = cpu_attend(bf ? DTYPE_BF16 : DTYPE_F32);
             size_t es = bf ? 2 : 4;
             const char *kbase = bf ? (const char *)kb : (const char *)k, *vbase = bf ? (const char *)vb : (const char *)v;
-            for (int split = 0; split < 2; split++) {
-                int parts = split ? kvh : 1;
+            for (int way = 0; way < 3; way++) { /* whole rows; whole and warm; split by KV head */
+                int parts = way == 2 ? kvh : 1;
                 for (int part = 0; part < parts; part++) { /* KV heads [part, part + kvh / parts) */
                     int g0 = part * (kvh / parts), Hp = kvh / parts * group;
                     attend(got + (size_t)g0 * group * Dv, got_lse + g0 * group, q + (size_t)g0 * group * D,
                            kbase + (size_t)g0 * D * es, vbase + (size_t)g0 * D * es, paged ? table : NULL, BLOCK,
-                           stride, j0, n, D, Dv, Hp, group, scale, scratch);
+                           stride, j0, n, D, Dv, Hp, group, scale, scratch, way == 1);
                 }
                 calls++;
                 wrong += memcmp(got, want, sizeof(float) * H * Dv) || memcmp(got_lse, want_lse, sizeof(float) * H);
@@ -178,7 +179,7 @@ static void test_attend_defined(void)
         }
     }
     free(scratch);
-    CHECK(calls >= 240, "attention kernel checks ran: %d", calls);
+    CHECK(calls >= 360, "attention kernel checks ran: %d", calls);
     CHECK(!wrong, "attention kernel differs from its defined arithmetic in %d of %d calls", wrong, calls);
     CHECK(!cpu_set_isa("auto"), "auto");
 }

@@ -141,9 +141,11 @@ static void cpu_attention(const AttnBatch *a)
                 free(score);
                 score = xmalloc(cap);
             }
+            /* the token before, of the same sequence, has just read these keys */
+            int warm = t > 0 && a->k[t] == a->k[t - 1] && (a->blocks ? a->blocks[t] == a->blocks[t - 1] : 1);
             attend(o, &a->lse[r], a->q + r * D, (const char *)a->k[t] + (size_t)g0 * D * esize,
                    (const char *)a->v[t] + (size_t)g0 * D * esize, a->blocks ? a->blocks[t] : NULL, a->block_size,
-                   (size_t)a->kv_stride, j0, n, D, Dv, H, group, a->scale, score);
+                   (size_t)a->kv_stride, j0, n, D, Dv, H, group, a->scale, score, warm);
         }
     }
 }

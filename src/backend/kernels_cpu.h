@@ -29,10 +29,12 @@ const char *cpu_isa(void);
  * key j in row table ? table[j / B] * B + j % B : j, rows stride elements
  * apart): out (H rows of Dv floats) and lse (H). A row's value depends on
  * its keys only, not on the instruction set, the batch or the other heads
- * of the call (kernels_cpu.inc). scratch: attend_scratch_bytes(n, H). */
+ * of the call (kernels_cpu.inc). scratch: attend_scratch_bytes(n, H).
+ * warm: the keys were just read (by the token before, of the same
+ * sequence), so they are in cache; it changes the order of reading only. */
 typedef void (*AttendFn)(float *out, float *lse, const float *q, const void *k, const void *v, const int *table,
                          int B, size_t stride, int j0, int n, int D, int Dv, int H, int group, float scale,
-                         float *scratch);
+                         float *scratch, int warm);
 AttendFn cpu_attend(DType kv);
 /* the scratch: H rows of n scores, H sums, then (8-byte aligned) n key
  * offsets */
