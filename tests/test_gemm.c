@@ -143,6 +143,17 @@ static void shape(int T, int K, int N, uint64_t *st)
     free(x), free(w), free(wb), free(w16), free(w16g), free(ref), free(y), free(y1);
 }
 
+/* one token's H heads over keys j0 .. n-1 */
+static void attend_row(DType kt, float *out, float *lse, const float *q, const void *k, const void *v,
+                       const int *table, int B, int stride, int j0, int n, int D, int H, int group, float scale,
+                       float *scratch)
+{
+    AttendRows a = {.R = 1, .H = H, .group = group, .D = D, .Dv = D, .j0 = &j0, .n = &n, .q = q, .out = out,
+                    .lse = lse, .k = k, .v = v, .table = table, .B = B, .stride = (size_t)stride, .scale = scale,
+                    .scratch = scratch};
+    cpu_attend(kt)(&a);
+}
+
 /* One attention row over n paged keys: the same bits on every ISA, and
  * softmax(q k / sqrt(D)) v within fp32 rounding of double precision. */
 static void attention_row(int n, int D, int B, uint64_t *st)
@@ -179,7 +190,7 @@ static void attention_row(int n, int D, int B, uint64_t *st)
         float *l = i == 0 ? &lse_ref : &lse;
         float exact[4096];
         memcpy(exact, out, sizeof(float) * D);
-        cpu_attend(DTYPE_F32)(o, l, q, k + D, v + D, table, B, (size_t)stride, j0, n, D, D, 1, 1, scale, score, 0);
+        attend_row(DTYPE_F32, o, l, q, k + D, v + D, table, B, stride, j0, n, D, 1, 1, scale, score);
         if (i == 0) {
             for (int d = 0; d < D; d++) {
                 double e = fabs(ref[d] - exact[d]);
@@ -202,12 +213,12 @@ static void attention_row(int n, int D, int B, uint64_t *st)
         for (int bf = 0; bf < 2; bf++) {
             DType kt = bf ? DTYPE_BF16 : DTYPE_F32;
             const void *kk = bf ? (const void *)k16 : k, *vv = bf ? (const void *)v16 : v;
-            cpu_attend(kt)(all, lse6, q, kk, vv, table, B, (size_t)stride, j0, n, D, D, 6, 2, scale, score, 0);
+            attend_row(kt, all, lse6, q, kk, vv, table, B, stride, j0, n, D, 6, 2, scale, score);
             int differ = 0;
             for (int h = 0; h < 6; h++) {
                 size_t e = (size_t)(h / 2) * D * (bf ? 2 : 4);
-                cpu_attend(kt)(one, &lse, q + (size_t)h * D, (const char *)kk + e, (const char *)vv + e, table, B,
-                               (size_t)stride, j0, n, D, D, 1, 1, scale, score, 0);
+                attend_row(kt, one, &lse, q + (size_t)h * D, (const char *)kk + e, (const char *)vv + e, table, B,
+                           stride, j0, n, D, 1, 1, scale, score);
                 differ += memcmp(one, all + (size_t)h * D, sizeof(float) * D) || lse != lse6[h];
             }
             CHECK(!differ, "attention n %d D %d, %s %s: %d of 6 heads differ from alone", n, D, isa_names[i],

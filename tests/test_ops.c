@@ -85,24 +85,55 @@ static void test_attention_split(const Backend *be)
 /* the attention kernel (kernels_cpu.inc's attend) against its defined
  * arithmetic written plainly: every score a dot product in 16 lane chains
  * over k, added by the fixed tree, then the rest in order; times scale;
- * m the maximum; p_j = expf(s_j - m); sum and every output lane chains
- * over j in order; out = o x (1 / sum); lse = m + logf(sum). Bit for bit,
- * on every instruction set this CPU has, fp32 and bf16 KV, paged and not,
- * for calls that read whole rows (all KV heads), whole rows said to be
- * warm, and calls that read a part of each row (one KV head each, as
- * threads split a token's heads): the kernel reads them in different
- * orders */
+ * m the maximum (16 lane maxima from j0, by the same tree, then the rest
+ * in order); p_j = exp(s_j - m) by the kernels' exp (below); their sum in
+ * 16 lane chains from j0, by the tree, then the rest in order; every
+ * output lane chains over j in order; out = o x (1 / sum); lse = m +
+ * logf(sum). Bit for bit, on every instruction set this CPU has, fp32 and
+ * bf16 KV, paged and not, for calls that read whole rows (all KV heads),
+ * whole rows said to be warm, and calls that read a part of each row (one
+ * KV head each, as threads split a token's heads): the kernel reads them
+ * in different orders; up to five tokens of a sequence in one call (a
+ * prefill chunk's, or any keys each) against each token alone; one to
+ * eight query heads per KV head */
+static float plain_tree(const float *a, int max)
+{
+    float h[8], g[4], f[2];
+    for (int i = 0; i < 8; i++) h[i] = max ? (a[i] > a[i + 8] ? a[i] : a[i + 8]) : a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) g[i] = max ? (h[i] > h[i + 4] ? h[i] : h[i + 4]) : h[i] + h[i + 4];
+    for (int i = 0; i < 2; i++) f[i] = max ? (g[i] > g[i + 2] ? g[i] : g[i + 2]) : g[i] + g[i + 2];
+    return max ? (f[0] > f[1] ? f[0] : f[1]) : f[0] + f[1];
+}
 static float plain_dot(const float *x, const float *w, int K)
 {
-    float a[16] = {0}, h[8], g[4];
+    float a[16] = {0};
     int k = 0;
     for (; k + 16 <= K; k += 16)
         for (int l = 0; l < 16; l++) a[l] = fmaf(x[k + l], w[k + l], a[l]);
-    for (int i = 0; i < 8; i++) h[i] = a[i] + a[i + 8];
-    for (int i = 0; i < 4; i++) g[i] = h[i] + h[i + 4];
-    float s = (g[0] + g[2]) + (g[1] + g[3]);
+    float s = plain_tree(a, 0);
     for (; k < K; k++) s = fmaf(x[k], w[k], s);
     return s;
+}
+/* the kernels' exp: x clamped to [-104, 89], x = k ln 2 + r, k = x / ln 2
+ * rounded to nearest, e^r by Cephes's polynomial, times 2^k as 2^(k >> 1)
+ * 2^(k - (k >> 1)) */
+static float plain_exp(float x)
+{
+    if (isnan(x)) return x;
+    if (x < -104.0f) x = -104.0f;
+    if (x > 89.0f) x = 89.0f;
+    float kf = fmaf(x, 0x1.715476p+0f, 0x1.8p23f) - 0x1.8p23f;
+    float r = fmaf(kf, -0.693359375f, x);
+    r = fmaf(kf, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
+    int k = (int)kf, k1 = k >= 0 ? k / 2 : -((1 - k) / 2); /* floor(k / 2) */
+    return p * ldexpf(1.0f, k1) * ldexpf(1.0f, k - k1);
 }
 static void plain_attend(float *out, float *lse, const float *q, const float *k, const float *v, const size_t *row,
                          int j0, int n, int D, int Dv, int H, int group, float scale)
@@ -110,18 +141,21 @@ static void plain_attend(float *out, float *lse, const float *q, const float *k,
     float p[96];
     for (int h = 0; h < H; h++) {
         size_t at = (size_t)(h / group) * D;
-        float m = -INFINITY, sum = 0.0f, *o = out + (size_t)h * Dv;
-        for (int j = j0; j < n; j++) {
-            p[j] = plain_dot(q + (size_t)h * D, k + row[j] + at, D) * scale;
-            m = p[j] > m ? p[j] : m;
-        }
-        for (int j = j0; j < n; j++) {
-            p[j] = expf(p[j] - m);
-            sum += p[j];
-        }
+        float *o = out + (size_t)h * Dv, lane[16];
+        for (int j = j0; j < n; j++) p[j] = plain_dot(q + (size_t)h * D, k + row[j] + at, D) * scale;
+        int j16 = j0 + (n - j0) / 16 * 16, j;
+        for (int l = 0; l < 16; l++) lane[l] = -INFINITY;
+        for (j = j0; j < j16; j++) lane[(j - j0) % 16] = p[j] > lane[(j - j0) % 16] ? p[j] : lane[(j - j0) % 16];
+        float m = plain_tree(lane, 1);
+        for (; j < n; j++) m = p[j] > m ? p[j] : m;
+        for (j = j0; j < n; j++) p[j] = plain_exp(p[j] - m);
+        for (int l = 0; l < 16; l++) lane[l] = 0.0f;
+        for (j = j0; j < j16; j++) lane[(j - j0) % 16] += p[j];
+        float sum = plain_tree(lane, 0);
+        for (; j < n; j++) sum += p[j];
         for (int d = 0; d < Dv; d++) {
             float a = 0.0f;
-            for (int j = j0; j < n; j++) a = fmaf(p[j], v[row[j] + at + d], a);
+            for (j = j0; j < n; j++) a = fmaf(p[j], v[row[j] + at + d], a);
             o[d] = a * (1.0f / sum);
         }
         lse[h] = m + logf(sum);
@@ -130,13 +164,14 @@ static void plain_attend(float *out, float *lse, const float *q, const float *k,
 static void test_attend_defined(void)
 {
     static const char *const isa_names[] = {"generic", "avx2", "avx512"};
-    enum { NMAX = 96, BLOCK = 5, NB = NMAX / BLOCK + 1, KVH = 4, DMAX = 80, HMAX = 12 };
+    enum { NMAX = 96, BLOCK = 5, NB = NMAX / BLOCK + 1, KVH = 4, DMAX = 80, HMAX = 32, RMAX = 5 };
     static float k[NB * BLOCK * KVH * DMAX], v[NB * BLOCK * KVH * DMAX], kr[NB * BLOCK * KVH * DMAX],
         vr[NB * BLOCK * KVH * DMAX];
     static uint16_t kb[NB * BLOCK * KVH * DMAX], vb[NB * BLOCK * KVH * DMAX];
-    float q[HMAX * DMAX], want[HMAX * DMAX], got[HMAX * DMAX], want_lse[HMAX], got_lse[HMAX];
-    float *scratch = xmalloc(attend_scratch_bytes(NMAX, HMAX));
-    int table[NB];
+    static float q[RMAX * HMAX * DMAX], want[RMAX * HMAX * DMAX], got[RMAX * HMAX * DMAX];
+    float want_lse[RMAX * HMAX], got_lse[RMAX * HMAX];
+    float *scratch = xmalloc(attend_scratch_bytes(NMAX, RMAX * HMAX));
+    int table[NB], j0[RMAX], n[RMAX];
     size_t row[NMAX];
     uint64_t s = 11;
     int calls = 0, wrong = 0;
@@ -148,12 +183,19 @@ static void test_attend_defined(void)
     for (int ii = 0; ii < 3; ii++) {
         if (cpu_set_isa(isa_names[ii])) continue;
         for (int rep = 0; rep < 60; rep++) {
-            int kvh = 1 + rep % KVH, group = 1 + rep / 4 % 3, H = kvh * group, D = (int[]){16, 64, 80, 24}[rep % 4];
-            int Dv = rep % 5 == 4 ? D / 2 : D, n = 1 + (int)(splitmix64(&s) % NMAX), paged = rep % 2;
-            int j0 = rep % 3 == 2 ? (int)(splitmix64(&s) % (uint64_t)n) : 0, bf = rep / 2 % 2;
+            int kvh = 1 + rep % KVH, group = (int[]){1, 2, 3, 4, 5, 8}[rep / 4 % 6], H = kvh * group;
+            int D = (int[]){16, 64, 80, 24}[rep % 4];
+            int Dv = rep % 5 == 4 ? D / 2 : D, paged = rep % 2, bf = rep / 2 % 2, R = 1 + rep % 7 % RMAX;
+            /* R tokens of one sequence: as a prefill chunk's (one more key
+             * each) or any keys (a window, DCP shards) */
+            int n0 = 1 + (int)(splitmix64(&s) % (NMAX - RMAX));
+            for (int r = 0; r < R; r++) {
+                n[r] = rep % 3 == 1 ? 1 + (int)(splitmix64(&s) % NMAX) : n0 + r;
+                j0[r] = rep % 3 == 2 ? (int)(splitmix64(&s) % (uint64_t)n[r]) : 0;
+            }
             size_t stride = (size_t)kvh * D;
-            for (int i = 0; i < H * D; i++) q[i] = 2.0f * frand(&s);
-            for (int j = 0; j < n; j++)
+            for (int i = 0; i < R * H * D; i++) q[i] = 2.0f * frand(&s);
+            for (int j = 0; j < NMAX; j++)
                 row[j] = (paged ? (size_t)table[j / BLOCK] * BLOCK + (size_t)(j % BLOCK) : (size_t)j) * stride;
             const float *kk = k, *vv = v;
             if (bf) { /* the reference reads the bf16 values as floats */
@@ -161,27 +203,58 @@ static void test_attend_defined(void)
                 kk = kr, vv = vr;
             }
             float scale = 1.0f / sqrtf((float)D);
-            plain_attend(want, want_lse, q, kk, vv, row, j0, n, D, Dv, H, group, scale);
+            for (int r = 0; r < R; r++)
+                plain_attend(want + (size_t)r * H * Dv, want_lse + r * H, q + (size_t)r * H * D, kk, vv, row, j0[r],
+                             n[r], D, Dv, H, group, scale);
             AttendFn attend = cpu_attend(bf ? DTYPE_BF16 : DTYPE_F32);
             size_t es = bf ? 2 : 4;
             const char *kbase = bf ? (const char *)kb : (const char *)k, *vbase = bf ? (const char *)vb : (const char *)v;
-            for (int way = 0; way < 3; way++) { /* whole rows; whole and warm; split by KV head */
-                int parts = way == 2 ? kvh : 1;
-                for (int part = 0; part < parts; part++) { /* KV heads [part, part + kvh / parts) */
-                    int g0 = part * (kvh / parts), Hp = kvh / parts * group;
-                    attend(got + (size_t)g0 * group * Dv, got_lse + g0 * group, q + (size_t)g0 * group * D,
-                           kbase + (size_t)g0 * D * es, vbase + (size_t)g0 * D * es, paged ? table : NULL, BLOCK,
-                           stride, j0, n, D, Dv, Hp, group, scale, scratch, way == 1);
-                }
+            for (int way = 0; way < 4; way++) { /* whole rows; whole and warm; split by KV head; token by token */
+                int parts = way == 2 ? kvh : 1, tokens = way == 3 ? R : 1;
+                for (int part = 0; part < parts; part++) /* KV heads [part, part + kvh / parts) */
+                    for (int t = 0; t < tokens; t++) {
+                        int g0 = part * (kvh / parts), Hp = kvh / parts * group;
+                        size_t r0 = (size_t)t * H + (size_t)g0 * group;
+                        AttendRows ar = {.R = tokens == 1 ? R : 1, .H = Hp, .group = group, .D = D, .Dv = Dv,
+                                         .j0 = j0 + t, .n = n + t, .q = q + r0 * D, .out = got + r0 * Dv,
+                                         .lse = got_lse + r0, .q_stride = (size_t)H * D, .out_stride = (size_t)H * Dv,
+                                         .lse_stride = (size_t)H, .k = kbase + (size_t)g0 * D * es,
+                                         .v = vbase + (size_t)g0 * D * es, .table = paged ? table : NULL, .B = BLOCK,
+                                         .stride = stride, .scale = scale, .scratch = scratch, .warm = way == 1};
+                        attend(&ar);
+                    }
                 calls++;
-                wrong += memcmp(got, want, sizeof(float) * H * Dv) || memcmp(got_lse, want_lse, sizeof(float) * H);
+                wrong += memcmp(got, want, sizeof(float) * R * H * Dv) || memcmp(got_lse, want_lse, sizeof(float) * R * H);
             }
         }
     }
     free(scratch);
-    CHECK(calls >= 360, "attention kernel checks ran: %d", calls);
+    CHECK(calls >= 480, "attention kernel checks ran: %d", calls);
     CHECK(!wrong, "attention kernel differs from its defined arithmetic in %d of %d calls", wrong, calls);
     CHECK(!cpu_set_isa("auto"), "auto");
+}
+
+/* the kernels' exp (plain_exp, which the kernel check above holds them
+ * to) against exp in double over [-104, 0], where the softmax calls it:
+ * every 509th float (2.2 million), within 1.02 ulp (every float: at most
+ * 1.01, measured once) */
+static void test_exp_accuracy(void)
+{
+    double worst = 0, at = 0;
+    long checked = 0;
+    for (uint32_t b = 0x80000000u; b <= 0xc2d00000u; b += 509) { /* -0 .. -104 */
+        float x, got;
+        memcpy(&x, &b, sizeof x);
+        got = plain_exp(x);
+        double want = exp((double)x), w = fabs(want) < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23);
+        double e = fabs(got - want) / w;
+        if (e > worst) worst = e, at = x;
+        checked++;
+    }
+    CHECK(checked > 2000000 && worst <= 1.02, "exp: %.3f ulp at %a (%ld floats)", worst, at, checked);
+    CHECK(plain_exp(-104.0f) == 0.0f && plain_exp(0.0f) == 1.0f && isnan(plain_exp(NAN)) &&
+              plain_exp(-INFINITY) == 0.0f && isinf(plain_exp(100.0f)),
+          "exp at its ends");
 }
 
 static void test_rope(const Backend *be)
@@ -315,6 +388,7 @@ int main(int argc, char **argv)
     const Backend *be = backend_cpu();
     test_attention_split(be);
     test_attend_defined();
+    test_exp_accuracy();
     test_rope(be);
     test_matmul_rmsnorm(be);
     test_partition();

@@ -107,17 +107,51 @@ static void cpu_embedding(float *x, const float *table, const int *tokens, int T
     for (int t = 0; t < T; t++) memcpy(x + (size_t)t * dim, table + (size_t)tokens[t] * dim, sizeof(float) * dim);
 }
 
+/* tokens attended together, at most: consecutive tokens of one sequence
+ * (a prefill chunk's) read each key once for all of them; and their
+ * scores' bytes (per thread), at most, which caps them at long contexts */
+#ifndef ATT_ROWS
+#define ATT_ROWS 32
+#endif
+#define ATT_SCRATCH ((size_t)16 << 20)
+
+/* token u reads the keys token t reads, and both read some */
+static int same_keys(const AttnBatch *a, int t, int u)
+{
+    int j0t = a->key0 ? a->key0[t] : 0, j0u = a->key0 ? a->key0[u] : 0;
+    return a->k[t] == a->k[u] && a->v[t] == a->v[u] && (a->blocks ? a->blocks[t] == a->blocks[u] : 1) &&
+           a->n_keys[t] > j0t && a->n_keys[u] > j0u;
+}
+
 static void cpu_attention(const AttnBatch *a)
 {
+    static const int no_key0[ATT_ROWS];
     int kv_heads = a->n_kv_heads, group = a->n_heads / kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
     AttendFn attend = cpu_attend(a->kv_dtype);
     size_t esize = dtype_bytes(a->kv_dtype);
-    /* a unit of work: a token's heads (read together, key by key), split
-     * by KV heads when there are too few tokens to go round the threads */
-    int threads = omp_get_max_threads(), splits = 1;
+    /* a unit of work: a run of tokens' heads (read together, key by key),
+     * split by KV heads when there are too few tokens to go round the
+     * threads; runs as long as leave every thread two at least */
+    int threads = omp_get_max_threads(), splits = 1, most = a->T / (2 * threads);
     if (a->T < threads) splits = (threads + a->T - 1) / a->T;
     if (splits > kv_heads) splits = kv_heads;
-    int units = a->T * splits;
+    most = most < 1 ? 1 : most > ATT_ROWS ? ATT_ROWS : most;
+    static int *run0, cap_runs; /* run i: tokens run0[i] .. run0[i + 1] - 1 */
+    if (a->T + 1 > cap_runs) {
+        cap_runs = 2 * (a->T + 1);
+        run0 = xrealloc(run0, sizeof(int) * (size_t)cap_runs);
+    }
+    int runs = 0;
+    for (int t = 0, u; t < a->T; t = u) {
+        run0[runs++] = t;
+        int n = a->n_keys[t];
+        for (u = t + 1; u < a->T && u - t < most && same_keys(a, t, u); u++) {
+            n = a->n_keys[u] > n ? a->n_keys[u] : n;
+            if (attend_scratch_bytes(n, (u - t + 1) * a->n_heads) > ATT_SCRATCH) break;
+        }
+    }
+    run0[runs] = a->T;
+    int units = runs * splits;
 #pragma omp parallel if (units > 1)
     {
         /* each thread's scores and key offsets, kept from call to call */
@@ -125,27 +159,35 @@ static void cpu_attention(const AttnBatch *a)
         static _Thread_local size_t cap;
 #pragma omp for schedule(dynamic, 1)
         for (int u = 0; u < units; u++) {
-            int t = u / splits, s = u % splits;
+            int t = run0[u / splits], R = run0[u / splits + 1] - t, s = u % splits;
             int g0 = (int)((long)kv_heads * s / splits), g1 = (int)((long)kv_heads * (s + 1) / splits);
             int H = (g1 - g0) * group, n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
             size_t r = (size_t)t * a->n_heads + (size_t)g0 * group; /* the unit's first row */
             float *o = a->out + r * Dv;
-            if (n - j0 <= 0) {
+            if (n - j0 <= 0) { /* a run of its own */
                 memset(o, 0, sizeof(float) * Dv * H);
                 for (int h = 0; h < H; h++) a->lse[r + h] = -INFINITY;
                 continue;
             }
-            size_t need = attend_scratch_bytes(n, H);
+            for (int i = 1; i < R; i++) n = a->n_keys[t + i] > n ? a->n_keys[t + i] : n;
+            size_t need = attend_scratch_bytes(n, R * H);
             if (need > cap) {
                 cap = need > 2 * cap ? need : 2 * cap;
                 free(score);
                 score = xmalloc(cap);
             }
-            /* the token before, of the same sequence, has just read these keys */
-            int warm = t > 0 && a->k[t] == a->k[t - 1] && (a->blocks ? a->blocks[t] == a->blocks[t - 1] : 1);
-            attend(o, &a->lse[r], a->q + r * D, (const char *)a->k[t] + (size_t)g0 * D * esize,
-                   (const char *)a->v[t] + (size_t)g0 * D * esize, a->blocks ? a->blocks[t] : NULL, a->block_size,
-                   (size_t)a->kv_stride, j0, n, D, Dv, H, group, a->scale, score, warm);
+            AttendRows ar = {.R = R, .H = H, .group = group, .D = D, .Dv = Dv,
+                             .j0 = a->key0 ? a->key0 + t : no_key0, .n = a->n_keys + t,
+                             .q = a->q + r * D, .out = o, .lse = &a->lse[r],
+                             .q_stride = (size_t)a->n_heads * D, .out_stride = (size_t)a->n_heads * Dv,
+                             .lse_stride = (size_t)a->n_heads,
+                             .k = (const char *)a->k[t] + (size_t)g0 * D * esize,
+                             .v = (const char *)a->v[t] + (size_t)g0 * D * esize,
+                             .table = a->blocks ? a->blocks[t] : NULL, .B = a->block_size,
+                             .stride = (size_t)a->kv_stride, .scale = a->scale, .scratch = score,
+                             /* the token before, of the same sequence, has just read these keys */
+                             .warm = t > 0 && same_keys(a, t - 1, t)};
+            attend(&ar);
         }
     }
 }

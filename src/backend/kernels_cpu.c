@@ -43,6 +43,9 @@ static inline float bf16_bits_to_f32(uint16_t h)
  * keys ahead, and the hardware prefetcher takes the others */
 #define ATT_TOUCH 8
 #define ATT_AHEAD 8
+#ifndef ATT_BLOCK
+#define ATT_BLOCK 32
+#endif
 static inline void prefetch_bytes(const void *p, size_t bytes)
 {
     for (size_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)p + b, _MM_HINT_T0);
@@ -69,15 +72,52 @@ static inline void touch_rows(const void *base, const size_t *row, int i0, int i
     }
     __asm__ volatile("" ::"x"(acc));
 }
-/* before keys i .. i+3 of j0 .. n-1: reads through the next ATT_TOUCH
- * keys' rows every ATT_TOUCH keys (whole) or prefetches the new rows
- * ATT_AHEAD keys on (otherwise) */
-static inline void ahead_of_keys(const void *base, const size_t *row, int i, int j0, int n, size_t stride,
-                                 size_t esize, size_t bytes, int whole)
+/* the four tokens r = 0 .. 3 (keys j0[r] .. n[r]-1) all attend keys j ..
+ * e-1 */
+static inline int allkeys(const int *j0, const int *n, int j, int e)
 {
-    if (!whole) prefetch_new_rows(base, row, i + ATT_AHEAD, i + 4 + ATT_AHEAD, n, stride, esize, bytes);
-    else if ((i - j0) % ATT_TOUCH == 0) touch_rows(base, row, i, n - i < ATT_TOUCH ? n : i + ATT_TOUCH, esize, bytes);
+    int ok = 1;
+    for (int r = 0; r < 4; r++) ok &= j >= j0[r] && e <= n[r];
+    return ok;
 }
+static inline int all4(const int *j0, const int *n, int j) { return allkeys(j0, n, j, j + 4); }
+/* The softmax's exp(x), the same bits on every instruction set and with
+ * every libm: x clamped to [-104, 89] (NaN kept; e^-104 rounds to 0, e^89
+ * to infinity), x = k ln 2 + r with k = x log2(e) rounded to nearest (the
+ * 1.5 x 2^23 trick) and r by two FMAs (ln 2 in two parts), e^r by Cephes's
+ * polynomial (Horner, FMAs), times 2^k as two factors (so that a result
+ * below 2^-126 is rounded once). On [-104, 0] (every float, against exp in
+ * double): at most 1.01 ulp from e^x, 14 of 1.12e9 floats above 1 ulp,
+ * 99.2% the bits of glibc's expf. att_exp below does it 16 lanes at once;
+ * kernels_cpu.inc's vector ones do it in the same operations. */
+#define EXP_LO -104.0f
+#define EXP_HI 89.0f
+#define EXP_MAGIC 0x1.8p23f
+#define EXP_LOG2E 0x1.715476p+0f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+static inline float att_exp(float x)
+{
+    x = x < EXP_LO ? EXP_LO : x > EXP_HI ? EXP_HI : x;
+    float t = fmaf(x, EXP_LOG2E, EXP_MAGIC), kf = t - EXP_MAGIC;
+    float r = fmaf(kf, -EXP_LN2_LO, fmaf(kf, -EXP_LN2_HI, x));
+    float p = fmaf(fmaf(fmaf(fmaf(fmaf(EXP_P0, r, EXP_P1), r, EXP_P2), r, EXP_P3), r, EXP_P4), r, EXP_P5);
+    p = fmaf(p, r * r, r) + 1.0f;
+    uint32_t tb, mb, b1, b2;
+    float magic = EXP_MAGIC, f1, f2;
+    memcpy(&tb, &t, 4), memcpy(&mb, &magic, 4);
+    int32_t k = (int32_t)(tb - mb), k1 = k >> 1, k2 = k - k1; /* k >> 1: floor(k / 2), as the vector shifts */
+    b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+    memcpy(&f1, &b1, 4), memcpy(&f2, &b2, 4);
+    return p * f1 * f2;
+}
+
 /* ---- portable: 16 lanes in an array ---------------------------------- */
 typedef struct {
     float l[16];
@@ -108,6 +148,22 @@ static inline VGen gen_set1(float f)
     return v;
 }
 static inline void gen_storex(float *p, VGen v) { memcpy(p, v.l, sizeof v.l); }
+#define GEN_LANES(name, expr)                                                                                      \
+    static inline VGen name(VGen a, VGen b)                                                                        \
+    {                                                                                                              \
+        for (int i = 0; i < 16; i++) a.l[i] = (expr);                                                              \
+        return a;                                                                                                  \
+    }
+GEN_LANES(gen_add, a.l[i] + b.l[i])
+GEN_LANES(gen_sub, a.l[i] - b.l[i])
+GEN_LANES(gen_mul, a.l[i] * b.l[i])
+GEN_LANES(gen_max, a.l[i] > b.l[i] ? a.l[i] : b.l[i])
+#undef GEN_LANES
+static inline VGen gen_exp(VGen a)
+{
+    for (int i = 0; i < 16; i++) a.l[i] = att_exp(a.l[i]);
+    return a;
+}
 static inline float gen_tree(VGen a)
 {
     float h[8], g[4];
@@ -115,9 +171,30 @@ static inline float gen_tree(VGen a)
     for (int i = 0; i < 4; i++) g[i] = h[i] + h[i + 4];
     return (g[0] + g[2]) + (g[1] + g[3]);
 }
+/* the maximum of the lanes by the same tree, max(a, b) = a > b ? a : b */
+static inline float fmax_gt(float a, float b) { return a > b ? a : b; }
+static inline float gen_maxtree(VGen a)
+{
+    float h[8], g[4];
+    for (int i = 0; i < 8; i++) h[i] = fmax_gt(a.l[i], a.l[i + 8]);
+    for (int i = 0; i < 4; i++) g[i] = fmax_gt(h[i], h[i + 4]);
+    return fmax_gt(fmax_gt(g[0], g[2]), fmax_gt(g[1], g[3]));
+}
+
+static inline void gen_trees16(const VGen *a, float *s)
+{
+    for (int i = 0; i < 16; i++) s[i] = gen_tree(a[i]);
+}
 
 #define TGT
 #define V VGen
+#define v_trees16 gen_trees16
+#define v_add gen_add
+#define v_sub gen_sub
+#define v_mul gen_mul
+#define v_max gen_max
+#define v_exp gen_exp
+#define v_maxtree gen_maxtree
 #define v_zero gen_zero
 #define v_loadx gen_loadx
 #define v_fma gen_fma
@@ -160,6 +237,43 @@ TGT_AVX2 static inline float tree8(__m256 h)
     __m128 f = _mm_add_ps(g, _mm_movehl_ps(g, g));
     return _mm_cvtss_f32(_mm_add_ss(f, _mm_shuffle_ps(f, f, 1)));
 }
+/* the maximum of h's 8 lanes by gen_maxtree's tree (max_ps(a, b) is a > b
+ * ? a : b), shared with AVX-512 */
+TGT_AVX2 static inline float maxtree8(__m256 h)
+{
+    __m128 g = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    __m128 f = _mm_max_ps(g, _mm_movehl_ps(g, g));
+    return _mm_cvtss_f32(_mm_max_ss(f, _mm_shuffle_ps(f, f, 1)));
+}
+/* att_exp on 8 lanes, its operations in order; shared with AVX-512 */
+TGT_AVX2 static inline __m256 avx2_exp8(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), x)); /* NaN: x */
+    __m256 magic = _mm256_set1_ps(EXP_MAGIC), t = _mm256_fmadd_ps(x, _mm256_set1_ps(EXP_LOG2E), magic);
+    __m256 kf = _mm256_sub_ps(t, magic);
+    __m256 r = _mm256_fmadd_ps(kf, _mm256_set1_ps(-EXP_LN2_HI), x);
+    r = _mm256_fmadd_ps(kf, _mm256_set1_ps(-EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_P0), r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i k = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
+    __m256i k1 = _mm256_srai_epi32(k, 1), k2 = _mm256_sub_epi32(k, k1), bias = _mm256_set1_epi32(127);
+    __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+    __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+#define AVX2_LANES(name, op)                                                                                       \
+    TGT_AVX2 static inline V2 name(V2 a, V2 b) { return (V2){op(a.lo, b.lo), op(a.hi, b.hi)}; }
+AVX2_LANES(avx2_add, _mm256_add_ps)
+AVX2_LANES(avx2_sub, _mm256_sub_ps)
+AVX2_LANES(avx2_mul, _mm256_mul_ps)
+AVX2_LANES(avx2_max, _mm256_max_ps)
+#undef AVX2_LANES
+TGT_AVX2 static inline V2 avx2_exp(V2 a) { return (V2){avx2_exp8(a.lo), avx2_exp8(a.hi)}; }
+TGT_AVX2 static inline float avx2_maxtree(V2 a) { return maxtree8(_mm256_max_ps(a.lo, a.hi)); }
 TGT_AVX2 static inline V2 avx2_set1(float f) { return (V2){_mm256_set1_ps(f), _mm256_set1_ps(f)}; }
 TGT_AVX2 static inline void avx2_storex(float *p, V2 v)
 {
@@ -167,6 +281,10 @@ TGT_AVX2 static inline void avx2_storex(float *p, V2 v)
     _mm256_storeu_ps(p + 8, v.hi);
 }
 TGT_AVX2 static inline float avx2_tree(V2 a) { return tree8(_mm256_add_ps(a.lo, a.hi)); }
+TGT_AVX2 static inline void avx2_trees16(const V2 *a, float *s)
+{
+    for (int i = 0; i < 16; i++) s[i] = avx2_tree(a[i]);
+}
 
 /* AVX2's prefill kernel holds the 16 chains the other way round: one
  * lane's chain (k = l, l + 16, ... < K16) for a tile of six activation
@@ -582,6 +700,13 @@ static inline __m256 avx2_loadu8(const float *p) { return _mm256_loadu_ps(p); }
 #define v_loadx avx2_loadx
 #define v_fma avx2_fma
 #define v_tree avx2_tree
+#define v_trees16 avx2_trees16
+#define v_add avx2_add
+#define v_sub avx2_sub
+#define v_mul avx2_mul
+#define v_max avx2_max
+#define v_exp avx2_exp
+#define v_maxtree avx2_maxtree
 #define v_set1 avx2_set1
 #define v_storex avx2_storex
 #define SFX(name) avx2_f32_##name
@@ -649,6 +774,56 @@ TGT_AVX512 static inline float avx512_tree(__m512 a)
 {
     __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
     return tree8(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
+}
+
+/* the 16 trees of a[0 .. 15] at once, s[i] = avx512_tree(a[i]): the same
+ * additions (h[i] = a[i] + a[i + 8], g[i] = h[i] + h[i + 4], (g0 + g2) +
+ * (g1 + g3)) on the 16 accumulators side by side, their lanes brought
+ * together by shuffles; b[4m + c] = a[4c + m] puts a[i]'s sum in lane i */
+TGT_AVX512 static inline void avx512_trees16(const __m512 *a, float *s)
+{
+    __m512 p[8], g[4], z[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) { /* [h(b[2i]) | h(b[2i + 1])] */
+        __m512 x = a[(2 * i) % 4 * 4 + (2 * i) / 4], y = a[(2 * i + 1) % 4 * 4 + (2 * i + 1) / 4];
+        p[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xee));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) /* [g(b[4i]), g(b[4i + 1]), g(b[4i + 2]), g(b[4i + 3])], 4 lanes each */
+        g[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xdd));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) /* per 4 lanes c: [g0 + g2, g1 + g3] of two of them */
+        z[i] = _mm512_add_ps(_mm512_shuffle_ps(g[2 * i], g[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(g[2 * i], g[2 * i + 1], 0xee));
+    /* lane 4c + m: the sum of b[4m + c] */
+    _mm512_storeu_ps(s, _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xdd)));
+}
+
+TGT_AVX512 static inline float avx512_maxtree(__m512 a)
+{
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return maxtree8(_mm256_max_ps(_mm512_castps512_ps256(a), hi));
+}
+/* att_exp on 16 lanes, avx2_exp8's operations */
+TGT_AVX512 static inline __m512 avx512_exp(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_set1_ps(EXP_HI), _mm512_max_ps(_mm512_set1_ps(EXP_LO), x)); /* NaN: x */
+    __m512 magic = _mm512_set1_ps(EXP_MAGIC), t = _mm512_fmadd_ps(x, _mm512_set1_ps(EXP_LOG2E), magic);
+    __m512 kf = _mm512_sub_ps(t, magic);
+    __m512 r = _mm512_fmadd_ps(kf, _mm512_set1_ps(-EXP_LN2_HI), x);
+    r = _mm512_fmadd_ps(kf, _mm512_set1_ps(-EXP_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_P0), r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i k = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(magic));
+    __m512i k1 = _mm512_srai_epi32(k, 1), k2 = _mm512_sub_epi32(k, k1), bias = _mm512_set1_epi32(127);
+    __m512 f1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, bias), 23));
+    __m512 f2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, bias), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, f1), f2);
 }
 
 TGT_AVX512 static inline float avx512_f32_dot_finish(__m512 acc, const float *x, const float *w, int k, int K);
@@ -768,6 +943,13 @@ AVX512_PANEL(avx512_bf16_panel, uint16_t, avx2_bf16_pairs)
 #define v_loadx _mm512_loadu_ps
 #define v_fma _mm512_fmadd_ps
 #define v_tree avx512_tree
+#define v_trees16 avx512_trees16
+#define v_add _mm512_add_ps
+#define v_sub _mm512_sub_ps
+#define v_mul _mm512_mul_ps
+#define v_max _mm512_max_ps
+#define v_exp avx512_exp
+#define v_maxtree avx512_maxtree
 #define v_set1 _mm512_set1_ps
 #define v_storex _mm512_storeu_ps
 #define SFX(name) avx512_f32_##name

@@ -23,21 +23,36 @@ int cpu_weight_group(DType t);
 int cpu_set_isa(const char *name);
 const char *cpu_isa(void);
 
-/* Attention of the H query rows of one token (q: H rows of D floats, row h
- * reading KV head h / group, whose elements start D * (h / group) into each
- * row of k and v) over keys j0 .. n-1 of k and v (elements of the kv type;
- * key j in row table ? table[j / B] * B + j % B : j, rows stride elements
- * apart): out (H rows of Dv floats) and lse (H). A row's value depends on
+/* Attention of R query tokens of one sequence, each by H query heads (row
+ * h reading KV head h / group, whose elements start D * (h / group) into
+ * each row of k and v), token r over keys j0[r] .. n[r]-1 of k and v
+ * (elements of the kv type; key j in row table ? table[j / B] * B + j % B
+ * : j, rows stride elements apart): out and lse. A row's value depends on
  * its keys only, not on the instruction set, the batch or the other heads
- * of the call (kernels_cpu.inc). scratch: attend_scratch_bytes(n, H).
- * warm: the keys were just read (by the token before, of the same
- * sequence), so they are in cache; it changes the order of reading only. */
-typedef void (*AttendFn)(float *out, float *lse, const float *q, const void *k, const void *v, const int *table,
-                         int B, size_t stride, int j0, int n, int D, int Dv, int H, int group, float scale,
-                         float *scratch, int warm);
+ * and tokens of the call (kernels_cpu.inc). Tokens attended together read
+ * each key once from memory. */
+typedef struct {
+    int R, H, group, D, Dv;
+    const int *j0, *n; /* per token: its keys j0[r] .. n[r]-1, at least one */
+    /* token r's head h: q + r * q_stride + h * D (D floats), out + r *
+     * out_stride + h * Dv (Dv floats), lse[r * lse_stride + h] */
+    const float *q;
+    float *out, *lse;
+    size_t q_stride, out_stride, lse_stride;
+    const void *k, *v;
+    const int *table; /* NULL: not paged */
+    int B;
+    size_t stride;
+    float scale;
+    float *scratch; /* attend_scratch_bytes(the largest n, R * H) */
+    /* the keys were just read (by the token before, of the same sequence),
+     * so they are in cache; it changes the order of reading only */
+    int warm;
+} AttendRows;
+typedef void (*AttendFn)(const AttendRows *a);
 AttendFn cpu_attend(DType kv);
-/* the scratch: H rows of n scores, H sums, then (8-byte aligned) n key
- * offsets */
+/* the scratch for H query rows: H rows of n scores, H sums, then (8-byte
+ * aligned) n key offsets */
 static inline size_t attend_scores_floats(int n) { return ((size_t)n + 1) & ~(size_t)1; }
 static inline size_t attend_offsets_at(int n, int H)
 {
