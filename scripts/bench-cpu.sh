@@ -15,7 +15,10 @@
 #              rounds' ratios, each from two runs one after the other
 #     prefill  one 512-token prompt: tokens/s, the GEMMs' GFLOP/s as a
 #              fraction of the FMA peak (2 x 512 x matrix weights /
-#              /timings/matmul), and attention's share of the prefill
+#              /timings/matmul), and attention's share of the prefill;
+#              and on the 110M shape fp32 (positions up to 4160), one
+#              4,000-token prompt (prefill4k), where attention reads
+#              2,000 keys a token on average
 #     batch    32 requests x 64 tokens decoded together on the 15M shape,
 #              2 threads: tokens/s, and whether every request got exactly
 #              the tokens it gets alone (--max-num-seqs 1)
@@ -65,12 +68,16 @@ while read -r name layers dim heads hidden; do
             <<<"$(weights $layers $dim $hidden $([ $dt = bf16 ] && echo 2 || echo 4))"
     done
 done <<<"$shapes"
+"$B/dcpinfer-mkmodel" --out "$W/m110L-f32" --layers 12 --dim 768 --heads 12 --kv-heads 12 --hidden 2048 \
+    --vocab 32000 --max-len 4160 --seed 110 --dtype f32 >/dev/null || exit 1
 
 awk 'BEGIN { srand(3); s = ""; for (j = 0; j < 8; j++) s = s (j ? ", " : "") int(rand() * 32000);
     printf "{\"id\": \"d\", \"prompt_token_ids\": [%s], \"max_tokens\": 256, \"temperature\": 0, \"ignore_eos\": true}\n", s }' \
     >"$W/decode.jsonl"
 awk 'BEGIN { srand(5); s = ""; for (j = 0; j < 512; j++) s = s (j ? ", " : "") int(rand() * 32000);
     printf "{\"id\": \"p\", \"prompt_token_ids\": [%s], \"max_tokens\": 1, \"temperature\": 0}\n", s }' >"$W/prefill.jsonl"
+awk 'BEGIN { srand(6); s = ""; for (j = 0; j < 4000; j++) s = s (j ? ", " : "") int(rand() * 32000);
+    printf "{\"id\": \"l\", \"prompt_token_ids\": [%s], \"max_tokens\": 1, \"temperature\": 0}\n", s }' >"$W/long.jsonl"
 awk 'BEGIN { srand(7); for (i = 0; i < 32; i++) { len = 16 + int(rand() * 32); s = "";
     for (j = 0; j < len; j++) s = s (j ? ", " : "") int(rand() * 32000);
     printf "{\"id\": \"r%d\", \"prompt_token_ids\": [%s], \"max_tokens\": 64, \"temperature\": 0, \"ignore_eos\": true}\n", i, s } }' \
@@ -79,7 +86,7 @@ awk 'BEGIN { srand(7); for (i = 0; i < 32; i++) { len = 16 + int(rand() * 32); s
 run() { # THREADS MODEL PROMPTS OUT [args]: one run, its summary in OUT.txt
     local t=$1 m=$2 p=$3 out=$4
     shift 4
-    OMP_NUM_THREADS=$t mpirun --bind-to none -np 1 "$D" --model "$m" --kv-cache-memory 256M --quiet \
+    OMP_NUM_THREADS=$t mpirun --bind-to none -np 1 "$D" --model "$m" --kv-cache-memory ${KVM:-256M} --quiet \
         --output "$out.h5" "$@" "$p" </dev/null >"$out.txt" 2>&1 || { cat "$out.txt" >&2; exit 1; }
 }
 h5val() { h5dump -d "$2" "$1" | sed -n 's/.*(0): *//p'; }
@@ -133,6 +140,13 @@ for r in $(seq "$REPS"); do
             done
         done
     done <<<"$shapes"
+    for t in 1 2; do # 4,000 tokens x 12 layers of 2 x 3 KiB keys and values: 281 MiB of KV
+        KVM=320M run $t "$W/m110L-f32" "$W/long.jsonl" "$W/l"
+        prefill_s[L.$t]+=" $(h5val "$W/l.h5" /timings/prefill)"
+        gemm_s[L.$t]+=" $(h5val "$W/l.h5" /timings/matmul)"
+        att_s[L.$t]+=" $(h5val "$W/l.h5" /timings/attention)"
+        mem[L.$t]+=" $(rss "$W/l.txt")"
+    done
     for dt in f32 bf16; do
         run 2 "$W/m15M-$dt" "$W/batch.jsonl" "$W/b.$dt"
         batch[$dt]+=" $(sed -n 's/^# .* output tokens in [0-9.]* s: \([0-9.]*\) tokens\/s.*$/\1/p' "$W/b.$dt.txt")"
@@ -151,6 +165,17 @@ printf "# 512x768x2048 GEMM GFLOP/s, 1 / 2 threads: OpenBLAS sgemm (%s) %s / %s,
     "$(val gemm_f32_gflops "$W/machine1")" "$(val gemm_f32_gflops "$W/machine2")" \
     "$(val gemm_bf16_gflops "$W/machine1")" "$(val gemm_bf16_gflops "$W/machine2")"
 
+# SHAPE DTYPE RUN THREADS TOKENS KEY MEMKEY: a prefill's row, from the
+# least of its rounds' times
+prefill_row() {
+    local s g a peak gf
+    s=$(least ${prefill_s[$6]}) g=$(least ${gemm_s[$6]}) a=$(least ${att_s[$6]})
+    peak=$([ $4 = 1 ] && echo "$peak1" || echo "$peak2")
+    gf=$(awk -v f="${flops[$1.$2]}" -v g="$g" -v n="$5" 'BEGIN { printf "%.1f", n * f / g / 1e9 }')
+    printf "  %-5s %-5s %-9s %7s %10.1f %10s %12s %9s  (%.0f%% of FMA peak; attention %.0f%% of prefill)\n" \
+        $1 $2 $3 $4 "$(awk -v s="$s" -v n="$5" 'BEGIN { print n / s }')" - "$gf" "$(least ${mem[$7]})" \
+        "$(awk -v g="$gf" -v p="$peak" 'BEGIN { print 100 * g / p }')" "$(awk -v a="$a" -v s="$s" 'BEGIN { print 100 * a / s }')"
+}
 printf "\n# %-5s %-5s %-8s %8s %10s %10s %12s %9s\n" shape dtype run threads "tokens/s" "of bound" "GEMM GFLOP/s" "RSS MiB"
 while read -r name layers dim heads hidden; do
     for dt in f32 bf16; do
@@ -164,18 +189,13 @@ while read -r name layers dim heads hidden; do
                 "$(least ${beside[$name.$dt.$t]})" "$(best ${beside[$name.$dt.$t]})"
         done
         for t in 1 2; do
-            s=$(least ${prefill_s[$name.$dt.$t]})
-            g=$(least ${gemm_s[$name.$dt.$t]})
-            a=$(least ${att_s[$name.$dt.$t]})
-            peak=$([ $t = 1 ] && echo "$peak1" || echo "$peak2")
-            gf=$(awk -v f="${flops[$name.$dt]}" -v g="$g" 'BEGIN { printf "%.1f", 512 * f / g / 1e9 }')
-            printf "  %-5s %-5s %-8s %8s %10.1f %10s %12s %9s  (%.0f%% of FMA peak; attention %.0f%% of prefill)\n" \
-                $name $dt prefill $t "$(awk -v s="$s" 'BEGIN { print 512 / s }')" - "$gf" \
-                "$(least ${mem[p.$name.$dt.$t]})" "$(awk -v g="$gf" -v p="$peak" 'BEGIN { print 100 * g / p }')" \
-                "$(awk -v a="$a" -v s="$s" 'BEGIN { print 100 * a / s }')"
+            prefill_row $name $dt prefill $t 512 "$name.$dt.$t" "p.$name.$dt.$t"
         done
     done
 done <<<"$shapes"
+for t in 1 2; do
+    prefill_row 110M f32 prefill4k $t 4000 L.$t L.$t
+done
 
 for dt in f32 bf16; do
     run 2 "$W/m15M-$dt" "$W/batch.jsonl" "$W/s" --max-num-seqs 1
