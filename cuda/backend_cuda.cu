@@ -260,22 +260,25 @@ static void cuda_embedding(float *x, const float *table, const int *tokens, int 
     cuda_gather_rows(x, table, tokens, T, dim);
 }
 
-__global__ void k_kv_write(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int kvd)
+// a block's rows KV head by KV head, as kv_pool_offset (backend.h) lays them
+__global__ void k_kv_write(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int kvd,
+                           int kv_heads, int block_size)
 {
-    int slot = slots[blockIdx.x];
+    int slot = slots[blockIdx.x], hd = kvd / kv_heads;
     if (slot < 0) return; // another DCP rank owns this position
     for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
-        k_pool[(size_t)slot * kvd + i] = k[(size_t)blockIdx.x * kvd + i];
-        if (v_pool) v_pool[(size_t)slot * kvd + i] = v[(size_t)blockIdx.x * kvd + i]; // MLA: latent rows only
+        size_t at = kv_pool_offset((size_t)slot, i / hd, (size_t)hd, kv_heads, (size_t)block_size) + i % hd;
+        k_pool[at] = k[(size_t)blockIdx.x * kvd + i];
+        if (v_pool) v_pool[at] = v[(size_t)blockIdx.x * kvd + i]; // MLA: latent rows only
     }
 }
 
 // fp32 caches only (kv_dtypes): the engine refuses another type here
 static void cuda_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots,
-                          int T, int kvd)
+                          int T, int kvd, int kv_heads, int block_size)
 {
     (void)kv_dtype;
-    if (T) k_kv_write<<<T, 128, 0, stream>>>((float *)k_pool, (float *)v_pool, k, v, slots, kvd);
+    if (T) k_kv_write<<<T, 128, 0, stream>>>((float *)k_pool, (float *)v_pool, k, v, slots, kvd, kv_heads, block_size);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -316,15 +319,22 @@ static void cuda_scatter_add_rows(float *y, const float *src, const int *rows, c
 // One block per (token, head): keys in tiles of ATT_THREADS, one score per
 // thread, an online softmax across tiles, the output accumulated by the
 // threads d < head_dim. Keys are contiguous rows, or paged through the
-// token's block table.
+// token's block table (a block's rows KV head by KV head, kv_pool_offset).
+__device__ static size_t att_row(const int *table, int j, int block_size, int kv_heads, int kvh, int kv_stride)
+{
+    if (!table) return (size_t)j * kv_stride + (size_t)kvh * (kv_stride / kv_heads);
+    return kv_pool_offset((size_t)table[j / block_size] * block_size + j % block_size, kvh,
+                          (size_t)(kv_stride / kv_heads), kv_heads, (size_t)block_size);
+}
+
 __global__ void k_attention(float *out, float *lse, const float *q, const float *const *kp, const float *const *vp,
                             const int *n_keys, const int *key0, const int *const *tables, int block_size, int n_heads,
                             int group, int head_dim, int v_dim, int kv_stride, float scale)
 {
-    int r = blockIdx.x, t = r / n_heads, h = r % n_heads, kvh = h / group;
+    int r = blockIdx.x, t = r / n_heads, h = r % n_heads, kvh = h / group, kv_heads = n_heads / group;
     int n = n_keys[t], first = key0 ? key0[t] : 0, tid = threadIdx.x;
     const float *qr = q + (size_t)r * head_dim;
-    const float *k = kp[t] + (size_t)kvh * head_dim, *v = vp[t] + (size_t)kvh * head_dim;
+    const float *k = kp[t], *v = vp[t];
     const int *table = tables ? tables[t] : NULL;
     __shared__ float qs[ATT_MAX_D], p[ATT_THREADS], red[ATT_THREADS];
     for (int d = tid; d < head_dim; d += blockDim.x) qs[d] = qr[d];
@@ -333,10 +343,8 @@ __global__ void k_attention(float *out, float *lse, const float *q, const float 
     for (int j0 = first; j0 < n; j0 += ATT_THREADS) {
         int j = j0 + tid;
         float s = -INFINITY;
-        size_t row = 0;
         if (j < n) {
-            row = table ? (size_t)table[j / block_size] * block_size + j % block_size : (size_t)j;
-            const float *kj = k + row * kv_stride;
+            const float *kj = k + att_row(table, j, block_size, kv_heads, kvh, kv_stride);
             s = 0.0f;
             for (int d = 0; d < head_dim; d++) s += qs[d] * kj[d];
             s *= scale;
@@ -365,8 +373,7 @@ __global__ void k_attention(float *out, float *lse, const float *q, const float 
             float a = acc[c] * correction;
             for (int jj = 0; jj < tile; jj++) {
                 int jk = j0 + jj;
-                size_t rw = table ? (size_t)table[jk / block_size] * block_size + jk % block_size : (size_t)jk;
-                a += p[jj] * v[rw * kv_stride + d];
+                a += p[jj] * v[att_row(table, jk, block_size, kv_heads, kvh, kv_stride) + d];
             }
             acc[c] = a;
         }

@@ -92,8 +92,9 @@ static void g_embedding(float *x, const float *t, const int *tok, int T, int dim
 { OPEN(); guarded_cpu->embedding(x, t, tok, T, dim); CLOSE(); }
 static void g_gather_rows(float *d, const float *s, const int *rows, int R, int dim)
 { OPEN(); guarded_cpu->gather_rows(d, s, rows, R, dim); CLOSE(); }
-static void g_kv_write(void *kp, void *vp, DType kv, const float *k, const float *v, const int *slots, int T, int kvd)
-{ OPEN(); guarded_cpu->kv_write(kp, vp, kv, k, v, slots, T, kvd); CLOSE(); }
+static void g_kv_write(void *kp, void *vp, DType kv, const float *k, const float *v, const int *slots, int T, int kvd,
+                       int kv_heads, int B)
+{ OPEN(); guarded_cpu->kv_write(kp, vp, kv, k, v, slots, T, kvd, kv_heads, B); CLOSE(); }
 static void g_attention(const AttnBatch *a) { OPEN(); guarded_cpu->attention(a); CLOSE(); }
 static void g_merge(float *o1, float *l1, const float *o2, const float *l2, int rows, int d)
 { OPEN(); guarded_cpu->merge_attention(o1, l1, o2, l2, rows, d); CLOSE(); }

@@ -226,8 +226,8 @@ static void attention_and_merges(uint64_t *st)
     int *dslots = on_gpu(slots, sizeof slots);
     float *knew = rnd(T * kvd, st), *vnew = rnd(T * kvd, st);
     float *dkn = on_gpu(knew, sizeof(float) * T * kvd), *dvn = on_gpu(vnew, sizeof(float) * T * kvd);
-    cpu->kv_write(kpool, vpool, DTYPE_F32, knew, vnew, slots, T, kvd);
-    gpu->kv_write(dk, dv, DTYPE_F32, dkn, dvn, dslots, T, kvd);
+    cpu->kv_write(kpool, vpool, DTYPE_F32, knew, vnew, slots, T, kvd, KVH, B);
+    gpu->kv_write(dk, dv, DTYPE_F32, dkn, dvn, dslots, T, kvd, KVH, B);
     go = back(dk, POOL * kvd);
     EXPECT_CLOSE("kv_write", go, kpool, POOL * kvd, 0);
     free(go);
@@ -264,8 +264,8 @@ static void mla_ops(uint64_t *st)
     int slots[T] = {5, -1, 60};
     int *dslots = on_gpu(slots, sizeof slots);
     float *row = rnd(T * D, st), *drow = on_gpu(row, sizeof(float) * T * D);
-    cpu->kv_write(pool, NULL, DTYPE_F32, row, NULL, slots, T, D);
-    gpu->kv_write(dp, NULL, DTYPE_F32, drow, NULL, dslots, T, D);
+    cpu->kv_write(pool, NULL, DTYPE_F32, row, NULL, slots, T, D, 1, B);
+    gpu->kv_write(dp, NULL, DTYPE_F32, drow, NULL, dslots, T, D, 1, B);
     go = back(dp, POOL * D);
     EXPECT_CLOSE("kv_write, latent rows only", go, pool, POOL * D, 0);
     free(go);

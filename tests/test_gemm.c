@@ -149,8 +149,8 @@ static void attend_row(DType kt, float *out, float *lse, const float *q, const v
                        float *scratch)
 {
     AttendRows a = {.R = 1, .H = H, .group = group, .D = D, .Dv = D, .j0 = &j0, .n = &n, .q = q, .out = out,
-                    .lse = lse, .k = k, .v = v, .table = table, .B = B, .stride = (size_t)stride, .scale = scale,
-                    .scratch = scratch};
+                    .lse = lse, .k = k, .v = v, .table = table, .B = B, .stride = (size_t)stride,
+                    .head_stride = (size_t)D, .block_stride = (size_t)B * stride, .scale = scale, .scratch = scratch};
     cpu_attend(kt)(&a);
 }
 

@@ -136,11 +136,11 @@ static float plain_exp(float x)
     return p * ldexpf(1.0f, k1) * ldexpf(1.0f, k - k1);
 }
 static void plain_attend(float *out, float *lse, const float *q, const float *k, const float *v, const size_t *row,
-                         int j0, int n, int D, int Dv, int H, int group, float scale)
+                         size_t hs, int j0, int n, int D, int Dv, int H, int group, float scale)
 {
     float p[96];
     for (int h = 0; h < H; h++) {
-        size_t at = (size_t)(h / group) * D;
+        size_t at = (size_t)(h / group) * hs;
         float *o = out + (size_t)h * Dv, lane[16];
         for (int j = j0; j < n; j++) p[j] = plain_dot(q + (size_t)h * D, k + row[j] + at, D) * scale;
         int j16 = j0 + (n - j0) / 16 * 16, j;
@@ -164,28 +164,37 @@ static void plain_attend(float *out, float *lse, const float *q, const float *k,
 static void test_attend_defined(void)
 {
     static const char *const isa_names[] = {"generic", "avx2", "avx512"};
-    enum { NMAX = 96, BLOCK = 5, NB = NMAX / BLOCK + 1, KVH = 4, DMAX = 80, HMAX = 32, RMAX = 5 };
-    static float k[NB * BLOCK * KVH * DMAX], v[NB * BLOCK * KVH * DMAX], kr[NB * BLOCK * KVH * DMAX],
-        vr[NB * BLOCK * KVH * DMAX];
-    static uint16_t kb[NB * BLOCK * KVH * DMAX], vb[NB * BLOCK * KVH * DMAX];
+    /* rows: blocks of 5 or 16 keys, enough of them for NMAX keys */
+    enum { NMAX = 96, ROWS = 112, NBMAX = 20, KVH = 4, DMAX = 80, HMAX = 32, RMAX = 5 };
+    static float k[ROWS * KVH * DMAX], v[ROWS * KVH * DMAX], kr[ROWS * KVH * DMAX], vr[ROWS * KVH * DMAX];
+    static uint16_t kb[ROWS * KVH * DMAX], vb[ROWS * KVH * DMAX];
     static float q[RMAX * HMAX * DMAX], want[RMAX * HMAX * DMAX], got[RMAX * HMAX * DMAX];
     float want_lse[RMAX * HMAX], got_lse[RMAX * HMAX];
     float *scratch = xmalloc(attend_scratch_bytes(NMAX, RMAX * HMAX));
-    int table[NB], j0[RMAX], n[RMAX];
+    int table[NBMAX], j0[RMAX], n[RMAX];
     size_t row[NMAX];
     uint64_t s = 11;
     int calls = 0, wrong = 0;
-    for (int i = 0; i < NB; i++) table[i] = (i * 7 + 3) % NB; /* blocks out of order */
-    for (int i = 0; i < NB * BLOCK * KVH * DMAX; i++) {
+    for (int i = 0; i < ROWS * KVH * DMAX; i++) {
         k[i] = frand(&s), v[i] = frand(&s);
         kb[i] = f32_to_bf16(k[i]), vb[i] = f32_to_bf16(v[i]);
     }
     for (int ii = 0; ii < 3; ii++) {
         if (cpu_set_isa(isa_names[ii])) continue;
-        for (int rep = 0; rep < 60; rep++) {
+        for (int rep = 0; rep < 90; rep++) {
             int kvh = 1 + rep % KVH, group = (int[]){1, 2, 3, 4, 5, 8}[rep / 4 % 6], H = kvh * group;
             int D = (int[]){16, 64, 80, 24}[rep % 4];
             int Dv = rep % 5 == 4 ? D / 2 : D, paged = rep % 2, bf = rep / 2 % 2, R = 1 + rep % 7 % RMAX;
+            /* paged: blocks of 5 or 16 keys, out of order, each holding its
+             * keys KV head by KV head, as the CPU backend's pools do, or key
+             * by key; the last 30: decode over blocks of 16 (runs of 16 keys) */
+            int B = rep / 2 % 3 == 0 ? 16 : 5, hm = paged && rep % 8 != 1;
+            if (rep >= 60) {
+                paged = hm = 1, B = 16, R = 1, bf = rep / 4 % 2;
+                group = (int[]){1, 2, 4, 5, 8}[rep / 8 % 5], H = kvh * group;
+            }
+            int nb = NMAX / B + 1;
+            for (int i = 0; i < nb; i++) table[i] = (i * 3 + 2) % nb;
             /* R tokens of one sequence: as a prefill chunk's (one more key
              * each) or any keys (a window, DCP shards) */
             int n0 = 1 + (int)(splitmix64(&s) % (NMAX - RMAX));
@@ -193,19 +202,22 @@ static void test_attend_defined(void)
                 n[r] = rep % 3 == 1 ? 1 + (int)(splitmix64(&s) % NMAX) : n0 + r;
                 j0[r] = rep % 3 == 2 ? (int)(splitmix64(&s) % (uint64_t)n[r]) : 0;
             }
-            size_t stride = (size_t)kvh * D;
+            size_t stride = (size_t)kvh * D, hs = hm ? (size_t)B * D : (size_t)D;
             for (int i = 0; i < R * H * D; i++) q[i] = 2.0f * frand(&s);
             for (int j = 0; j < NMAX; j++)
-                row[j] = (paged ? (size_t)table[j / BLOCK] * BLOCK + (size_t)(j % BLOCK) : (size_t)j) * stride;
+                row[j] = hm      ? ((size_t)table[j / B] * kvh * B + (size_t)(j % B)) * D
+                         : paged ? ((size_t)table[j / B] * B + (size_t)(j % B)) * stride
+                                 : (size_t)j * stride;
             const float *kk = k, *vv = v;
             if (bf) { /* the reference reads the bf16 values as floats */
-                for (size_t i = 0; i < (size_t)NB * BLOCK * stride; i++) kr[i] = bf16_to_f32(kb[i]), vr[i] = bf16_to_f32(vb[i]);
+                for (size_t i = 0; i < (size_t)ROWS * stride; i++)
+                    kr[i] = bf16_to_f32(kb[i]), vr[i] = bf16_to_f32(vb[i]);
                 kk = kr, vv = vr;
             }
             float scale = 1.0f / sqrtf((float)D);
             for (int r = 0; r < R; r++)
-                plain_attend(want + (size_t)r * H * Dv, want_lse + r * H, q + (size_t)r * H * D, kk, vv, row, j0[r],
-                             n[r], D, Dv, H, group, scale);
+                plain_attend(want + (size_t)r * H * Dv, want_lse + r * H, q + (size_t)r * H * D, kk, vv, row, hs,
+                             j0[r], n[r], D, Dv, H, group, scale);
             AttendFn attend = cpu_attend(bf ? DTYPE_BF16 : DTYPE_F32);
             size_t es = bf ? 2 : 4;
             const char *kbase = bf ? (const char *)kb : (const char *)k, *vbase = bf ? (const char *)vb : (const char *)v;
@@ -218,9 +230,11 @@ static void test_attend_defined(void)
                         AttendRows ar = {.R = tokens == 1 ? R : 1, .H = Hp, .group = group, .D = D, .Dv = Dv,
                                          .j0 = j0 + t, .n = n + t, .q = q + r0 * D, .out = got + r0 * Dv,
                                          .lse = got_lse + r0, .q_stride = (size_t)H * D, .out_stride = (size_t)H * Dv,
-                                         .lse_stride = (size_t)H, .k = kbase + (size_t)g0 * D * es,
-                                         .v = vbase + (size_t)g0 * D * es, .table = paged ? table : NULL, .B = BLOCK,
-                                         .stride = stride, .scale = scale, .scratch = scratch, .warm = way == 1};
+                                         .lse_stride = (size_t)H, .k = kbase + (size_t)g0 * hs * es,
+                                         .v = vbase + (size_t)g0 * hs * es, .table = paged ? table : NULL, .B = B,
+                                         .stride = hm ? (size_t)D : stride, .head_stride = hs,
+                                         .block_stride = (size_t)B * stride, .scale = scale, .scratch = scratch,
+                                         .warm = way == 1};
                         attend(&ar);
                     }
                 calls++;

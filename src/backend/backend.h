@@ -13,6 +13,20 @@
  * same op serves the context part (keys in the KV cache) and the new part
  * (keys of the tokens being processed, causal). A token with no keys gets
  * out = 0 and lse = -inf, so it contributes nothing to a merge. */
+/* Where row r's KV head h (hd elements) starts in a paged pool of kv_heads
+ * heads and blocks of B rows: a block holds its rows KV head by KV head, so
+ * that reading one head's keys of a block, as decode attention does for
+ * each head, reads memory in order. */
+#ifdef __CUDACC__
+#define DCP_HOST_DEVICE __host__ __device__
+#else
+#define DCP_HOST_DEVICE
+#endif
+DCP_HOST_DEVICE static inline size_t kv_pool_offset(size_t r, int h, size_t hd, int kv_heads, size_t B)
+{
+    return ((r / B * (size_t)kv_heads + (size_t)h) * B + r % B) * hd;
+}
+
 typedef struct {
     int T;
     int n_heads;    /* query heads in q/out */
@@ -27,9 +41,11 @@ typedef struct {
     const int *n_keys;        /* per token: rows to attend to */
     const int *key0;          /* per token: first key attended to (keys before it are outside a sliding
                                  window); NULL: 0 */
-    int kv_stride;            /* elements from one key row to the next */
+    int kv_stride;            /* elements from one key row to the next (n_kv_heads KV heads) */
     /* Paged keys: when blocks is set, key j of token t is row
-     * blocks[t][j / block_size] * block_size + j % block_size from k[t]. */
+     * blocks[t][j / block_size] * block_size + j % block_size from k[t], in
+     * a pool that holds each block's rows KV head by KV head
+     * (kv_pool_offset). */
     const int *const *blocks;
     int block_size;
     int v_dim;                /* values: the first v_dim floats of each value row (MLA); 0: head_dim */
@@ -95,10 +111,12 @@ typedef struct Backend {
     void (*strided_copy)(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width);
     void (*scatter_add_rows)(float *y, const float *src, const int *rows, const float *weights, int R, int dim);
     /* the slot mapping: for t with slots[t] >= 0, row slots[t] of one
-     * layer's k_pool/v_pool (rows of kvd elements of kv_dtype) receives
-     * k[t]/v[t] (rounded to nearest even for bf16); v_pool NULL: keys only */
+     * layer's k_pool/v_pool (rows of kvd elements of kv_dtype, kv_heads KV
+     * heads, blocks of block_size rows laid out as kv_pool_offset says)
+     * receives k[t]/v[t] (rounded to nearest even for bf16); v_pool NULL:
+     * keys only */
     void (*kv_write)(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots, int T,
-                     int kvd);
+                     int kvd, int kv_heads, int block_size);
     /* the KV cache types the backend stores: 1 << DTYPE_F32 | ...; and
      * x (n) rounded in place to the values a bf16 cache holds (NULL where
      * the backend has no bf16 cache) */

@@ -129,6 +129,10 @@ static void cpu_attention(const AttnBatch *a)
     int kv_heads = a->n_kv_heads, group = a->n_heads / kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
     AttendFn attend = cpu_attend(a->kv_dtype);
     size_t esize = dtype_bytes(a->kv_dtype);
+    /* a KV head's elements in a row; paged pools hold a block's keys KV
+     * head by KV head (AttnBatch) */
+    size_t hd = (size_t)a->kv_stride / kv_heads, B = (size_t)a->block_size;
+    size_t stride = a->blocks ? hd : (size_t)a->kv_stride, hs = a->blocks ? B * hd : hd;
     /* a unit of work: a run of tokens' heads (read together, key by key),
      * split by KV heads when there are too few tokens to go round the
      * threads; runs as long as leave every thread two at least */
@@ -181,10 +185,10 @@ static void cpu_attention(const AttnBatch *a)
                              .q = a->q + r * D, .out = o, .lse = &a->lse[r],
                              .q_stride = (size_t)a->n_heads * D, .out_stride = (size_t)a->n_heads * Dv,
                              .lse_stride = (size_t)a->n_heads,
-                             .k = (const char *)a->k[t] + (size_t)g0 * D * esize,
-                             .v = (const char *)a->v[t] + (size_t)g0 * D * esize,
-                             .table = a->blocks ? a->blocks[t] : NULL, .B = a->block_size,
-                             .stride = (size_t)a->kv_stride, .scale = a->scale, .scratch = score,
+                             .k = (const char *)a->k[t] + (size_t)g0 * hs * esize,
+                             .v = (const char *)a->v[t] + (size_t)g0 * hs * esize,
+                             .table = a->blocks ? a->blocks[t] : NULL, .B = a->block_size, .stride = stride,
+                             .head_stride = hs, .block_stride = B * a->kv_stride, .scale = a->scale, .scratch = score,
                              /* the token before, of the same sequence, has just read these keys */
                              .warm = t > 0 && same_keys(a, t - 1, t)};
             attend(&ar);
@@ -326,19 +330,21 @@ static void cpu_gather_rows(float *dst, const float *src, const int *rows, int R
 }
 
 static void cpu_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots,
-                         int T, int kvd)
+                         int T, int kvd, int kv_heads, int block_size)
 {
+    size_t hd = (size_t)(kvd / kv_heads), B = (size_t)block_size;
     for (int t = 0; t < T; t++) {
         if (slots[t] < 0) continue;
-        size_t row = (size_t)slots[t] * kvd;
-        const float *kt = k + (size_t)t * kvd, *vt = v ? v + (size_t)t * kvd : NULL;
-        if (kv_dtype == DTYPE_F32) {
-            memcpy((float *)k_pool + row, kt, sizeof(float) * kvd);
-            if (v_pool) memcpy((float *)v_pool + row, vt, sizeof(float) * kvd);
-            continue;
+        for (int h = 0; h < kv_heads; h++) {
+            size_t at = kv_pool_offset(slots[t], h, hd, kv_heads, B), from = (size_t)t * kvd + h * hd;
+            if (kv_dtype == DTYPE_F32) {
+                memcpy((float *)k_pool + at, k + from, sizeof(float) * hd);
+                if (v_pool) memcpy((float *)v_pool + at, v + from, sizeof(float) * hd);
+                continue;
+            }
+            f32_to_bf16_n((uint16_t *)k_pool + at, k + from, hd);
+            if (v_pool) f32_to_bf16_n((uint16_t *)v_pool + at, v + from, hd);
         }
-        f32_to_bf16_n((uint16_t *)k_pool + row, kt, (size_t)kvd);
-        if (v_pool) f32_to_bf16_n((uint16_t *)v_pool + row, vt, (size_t)kvd);
     }
 }
 

@@ -75,6 +75,23 @@ static inline void touch_rows(const void *base, const size_t *row, int i0, int i
     }
     __asm__ volatile("" ::"x"(acc));
 }
+/* head-major paged keys j0 .. j1-1 (key j's row of KV head 0 at element
+ * offset row[j], KV heads hs apart up to the one at last, keys of a block
+ * stride apart), read as touch_rows reads: KV head by KV head, each
+ * block's run of its keys in order */
+static inline void touch_heads(const void *base, const size_t *row, int j0, int j1, int B, size_t stride,
+                               size_t hs, size_t last, size_t esize)
+{
+    __m128i acc = _mm_setzero_si128();
+    for (size_t e = 0; e <= last; e += hs)
+        for (int j = j0, je; j < j1; j = je) {
+            je = (j / B + 1) * B < j1 ? (j / B + 1) * B : j1; /* the end of key j's block */
+            const char *p = (const char *)base + (row[j] + e) * esize;
+            for (size_t b = 0, bytes = (size_t)(je - j) * stride * esize; b < bytes; b += 64)
+                acc = _mm_or_si128(acc, _mm_cvtsi32_si128(*(const volatile int *)(p + b)));
+        }
+    __asm__ volatile("" ::"x"(acc));
+}
 /* the four tokens r = 0 .. 3 (keys j0[r] .. n[r]-1) all attend keys j ..
  * e-1 */
 static inline int allkeys(const int *j0, const int *n, int j, int e)

@@ -24,13 +24,17 @@ int cpu_set_isa(const char *name);
 const char *cpu_isa(void);
 
 /* Attention of R query tokens of one sequence, each by H query heads (row
- * h reading KV head h / group, whose elements start D * (h / group) into
- * each row of k and v), token r over keys j0[r] .. n[r]-1 of k and v
- * (elements of the kv type; key j in row table ? table[j / B] * B + j % B
- * : j, rows stride elements apart): out and lse. A row's value depends on
- * its keys only, not on the instruction set, the batch or the other heads
- * and tokens of the call (kernels_cpu.inc). Tokens attended together read
- * each key once from memory. */
+ * h reading KV head h / group), token r over keys j0[r] .. n[r]-1 of k and
+ * v (elements of the kv type): key j's elements of KV head g at k + g *
+ * head_stride + (table ? table[j / B] * block_stride + (j % B) * stride :
+ * j * stride), and the same in v. Token-major rows (a key's KV heads side
+ * by side): stride = the row, head_stride = D. Head-major paged blocks
+ * (each KV head's keys of a block side by side, as the CPU backend's pools
+ * hold them): stride = D, head_stride = B * D. Returns out and lse. A
+ * row's value depends on its keys only, not on the instruction set, the
+ * layout, the batch or the other heads and tokens of the call
+ * (kernels_cpu.inc). Tokens attended together read each key once from
+ * memory. */
 typedef struct {
     int R, H, group, D, Dv;
     const int *j0, *n; /* per token: its keys j0[r] .. n[r]-1, at least one */
@@ -42,7 +46,9 @@ typedef struct {
     const void *k, *v;
     const int *table; /* NULL: not paged */
     int B;
-    size_t stride;
+    /* elements from a key's row to the next key's (within a paged block),
+     * from a KV head to the next, and from a paged block to the next */
+    size_t stride, head_stride, block_stride;
     float scale;
     float *scratch; /* attend_scratch_bytes(the largest n, R * H) */
     /* the keys were just read (by the token before, of the same sequence),

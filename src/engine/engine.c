@@ -383,7 +383,8 @@ void engine_self_attention(Engine *e, const Chunk *chunks, const int *const *tab
          * the cache in one pass: the same keys in the same order whether
          * its prompt came in one chunk or several, alone or batched, so its
          * result does not depend on either. */
-        be->kv_write(k_pool, v_pool, e->kv_dtype, e->k, v, e->d_slots, T, kv_row);
+        be->kv_write(k_pool, v_pool, e->kv_dtype, e->k, v, e->d_slots, T, kv_row, e->model->shard.kv_heads,
+                      e->pool.block_size);
         engine_attend(e, chunks, tables, n_chunks, layer, ATTEND_ALL, e->q, 1, n_heads, e->att, e->lse);
         return;
     }
@@ -401,7 +402,8 @@ void engine_self_attention(Engine *e, const Chunk *chunks, const int *const *tab
         be->merge_attention(e->att, e->lse, e->att_ctx, e->lse_ctx, T * n_heads, out_dim);
     }
     /* the owners store the new tokens' K/V (DESIGN.md section 3) */
-    be->kv_write(k_pool, v_pool, e->kv_dtype, e->k, v, e->d_slots, T, kv_row);
+    be->kv_write(k_pool, v_pool, e->kv_dtype, e->k, v, e->d_slots, T, kv_row, e->model->shard.kv_heads,
+                      e->pool.block_size);
 }
 
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits)
