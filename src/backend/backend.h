@@ -8,11 +8,6 @@
 
 #include "model.h"
 
-/* Attention of T query tokens, each over its own run of keys, returning the
- * output and the log-sum-exp of the scaled scores per (token, head). The
- * same op serves the context part (keys in the KV cache) and the new part
- * (keys of the tokens being processed, causal). A token with no keys gets
- * out = 0 and lse = -inf, so it contributes nothing to a merge. */
 /* Where row r's KV head h (hd elements) starts in a paged pool of kv_heads
  * heads and blocks of B rows: a block holds its rows KV head by KV head, so
  * that reading one head's keys of a block, as decode attention does for
@@ -27,6 +22,11 @@ DCP_HOST_DEVICE static inline size_t kv_pool_offset(size_t r, int h, size_t hd, 
     return ((r / B * (size_t)kv_heads + (size_t)h) * B + r % B) * hd;
 }
 
+/* Attention of T query tokens, each over its own run of keys, returning the
+ * output and the log-sum-exp of the scaled scores per (token, head). The
+ * same op serves the context part (keys in the KV cache) and the new part
+ * (keys of the tokens being processed, causal). A token with no keys gets
+ * out = 0 and lse = -inf, so it contributes nothing to a merge. */
 typedef struct {
     int T;
     int n_heads;    /* query heads in q/out */
