@@ -891,7 +891,8 @@ TGT_AVX512 static void avx512_lane_panel(float *y, size_t ldy, const float *xp, 
  * the 110M shape's decode GEMVs, alternating in one process, 1.03-1.08x
  * the bytes per second on one thread and 1.03-1.04x on two (4 KiB ahead
  * 1.04 and 1.07; 2 KiB 1.03 and 1.05; 6 KiB 0.93 and 0.98). bf16's
- * groups lost with it (0.75-0.99 at 1-3 KiB). */
+ * groups did not gain from it (0.74-1.02, 0.5-3 KiB ahead, into L1 or
+ * L2 or non-temporal). */
 #define GEMV_AHEAD 3072
 TGT_AVX512 static void avx512_f32_gemv_rows(float *y, const float *x, const float *w, int n0, int n1, int N, int K,
                                             int G)
