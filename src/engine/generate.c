@@ -313,7 +313,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     int *finished = xmalloc(sizeof(int) * seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
-    int shown = 0;
+    int shown = 0, behind = 0; /* a line shown; a step since the last line */
 
     while (scheduler_plan(&sch, &plan)) {
         if (plan.nc == 0) { /* cannot happen while every request fits the cache alone */
@@ -347,17 +347,18 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         }
         if (o->on_step) o->on_step(o->on_step_ctx, finished, n_finished);
         record_step(st, &rec);
+        behind = 1;
         if (o->progress && now_s() - last_progress >= o->progress_interval) {
             last_progress = now_s();
             print_progress(o, &sch, generated, last_progress - t_start,
                            100.0 * rec.kv_blocks_used / (e->pool.n_blocks ? e->pool.n_blocks : 1));
-            shown = 1;
+            shown = 1, behind = 0;
         }
     }
-    if (shown && o->progress == PROGRESS_TERMINAL) { /* the final state, then the line is left */
-        print_progress(o, &sch, generated, now_s() - t_start, 0.0);
-        fputc('\n', stderr);
-    }
+    /* the final state, unless the last line showed it; a terminal's line is
+     * then left */
+    if (shown && (behind || o->progress == PROGRESS_TERMINAL)) print_progress(o, &sch, generated, now_s() - t_start, 0.0);
+    if (shown && o->progress == PROGRESS_TERMINAL) fputc('\n', stderr);
     st->preemptions = sch.preemptions;
     st->kv_positions_peak = sch.kv_positions_peak;
     st->kv_blocks_left = pool_used(&e->pool);
