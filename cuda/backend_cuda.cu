@@ -24,11 +24,10 @@ static int gemm_bf16;
 static __nv_bfloat16 *x_bf16;
 static size_t x_bf16_cap;
 
-// Per-token attention metadata, uploaded per call (host arrays of device
-// pointers, see AttnBatch).
-static const float **d_kp, **d_vp;
+// Per-token attention metadata, uploaded per call (host arrays, see
+// AttnBatch).
 static const int **d_tables;
-static int *d_nkeys, *d_key0;
+static int *d_nkeys, *d_key0, *d_row0;
 static int meta_cap;
 
 static unsigned blocks_for(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -327,15 +326,16 @@ __device__ static size_t att_row(const int *table, int j, int block_size, int kv
                           (size_t)(kv_stride / kv_heads), kv_heads, (size_t)block_size);
 }
 
-__global__ void k_attention(float *out, float *lse, const float *q, const float *const *kp, const float *const *vp,
-                            const int *n_keys, const int *key0, const int *const *tables, int block_size, int n_heads,
-                            int group, int head_dim, int v_dim, int kv_stride, float scale)
+__global__ void k_attention(float *out, float *lse, const float *q, const float *k_base, const float *v_base,
+                            const int *row0, const int *n_keys, const int *key0, const int *const *tables,
+                            int block_size, int n_heads, int group, int head_dim, int v_dim, int kv_stride, float scale)
 {
     int r = blockIdx.x, t = r / n_heads, h = r % n_heads, kvh = h / group, kv_heads = n_heads / group;
     int n = n_keys[t], first = key0 ? key0[t] : 0, tid = threadIdx.x;
     const float *qr = q + (size_t)r * head_dim;
-    const float *k = kp[t], *v = vp[t];
     const int *table = tables ? tables[t] : NULL;
+    size_t base = !table && row0 ? (size_t)row0[t] * kv_stride : 0;
+    const float *k = k_base + base, *v = v_base + base;
     __shared__ float qs[ATT_MAX_D], p[ATT_THREADS], red[ATT_THREADS];
     for (int d = tid; d < head_dim; d += blockDim.x) qs[d] = qr[d];
     __syncthreads();
@@ -391,27 +391,24 @@ static void cuda_attention(const AttnBatch *a)
     if (a->head_dim > ATT_MAX_D) dcp_check_failed(__FILE__, __LINE__, "cuda_attention", "head_dim above 640");
     if (a->T > meta_cap) {
         if (meta_cap) {
-            cuda_release(d_kp);
-            cuda_release(d_vp);
             cuda_release(d_tables);
             cuda_release(d_nkeys);
             cuda_release(d_key0);
+            cuda_release(d_row0);
         }
         meta_cap = a->T * 2;
-        d_kp = (const float **)cuda_alloc(sizeof(float *) * meta_cap);
-        d_vp = (const float **)cuda_alloc(sizeof(float *) * meta_cap);
         d_tables = (const int **)cuda_alloc(sizeof(int *) * meta_cap);
         d_nkeys = (int *)cuda_alloc(sizeof(int) * meta_cap);
         d_key0 = (int *)cuda_alloc(sizeof(int) * meta_cap);
+        d_row0 = (int *)cuda_alloc(sizeof(int) * meta_cap);
     }
-    cuda_upload(d_kp, a->k, sizeof(float *) * a->T);
-    cuda_upload(d_vp, a->v, sizeof(float *) * a->T);
     cuda_upload(d_nkeys, a->n_keys, sizeof(int) * a->T);
     if (a->blocks) cuda_upload(d_tables, a->blocks, sizeof(int *) * a->T);
     if (a->key0) cuda_upload(d_key0, a->key0, sizeof(int) * a->T);
+    if (a->row0 && !a->blocks) cuda_upload(d_row0, a->row0, sizeof(int) * a->T);
     k_attention<<<a->T * a->n_heads, ATT_THREADS, 0, stream>>>(
-        a->out, a->lse, a->q, d_kp, d_vp, d_nkeys, a->key0 ? d_key0 : NULL, a->blocks ? d_tables : NULL, a->block_size,
-        a->n_heads,
+        a->out, a->lse, a->q, (const float *)a->k, (const float *)a->v, a->row0 && !a->blocks ? d_row0 : NULL, d_nkeys,
+        a->key0 ? d_key0 : NULL, a->blocks ? d_tables : NULL, a->block_size, a->n_heads,
         a->n_heads / a->n_kv_heads, a->head_dim, a->v_dim ? a->v_dim : a->head_dim, a->kv_stride, a->scale);
     DCP_CHECK_LAUNCH(stream);
 }

@@ -73,7 +73,7 @@ static WeightRef g_gemm_weights(WeightRef host, size_t n)
 {
     void *d = g_alloc(dtype_bytes(host.dtype) * n);
     g_copy(d, host.data, dtype_bytes(host.dtype) * n);
-    return (WeightRef){d, host.dtype};
+    return (WeightRef){d, host.dtype, host.group};
 }
 static void g_release_weights(const void *p) { g_release((void *)p); }
 static void g_sync(void) {}

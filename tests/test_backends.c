@@ -147,13 +147,11 @@ static void attention_and_merges(uint64_t *st)
     int *dt0 = on_gpu(table0, sizeof table0), *dt1 = on_gpu(table1, sizeof table1);
     int n_keys[T] = {20, 0, 32, 1};
     const int *ht[T] = {table0, table0, table1, table1}, *gt[T] = {dt0, dt0, dt1, dt1};
-    const void *hk[T], *hv[T], *gk[T], *gv[T];
-    for (int t = 0; t < T; t++) hk[t] = kpool, hv[t] = vpool, gk[t] = dk, gv[t] = dv;
     float out[T * H * D], lse[T * H];
     float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
-    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, n_keys, NULL, kvd, ht, B, 0, DTYPE_F32};
+    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, kpool, vpool, n_keys, NULL, kvd, ht, B, 0, DTYPE_F32, NULL};
     cpu->attention(&a);
-    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, n_keys, NULL, kvd, gt, B, 0, DTYPE_F32};
+    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, dk, dv, n_keys, NULL, kvd, gt, B, 0, DTYPE_F32, NULL};
     gpu->attention(&ga);
     float *go = back(dout, T * H * D), *gl = back(dlse, T * H);
     EXPECT_CLOSE("attention paged", go, out, T * H * D, 1e-5);
@@ -163,10 +161,9 @@ static void attention_and_merges(uint64_t *st)
     int many[T] = {300, 1, 129, 128};
     float *kk = rnd(300 * kvd, st), *vv = rnd(300 * kvd, st);
     float *dkk = on_gpu(kk, sizeof(float) * 300 * kvd), *dvv = on_gpu(vv, sizeof(float) * 300 * kvd);
-    for (int t = 0; t < T; t++) hk[t] = kk, hv[t] = vv, gk[t] = dkk, gv[t] = dvv;
-    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, hk, hv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32};
+    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, kk, vv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32, NULL};
     cpu->attention(&c);
-    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, gk, gv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32};
+    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, dkk, dvv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32, NULL};
     gpu->attention(&gc);
     go = back(dout, T * H * D), gl = back(dlse, T * H);
     EXPECT_CLOSE("attention rows", go, out, T * H * D, 1e-5);
@@ -180,6 +177,15 @@ static void attention_and_merges(uint64_t *st)
     go = back(dout, T * H * D), gl = back(dlse, T * H);
     EXPECT_CLOSE("attention window", go, out, T * H * D, 1e-5);
     EXPECT_CLOSE("attention lse3", gl, lse, T * H, 1e-5);
+    free(go), free(gl);
+    /* each token's keys from its own first row (row0), as a step's chunks */
+    int row0[T] = {0, 40, 171, 2}; /* row0 + many[t] <= 300 */
+    c.row0 = gc.row0 = row0, c.key0 = gc.key0 = NULL;
+    cpu->attention(&c);
+    gpu->attention(&gc);
+    go = back(dout, T * H * D), gl = back(dlse, T * H);
+    EXPECT_CLOSE("attention from row0", go, out, T * H * D, 1e-5);
+    EXPECT_CLOSE("attention lse4", gl, lse, T * H, 1e-5);
     free(go), free(gl);
     /* merge of two partials, one side empty for row 1 */
     int rows = T * H;
@@ -248,13 +254,12 @@ static void mla_ops(uint64_t *st)
     int table[] = {3, 0, 6, 1}, *dt = on_gpu(table, sizeof table);
     int n_keys[T] = {29, 1, 0};
     const int *ht[T] = {table, table, table}, *gt[T] = {dt, dt, dt};
-    const void *hk[T] = {pool, pool, pool}, *gk[T] = {dp, dp, dp};
     float out[T * H * DV], lse[T * H];
     float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
     AttnBatch a = {.T = T, .n_heads = H, .n_kv_heads = 1, .head_dim = D, .scale = 0.2f, .q = q, .out = out, .lse = lse,
-                   .k = hk, .v = hk, .n_keys = n_keys, .kv_stride = D, .blocks = ht, .block_size = B, .v_dim = DV};
+                   .k = pool, .v = pool, .n_keys = n_keys, .kv_stride = D, .blocks = ht, .block_size = B, .v_dim = DV};
     AttnBatch ga = a;
-    ga.q = dq, ga.out = dout, ga.lse = dlse, ga.k = gk, ga.v = gk, ga.blocks = gt;
+    ga.q = dq, ga.out = dout, ga.lse = dlse, ga.k = dp, ga.v = dp, ga.blocks = gt;
     cpu->attention(&a);
     gpu->attention(&ga);
     float *go = back(dout, T * H * DV), *gl = back(dlse, T * H);

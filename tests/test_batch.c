@@ -30,7 +30,7 @@ static void run(const Model *m, RequestSet *rs, Result *res, int max_num_seqs, i
                      .max_batched_tokens = max_batched};
     GenStats gs;
     generate(&e, rs, res, &go, &gs);
-    CHECK(gs.kv_blocks_left == 0 && e.pool.n_free == e.pool.n_blocks, "all KV blocks released");
+    CHECK(gs.kv_blocks_left == 0 && e.att.pool.n_free == e.att.pool.n_blocks, "all KV blocks released");
     free(gs.steps);
     engine_free(&e);
 }

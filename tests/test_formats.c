@@ -24,7 +24,7 @@ static float *run_logits(const char *path, int *vocab)
     Engine e;
     engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
     BlockTable table = {0};
-    table_reserve(&e.pool, &table, kv_blocks_for(e.topo, NTOK, e.pool.block_size));
+    table_reserve(&e.att.pool, &table, kv_blocks_for(e.env.topo, NTOK, e.att.pool.block_size));
     int tokens[NTOK];
     for (int i = 0; i < NTOK; i++) tokens[i] = (i * 37 + 11) % m.cfg.vocab_size;
     *vocab = m.cfg.vocab_size;

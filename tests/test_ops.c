@@ -22,18 +22,17 @@ static void test_attention_split(const Backend *be)
     for (int i = 0; i < N * KVH * D; i++) k[i] = frand(&s), v[i] = frand(&s);
     /* token t attends to keys [0, n[t]); context holds [0, split), new [split, n) */
     int n_all[T] = {13, 5, 1}, split[T] = {6, 5, 0};
-    const void *kp[T], *vp[T];
-    int nk[T];
+    int nk[T], r0[T];
     float full[T * H * D], lse_full[T * H], ctx[T * H * D], lse_ctx[T * H], nw[T * H * D], lse_nw[T * H];
-    for (int t = 0; t < T; t++) kp[t] = k, vp[t] = v, nk[t] = n_all[t];
+    for (int t = 0; t < T; t++) r0[t] = 0, nk[t] = n_all[t];
     AttnBatch a = {.T = T, .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .scale = 0.35f, .q = q, .out = full,
-                   .lse = lse_full, .k = kp, .v = vp, .n_keys = nk, .kv_stride = KVH * D};
+                   .lse = lse_full, .k = k, .v = v, .n_keys = nk, .kv_stride = KVH * D, .row0 = r0};
     be->attention(&a);
     for (int t = 0; t < T; t++) nk[t] = split[t];
     a.out = ctx, a.lse = lse_ctx;
     be->attention(&a);
     for (int t = 0; t < T; t++)
-        kp[t] = k + split[t] * KVH * D, vp[t] = v + split[t] * KVH * D, nk[t] = n_all[t] - split[t];
+        r0[t] = split[t], nk[t] = n_all[t] - split[t];
     a.out = nw, a.lse = lse_nw;
     be->attention(&a);
     CHECK(isinf(lse_nw[1 * H]) && lse_nw[1 * H] < 0 && nw[1 * H * D] == 0.0f, "empty side: lse -inf, out 0");
@@ -42,11 +41,11 @@ static void test_attention_split(const Backend *be)
     {
         int first[T] = {4, 5, 0};
         float win[T * H * D], lse_win[T * H], shifted[T * H * D], lse_shifted[T * H];
-        for (int t = 0; t < T; t++) kp[t] = k, vp[t] = v, nk[t] = n_all[t];
+        for (int t = 0; t < T; t++) r0[t] = 0, nk[t] = n_all[t];
         a.key0 = first, a.out = win, a.lse = lse_win;
         be->attention(&a);
         for (int t = 0; t < T; t++)
-            kp[t] = k + first[t] * KVH * D, vp[t] = v + first[t] * KVH * D, nk[t] = n_all[t] - first[t];
+            r0[t] = first[t], nk[t] = n_all[t] - first[t];
         a.key0 = NULL, a.out = shifted, a.lse = lse_shifted;
         be->attention(&a);
         double w = 0;
@@ -54,7 +53,7 @@ static void test_attention_split(const Backend *be)
         for (int i = 0; i < T * H; i++) w = fmax(w, isinf(lse_win[i]) && isinf(lse_shifted[i]) ? 0 : fabs(lse_win[i] - lse_shifted[i]));
         CHECK(w == 0 && isinf(lse_win[1 * H]), "sliding window (key0) differs from shifted keys by %g", w);
         for (int t = 0; t < T; t++)
-            kp[t] = k + split[t] * KVH * D, vp[t] = v + split[t] * KVH * D, nk[t] = n_all[t] - split[t];
+            r0[t] = split[t], nk[t] = n_all[t] - split[t];
     }
     CHECK(isinf(lse_ctx[2 * H]) && lse_ctx[2 * H] < 0, "empty context: lse -inf");
     be->merge_attention(ctx, lse_ctx, nw, lse_nw, T * H, D);

@@ -139,7 +139,7 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         pmpi_counting = 1;
         generate(&e, &mine, res, &go, &gs);
         pmpi_counting = 0;
-        CHECK(gs.kv_blocks_left == 0 && e.pool.n_free == e.pool.n_blocks, "%s: KV blocks released", label);
+        CHECK(gs.kv_blocks_left == 0 && e.att.pool.n_free == e.att.pool.n_blocks, "%s: KV blocks released", label);
         if (out) *out = (LayoutRun){gs.kv_positions_peak, gs.preemptions, engine_kv_capacity(&e), cs};
         free(gs.steps);
         engine_free(&e);

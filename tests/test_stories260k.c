@@ -88,7 +88,7 @@ int main(int argc, char **argv)
     Result res[3];
     GenStats gs;
     generate(&e, &rs, res, &go, &gs);
-    CHECK(gs.kv_blocks_left == 0 && e.pool.n_free == e.pool.n_blocks, "KV blocks released after the run");
+    CHECK(gs.kv_blocks_left == 0 && e.att.pool.n_free == e.att.pool.n_blocks, "KV blocks released after the run");
     free(gs.steps);
     engine_free(&e);
 

@@ -62,20 +62,20 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     int *tokens = xmalloc(sizeof(int) * b);
     uint64_t st = 17 + rank;
     /* random K/V in every block: the numbers do not matter, only the shapes */
-    size_t pool_floats = (size_t)e.pool.n_blocks * e.pool.block_size * m.cfg.n_layers * m.shard.kv_heads * m.cfg.head_dim;
+    size_t pool_floats = (size_t)e.att.pool.n_blocks * e.att.pool.block_size * m.cfg.n_layers * m.shard.kv_heads * m.cfg.head_dim;
     /* one random chunk of at most 16M floats, repeated over the pool */
     size_t chunk = pool_floats < ((size_t)1 << 24) ? pool_floats : (size_t)1 << 24;
     float *host = xmalloc(sizeof(float) * (chunk ? chunk : 1));
     fill_random(host, chunk, &st);
     for (size_t off = 0; off < pool_floats; off += chunk) {
         size_t n = pool_floats - off < chunk ? pool_floats - off : chunk;
-        e.be->upload((float *)e.k_pool + off, host, sizeof(float) * n);
-        e.be->upload((float *)e.v_pool + off, host, sizeof(float) * n);
-        e.be->synchronize();
+        e.env.be->upload((float *)e.att.k_pool + off, host, sizeof(float) * n);
+        e.env.be->upload((float *)e.att.v_pool + off, host, sizeof(float) * n);
+        e.env.be->synchronize();
     }
     free(host);
     for (int i = 0; i < b; i++) {
-        if (table_reserve(&e.pool, &tables[i], kv_blocks_for(&t, L + steps + 1, 16))) {
+        if (table_reserve(&e.att.pool, &tables[i], kv_blocks_for(&t, L + steps + 1, 16))) {
             fprintf(stderr, "rank %d: KV pool too small\n", rank);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }

@@ -619,10 +619,10 @@ int run_job(const Options *o, MPI_Comm world, int device)
         printf("# KV cache: %d blocks of %d positions per rank (%.1f MiB), %d ranks per DCP group\n"
                "# KV cache size: %lld tokens\n"
                "# Maximum concurrency for %d tokens per request: %.2fx\n",
-               eng.pool.n_blocks, eng.pool.block_size,
-               eng.pool.n_blocks * (double)eng.pool.block_size * engine_kv_bytes_per_token(&eng) / 1048576.0,
+               eng.att.pool.n_blocks, eng.att.pool.block_size,
+               eng.att.pool.n_blocks * (double)eng.att.pool.block_size * engine_kv_bytes_per_token(&eng) / 1048576.0,
                topo.dcp, capacity, max_model_len, (double)capacity / max_model_len);
-    requests_check_kv(&rs, &topo, &eng.pool, max_model_len);
+    requests_check_kv(&rs, &topo, &eng.att.pool, max_model_len);
 
     /* this DP group's requests, in file order, less those done earlier */
     group = dp_assign(&rs, topo.dp, done);
@@ -655,7 +655,7 @@ int run_job(const Options *o, MPI_Comm world, int device)
     double gen_s = now_s() - t0;
     DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, &gen_s, 1, MPI_DOUBLE, MPI_MAX, world));
     long long kv_peak = gs.kv_positions_peak * (long long)engine_kv_bytes_per_token(&eng);
-    int block_size = eng.pool.block_size, kv_blocks = eng.pool.n_blocks;
+    int block_size = eng.att.pool.block_size, kv_blocks = eng.att.pool.n_blocks;
     engine_free(&eng);
     res = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(Result));
     for (int j = 0; j < mine.n; j++) res[index[j]] = mine_res[j];

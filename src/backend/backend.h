@@ -36,20 +36,22 @@ typedef struct {
     const float *q;           /* (T, n_heads, head_dim) */
     float *out;               /* (T, n_heads, v_dim, or head_dim when v_dim is 0) */
     float *lse;               /* (T, n_heads) */
-    const void *const *k;     /* per token: its first key row (n_kv_heads*head_dim elements of kv_dtype) */
-    const void *const *v;     /* per token: its first value row */
+    /* Keys and values: rows of kv_stride elements of kv_dtype. Unpaged, key j
+     * of token t is row row0[t] + j of k (its value the same row of v). */
+    const void *k, *v;
     const int *n_keys;        /* per token: rows to attend to */
     const int *key0;          /* per token: first key attended to (keys before it are outside a sliding
                                  window); NULL: 0 */
     int kv_stride;            /* elements from one key row to the next (n_kv_heads KV heads) */
-    /* Paged keys: when blocks is set, key j of token t is row
-     * blocks[t][j / block_size] * block_size + j % block_size from k[t], in
-     * a pool that holds each block's rows KV head by KV head
-     * (kv_pool_offset). */
+    /* Paged keys: when blocks is set, k and v are a layer's pools and key j
+     * of token t is row blocks[t][j / block_size] * block_size + j %
+     * block_size, a pool that holds each block's rows KV head by KV head
+     * (kv_pool_offset); row0 is then unused. */
     const int *const *blocks;
     int block_size;
     int v_dim;                /* values: the first v_dim floats of each value row (MLA); 0: head_dim */
     DType kv_dtype;           /* of the key and value rows (bf16: a --kv-cache-dtype bfloat16 cache) */
+    const int *row0;          /* per token: its first key's row, unpaged; NULL: 0 */
 } AttnBatch;
 
 typedef struct Backend {
@@ -58,8 +60,8 @@ typedef struct Backend {
      * on a GPU backend, host memory on the CPU backend (host_memory = 1,
      * and MPI can take them directly). Arrays the ops take as metadata
      * (tokens, positions, slots, rows) live in such buffers too; the
-     * per-token arrays of AttnBatch are host arrays holding buffer
-     * pointers. */
+     * per-token arrays of AttnBatch are host arrays (its block tables
+     * pointers into buffers). */
     int host_memory;
     void *(*alloc)(size_t bytes);
     void (*release)(void *p);

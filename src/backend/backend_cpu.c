@@ -115,11 +115,14 @@ static void cpu_embedding(float *x, const float *table, const int *tokens, int T
 #endif
 #define ATT_SCRATCH ((size_t)16 << 20)
 
+/* token t's first key row, unpaged */
+static size_t first_row(const AttnBatch *a, int t) { return a->row0 && !a->blocks ? (size_t)a->row0[t] : 0; }
+
 /* token u reads the keys token t reads, and both read some */
 static int same_keys(const AttnBatch *a, int t, int u)
 {
     int j0t = a->key0 ? a->key0[t] : 0, j0u = a->key0 ? a->key0[u] : 0;
-    return a->k[t] == a->k[u] && a->v[t] == a->v[u] && (a->blocks ? a->blocks[t] == a->blocks[u] : 1) &&
+    return first_row(a, t) == first_row(a, u) && (a->blocks ? a->blocks[t] == a->blocks[u] : 1) &&
            a->n_keys[t] > j0t && a->n_keys[u] > j0u;
 }
 
@@ -185,8 +188,8 @@ static void cpu_attention(const AttnBatch *a)
                              .q = a->q + r * D, .out = o, .lse = &a->lse[r],
                              .q_stride = (size_t)a->n_heads * D, .out_stride = (size_t)a->n_heads * Dv,
                              .lse_stride = (size_t)a->n_heads,
-                             .k = (const char *)a->k[t] + (size_t)g0 * hs * esize,
-                             .v = (const char *)a->v[t] + (size_t)g0 * hs * esize,
+                             .k = (const char *)a->k + (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize,
+                             .v = (const char *)a->v + (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize,
                              .table = a->blocks ? a->blocks[t] : NULL, .B = a->block_size, .stride = stride,
                              .head_stride = hs, .block_stride = B * a->kv_stride, .scale = a->scale, .scratch = score,
                              /* the token before, of the same sequence, has just read these keys */

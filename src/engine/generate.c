@@ -40,8 +40,8 @@ typedef struct LogprobJob {
  * into full (count, vocab). */
 static void gather_vocab(Engine *e, PickBuffers *b, const float *local, int count, float *full, float *tmp)
 {
-    const Topology *tp = e->topo;
-    const Config *c = &e->model->cfg;
+    const Topology *tp = e->env.topo;
+    const Config *c = &e->env.model->cfg;
     int *counts = b->counts, *displs = b->displs;
     for (int r = 0, off = 0; r < tp->tp; r++) {
         int v0, vn;
@@ -50,7 +50,7 @@ static void gather_vocab(Engine *e, PickBuffers *b, const float *local, int coun
         displs[r] = off;
         off += counts[r];
     }
-    comm_allgatherv(e->comm, local, counts[tp->tp_rank], tmp, counts, displs, tp->tp_comm);
+    comm_allgatherv(e->env.comm, local, counts[tp->tp_rank], tmp, counts, displs, tp->tp_comm);
     /* tmp is (rank, row, shard column); full is (row, vocabulary) */
     for (int r = 0; r < tp->tp; r++) {
         int v0, vn;
@@ -72,7 +72,7 @@ static void gather_vocab(Engine *e, PickBuffers *b, const float *local, int coun
 static int logprob_jobs(Engine *e, Scheduler *sch, const StepPlan *p, const float *local, int all, PickBuffers *b,
                         int *kmax)
 {
-    const Shard *s = &e->model->shard;
+    const Shard *s = &e->env.model->shard;
     int nj = 0, n_copy = 0;
     *kmax = 0;
     for (int i = 0, row = 0; i < p->nc; i++) {
@@ -101,7 +101,7 @@ static int logprob_jobs(Engine *e, Scheduler *sch, const StepPlan *p, const floa
 static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *b, int nj, int kmax,
                            const int *out, int sampled_phase)
 {
-    const Shard *s = &e->model->shard;
+    const Shard *s = &e->env.model->shard;
     size_t stride = LOGPROB_RECORD(kmax);
     for (int j = 0; j < nj; j++) {
         LogprobJob *jb = &b->jobs[j];
@@ -110,8 +110,8 @@ static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *
         logprob_record(jb->row, s->vocab0, s->vocab, jb->chosen, kmax, b->recs + j * stride);
     }
     if (!sampled_phase) return;
-    int tp = e->topo->tp;
-    comm_gather_logprobs(e->comm, b->recs, (int)(nj * stride), b->all_recs, e->topo->tp_comm);
+    int tp = e->env.topo->tp;
+    comm_gather_logprobs(e->env.comm, b->recs, (int)(nj * stride), b->all_recs, e->env.topo->tp_comm);
     const float *all = tp > 1 ? b->all_recs : b->recs;
     float *one = xmalloc(sizeof(float) * stride * (size_t)tp);
     for (int j = 0; j < nj; j++) {
@@ -152,8 +152,8 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
     int kmax, nj = logprob_jobs(e, sch, p, local, all, b, &kmax);
     logprob_finish(e, sch, p, b, nj, kmax, out, 0);
     RequestSet *rs = sch->rs;
-    const Shard *s = &e->model->shard;
-    int vocab = e->model->cfg.vocab_size, tp = e->topo->tp;
+    const Shard *s = &e->env.model->shard;
+    int vocab = e->env.model->cfg.vocab_size, tp = e->env.topo->tp;
     const float *full = local;
     if (tp > 1 && o->on_logits) {
         gather_vocab(e, b, local, R, b->full, b->tmp);
@@ -170,7 +170,7 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
         const Request *q = &rs->r[p->req[i]];
         if (sampling[i] && sch->res[p->req[i]].n + 1 < q->min_tokens)
             mask_stop_tokens((float *)b->rows[i], full == local ? s->vocab0 : 0, full == local ? s->vocab : vocab,
-                             &e->model->cfg, q);
+                             &e->env.model->cfg, q);
         row += rows;
     }
     if (tp > 1 && !o->on_logits) {
@@ -189,7 +189,7 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
                 memmove(local + (size_t)ns++ * s->vocab, b->rows[i], sizeof(float) * s->vocab);
             }
         }
-        if (ng) comm_argmax(e->comm, b->pairs, ng, e->topo->tp_comm);
+        if (ng) comm_argmax(e->env.comm, b->pairs, ng, e->env.topo->tp_comm);
         if (ns) gather_vocab(e, b, local, ns, b->full, b->tmp);
         ng = ns = 0;
         for (int i = 0; i < nc; i++) {
@@ -267,16 +267,16 @@ static void print_progress(const GenOptions *o, const Scheduler *sch, long gener
 
 int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenStats *stats)
 {
-    const Config *c = &e->model->cfg;
+    const Config *c = &e->env.model->cfg;
     int vocab = c->vocab_size;
-    Timings *tm = e->tm;
+    Timings *tm = e->env.tm;
     GenStats local_stats;
     GenStats *st = stats ? stats : &local_stats;
     memset(st, 0, sizeof *st);
     memset(res, 0, sizeof(Result) * (size_t)rs->n);
     Scheduler sch;
     SchedulerLimits limits = {o->max_model_len, o->max_num_seqs, o->max_batched_tokens};
-    scheduler_init(&sch, rs, res, c, e->topo, &e->pool, &limits);
+    scheduler_init(&sch, rs, res, c, e->env.topo, &e->att.pool, &limits);
     sch.tok = o->tok;
     sch.bos = c->bos_id;
     int prompt_lp = 0, any_lp = 0;
@@ -292,23 +292,23 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     size_t seqs = (size_t)(o->max_num_seqs < rs->n ? o->max_num_seqs : rs->n > 0 ? rs->n : 1);
     size_t logits_rows = o->on_logits || prompt_lp ? (size_t)o->max_batched_tokens : seqs;
     size_t full_rows = o->on_logits ? (size_t)o->max_batched_tokens : seqs;
-    float *local = xmalloc(sizeof(float) * logits_rows * e->model->shard.vocab);
+    float *local = xmalloc(sizeof(float) * logits_rows * e->env.model->shard.vocab);
     PickBuffers bufs = {0};
-    bufs.full = e->topo->tp > 1 ? xmalloc(sizeof(float) * full_rows * vocab) : NULL;
-    bufs.tmp = e->topo->tp > 1 ? xmalloc(sizeof(float) * full_rows * vocab) : NULL;
+    bufs.full = e->env.topo->tp > 1 ? xmalloc(sizeof(float) * full_rows * vocab) : NULL;
+    bufs.tmp = e->env.topo->tp > 1 ? xmalloc(sizeof(float) * full_rows * vocab) : NULL;
     if (any_lp) {
         size_t jobs = logits_rows + seqs, rec = jobs * LOGPROB_RECORD(MAX_LOGPROBS);
         bufs.jobs = xmalloc(sizeof(LogprobJob) * jobs);
-        bufs.lp_rows = xmalloc(sizeof(float) * seqs * e->model->shard.vocab);
+        bufs.lp_rows = xmalloc(sizeof(float) * seqs * e->env.model->shard.vocab);
         bufs.recs = xmalloc(sizeof(float) * rec);
-        bufs.all_recs = e->topo->tp > 1 ? xmalloc(sizeof(float) * rec * (size_t)e->topo->tp) : NULL;
+        bufs.all_recs = e->env.topo->tp > 1 ? xmalloc(sizeof(float) * rec * (size_t)e->env.topo->tp) : NULL;
     }
     bufs.pairs = xmalloc(sizeof(ValueIndex) * seqs);
     bufs.scratch_bytes = sampler_scratch_bytes(vocab);
     bufs.scratch = xmalloc(bufs.scratch_bytes * (size_t)omp_get_max_threads());
     bufs.rows = xmalloc(sizeof(float *) * seqs);
-    bufs.counts = xmalloc(sizeof(int) * (size_t)e->topo->tp);
-    bufs.displs = xmalloc(sizeof(int) * (size_t)e->topo->tp);
+    bufs.counts = xmalloc(sizeof(int) * (size_t)e->env.topo->tp);
+    bufs.displs = xmalloc(sizeof(int) * (size_t)e->env.topo->tp);
     int *sampled = xmalloc(sizeof(int) * seqs);
     int *finished = xmalloc(sizeof(int) * seqs);
     double t_start = now_s(), last_progress = t_start;
@@ -326,7 +326,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
             break;
         }
         double t0 = now_s();
-        e->comm->phase = plan.prefill_tokens ? PHASE_PREFILL : PHASE_DECODE;
+        e->env.comm->phase = plan.prefill_tokens ? PHASE_PREFILL : PHASE_DECODE;
         int all = o->on_logits || (prompt_lp && wants_prompt_logprobs(&sch, &plan));
         engine_forward(e, plan.tokens, plan.chunks, plan.nc, all, local);
         double t1 = now_s();
@@ -337,7 +337,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         tm->sampling += t2 - t1;
         StepRecord rec = {.t_start = t0 - t_start, .seconds = t2 - t0, .decode_tokens = plan.decode_tokens,
                           .prefill_tokens = plan.prefill_tokens, .running = plan.nc, .waiting = sch.tail - sch.head,
-                          .preempted = plan.preempted, .kv_blocks_used = pool_used(&e->pool)};
+                          .preempted = plan.preempted, .kv_blocks_used = pool_used(&e->att.pool)};
         scheduler_commit(&sch, &plan, sampled, t2 - t_start);
         int n_finished = 0;
         for (int i = 0; i < plan.nc; i++) {
@@ -351,7 +351,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         if (o->progress && now_s() - last_progress >= o->progress_interval) {
             last_progress = now_s();
             print_progress(o, &sch, generated, last_progress - t_start,
-                           100.0 * rec.kv_blocks_used / (e->pool.n_blocks ? e->pool.n_blocks : 1));
+                           100.0 * rec.kv_blocks_used / (e->att.pool.n_blocks ? e->att.pool.n_blocks : 1));
             shown = 1, behind = 0;
         }
     }
@@ -361,7 +361,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     if (shown && o->progress == PROGRESS_TERMINAL) fputc('\n', stderr);
     st->preemptions = sch.preemptions;
     st->kv_positions_peak = sch.kv_positions_peak;
-    st->kv_blocks_left = pool_used(&e->pool);
+    st->kv_blocks_left = pool_used(&e->att.pool);
     scheduler_free(&sch);
     plan_free(&plan);
     free(local);

@@ -9,15 +9,17 @@
 #include "util.h"
 
 const Arch arch_table[] = {
-    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window  mla */
-    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0},
-    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0},
-    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0},
-    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0},
-    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1},
-    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2},
+    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window  mla family */
+    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0, FAMILY_DENSE},
+    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0, FAMILY_DENSE},
+    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0, FAMILY_DENSE},
+    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE},
+    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1, FAMILY_MLA},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2, FAMILY_MLA},
 };
 const int arch_count = (int)(sizeof arch_table / sizeof *arch_table);
+
+LayerFamily arch_family(const Config *c) { return arch_table[c->arch].family; }
 
 const char *arch_supported_list(void)
 {

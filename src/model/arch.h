@@ -1,10 +1,12 @@
 /* The architectures dcpinfer runs, one row each in arch.c's table: the
  * names a Hugging Face config.json gives them (architectures[0],
- * model_type) and what each allows. The Llama family (Llama, Mistral,
- * Qwen2, Qwen3) shares one forward pass (engine.c); a row says which of
- * its parts the architecture has: q/k/v biases, the attention_bias and
- * mlp_bias fields, per-head q/k norms, and its kind of sliding window.
- * Anything else is refused before any weight is read. */
+ * model_type), its layer family, and what each allows. The Llama family
+ * (Llama, Mistral, Qwen2, Qwen3) shares one decoder layer
+ * (engine/layer_dense.c); a row says which of its parts the architecture
+ * has: q/k/v biases, the attention_bias and mlp_bias fields, per-head q/k
+ * norms, and its kind of sliding window. DeepSeek-V2/V3 share another
+ * (engine/layer_mla.c). Anything else is refused before any weight is
+ * read. */
 #ifndef DCP_ARCH_H
 #define DCP_ARCH_H
 
@@ -18,6 +20,12 @@ typedef enum {
     WINDOW_UPPER,  /* Qwen2/Qwen3: with use_sliding_window, the layers from max_window_layers on */
 } WindowKind;
 
+/* Which decoder layer an architecture runs (the engine's layer modules). */
+typedef enum {
+    FAMILY_DENSE, /* the Llama family: grouped-query attention, SwiGLU */
+    FAMILY_MLA,   /* DeepSeek-V2/V3: multi-head latent attention, mixture of experts */
+} LayerFamily;
+
 typedef struct {
     const char *name;        /* architectures[0], e.g. "LlamaForCausalLM" */
     const char *model_type;  /* e.g. "llama" */
@@ -27,6 +35,7 @@ typedef struct {
     int qk_norm;             /* q_norm/k_norm over head_dim before RoPE (Qwen3) */
     WindowKind window;
     int mla;                 /* DeepSeek: 1 for V2 (softmax router), 2 for V3 (sigmoid with a correction bias) */
+    LayerFamily family;
 } Arch;
 
 extern const Arch arch_table[];
@@ -39,6 +48,10 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c);
 /* generation_config.json: its eos_token_id (an id or a list) join config.json's,
  * as generation stops on either (transformers, vLLM). */
 int arch_read_generation_config(const char *path, const char *text, size_t len, Config *c);
+
+/* The layer family of a config's architecture (the generated and llama2.c
+ * models are Llama's). */
+LayerFamily arch_family(const Config *c);
 
 /* "LlamaForCausalLM, MistralForCausalLM, ...", for messages and --help. */
 const char *arch_supported_list(void);

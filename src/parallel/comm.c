@@ -1,5 +1,7 @@
 #include "comm.h"
 
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "backend.h"
@@ -40,6 +42,16 @@ static void count(CommStats *s, CommKind k, long long bytes, double t0)
     c->calls++;
     c->bytes += bytes;
     c->seconds += now_s() - t0;
+}
+
+int comm_count(size_t n)
+{
+    if (n > INT_MAX) {
+        char what[96];
+        snprintf(what, sizeof what, "an MPI message of %zu elements, above MPI's limit of %d", n, INT_MAX);
+        dcp_check_failed(__FILE__, __LINE__, "comm_count", what);
+    }
+    return (int)n;
 }
 
 void comm_stats_free(CommStats *s)

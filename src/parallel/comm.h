@@ -17,6 +17,7 @@
 #define DCP_COMM_H
 
 #include <mpi.h>
+#include <stddef.h>
 
 #define COMM_KINDS(X) \
     X(allreduce)      \
@@ -59,6 +60,12 @@ typedef struct {
      * work must finish before MPI reads them. */
     const struct Backend *sync_be;
 } CommStats;
+
+/* An element count for an MPI call: n itself when it fits MPI's int, else
+ * a failed check that names it and stops the job. The run's limits keep
+ * every step's messages below that (engine_step_token_limit), so this only
+ * guards against a limit that was missed. */
+int comm_count(size_t n);
 
 /* Frees the staging buffer. */
 void comm_stats_free(CommStats *s);

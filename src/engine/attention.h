@@ -1,0 +1,99 @@
+/* The attention core every layer family calls: this rank's paged KV cache,
+ * the step's KV metadata (built once per step, read by every layer), and
+ * attention of a layer's queries over the cache, merged over the DCP group
+ * when the cache is sharded (docs/design.md, "Attention with a sharded KV
+ * cache").
+ *
+ * A step is a batch of chunks. A chunk is n consecutive tokens of one
+ * sequence starting at position pos0: a whole or partial prompt (prefill),
+ * or one token (decode). Attention is split into the context part (keys
+ * already cached, sharded over the DCP group) and the new part (keys of the
+ * chunk, on every rank), merged by LSE. Every buffer comes from the backend,
+ * so the same code drives the CPU and the GPU. */
+#ifndef DCP_ATTENTION_H
+#define DCP_ATTENTION_H
+
+#include "backend.h"
+#include "comm.h"
+#include "kvcache.h"
+#include "topology.h"
+
+typedef struct {
+    const int *blocks; /* the sequence's block table (kvcache.h), host memory */
+    int n_blocks;      /* entries in it */
+    int pos0;          /* position of the chunk's first token; positions < pos0 are cached */
+    int n;             /* tokens in the chunk */
+} Chunk;
+
+typedef enum { MERGE_AG_RS, MERGE_A2A } MergeBackend;
+
+/* A family's attention, fixed for the run: the cache row and the score. */
+typedef struct {
+    int n_layers;
+    int q_heads;    /* this rank's query heads */
+    int kv_heads;   /* KV heads in a cache row (this rank's) */
+    int head_dim;   /* elements of a KV head's key, and of a query head */
+    int v_dim;      /* values: the first v_dim elements of each value row; 0: head_dim */
+    int keys_only;  /* 1: no value pool, the values are the key rows (MLA's latent rows) */
+    float scale;    /* of the scores */
+    int window;     /* sliding window in positions (layers that slide); 0: none */
+} AttnShape;
+
+/* The step's metadata, built once per step from its chunks. The key sets
+ * are host arrays (AttnBatch); cache: the keys each token reads from this
+ * rank's cache (dcp 1: every position up to its own, stored first; dcp > 1:
+ * its shard of the positions before the chunk, repeated for each rank's
+ * gathered queries); new: the chunk's own keys up to the token (dcp > 1). */
+typedef struct {
+    const Chunk *chunks;
+    int n_chunks, T, has_context;
+    int *pos;                   /* (T) positions, host */
+    int *slots;                 /* (T) row of this rank's pool each token is stored at, -1: another rank's */
+    int *d_pos, *d_slots;       /* the same in backend memory */
+    const int **chunk_tables;   /* (n_chunks) each chunk's block table in backend memory */
+    int *cache_n, *cache_key0;  /* (copies x T) */
+    const int **cache_tables;   /* (copies x T) */
+    int *new_row0, *new_n, *new_key0; /* (T) */
+} Step;
+
+typedef struct {
+    const Backend *be;
+    const Topology *topo;
+    CommStats *comm;
+    MergeBackend merge;
+    AttnShape shape;
+    /* paged KV cache of this rank: (layer, block, kv_heads, block_size, head_dim) */
+    BlockPool pool;
+    void *k_pool, *v_pool; /* elements of kv_dtype; v_pool NULL when keys_only */
+    DType kv_dtype;
+    Step step;
+    /* capacities of the step arrays (tokens, chunks, table entries) */
+    int cap_T, cap_chunks, cap_tables;
+    int *d_tables;
+    /* DCP merge buffers (dcp > 1), sized for cap_T tokens */
+    float *ctx_out, *ctx_lse, *q_all, *o_all, *lse_all, *lse_ranks, *parts;
+} Attention;
+
+/* kv_memory: bytes of K/V per rank (0: 256 MiB); block_size 0: 16. */
+void attention_init(Attention *a, const Backend *be, const Topology *topo, CommStats *comm, const AttnShape *shape,
+                    size_t kv_memory, int block_size, DType kv_dtype, MergeBackend merge);
+void attention_free(Attention *a);
+
+/* Bytes of K/V this rank stores per position it owns. */
+size_t attention_kv_bytes_per_token(const Attention *a);
+/* Logical KV capacity of the DCP group in positions: blocks x B x dcp. */
+long long attention_kv_capacity(const Attention *a);
+
+/* Builds the step's metadata from its chunks and hands it to the backend;
+ * returns the step's tokens. */
+int attention_begin_step(Attention *a, const Chunk *chunks, int n_chunks);
+
+/* One layer's attention of the step's queries q (T, q_heads, head_dim) over
+ * every key up to each token, into out (T, q_heads, v_dim) and lse
+ * (T, q_heads); the new tokens' rows k (and v unless keys_only), T rows of
+ * kv_heads x head_dim, are stored in their owners' caches. sliding: the
+ * layer attends within the shape's window. */
+void attention_layer(Attention *a, int layer, int sliding, const float *q, float *k, float *v, float *out,
+                     float *lse);
+
+#endif

@@ -1,0 +1,94 @@
+#include "layer.h"
+
+#include <stdlib.h>
+
+#include "util.h"
+
+/* A clock reading; with timing_sync, after the device's queued work. */
+static double clock_now(const LayerEnv *env)
+{
+    if (env->timing_sync) env->be->synchronize();
+    return now_s();
+}
+
+void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out)
+{
+    double t0 = clock_now(env);
+    env->be->matmul(y, x, w, T, in, out);
+    env->tm->matmul += clock_now(env) - t0;
+}
+
+void layer_attention(const LayerEnv *env, int layer, int sliding, const float *q, float *k, float *v, float *out,
+                     float *lse)
+{
+    double t0 = clock_now(env);
+    attention_layer(env->att, layer, sliding, q, k, v, out, lse);
+    env->tm->attention += clock_now(env) - t0;
+}
+
+void layer_residual(const LayerEnv *env, float *y, const float *b, int T)
+{
+    int dim = env->model->cfg.dim;
+    comm_allreduce_sum(env->comm, y, comm_count((size_t)T * dim), env->topo->tp_comm);
+    if (b) env->be->add_bias(y, b, T, dim); /* once, after the sum */
+    env->be->add(env->x, y, (size_t)T * dim);
+}
+
+void layer_swiglu(const LayerEnv *env, const SwiGlu *w, float *y, const float *x, int T, int hidden, float *h1,
+                  float *h2)
+{
+    const Backend *be = env->be;
+    int dim = env->model->cfg.dim;
+    layer_matmul(env, h1, x, w->gate, T, dim, hidden);
+    layer_matmul(env, h2, x, w->up, T, dim, hidden);
+    if (w->b_gate) {
+        be->add_bias(h1, w->b_gate, T, hidden);
+        be->add_bias(h2, w->b_up, T, hidden);
+    }
+    be->silu_mul(h1, h2, (size_t)T * hidden);
+    layer_matmul(env, y, h1, w->down, T, hidden, dim);
+}
+
+static const void *track(Uploads *u, const void *p)
+{
+    u->p = xrealloc(u->p, sizeof(void *) * (size_t)(u->n + 1));
+    u->p[u->n++] = p;
+    return p;
+}
+
+const float *upload_vector(const LayerEnv *env, Uploads *u, const float *host, size_t n)
+{
+    return host ? track(u, env->be->weights(host, n)) : NULL;
+}
+
+WeightRef upload_matrix(const LayerEnv *env, Uploads *u, WeightRef host, size_t n)
+{
+    if (!host.data) return (WeightRef){0};
+    WeightRef w = env->be->gemm_weights(host, n);
+    track(u, w.data);
+    return w;
+}
+
+WeightRef upload_f32_matrix(const LayerEnv *env, Uploads *u, const float *host, size_t n)
+{
+    return upload_matrix(env, u, (WeightRef){host, DTYPE_F32, 0}, n);
+}
+
+void uploads_release(const LayerEnv *env, Uploads *u)
+{
+    for (int i = 0; i < u->n; i++)
+        if (u->p[i]) env->be->release_weights(u->p[i]);
+    free(u->p);
+    u->p = NULL;
+    u->n = 0;
+}
+
+const float *upload_rope(const LayerEnv *env, Uploads *u, int width, float **host, float *scale)
+{
+    Config rc = env->model->cfg; /* RoPE over width dimensions of a head */
+    rc.head_dim = width;
+    float *freq = xmalloc(sizeof(float) * (size_t)(width / 2 + 1));
+    rope_frequencies(&rc, freq, scale);
+    *host = freq;
+    return upload_vector(env, u, freq, (size_t)width / 2);
+}

@@ -1,0 +1,85 @@
+/* What a layer module works with, and the pieces every family shares.
+ *
+ * An architecture family (the dense Llama family, DeepSeek's MLA + MoE)
+ * provides its decoder layer as one LayerOps table, chosen once per run
+ * from the architecture table; the engine only orchestrates: embedding,
+ * the family's layers in order, the final norm and the LM head. A family
+ * keeps its own weights and scratch, and calls the attention core
+ * (attention.h) for attention over the paged, possibly DCP-sharded cache. */
+#ifndef DCP_LAYER_H
+#define DCP_LAYER_H
+
+#include "attention.h"
+#include "backend.h"
+#include "comm.h"
+#include "model.h"
+#include "timing.h"
+#include "topology.h"
+
+/* The run's state a layer sees. */
+typedef struct {
+    const Model *model;
+    const Backend *be;
+    const Topology *topo;
+    Timings *tm;
+    CommStats *comm;
+    int timing_sync;  /* wait for the device around timed phases (benchmarks) */
+    Attention *att;   /* the attention core; its step holds the step's tokens and positions */
+    /* the residual stream and a block's input and output, (T, dim) each,
+     * in backend memory, sized by the engine for the step */
+    float *x, *xb, *xb2;
+} LayerEnv;
+
+/* One family's decoder layer. `state` is what load returned: the family's
+ * weights in the backend and its scratch. */
+typedef struct {
+    const char *name;
+    /* the attention core's shape for this model */
+    void (*attn_shape)(const Model *m, AttnShape *shape);
+    /* this rank's shard of the family's layer weights into the backend */
+    void *(*load)(const LayerEnv *env);
+    void (*release)(const LayerEnv *env, void *state);
+    /* scratch for steps of up to T tokens */
+    void (*reserve)(const LayerEnv *env, void *state, int T);
+    /* layer l over the step's tokens: env->x in, env->x out */
+    void (*forward)(const LayerEnv *env, void *state, int layer);
+} LayerOps;
+
+/* y (T, out) = x (T, in) . w^T, timed as matmul. */
+void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out);
+/* The attention core's layer call, timed as attention. */
+void layer_attention(const LayerEnv *env, int layer, int sliding, const float *q, float *k, float *v, float *out,
+                     float *lse);
+/* y (T, dim) summed over the TP group (row-parallel output), then added
+ * to the residual stream with the bias b (dim; NULL: none) added once. */
+void layer_residual(const LayerEnv *env, float *y, const float *b, int T);
+
+/* A SwiGLU feed-forward block: down . (silu(gate . x + b_gate) * (up . x + b_up)),
+ * this rank's hidden rows (column-parallel gate/up, row-parallel down). */
+typedef struct {
+    WeightRef gate, up; /* (hidden, dim) */
+    WeightRef down;     /* (dim, hidden) */
+    const float *b_gate, *b_up; /* (hidden) or NULL */
+} SwiGlu;
+/* y (T, dim) = the block on x (T, dim), before the TP sum; h1, h2 scratch
+ * of (T, hidden). */
+void layer_swiglu(const LayerEnv *env, const SwiGlu *w, float *y, const float *x, int T, int hidden, float *h1,
+                  float *h2);
+
+/* Weights into the backend, with a list of what to release. */
+typedef struct {
+    const void **p;
+    int n;
+} Uploads;
+const float *upload_vector(const LayerEnv *env, Uploads *u, const float *host, size_t n);
+WeightRef upload_matrix(const LayerEnv *env, Uploads *u, WeightRef host, size_t n);
+/* an fp32 matrix (DeepSeek models' matrices load as fp32: model_load_as) */
+WeightRef upload_f32_matrix(const LayerEnv *env, Uploads *u, const float *host, size_t n);
+void uploads_release(const LayerEnv *env, Uploads *u);
+
+/* RoPE frequencies of width rotated dimensions into the backend, and the
+ * cos/sin scale (YaRN), computed from the model's config; the host copy
+ * stays with *host (the CPU backend computes on it in place). */
+const float *upload_rope(const LayerEnv *env, Uploads *u, int width, float **host, float *scale);
+
+#endif
