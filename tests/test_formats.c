@@ -5,7 +5,7 @@
  * divide by 8. */
 #include "backend.h"
 #include "engine.h"
-#include "mkmodel.h"
+#include "mkmodel_write.h"
 #include "model.h"
 #include "testutil.h"
 

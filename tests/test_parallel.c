@@ -10,7 +10,7 @@
 #include "guarded_backend.h"
 #include "kvcache.h"
 #include "job.h"
-#include "mkmodel.h"
+#include "mkmodel_write.h"
 #include "model.h"
 #include "pmpi_count.h"
 #include "testutil.h"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "arch.h"
-#include "mkmodel.h"
+#include "mkmodel_write.h"
 #include "util.h"
 
 static void usage(FILE *f)

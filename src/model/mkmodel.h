@@ -1,6 +1,6 @@
-/* Deterministic test models of any shape: the same values can be held in
- * memory (the default model), written in Hugging Face layout
- * (config.json + safetensors) or as a llama2.c .bin checkpoint. */
+/* Deterministic test models of any shape: their specification, the config
+ * it implies and the values of their tensors, which the loader holds in
+ * memory for the default model and mkmodel_write.h writes as files. */
 #ifndef DCP_MKMODEL_H
 #define DCP_MKMODEL_H
 
@@ -37,11 +37,7 @@ void mkmodel_config(const ModelSpec *s, Config *c);
 /* Values of one full tensor in Hugging Face layout (rotate-half RoPE). */
 void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out);
 
-int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards);
 /* DeepSeek defaults for what the options left at 0 (small, 8 experts in 4 groups). */
 void mkmodel_mla_defaults(ModelSpec *s);
-/* llama2.c v0 layout; Q/K rows are permuted to adjacent-pair RoPE order so
- * that the two files describe the same model. */
-int mkmodel_write_llama2c(const ModelSpec *s, const char *path);
 
 #endif

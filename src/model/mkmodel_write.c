@@ -1,0 +1,430 @@
+#include "mkmodel_write.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "arch.h"
+#include "model.h"
+#include "util.h"
+
+static int write_all(FILE *f, const void *p, size_t n, const char *path)
+{
+    if (fwrite(p, 1, n, f) != n) return dcp_fail("%s: write error: %s", path, strerror(errno));
+    return 0;
+}
+
+/* The rope block in the spelling asked for. */
+static void write_rope(FILE *f, const ModelSpec *s)
+{
+    static const char *types[] = {"default", "linear", "llama3", "yarn"};
+    const RopeScaling *r = &s->rope;
+    if (r->type == ROPE_DEFAULT && !s->rope_parameters) {
+        fprintf(f, "  \"rope_theta\": %.1f,\n  \"rope_scaling\": null,\n", (double)s->rope_theta);
+        return;
+    }
+    if (!s->rope_parameters) fprintf(f, "  \"rope_theta\": %.1f,\n", (double)s->rope_theta);
+    fprintf(f, "  \"%s\": {\"%s\": \"%s\"", s->rope_parameters ? "rope_parameters" : "rope_scaling",
+            s->rope_parameters ? "rope_type" : "type", types[r->type]);
+    if (s->rope_parameters) fprintf(f, ", \"rope_theta\": %.1f", (double)s->rope_theta);
+    if (r->type != ROPE_DEFAULT) fprintf(f, ", \"factor\": %.9g", (double)r->factor);
+    if (r->type == ROPE_LLAMA3)
+        fprintf(f, ", \"low_freq_factor\": %.9g, \"high_freq_factor\": %.9g", (double)r->low_freq_factor,
+                (double)r->high_freq_factor);
+    if (r->type == ROPE_LLAMA3 || r->type == ROPE_YARN)
+        fprintf(f, ", \"original_max_position_embeddings\": %d", r->original_max_position_embeddings);
+    if (r->type == ROPE_YARN)
+        fprintf(f, ", \"beta_fast\": %.9g, \"beta_slow\": %.9g", (double)(r->beta_fast ? r->beta_fast : 32),
+                (double)(r->beta_slow ? r->beta_slow : 1));
+    fprintf(f, "},\n");
+}
+
+/* DIR/config.json, open for writing (its path in path); NULL with the error */
+static FILE *open_config(const char *dir, char *path, size_t n)
+{
+    snprintf(path, n, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) dcp_fail("%s: %s", path, strerror(errno));
+    return f;
+}
+
+/* The fields every config.json ends with, and the close. */
+static int finish_config(FILE *f, const char *path, const ModelSpec *s, const char *eos, const char *eps)
+{
+    fprintf(f,
+            "  \"rms_norm_eps\": %s,\n  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n"
+            "  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
+            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}\n",
+            eps, s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
+    if (fclose(f)) return dcp_fail("%s: write error", path);
+    return 0;
+}
+
+static int write_config_json(const ModelSpec *s, const char *dir)
+{
+    char path[4096];
+    FILE *f = open_config(dir, path, sizeof path);
+    if (!f) return -1;
+    const Arch *a = &arch_table[s->arch];
+    Config c;
+    mkmodel_config(s, &c);
+    char eos[32];
+    if (s->eos >= 0) snprintf(eos, sizeof eos, "%d", s->eos);
+    else snprintf(eos, sizeof eos, "null");
+    fprintf(f,
+            "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
+            "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
+            "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+            "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n",
+            a->name, a->model_type, s->dim, s->hidden, s->layers, s->heads, s->kv_heads, c.head_dim, s->vocab,
+            s->max_len);
+    write_rope(f, s);
+    if (a->attention_bias) fprintf(f, "  \"attention_bias\": %s,\n", s->attention_bias ? "true" : "false");
+    if (a->mlp_bias) fprintf(f, "  \"mlp_bias\": %s,\n", s->mlp_bias ? "true" : "false");
+    if (a->window == WINDOW_ALL) {
+        if (s->sliding_window) fprintf(f, "  \"sliding_window\": %d,\n", s->sliding_window);
+        else fprintf(f, "  \"sliding_window\": null,\n");
+    } else if (a->window == WINDOW_UPPER) {
+        fprintf(f, "  \"use_sliding_window\": %s,\n  \"sliding_window\": %d,\n  \"max_window_layers\": %d,\n",
+                s->sliding_window ? "true" : "false", s->sliding_window ? s->sliding_window : 4096,
+                s->sliding_window ? s->max_window_layers : s->layers);
+    }
+    return finish_config(f, path, s, eos, "1e-05");
+}
+
+/* One safetensors file holding tensors [first, last) of the flat list. */
+typedef struct { TensorKind k; int layer; } TensorRef;
+
+static int write_safetensors(const ModelSpec *s, const char *path, const TensorRef *refs, int n, int bf16)
+{
+    Config c;
+    mkmodel_config(s, &c);
+    size_t esize = bf16 ? 2 : 4;
+    /* header JSON with running offsets */
+    size_t cap = 256 + (size_t)n * 256, len = 0, off = 0;
+    char *hdr = xmalloc(cap);
+    len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n; i++) {
+        int rows, cols;
+        tensor_full_shape(&c, refs[i].k, &rows, &cols);
+        char name[128];
+        tensor_hf_name(refs[i].k, refs[i].layer, name, sizeof name);
+        size_t bytes = (size_t)rows * cols * esize;
+        int one_d = refs[i].k == T_RMS_ATT || refs[i].k == T_RMS_FFN || refs[i].k == T_RMS_FINAL || refs[i].k >= T_BQ;
+        if (one_d)
+            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
+                            name, bf16 ? "BF16" : "F32", cols, off, off + bytes);
+        else
+            len += snprintf(hdr + len, cap - len,
+                            ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}", name,
+                            bf16 ? "BF16" : "F32", rows, cols, off, off + bytes);
+        off += bytes;
+    }
+    len += snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' '; /* keep the data section 8-byte aligned */
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(hdr);
+        return dcp_fail("%s: %s", path, strerror(errno));
+    }
+    unsigned char lenb[8];
+    for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    int rc = write_all(f, lenb, 8, path) || write_all(f, hdr, len, path);
+    free(hdr);
+    for (int i = 0; i < n && !rc; i++) {
+        int rows, cols;
+        tensor_full_shape(&c, refs[i].k, &rows, &cols);
+        size_t cnt = (size_t)rows * cols;
+        float *buf = xmalloc(cnt * 4);
+        mkmodel_tensor(s, refs[i].k, refs[i].layer, buf);
+        if (bf16) {
+            uint16_t *h = xmalloc(cnt * 2);
+            for (size_t j = 0; j < cnt; j++) h[j] = f32_to_bf16(buf[j]);
+            rc = write_all(f, h, cnt * 2, path);
+            free(h);
+        } else {
+            rc = write_all(f, buf, cnt * 4, path);
+        }
+        free(buf);
+    }
+    if (fclose(f) && !rc) rc = dcp_fail("%s: write error", path);
+    return rc ? -1 : 0;
+}
+
+/* ---- DeepSeek-V2/V3 ------------------------------------------------------ */
+
+/* Values of a named tensor: uniform, 1.7/sqrt(fan-in) for matrices, 1 +-
+ * 0.1 for norms, +-0.3 for the router's correction bias; from the seed and
+ * the name. */
+static void mla_values(const ModelSpec *s, const char *name, int rows, int cols, float *out)
+{
+    uint64_t st = fnv1a(s->seed * 0x100000001B3ull, name, strlen(name));
+    splitmix64(&st);
+    int norm = strstr(name, "norm") != NULL, bias = strstr(name, "correction_bias") != NULL;
+    int embed = strstr(name, "embed_tokens") != NULL;
+    float scale = norm ? 0.1f : bias ? 0.3f : embed ? 1.0f : 1.7f / sqrtf((float)cols);
+    for (size_t i = 0; i < (size_t)(rows ? rows : 1) * cols; i++) {
+        double u = (double)(splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0);
+        float v = (float)(2.0 * u - 1.0) * scale;
+        out[i] = norm ? 1.0f + v : v;
+    }
+}
+
+/* the nearest FP8 E4M3 value of x in [-448, 448] (round to nearest even) */
+static unsigned char f32_to_e4m3(float x)
+{
+    unsigned char sign = x < 0 ? 0x80 : 0;
+    float a = fabsf(x), best = 0;
+    unsigned char code = 0;
+    for (int c = 0; c < 0x7F; c++) { /* the 127 finite magnitudes, small tables beat bit tricks here */
+        int e = (c >> 3) & 15, m = c & 7;
+        float v = e == 0 ? ldexpf(m / 8.0f, -6) : ldexpf(1.0f + m / 8.0f, e - 7);
+        float d = fabsf(v - a), bd = fabsf(best - a);
+        if (d < bd || (d == bd && !(c & 1))) best = v, code = (unsigned char)c;
+    }
+    return sign | code;
+}
+
+typedef struct {
+    char name[160];
+    int rows, cols; /* rows 0: a vector */
+    int fp8;        /* stored F8_E4M3, with a "_scale_inv" tensor after it */
+    int scale_of;   /* >= 0: this is the scale tensor of entry scale_of */
+} NamedTensor;
+
+static int write_mla(const ModelSpec *s, const char *dir)
+{
+    Config c;
+    mkmodel_config(s, &c);
+    MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(&c));
+    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(2 * mla_max_tensors(&c) * c.n_layers + 8));
+    int n = 0, B = s->fp8_block;
+    t[n++] = (NamedTensor){"model.embed_tokens.weight", c.vocab_size, c.dim, 0, -1};
+    for (int l = 0; l < c.n_layers; l++) {
+        int k = mla_tensors(&c, NULL, l, NULL, mt);
+        for (int i = 0; i < k; i++) {
+            NamedTensor x = {"", mt[i].rows, mt[i].cols, B && mt[i].rows && !strstr(mt[i].name, "mlp.gate.weight"), -1};
+            snprintf(x.name, sizeof x.name, "%s", mt[i].name);
+            t[n++] = x;
+            if (x.fp8) {
+                NamedTensor sc = {"", (x.rows + B - 1) / B, (x.cols + B - 1) / B, 0, n - 1};
+                snprintf(sc.name, sizeof sc.name, "%s_scale_inv", x.name);
+                t[n++] = sc;
+            }
+        }
+    }
+    t[n++] = (NamedTensor){"model.norm.weight", 0, c.dim, 0, -1};
+    if (!s->tied) t[n++] = (NamedTensor){"lm_head.weight", c.vocab_size, c.dim, 0, -1};
+    free(mt);
+    /* header, then the data */
+    size_t cap = 256 + (size_t)n * 256, len = 0, off = 0;
+    char *hdr = xmalloc(cap);
+    len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols, bytes = cnt * (t[i].fp8 ? 1 : 4);
+        if (t[i].rows)
+            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
+                            t[i].name, t[i].fp8 ? "F8_E4M3" : "F32", t[i].rows, t[i].cols, off, off + bytes);
+        else
+            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
+                            t[i].name, t[i].cols, off, off + bytes);
+        off += bytes;
+    }
+    len += snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' ';
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    int rc = f ? 0 : dcp_fail("%s: %s", path, strerror(errno));
+    unsigned char lenb[8];
+    for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    rc = rc || write_all(f, lenb, 8, path) || write_all(f, hdr, len, path);
+    free(hdr);
+    float *scales = NULL;
+    for (int i = 0; i < n && !rc; i++) {
+        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols;
+        if (t[i].scale_of >= 0) { /* written with its matrix */
+            rc = write_all(f, scales, cnt * 4, path);
+            free(scales);
+            scales = NULL;
+            continue;
+        }
+        float *v = xmalloc(cnt * 4);
+        mla_values(s, t[i].name, t[i].rows, t[i].cols, v);
+        if (!t[i].fp8) {
+            rc = write_all(f, v, cnt * 4, path);
+        } else { /* per block: scale = max |w| / 448, stored value w / scale */
+            int br = (t[i].rows + B - 1) / B, bc = (t[i].cols + B - 1) / B;
+            scales = xcalloc((size_t)br * bc, sizeof(float));
+            for (int r = 0; r < t[i].rows; r++)
+                for (int q = 0; q < t[i].cols; q++) {
+                    float *sc = &scales[(r / B) * bc + q / B];
+                    *sc = fmaxf(*sc, fabsf(v[(size_t)r * t[i].cols + q]));
+                }
+            for (int b = 0; b < br * bc; b++) scales[b] = fmaxf(scales[b], 1e-12f) / 448.0f;
+            unsigned char *q8 = xmalloc(cnt);
+            for (int r = 0; r < t[i].rows; r++)
+                for (int q = 0; q < t[i].cols; q++)
+                    q8[(size_t)r * t[i].cols + q] =
+                        f32_to_e4m3(v[(size_t)r * t[i].cols + q] / scales[(r / B) * bc + q / B]);
+            rc = write_all(f, q8, cnt, path);
+            free(q8);
+        }
+        free(v);
+    }
+    free(scales);
+    if (f && fclose(f) && !rc) rc = dcp_fail("%s: write error", path);
+    free(t);
+    return rc ? -1 : 0;
+}
+
+static int write_mla_config(const ModelSpec *s, const char *dir)
+{
+    char path[4096];
+    FILE *f = open_config(dir, path, sizeof path);
+    if (!f) return -1;
+    const Arch *a = &arch_table[s->arch];
+    const MlaConfig *m = &s->mla;
+    char eos[32], qlora[32], scale[40];
+    snprintf(eos, sizeof eos, s->eos >= 0 ? "%d" : "null", s->eos);
+    snprintf(scale, sizeof scale, "%.9g", (double)m->routed_scaling_factor);
+    if (!strpbrk(scale, ".e")) strcat(scale, ".0"); /* transformers wants a float */
+    snprintf(qlora, sizeof qlora, m->q_lora_rank ? "%d" : "null", m->q_lora_rank);
+    fprintf(f,
+            "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n  \"hidden_size\": %d,\n"
+            "  \"intermediate_size\": %d,\n  \"moe_intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
+            "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"vocab_size\": %d,\n"
+            "  \"max_position_embeddings\": %d,\n  \"kv_lora_rank\": %d,\n  \"q_lora_rank\": %s,\n"
+            "  \"qk_nope_head_dim\": %d,\n  \"qk_rope_head_dim\": %d,\n  \"head_dim\": %d,\n  \"v_head_dim\": %d,\n"
+            "  \"n_routed_experts\": %d,\n  \"n_shared_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
+            "  \"first_k_dense_replace\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
+            "  \"norm_topk_prob\": %s,\n  \"routed_scaling_factor\": %s,\n",
+            a->name, a->model_type, s->dim, s->hidden, m->moe_hidden, s->layers, s->heads, s->heads, s->vocab,
+            s->max_len, m->kv_lora_rank, qlora, m->qk_nope_head_dim, m->qk_rope_head_dim, m->qk_rope_head_dim,
+            m->v_head_dim, m->n_routed_experts, m->n_shared_experts, m->experts_per_token, m->first_k_dense_replace,
+            m->n_group, m->topk_group, m->norm_topk_prob ? "true" : "false", scale);
+    if (m->v3) fprintf(f, "  \"rope_interleave\": true,\n");
+    else fprintf(f, "  \"topk_method\": \"%s\",\n", m->route == ROUTE_GROUP_LIMITED_GREEDY ? "group_limited_greedy" : "greedy");
+    if (s->fp8_block)
+        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                   "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]},\n",
+                s->fp8_block, s->fp8_block);
+    write_rope(f, s);
+    fprintf(f, "  \"attention_bias\": false,\n");
+    return finish_config(f, path, s, eos, "1e-06");
+}
+
+int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
+{
+    if (mkmodel_check_spec(s)) return -1;
+    if (arch_table[s->arch].mla) {
+        if (bf16 || shards > 1) return dcp_fail("DeepSeek models are written as one float32 (or --fp8-block) file");
+        if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
+        return write_mla_config(s, dir) || write_mla(s, dir) ? -1 : 0;
+    }
+    if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
+    if (write_config_json(s, dir)) return -1;
+    Config c;
+    mkmodel_config(s, &c);
+    TensorRef *refs = xmalloc(sizeof(TensorRef) * (size_t)(T_COUNT * s->layers + T_COUNT));
+    int n = 0;
+    refs[n++] = (TensorRef){T_EMBED, 0};
+    for (int l = 0; l < s->layers; l++)
+        for (int k = T_RMS_ATT; k < T_COUNT; k++)
+            if (tensor_is_per_layer((TensorKind)k) && tensor_present(&c, (TensorKind)k))
+                refs[n++] = (TensorRef){(TensorKind)k, l};
+    refs[n++] = (TensorRef){T_RMS_FINAL, 0};
+    if (tensor_present(&c, T_LM_HEAD)) refs[n++] = (TensorRef){T_LM_HEAD, 0};
+    int rc = 0;
+    char path[4096];
+    if (shards <= 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        rc = write_safetensors(s, path, refs, n, bf16);
+    } else {
+        if (shards > n) shards = n;
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        FILE *idx = fopen(path, "w");
+        if (!idx) rc = dcp_fail("%s: %s", path, strerror(errno));
+        if (idx) fprintf(idx, "{\n  \"metadata\": {},\n  \"weight_map\": {");
+        for (int i = 0; i < shards && !rc; i++) {
+            int first, count;
+            balanced_part(n, shards, i, &first, &count);
+            char fname[64];
+            snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", i + 1, shards);
+            snprintf(path, sizeof path, "%s/%s", dir, fname);
+            rc = write_safetensors(s, path, refs + first, count, bf16);
+            for (int j = first; j < first + count; j++) {
+                char name[128];
+                tensor_hf_name(refs[j].k, refs[j].layer, name, sizeof name);
+                fprintf(idx, "%s\n    \"%s\": \"%s\"", j ? "," : "", name, fname);
+            }
+        }
+        if (idx) {
+            fprintf(idx, "\n  }\n}\n");
+            if (fclose(idx) && !rc) rc = dcp_fail("index: write error");
+        }
+    }
+    free(refs);
+    return rc;
+}
+
+int mkmodel_write_llama2c(const ModelSpec *s, const char *path)
+{
+    if (mkmodel_check_spec(s)) return -1;
+    Config c;
+    mkmodel_config(s, &c);
+    if (c.n_heads * c.head_dim != c.dim) return dcp_fail("llama2.c format needs heads * head_dim == dim");
+    if (s->rope_theta != 10000.0f) return dcp_fail("llama2.c format has RoPE theta 10000 only");
+    if (s->arch || c.qkv_bias || c.mlp_bias || c.sliding_window || c.rope.type != ROPE_DEFAULT || s->head_dim)
+        return dcp_fail("llama2.c format holds plain Llama models only (no --arch, biases, window, RoPE scaling)");
+    FILE *f = fopen(path, "wb");
+    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    int32_t hdr[7] = {s->dim, s->hidden, s->layers, s->heads, s->kv_heads, s->tied ? s->vocab : -s->vocab,
+                      s->max_len};
+    int rc = write_all(f, hdr, sizeof hdr, path);
+    static const TensorKind order[] = {T_EMBED, T_RMS_ATT, T_WQ,      T_WK,   T_WV,       T_WO,
+                                       T_RMS_FFN, T_GATE, T_DOWN, T_UP, T_RMS_FINAL};
+    int D = c.head_dim;
+    for (size_t o = 0; o < sizeof order / sizeof *order && !rc; o++) {
+        TensorKind k = order[o];
+        int nl = tensor_is_per_layer(k) ? s->layers : 1;
+        for (int l = 0; l < nl && !rc; l++) {
+            int rows, cols;
+            tensor_full_shape(&c, k, &rows, &cols);
+            size_t cnt = (size_t)rows * cols;
+            float *buf = xmalloc(cnt * 4);
+            mkmodel_tensor(s, k, l, buf);
+            if (k == T_WQ || k == T_WK) {
+                /* llama2.c row h*D + 2i + j holds Hugging Face row h*D + j*D/2 + i */
+                float *perm = xmalloc(cnt * 4);
+                for (int r = 0; r < rows; r++) {
+                    int h = r / D, within = r % D, i = within / 2, j = within % 2;
+                    int src = h * D + j * (D / 2) + i;
+                    memcpy(perm + (size_t)r * cols, buf + (size_t)src * cols, (size_t)cols * 4);
+                }
+                free(buf);
+                buf = perm;
+            }
+            rc = write_all(f, buf, cnt * 4, path);
+            free(buf);
+        }
+    }
+    /* legacy freq_cis_real/imag, unused by readers */
+    size_t nfreq = (size_t)s->max_len * (D / 2) * 2;
+    float *zeros = xcalloc(nfreq, 4);
+    if (!rc) rc = write_all(f, zeros, nfreq * 4, path);
+    free(zeros);
+    if (!rc && !s->tied) {
+        int rows, cols;
+        tensor_full_shape(&c, T_LM_HEAD, &rows, &cols);
+        float *buf = xmalloc((size_t)rows * cols * 4);
+        mkmodel_tensor(s, T_LM_HEAD, 0, buf);
+        rc = write_all(f, buf, (size_t)rows * cols * 4, path);
+        free(buf);
+    }
+    if (fclose(f) && !rc) rc = dcp_fail("%s: write error", path);
+    return rc ? -1 : 0;
+}
