@@ -3,7 +3,8 @@
 # --tokenizer (the file or its folder) or found in the model's folder, the
 # prompt ids dcpinfer runs are those the tokenizers package gives with
 # special tokens (tests/data/tok, from tests/ref/make_tok_refs.py); a
-# tokenizer with ids beyond the model's vocabulary is refused.
+# tokenizer with ids beyond the model's vocabulary is refused, and so is
+# one that cannot spell more than padding of the model's.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
 TOK=$SHARED/tokenizers/mistral-sp/tokenizer.json
@@ -68,7 +69,29 @@ if [ "$(prompt_len "$WORK/no_bos.jsonl")" = $((base - 1)) ] && [ "$(prompt_len "
 else
     fail "tokenizer_config.json: prompt ids $(prompt_len "$WORK/no_bos.jsonl") and $(prompt_len "$WORK/with_eos.jsonl"), base $base"
 fi
+# tokenizer_config.json: special tokens that the tokenizer lacks, or of
+# the wrong type, are refused (they were ignored); a FIFO is not read
+printf '{"eos_token": "<|im_end|>"}\n' >"$WORK/m/tokenizer_config.json"
+expect_error config_missing_eos 1 'tokenizer_config.json: "eos_token" names "<|im_end|>", which the tokenizer does not have' \
+    --model "$WORK/m" "$P"
+printf '{"bos_token": 1}\n' >"$WORK/m/tokenizer_config.json"
+expect_error config_bos_type 1 'tokenizer_config.json: "bos_token" must be a token'"'"'s text or an object with "content"' \
+    --model "$WORK/m" "$P"
+rm "$WORK/m/tokenizer_config.json"
+mkfifo "$WORK/m/tokenizer_config.json"
+LIMIT=30 expect_error config_fifo 1 'tokenizer_config.json: the tokenizer config file is not a regular file (a FIFO)' \
+    --model "$WORK/m" "$P"
 rm -f "$WORK/m/tokenizer.json" "$WORK/m/tokenizer_config.json"
+# a model whose vocabulary the tokenizer covers but for padding runs; one
+# with thousands of ids the tokenizer cannot spell is refused
+"$MKMODEL" --out "$WORK/pad" --layers 1 --dim 16 --heads 2 --kv-heads 1 --hidden 16 --vocab 32256 >/dev/null
+"$MKMODEL" --out "$WORK/wide" --layers 1 --dim 16 --heads 2 --kv-heads 1 --hidden 16 --vocab 40000 >/dev/null
+run_dcp padded --model "$WORK/pad" --tokenizer "$TOK" --output "$WORK/pad.h5" "$P"
+checks=$((checks + 1))
+if [ "$(cat "$WORK/padded.rc")" = 0 ]; then pass "a vocabulary padded by 256 ids past the tokenizer's runs"
+else fail "padded vocabulary: exit $(cat "$WORK/padded.rc")"; cat "$WORK/padded.err" >&2; fi
+expect_error tokenizer_too_small 1 "tokenizer.json: the tokenizer spells ids 0-31999, the model's vocabulary has 40000: 8000 ids it cannot spell" \
+    --model "$WORK/wide" --tokenizer "$TOK" "$P"
 if [ -f "$SHARED/tokenizers/llama3/tokenizer.json" ]; then
     expect_error tokenizer_too_big 1 "the tokenizer has ids up to 128255, the model's vocabulary only 32000" \
         --model "$WORK/m" --tokenizer "$SHARED/tokenizers/llama3/tokenizer.json" "$P"

@@ -107,8 +107,8 @@ for i in $(seq 400); do [ "$(lines "$out.journal.dp0")" -ge 3 ] && break; sleep 
 pkill -9 -f "^$DCPINFER .*--output $out"
 sleep 0.5
 sed 's/"max_tokens": 4/"max_tokens": 5/' "$P" >"$WORK/other.jsonl"
-expect_error resume_other_prompts 1 "was written for a different prompt file" $M --resume --output "$out" "$WORK/other.jsonl"
-expect_error resume_other_sampling 1 "was written for different sampling options" $M --resume --seed 9 --output "$out" "$P"
+expect_error resume_other_prompts 1 "was written with another prompt file (its bytes)" $M --resume --output "$out" "$WORK/other.jsonl"
+expect_error resume_other_sampling 1 "was written with another --seed: \"0\" there, \"9\" in this run" $M --resume --seed 9 --output "$out" "$P"
 checks=$((checks + 1))
 if [ -f "$out.journal.dp0" ]; then pass "the journal is kept after a refusal"; else fail "refusal removed the journal"; fi
 before=$(stat -c %Y "$WORK/one.h5")

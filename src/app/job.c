@@ -1,11 +1,14 @@
 #define _GNU_SOURCE
 #include "job.h"
 
+#include <dirent.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -21,7 +24,9 @@
 #include "requests.h"
 #include "timing.h"
 #include "tokenizer.h"
+#include "identity.h"
 #include "journal.h"
+#include "report.h"
 #include "kernels_cpu.h"
 #include "transfer.h"
 #include "watchdog.h"
@@ -109,27 +114,6 @@ static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const Config *
     }
 }
 
-/* A short quoted preview of the text, or of the token ids when the model
- * has no tokenizer. */
-static void print_preview(const char *text, const Result *r)
-{
-    int shown = 0;
-    if (!text[0] && r->n) {
-        putchar('[');
-        for (int i = 0; i < r->n && i < 12; i++) printf(i ? ", %d" : "%d", r->tokens[i]);
-        fputs(r->n > 12 ? ", ...]" : "]", stdout);
-        return;
-    }
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)text; *p && shown < 60; p++, shown++) {
-        if (*p == '\n') fputs("\\n", stdout);
-        else if (*p == '"') fputs("\\\"", stdout);
-        else if (*p < 0x20) printf("\\x%02x", *p);
-        else putchar(*p);
-    }
-    fputs(shown == 60 && text[60] ? "...\"" : "\"", stdout);
-}
-
 /* A KV budget in host memory above the node's memory would be refused
  * only when its pages are touched, deep into the run. */
 static int check_host_kv_memory(size_t bytes)
@@ -185,97 +169,6 @@ static int failed_anywhere(int rc, MPI_Comm world)
         else fprintf(stderr, "dcpinfer: %s\n", dcp_error());
     }
     return 1;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Mean, median and 99th percentile of TTFT, TPOT and ITL over the
- * requests that produced tokens. */
-static void print_latency(const RequestSet *rs, const Result *res)
-{
-    int n = 0;
-    long n_itl = 0;
-    for (int i = 0; i < rs->n; i++) {
-        n += res[i].n > 0;
-        n_itl += res[i].n > 1 ? res[i].n - 1 : 0;
-    }
-    if (!n) return;
-    double *ttft = xmalloc(sizeof(double) * n), *tpot = xmalloc(sizeof(double) * n);
-    double *itl = xmalloc(sizeof(double) * (size_t)(n_itl + 1));
-    int k = 0;
-    long m = 0;
-    for (int i = 0; i < rs->n; i++) {
-        if (!res[i].n) continue;
-        ttft[k] = res[i].ttft_s;
-        tpot[k++] = res[i].tpot_s;
-        for (int j = 1; j < res[i].n; j++) itl[m++] = res[i].times[j] - res[i].times[j - 1];
-    }
-    const char *names[3] = {"TTFT", "TPOT", "ITL"};
-    double *sets[3] = {ttft, tpot, itl};
-    long counts[3] = {n, n, n_itl};
-    printf("# latency (s)      mean        p50        p99\n");
-    for (int s = 0; s < 3; s++) {
-        if (!counts[s]) continue;
-        qsort(sets[s], (size_t)counts[s], sizeof(double), cmp_double);
-        double sum = 0;
-        for (long i = 0; i < counts[s]; i++) sum += sets[s][i];
-        printf("  %-10s %10.4f %10.4f %10.4f\n", names[s], sum / counts[s], sets[s][counts[s] / 2],
-               sets[s][(long)(0.99 * (counts[s] - 1))]);
-    }
-    free(ttft);
-    free(tpot);
-    free(itl);
-}
-
-static void print_rank_map(const RankInfo *ri, int world)
-{
-    printf("# rank map\n# %5s %-20s %4s %4s %4s %4s %12s %9s\n", "rank", "host", "gpu", "dp", "tp", "dcp",
-           "query heads", "KV heads");
-    for (int r = 0; r < world; r++) {
-        char q[32], kv[32];
-        snprintf(q, sizeof q, "%d-%d", ri[r].q_head0, ri[r].q_head0 + ri[r].q_heads - 1);
-        snprintf(kv, sizeof kv, "%d-%d", ri[r].kv_head0, ri[r].kv_head0 + ri[r].kv_heads - 1);
-        char gpu[16];
-        snprintf(gpu, sizeof gpu, ri[r].device < 0 ? "-" : "%d", ri[r].device);
-        printf("  %5d %-20s %4s %4d %4d %4d %12s %9s\n", r, ri[r].host, gpu, ri[r].dp_rank, ri[r].tp_rank,
-               ri[r].dcp_rank, q, kv);
-    }
-}
-
-/* Collectives per run: calls and bytes summed over ranks, seconds as
- * avg/min/max over ranks (each rank's total). */
-static void print_comm_summary(const CommStats *cs, const long long *kv_peak, int world)
-{
-    printf("# %-15s %10s %14s %10s %10s %10s\n", "collective", "calls", "bytes", "avg_s", "min_s", "max_s");
-    for (int k = 0; k < COMM_N; k++) {
-        long long calls = 0, bytes = 0;
-        double sum = 0, lo = 1e300, hi = 0;
-        for (int r = 0; r < world; r++) {
-            double t = 0;
-            for (int p = 0; p < PHASE_N; p++) {
-                calls += cs[r].c[p][k].calls;
-                bytes += cs[r].c[p][k].bytes;
-                t += cs[r].c[p][k].seconds;
-            }
-            sum += t;
-            lo = t < lo ? t : lo;
-            hi = t > hi ? t : hi;
-        }
-        if (calls)
-            printf("  %-15s %10lld %14lld %10.4f %10.4f %10.4f\n", comm_kind_names[k], calls, bytes, sum / world, lo,
-                   hi);
-    }
-    long long lo = kv_peak[0], hi = kv_peak[0], sum = 0;
-    for (int r = 0; r < world; r++) {
-        sum += kv_peak[r];
-        lo = kv_peak[r] < lo ? kv_peak[r] : lo;
-        hi = kv_peak[r] > hi ? kv_peak[r] : hi;
-    }
-    printf("# KV cache bytes held at peak per rank: avg %lld, min %lld, max %lld\n", sum / world, lo, hi);
 }
 
 /* Results of every DP group to world rank 0, in file order. Each group's
@@ -348,33 +241,274 @@ static void check_local_rank(MPI_Comm world, int rank)
                 rank, launcher, from, local, from);
 }
 
-/* What this run's tokens depend on: the model (path and shapes), the
- * prompt file's bytes, and the options that change tokens. */
-static void run_fingerprint(const Options *o, const Config *cfg, uint64_t prompts_hash, int max_model_len,
-                            const char *tok_path, Fingerprint *fp)
+/* Progress on rank 0's stderr: rewritten in place on a terminal, plain
+ * lines every --progress-interval seconds otherwise. By default shown on a
+ * terminal, and under a launcher (mpirun, srun: stderr is then a pipe the
+ * user watches, or a job's log), unless --quiet. */
+static int progress_mode(const Options *o)
 {
-    const char *model = o->model ? o->model : "(generated default model)";
-    uint64_t h = fnv1a(FNV_START, model, strlen(model) + 1);
-    fingerprint_hex(fnv1a(h, cfg, sizeof *cfg), fp->model);
-    fingerprint_hex(prompts_hash, fp->prompts);
-    struct {
-        int max_tokens, max_model_len;
-        float temperature, top_p;
-        uint64_t seed;
-    } sampling = {o->max_tokens, max_model_len, o->temperature, o->top_p, o->seed};
-    h = fnv1a(FNV_START, &sampling, sizeof sampling);
-    fingerprint_hex(fnv1a(h, tok_path ? tok_path : "", tok_path ? strlen(tok_path) + 1 : 1), fp->sampling);
+    static const char *launchers[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_ID"};
+    int under_launcher = 0;
+    for (size_t i = 0; i < sizeof launchers / sizeof *launchers; i++) under_launcher |= getenv(launchers[i]) != NULL;
+    int on = o->progress >= 0 ? o->progress : !o->quiet && (isatty(2) || under_launcher);
+    return !on ? 0 : isatty(2) ? PROGRESS_TERMINAL : PROGRESS_LINES;
 }
 
-/* Rank 0, before generation: a fresh run removes the journal of an
- * earlier run of the same output; --resume takes the requests it finished
- * (done, earlier) and rewrites them as this run's starting journal.
- * complete: the output file is already the finished result of these
- * inputs, and nothing is left to do. */
-static int prepare_journal(const Options *o, const Fingerprint *fp, const RequestSet *rs, Result *earlier, char *done,
-                           int *n_done, int *complete)
+/* ---- inputs and outputs ------------------------------------------------- */
+
+/* 1 when a and b name the same existing file */
+static int same_file(const char *a, const char *b)
 {
-    *n_done = *complete = 0;
+    struct stat x, y;
+    return a && b && stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* The files a run reads: the prompts, the model's files, the tokenizer's;
+ * none may be a file the run writes (the results, their identity beside
+ * them, the lock, the journals), which would replace the input. */
+static int check_output_not_input(const Options *o, const char *tok_path)
+{
+    const char *written[] = {"", ".run.json", ".lock", ".journal", ".journal.dp0"};
+    const char *model_files[] = {"config.json", "generation_config.json", "model.safetensors.index.json",
+                                 "model.safetensors", "tokenizer.json", "tokenizer_config.json"};
+    char out[4096], in[4096];
+    for (size_t w = 0; w < sizeof written / sizeof *written; w++) {
+        snprintf(out, sizeof out, "%s%s", o->output, written[w]);
+        const char *what = NULL;
+        if (same_file(out, o->prompts)) what = "the prompt file";
+        if (!what && o->model && same_file(out, o->model)) what = "the model file";
+        if (!what && tok_path && same_file(out, tok_path)) what = "the tokenizer";
+        for (size_t m = 0; !what && o->model && m < sizeof model_files / sizeof *model_files; m++) {
+            snprintf(in, sizeof in, "%s/%s", o->model, model_files[m]);
+            if (same_file(out, in)) what = "a file of the model";
+        }
+        if (!what && o->model && path_is_dir(o->model)) { /* the shards */
+            DIR *d = opendir(o->model);
+            struct dirent *e;
+            while (d && !what && (e = readdir(d))) {
+                size_t n = strlen(e->d_name);
+                snprintf(in, sizeof in, "%s/%s", o->model, e->d_name);
+                if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors") && same_file(out, in)) what = "a file of the model";
+            }
+            if (d) closedir(d);
+        }
+        if (what)
+            return dcp_fail("--output %s: dcpinfer would write %s, which is %s it reads; give another --output", o->output,
+                            out, what);
+    }
+    return 0;
+}
+
+/* The model's vocabulary may exceed the tokenizer's by padding (real
+ * checkpoints pad by a few hundred ids); more means the tokenizer is not
+ * the model's, and the model would generate ids it cannot spell. */
+enum { VOCAB_PADDING_MAX = 1024 };
+static int check_tokenizer_vocab(const Tokenizer *tok, const char *tok_path, const Config *c)
+{
+    int ids = tokenizer_ids(tok);
+    if (c->vocab_size - ids > VOCAB_PADDING_MAX)
+        return dcp_fail("%s: the tokenizer spells ids 0-%d, the model's vocabulary has %d: %d ids it cannot spell, "
+                        "more than the %d a checkpoint pads its vocabulary by (wrong tokenizer?)",
+                        tok_path, ids - 1, c->vocab_size, c->vocab_size - ids, VOCAB_PADDING_MAX);
+    return 0;
+}
+
+/* A step of --max-num-batched-tokens tokens must fit MPI's int counts. */
+static int check_step_tokens(const Options *o, const Config *c, int world_size)
+{
+    Model m = {.cfg = *c};
+    shard_init(&m.shard, c, o->tp, 0);
+    Topology t = {.world_size = world_size, .tp = o->tp, .dcp = o->dcp, .dp = world_size / o->tp, .interleave = o->interleave};
+    long limit = engine_step_token_limit(&m, &t);
+    if (o->max_batched_tokens > limit)
+        return dcp_fail("--max-num-batched-tokens %d: at this model and layout (-tp %d -dcp %d) a step of that many "
+                        "tokens would send MPI messages of more than 2^31 - 1 elements; at most %ld",
+                        o->max_batched_tokens, o->tp, o->dcp, limit);
+    return 0;
+}
+
+/* ---- interruption ---------------------------------------------------------- */
+
+/* SIGINT and SIGTERM (Ctrl-C, scancel, a job's time limit): rank 0 says
+ * what is kept and how to go on, then the signal ends the process as it
+ * would have. The line is made in advance: a handler may only write. */
+static char interrupt_line[1024];
+static size_t interrupt_len;
+
+static void on_interrupt(int sig)
+{
+    if (interrupt_len && write(2, interrupt_line, interrupt_len) < 0) { /* nothing left to tell */
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void catch_interrupts(const Options *o, int rank)
+{
+    if (rank == 0)
+        interrupt_len = (size_t)snprintf(
+            interrupt_line, sizeof interrupt_line,
+            o->journal ? "\ndcpinfer: interrupted: the requests finished so far are kept in %s.journal*; rerun the same "
+                         "command with --resume to run the rest\n"
+                       : "\ndcpinfer: interrupted: no journal was kept (--no-journal), so a rerun starts over (%s not "
+                         "written)\n",
+            o->output);
+    if (interrupt_len >= sizeof interrupt_line) interrupt_len = sizeof interrupt_line - 1;
+    struct sigaction sa = {.sa_handler = on_interrupt};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* ---- the run ------------------------------------------------------------- */
+
+/* One run's state, from its inputs to its report. */
+typedef struct {
+    const Options *o;
+    MPI_Comm world;
+    int rank, world_size, device;
+    const Backend *be;
+    int threads, mpi_device;
+    const char *mpi_buffers, *cpu_kernels;
+    Timings tm;
+    double t_begin;
+    RequestSet rs;
+    uint64_t prompts_hash;
+    Config cfg;
+    int max_model_len;
+    Tokenizer tok_storage, *tok;
+    char *tok_path;
+    RunIdentity id;
+    OutputLock lock;
+    /* requests finished by earlier runs (--resume): done on every rank,
+     * their results on rank 0 */
+    char *done;
+    Result *earlier;
+    int n_done, complete;
+    Topology topo;
+    int topo_ready;
+    Model model;
+    RankInfo *ranks;
+} Run;
+
+/* The backend, its kernels and threads, and where MPI's buffers live. */
+static int setup_backend(Run *r)
+{
+    const Options *o = r->o;
+    int bound_cpus, share;
+    r->threads = threads_per_rank(r->world, &bound_cpus, &share);
+    r->be = backend_find(o->backend);
+    if (failed_anywhere(!r->be || backend_cpu_set_gemm(o->cpu_gemm) || cpu_set_isa(o->cpu_isa) ||
+                            r->be->set_gemm_dtype(o->dtype),
+                        r->world))
+        return EXIT_USAGE;
+    const Backend *be = r->be;
+    if (!be->host_memory) check_local_rank(r->world, r->rank);
+    r->mpi_device = !be->host_memory && (!strcmp(o->mpi_device_buffers, "yes") ||
+                                         (!strcmp(o->mpi_device_buffers, "auto") && device_mpi_accepts_device_buffers()));
+    r->mpi_buffers = be->host_memory ? "host" : r->mpi_device ? "device" : "staged";
+    r->cpu_kernels = be->host_memory ? cpu_isa() : ""; /* only the CPU backend runs them */
+    backend_set_threads(r->threads);
+    if (r->rank == 0 && share && !o->quiet)
+        printf("# note: rank 0 is bound to %d CPU(s), so it runs %d thread(s) instead of its share of %d; launch "
+               "with mpirun --bind-to none (or --map-by slot:PE=%d), or srun --cpus-per-task=%d\n",
+               bound_cpus, r->threads, share, share, share);
+    return EXIT_OK;
+}
+
+/* The prompts, the model's config, the layout and the tokenizer, checked
+ * before any weight is read; the prompts tokenized. */
+static int read_inputs(Run *r)
+{
+    const Options *o = r->o;
+    const Backend *be = r->be;
+    MPI_Comm world = r->world;
+    r->tok_path = o->tokenizer ? xstrdup(o->tokenizer) : default_tokenizer(o->model);
+    if (failed_anywhere(r->rank == 0 && (output_check_writable(o->output) || check_output_not_input(o, r->tok_path)),
+                        world))
+        return EXIT_RUN_FAILED;
+    RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed};
+    if (failed_anywhere(read_prompts(o->prompts, &defaults, o->skip_invalid, &r->rs, world, &r->prompts_hash), world))
+        return EXIT_RUN_FAILED;
+    Config *cfg = &r->cfg;
+    if (failed_anywhere(model_read_config(o->model, cfg) || model_check_checkpoint(o->model, cfg) ||
+                            topology_check(cfg, r->world_size, o->tp, o->dcp, o->dp, o->interleave, o->block_size) ||
+                            check_step_tokens(o, cfg, r->world_size) ||
+                            requests_check_vocab(&r->rs, cfg->vocab_size, o->skip_invalid),
+                        world))
+        return EXIT_RUN_FAILED;
+    if (failed_anywhere(cfg->mla && !be->strided_copy &&
+                            dcp_fail("%s: DeepSeek models (multi-head latent attention, experts) run on the cpu backend "
+                                     "only for now; the %s backend lacks their operations",
+                                     o->model, be->name),
+                        world))
+        return EXIT_RUN_FAILED;
+    r->max_model_len = o->max_model_len ? o->max_model_len : cfg->max_seq_len;
+    if (failed_anywhere(r->max_model_len > cfg->max_seq_len &&
+                            dcp_fail("--max-model-len %d exceeds the model's maximum of %d positions", r->max_model_len,
+                                     cfg->max_seq_len),
+                        world))
+        return EXIT_RUN_FAILED;
+    double t0 = now_s();
+    if (failed_anywhere(r->tok_path && (tokenizer_load(&r->tok_storage, r->tok_path, cfg->vocab_size) ||
+                                        check_tokenizer_vocab(&r->tok_storage, r->tok_path, cfg)),
+                        world))
+        return EXIT_RUN_FAILED;
+    if (r->tok_path) {
+        r->tok = &r->tok_storage;
+        config_add_eos(cfg, r->tok->eos_id); /* tokenizer_config.json's eos_token ends generation too (as vLLM) */
+    }
+    prepare_prompts(&r->rs, r->tok, cfg, r->max_model_len);
+    r->tm.tokenize = now_s() - t0;
+    return EXIT_OK;
+}
+
+/* Everything this run's tokens and texts depend on (identity.h). */
+static int make_identity(Run *r)
+{
+    const Options *o = r->o;
+    RunIdentity *id = &r->id;
+    uint64_t model_hash;
+    DType gemm;
+    /* OpenBLAS has only an fp32 GEMM: "auto" loads fp32 for it */
+    const char *dtype = !strcmp(o->dtype, "auto") && !strcmp(o->cpu_gemm, "openblas") && r->be->host_memory
+                            ? "float32"
+                            : o->dtype;
+    if (failed_anywhere(model_content_hash(o->model, &model_hash) || model_gemm_dtype(o->model, &r->cfg, dtype, &gemm),
+                        r->world))
+        return EXIT_RUN_FAILED;
+    int sharded = o->dcp > 1; /* the interleave and the merge change sums only when the cache is sharded */
+    identity_set(id, ID_version, "%s", PACKAGE_VERSION);
+    identity_set(id, ID_model, "%016llx", (unsigned long long)model_hash);
+    if (r->tok) identity_set(id, ID_tokenizer, "%016llx", (unsigned long long)r->tok->content_hash);
+    else identity_set(id, ID_tokenizer, "none");
+    identity_set(id, ID_prompts, "%016llx", (unsigned long long)r->prompts_hash);
+    identity_set(id, ID_dtype, "%s", gemm == DTYPE_BF16 ? "bfloat16" : "float32");
+    identity_set(id, ID_kv_cache_dtype, "%s", strcmp(o->kv_cache_dtype, "bfloat16") ? "float32" : "bfloat16");
+    identity_set(id, ID_backend, "%s", r->be->name);
+    identity_set(id, ID_cpu_gemm, "%s", r->be->host_memory ? o->cpu_gemm : "-");
+    identity_set(id, ID_max_model_len, "%d", r->max_model_len);
+    identity_set(id, ID_max_tokens, "%d", o->max_tokens);
+    identity_set(id, ID_temperature, "%.9g", (double)o->temperature);
+    identity_set(id, ID_top_p, "%.9g", (double)o->top_p);
+    identity_set(id, ID_seed, "%llu", (unsigned long long)o->seed);
+    identity_set(id, ID_tp, "%d", o->tp);
+    identity_set(id, ID_dcp, "%d", o->dcp);
+    identity_set(id, ID_interleave, sharded ? "%d" : "-", o->interleave);
+    identity_set(id, ID_dcp_comm_backend, "%s", sharded ? o->dcp_comm_backend : "-");
+    return EXIT_OK;
+}
+
+/* Rank 0: the output's lock, then what earlier runs left. A fresh run
+ * removes an earlier run's journal; --resume takes the requests it
+ * finished (done, earlier) and rewrites them as this run's starting
+ * journal, or finds the output already complete (nothing to do). Any
+ * difference of identity is refused before a file is changed. */
+static int prepare_resume(Run *r)
+{
+    const Options *o = r->o;
+    const RequestSet *rs = &r->rs;
+    if (output_lock(&r->lock, o->output)) return -1;
     if (!o->resume) {
         int n = journal_remove(o->output);
         if (n && !o->quiet)
@@ -382,23 +516,68 @@ static int prepare_journal(const Options *o, const Fingerprint *fp, const Reques
                    o->output);
         return 0;
     }
-    int n = journal_load(o->output, fp, rs, earlier, done);
-    if (n < 0) return -1;
-    char line[128], stored[128] = "";
-    fingerprint_line(fp, line, sizeof line);
-    if (n == 0 && output_read_fingerprint(o->output, stored, sizeof stored) == 0 && !strcmp(stored, line)) {
-        *complete = 1;
+    char *stored = output_read_identity(o->output, o->output_format);
+    if (stored) {
+        int rc = identity_check(&r->id, stored, o->output);
+        free(stored);
+        if (rc) return -1;
+        r->complete = 1;
+        journal_remove(o->output); /* left by a run that stopped after writing its results */
         printf("# %s is already the complete result of these inputs: nothing to resume\n", o->output);
         return 0;
     }
-    *n_done = n;
-    if (!o->quiet && n == 0)
-        printf("# --resume: no finished request of an earlier run in %s.journal*: all %d to run\n", o->output,
-               rs->n);
+    JournalCheck chk = {&r->cfg, r->max_model_len, r->tok != NULL};
+    JournalLoad jl;
+    if (journal_load(o->output, &r->id, rs, &chk, r->earlier, r->done, &jl)) return -1;
+    r->n_done = jl.taken;
+    if (jl.dropped && !o->quiet)
+        printf("# --resume: %d journal record(s) failed their checks and their requests run again; the first: %s\n",
+               jl.dropped, jl.first_drop);
+    if (!o->quiet && r->n_done == 0)
+        printf("# --resume: no finished request of an earlier run in %s.journal*: all %d to run\n", o->output, rs->n);
     else if (!o->quiet)
-        printf("# resumed: %d of %d request(s) finished by earlier runs (%s.journal*), %d to run\n", n, rs->n,
-               o->output, rs->n - n);
-    return journal_consolidate(o->output, fp, rs, earlier, done);
+        printf("# resumed: %d of %d request(s) finished by earlier runs (%s.journal*), %d to run\n", r->n_done, rs->n,
+               o->output, rs->n - r->n_done);
+    return journal_consolidate(o->output, &r->id, rs, r->earlier, r->done);
+}
+
+/* The communicators and this rank's shard of the weights; the rank map. */
+static int load_model(Run *r)
+{
+    const Options *o = r->o;
+    if (failed_anywhere(r->be->host_memory && check_host_kv_memory(o->kv_cache_memory), r->world))
+        return EXIT_RUN_FAILED;
+    topology_init(&r->topo, r->world, o->tp, o->dcp, o->interleave);
+    r->topo_ready = 1;
+    double t0 = now_s();
+    const char *load_dtype = r->id.v[ID_dtype];
+    /* bf16 matrices in the row groups the backend reads fastest (CPU: AVX2) */
+    int bf16_group = r->be->gemm_row_group ? r->be->gemm_row_group(DTYPE_BF16) : 0;
+    if (failed_anywhere(model_load_as(&r->model, o->model, r->topo.tp, r->topo.tp_rank, load_dtype, bf16_group),
+                        r->world))
+        return EXIT_RUN_FAILED;
+    if (r->tok) config_add_eos(&r->model.cfg, r->tok->eos_id);
+    r->tm.load = now_s() - t0;
+    const Topology *t = &r->topo;
+    const Shard *s = &r->model.shard;
+    RankInfo me = {.world_rank = r->rank, .dp_rank = t->dp_rank, .tp_rank = t->tp_rank, .dcp_rank = t->dcp_rank,
+                   .q_head0 = s->q_head0, .q_heads = s->q_heads, .kv_head0 = s->kv_head0, .kv_heads = s->kv_heads,
+                   .device = r->be->host_memory ? -1 : r->device};
+    gethostname(me.host, sizeof me.host - 1);
+    r->ranks = r->rank == 0 ? xmalloc(sizeof(RankInfo) * r->world_size) : NULL;
+    DCP_CHECK(MPI_Gather(&me, sizeof me, MPI_BYTE, r->ranks, sizeof me, MPI_BYTE, 0, r->world));
+    const Config *cfg = &r->cfg;
+    if (r->rank == 0 && !o->quiet) {
+        printf("# dcpinfer %s: model %s (%d layers, dim %d, %d heads / %d KV heads, vocab %d), %d request(s), "
+               "backend %s%s%s%s, %d thread(s) per rank\n",
+               PACKAGE_VERSION, r->model.path, cfg->n_layers, cfg->dim, cfg->n_heads, cfg->n_kv_heads, cfg->vocab_size,
+               r->rs.n, r->be->name, r->cpu_kernels[0] ? " (CPU kernels " : "", r->cpu_kernels,
+               r->cpu_kernels[0] ? ")" : "", r->threads);
+        printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
+               r->world_size, t->dp, t->tp, t->dcp, t->interleave, o->dcp_comm_backend, r->mpi_buffers);
+        report_rank_map(r->ranks, r->world_size);
+    }
+    return EXIT_OK;
 }
 
 /* After each step: progress for the watchdog, and the finished requests
@@ -418,360 +597,226 @@ static void after_step(void *ctx, const int *finished, int n)
         journal_append(&h->journal, h->index[finished[k]], &h->mine->r[finished[k]], &h->res[finished[k]]);
 }
 
-/* The steps' summary. DP groups step concurrently, each on its own
- * requests: their step counts and decode-only times are given per group
- * (and the tokens/s of the groups together), never summed as if one ran
- * after the other. */
-static void print_step_summary(const StepRecord *steps, const int *step_dp, int n_steps, int dp, int kv_blocks)
+/* What generation leaves for the report. */
+typedef struct {
+    Result *res;        /* rs.n results (rank 0: every group's) */
+    StepRecord *steps;  /* rank 0: every group's steps */
+    int *step_dp, n_steps;
+    double gen_s;
+    long long kv_peak, capacity;
+    int block_size, kv_blocks;
+    CommStats comm;
+} Generated;
+
+/* This rank's DP group's requests, less those done earlier, through the
+ * engine; every group's results and steps to rank 0. */
+static void generate_all(Run *r, Generated *g)
 {
-    int max_running = 0, peak_blocks = 0, preempted = 0;
-    int *count = xcalloc((size_t)dp, sizeof(int));
-    double *end = xcalloc((size_t)dp, sizeof(double)); /* a group's last step's end */
-    long *tokens = xcalloc((size_t)dp, sizeof(long));
-    double *secs = xcalloc((size_t)dp, sizeof(double));
-    for (int i = 0; i < n_steps; i++) {
-        int g = step_dp ? step_dp[i] : 0;
-        max_running = steps[i].running > max_running ? steps[i].running : max_running;
-        peak_blocks = steps[i].kv_blocks_used > peak_blocks ? steps[i].kv_blocks_used : peak_blocks;
-        preempted += steps[i].preempted;
-        count[g]++;
-        double e = steps[i].t_start + steps[i].seconds;
-        end[g] = e > end[g] ? e : end[g];
-        if (!steps[i].prefill_tokens) {
-            tokens[g] += steps[i].decode_tokens;
-            secs[g] += steps[i].seconds;
-        }
-    }
-    const char *in_group = dp > 1 ? " in a DP group" : "";
-    if (dp == 1) printf("# %d step(s)", n_steps);
-    else {
-        printf("# steps per DP group (the groups run concurrently):");
-        for (int g = 0; g < dp; g++) printf(" %d", count[g]);
-    }
-    printf(", at most %d request(s) running%s, %d preemption(s), KV use at most %.1f%% of %d blocks%s\n",
-           max_running, in_group, preempted, 100.0 * peak_blocks / (kv_blocks ? kv_blocks : 1), kv_blocks,
-           dp > 1 ? " per rank" : "");
-    if (dp == 1) {
-        if (secs[0] > 0)
-            printf("# decode-only steps: %ld tokens in %.3f s: %.1f tokens/s\n", tokens[0], secs[0],
-                   tokens[0] / secs[0]);
-    } else {
-        double rate = 0;
-        int any = 0;
-        for (int g = 0; g < dp; g++) any |= secs[g] > 0;
-        if (any) {
-            printf("# decode-only steps per DP group:");
-            for (int g = 0; g < dp; g++) {
-                printf("%s %d: %ld tokens in %.3f s (%.1f tokens/s)", g ? ";" : "", g, tokens[g], secs[g],
-                       secs[g] > 0 ? tokens[g] / secs[g] : 0.0);
-                rate += secs[g] > 0 ? tokens[g] / secs[g] : 0.0;
-            }
-            printf("; together %.1f tokens/s\n", rate);
-        }
-        printf("# DP groups' generation wall time (the run's is the slowest):");
-        for (int g = 0; g < dp; g++) printf("%s %d: %.3f s", g ? "," : "", g, end[g]);
-        printf("\n");
-    }
-    free(count);
-    free(end);
-    free(tokens);
-    free(secs);
-}
-
-/* Progress on rank 0's stderr: rewritten in place on a terminal, plain
- * lines every --progress-interval seconds otherwise. By default shown on a
- * terminal, and under a launcher (mpirun, srun: stderr is then a pipe the
- * user watches, or a job's log), unless --quiet. */
-static int progress_mode(const Options *o)
-{
-    static const char *launchers[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_ID"};
-    int under_launcher = 0;
-    for (size_t i = 0; i < sizeof launchers / sizeof *launchers; i++) under_launcher |= getenv(launchers[i]) != NULL;
-    int on = o->progress >= 0 ? o->progress : !o->quiet && (isatty(2) || under_launcher);
-    return !on ? 0 : isatty(2) ? PROGRESS_TERMINAL : PROGRESS_LINES;
-}
-
-int run_job(const Options *o, MPI_Comm world, int device)
-{
-    int rank, world_size;
-    DCP_CHECK(MPI_Comm_rank(world, &rank));
-    DCP_CHECK(MPI_Comm_size(world, &world_size));
-    Timings tm = {0};
-    double t_begin = now_s();
-    int bound_cpus, share;
-    int threads = threads_per_rank(world, &bound_cpus, &share);
-    const Backend *be = backend_find(o->backend);
-    if (failed_anywhere(
-            !be || backend_cpu_set_gemm(o->cpu_gemm) || cpu_set_isa(o->cpu_isa) || be->set_gemm_dtype(o->dtype), world))
-        return EXIT_USAGE;
-    if (!be->host_memory) check_local_rank(world, rank);
-    int mpi_device = !be->host_memory && (!strcmp(o->mpi_device_buffers, "yes") ||
-                                          (!strcmp(o->mpi_device_buffers, "auto") && device_mpi_accepts_device_buffers()));
-    const char *mpi_buffers = be->host_memory ? "host" : mpi_device ? "device" : "staged";
-    const char *cpu_kernels = be->host_memory ? cpu_isa() : ""; /* only the CPU backend runs them */
-    backend_set_threads(threads);
-    if (rank == 0 && share && !o->quiet)
-        printf("# note: rank 0 is bound to %d CPU(s), so it runs %d thread(s) instead of its share of %d; launch "
-               "with mpirun --bind-to none (or --map-by slot:PE=%d), or srun --cpus-per-task=%d\n",
-               bound_cpus, threads, share, share, share);
-    if (failed_anywhere(rank == 0 && output_check_writable(o->output), world)) return EXIT_RUN_FAILED;
-
-    /* the prompts and the layout are checked before any weight is read */
-    RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed};
-    RequestSet rs;
-    uint64_t prompts_hash = 0;
-    if (failed_anywhere(read_prompts(o->prompts, &defaults, o->skip_invalid, &rs, world, &prompts_hash), world)) return EXIT_RUN_FAILED;
-    Config cfg;
-    Model model = {0};
-    Tokenizer tok_storage, *tok = NULL;
-    char *tok_path = o->tokenizer ? xstrdup(o->tokenizer) : default_tokenizer(o->model);
-    int status = EXIT_RUN_FAILED, topo_ready = 0;
-    Topology topo;
-    Result *res = NULL;
-    char **texts = NULL, *done = NULL;
-    int *group = NULL;
-    Result *earlier = NULL;
-    if (failed_anywhere(model_read_config(o->model, &cfg) || model_check_checkpoint(o->model, &cfg) ||
-                            topology_check(&cfg, world_size, o->tp, o->dcp, o->dp, o->interleave, o->block_size) ||
-                            requests_check_vocab(&rs, cfg.vocab_size, o->skip_invalid),
-                        world))
-        goto out;
-    if (failed_anywhere(cfg.mla && !be->strided_copy &&
-                            dcp_fail("%s: DeepSeek models (multi-head latent attention, experts) run on the cpu backend "
-                                     "only for now; the %s backend lacks their operations",
-                                     o->model, be->name),
-                        world))
-        goto out;
-    int max_model_len = o->max_model_len ? o->max_model_len : cfg.max_seq_len;
-    if (failed_anywhere(max_model_len > cfg.max_seq_len &&
-                            dcp_fail("--max-model-len %d exceeds the model's maximum of %d positions",
-                                     max_model_len, cfg.max_seq_len),
-                        world))
-        goto out;
-    double t0 = now_s();
-    if (failed_anywhere(tok_path && tokenizer_load(&tok_storage, tok_path, cfg.vocab_size), world)) goto out;
-    if (tok_path) tok = &tok_storage;
-    prepare_prompts(&rs, tok, &cfg, max_model_len);
-    tm.tokenize = now_s() - t0;
-
-    /* requests finished by earlier runs (--resume): rank 0 reads the
-     * journal, every rank learns which they are */
-    Fingerprint fp;
-    run_fingerprint(o, &cfg, prompts_hash, max_model_len, tok_path, &fp);
-    done = xcalloc((size_t)rs.n + 1, 1);
-    earlier = rank == 0 ? xcalloc((size_t)rs.n + 1, sizeof(Result)) : NULL;
-    int n_done = 0, complete = 0;
-    if (failed_anywhere(rank == 0 && prepare_journal(o, &fp, &rs, earlier, done, &n_done, &complete), world))
-        goto out;
-    DCP_CHECK(MPI_Bcast(&complete, 1, MPI_INT, 0, world));
-    if (complete) {
-        status = EXIT_OK;
-        goto out;
-    }
-    xfer_bcast(done, (size_t)rs.n, 0, world);
-
-    if (failed_anywhere(be->host_memory && check_host_kv_memory(o->kv_cache_memory), world)) goto out;
-    topology_init(&topo, world, o->tp, o->dcp, o->interleave);
-    topo_ready = 1;
-    t0 = now_s();
-    /* OpenBLAS has only an fp32 GEMM: "auto" loads fp32 for it */
-    const char *load_dtype = !strcmp(o->dtype, "auto") && !strcmp(o->cpu_gemm, "openblas") && be->host_memory
-                                 ? "float32"
-                                 : o->dtype;
-    /* bf16 matrices in the row groups the backend reads fastest (CPU: AVX2) */
-    int bf16_group = be->gemm_row_group ? be->gemm_row_group(DTYPE_BF16) : 0;
-    if (failed_anywhere(model_load_as(&model, o->model, topo.tp, topo.tp_rank, load_dtype, bf16_group), world))
-        goto out;
-    /* tokenizer_config.json's eos_token ends generation too (as vLLM) */
-    if (tok) config_add_eos(&model.cfg, tok->eos_id);
-    tm.load = now_s() - t0;
-
-    RankInfo me = {.world_rank = rank, .dp_rank = topo.dp_rank, .tp_rank = topo.tp_rank, .dcp_rank = topo.dcp_rank,
-                   .q_head0 = model.shard.q_head0, .q_heads = model.shard.q_heads,
-                   .kv_head0 = model.shard.kv_head0, .kv_heads = model.shard.kv_heads,
-                   .device = be->host_memory ? -1 : device};
-    gethostname(me.host, sizeof me.host - 1);
-    RankInfo *ranks = rank == 0 ? xmalloc(sizeof(RankInfo) * world_size) : NULL;
-    DCP_CHECK(MPI_Gather(&me, sizeof me, MPI_BYTE, ranks, sizeof me, MPI_BYTE, 0, world));
-    if (rank == 0 && !o->quiet) {
-        printf("# dcpinfer %s: model %s (%d layers, dim %d, %d heads / %d KV heads, vocab %d), %d request(s), "
-               "backend %s%s%s%s, %d thread(s) per rank\n",
-               PACKAGE_VERSION, model.path, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size,
-               rs.n, be->name, cpu_kernels[0] ? " (CPU kernels " : "", cpu_kernels, cpu_kernels[0] ? ")" : "", threads);
-        printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
-               world_size, topo.dp, topo.tp, topo.dcp, topo.interleave, o->dcp_comm_backend, mpi_buffers);
-        print_rank_map(ranks, world_size);
-    }
-
-    CommStats comm = {0};
+    const Options *o = r->o;
+    const Topology *topo = &r->topo;
     Engine eng;
     EngineOptions eo = {strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, o->kv_cache_memory,
-                        o->block_size, mpi_device, 0,
+                        o->block_size, r->mpi_device, 0,
                         strcmp(o->kv_cache_dtype, "bfloat16") ? DTYPE_F32 : DTYPE_BF16};
-    if (failed_anywhere(!(be->kv_dtypes & 1u << eo.kv_dtype) &&
-                            dcp_fail("--kv-cache-dtype %s: the %s backend stores float32 KV caches only",
-                                     o->kv_cache_dtype, be->name),
-                        world))
-        goto out;
-    engine_init(&eng, &model, be, &topo, &eo, &tm, &comm);
-    long long capacity = engine_kv_capacity(&eng);
-    if (rank == 0 && !o->quiet)
+    engine_init(&eng, &r->model, r->be, topo, &eo, &r->tm, &g->comm);
+    g->capacity = engine_kv_capacity(&eng);
+    if (r->rank == 0 && !o->quiet)
         printf("# KV cache: %d blocks of %d positions per rank (%.1f MiB), %d ranks per DCP group\n"
                "# KV cache size: %lld tokens\n"
                "# Maximum concurrency for %d tokens per request: %.2fx\n",
                eng.att.pool.n_blocks, eng.att.pool.block_size,
                eng.att.pool.n_blocks * (double)eng.att.pool.block_size * engine_kv_bytes_per_token(&eng) / 1048576.0,
-               topo.dcp, capacity, max_model_len, (double)capacity / max_model_len);
-    requests_check_kv(&rs, &topo, &eng.att.pool, max_model_len);
+               topo->dcp, g->capacity, r->max_model_len, (double)g->capacity / r->max_model_len);
+    RequestSet *rs = &r->rs;
+    requests_check_kv(rs, topo, &eng.att.pool, r->max_model_len);
 
     /* this DP group's requests, in file order, less those done earlier */
-    group = dp_assign(&rs, topo.dp, done);
+    int *group = dp_assign(rs, topo->dp, r->done);
     RequestSet mine;
-    int *index = xmalloc(sizeof(int) * (size_t)(rs.n ? rs.n : 1));
-    dp_select(&rs, group, topo.dp_rank, &mine, index);
-    GenOptions go = {.max_model_len = max_model_len, .max_num_seqs = o->max_num_seqs,
-                     .max_batched_tokens = o->max_batched_tokens,
-                     .progress = rank == 0 ? progress_mode(o) : 0,
-                     .dp = topo.dp, .dp_rank = topo.dp_rank, .tok = tok};
+    int *index = xmalloc(sizeof(int) * (size_t)(rs->n ? rs->n : 1));
+    dp_select(rs, group, topo->dp_rank, &mine, index);
+    GenOptions go = {.max_model_len = r->max_model_len, .max_num_seqs = o->max_num_seqs,
+                     .max_batched_tokens = o->max_batched_tokens, .progress = r->rank == 0 ? progress_mode(o) : 0,
+                     .dp = topo->dp, .dp_rank = topo->dp_rank, .tok = r->tok};
     go.progress_interval = o->progress_interval > 0 ? o->progress_interval
-                           : go.progress == PROGRESS_TERMINAL ? 1.0 : 10.0;
+                           : go.progress == PROGRESS_TERMINAL ? 1.0
+                                                              : 10.0;
     Result *mine_res = xcalloc((size_t)(mine.n ? mine.n : 1), sizeof(Result));
-    StepHook hook = {.mine = &mine, .res = mine_res, .index = index};
-    if (o->journal && topo.tp_rank == 0 &&
-        journal_open(&hook.journal, o->output, topo.dp_rank, &fp) && rank == 0 && !o->quiet)
+    StepHook hook = {.journal = {.fd = -1}, .mine = &mine, .res = mine_res, .index = index};
+    if (o->journal && topo->tp_rank == 0 && journal_open(&hook.journal, o->output, topo->dp_rank, &r->id, 10.0) &&
+        r->rank == 0 && !o->quiet)
         fprintf(stderr, "dcpinfer: %s; the run goes on without it\n", dcp_error());
     go.on_step = after_step;
     go.on_step_ctx = &hook;
     GenStats gs;
-    DCP_CHECK(MPI_Barrier(world));
-    watchdog_start(o->step_timeout, rank, EXIT_STALLED);
-    t0 = now_s();
+    DCP_CHECK(MPI_Barrier(r->world));
+    watchdog_start(o->step_timeout, r->rank, EXIT_STALLED);
+    double t0 = now_s();
     generate(&eng, &mine, mine_res, &go, &gs);
     journal_close(&hook.journal);
-    DCP_CHECK(MPI_Barrier(world));
+    DCP_CHECK(MPI_Barrier(r->world));
     /* Ranks leave a barrier at slightly different moments, so each
      * measures from its own start and the run takes the longest: every DP
      * group's wall time, timed on its own ranks, then fits inside it. */
-    double gen_s = now_s() - t0;
-    DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, &gen_s, 1, MPI_DOUBLE, MPI_MAX, world));
-    long long kv_peak = gs.kv_positions_peak * (long long)engine_kv_bytes_per_token(&eng);
-    int block_size = eng.att.pool.block_size, kv_blocks = eng.att.pool.n_blocks;
+    g->gen_s = now_s() - t0;
+    DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, &g->gen_s, 1, MPI_DOUBLE, MPI_MAX, r->world));
+    g->kv_peak = gs.kv_positions_peak * (long long)engine_kv_bytes_per_token(&eng);
+    g->block_size = eng.att.pool.block_size;
+    g->kv_blocks = eng.att.pool.n_blocks;
     engine_free(&eng);
-    res = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(Result));
-    for (int j = 0; j < mine.n; j++) res[index[j]] = mine_res[j];
+    g->res = xcalloc((size_t)(rs->n ? rs->n : 1), sizeof(Result));
+    for (int j = 0; j < mine.n; j++) g->res[index[j]] = mine_res[j];
     free(mine_res);
     free(mine.r);
     free(index);
-    for (int i = 0; i < rs.n; i++)
-        if (rs.r[i].error) res[i].finish_reason = "error";
-    gather_results(&rs, group, res, &topo);
-    if (rank == 0)
-        for (int i = 0; i < rs.n; i++)
-            if (done[i]) { /* from the journal */
-                res[i] = earlier[i];
-                memset(&earlier[i], 0, sizeof earlier[i]);
+    for (int i = 0; i < rs->n; i++)
+        if (rs->r[i].error) g->res[i].finish_reason = "error";
+    gather_results(rs, group, g->res, topo);
+    free(group);
+    if (r->rank == 0)
+        for (int i = 0; i < rs->n; i++)
+            if (r->done[i]) { /* from the journal */
+                g->res[i] = r->earlier[i];
+                memset(&r->earlier[i], 0, sizeof r->earlier[i]);
             }
-    StepRecord *steps = NULL;
-    int *step_dp = NULL, n_steps = gather_steps(&gs, &topo, &steps, &step_dp);
+    g->n_steps = gather_steps(&gs, topo, &g->steps, &g->step_dp);
     free(gs.steps);
+}
 
-    tm.total = now_s() - t_begin;
+/* Rank 0: the summary on stdout and the results file; then the journal
+ * goes. Returns the count of failed requests (-1: writing failed). */
+static int report_and_write(Run *r, Generated *g, const double *all_tm, const CommStats *all_comm,
+                            const long long *all_kv, const long long *all_w, const long long *all_rss)
+{
+    const Options *o = r->o;
+    const RequestSet *rs = &r->rs;
+    Result *res = g->res;
+    char **texts = xcalloc((size_t)(rs->n ? rs->n : 1), sizeof(char *));
+    long out_tokens = 0, run_tokens = 0; /* run_tokens: generated by this run (not resumed) */
+    int failed = 0;
+    for (int i = 0; i < rs->n; i++) {
+        texts[i] = xstrdup(res[i].text ? res[i].text : "");
+        out_tokens += res[i].n;
+        run_tokens += r->done[i] ? 0 : res[i].n;
+        if (rs->r[i].error) {
+            failed++;
+            fprintf(stderr, "dcpinfer: %s\n", rs->r[i].error);
+        }
+    }
+    if (!o->quiet) {
+        report_requests(rs, res, texts);
+        if (r->world_size > 1) report_comm(all_comm, all_kv, r->world_size);
+    }
+    report_steps(g->steps, g->step_dp, g->n_steps, r->topo.dp, g->kv_blocks);
+    long long w_max = 0, kv_max = 0, rss_max = 0;
+    for (int k = 0; k < r->world_size; k++) {
+        w_max = all_w[k] > w_max ? all_w[k] : w_max;
+        kv_max = all_kv[k] > kv_max ? all_kv[k] : kv_max;
+        rss_max = all_rss[k] > rss_max ? all_rss[k] : rss_max;
+    }
+    printf("# memory per rank (most of any rank): weights %.1f MiB, KV at most %.1f MiB, peak resident %.1f MiB\n",
+           w_max / 1048576.0, kv_max / 1048576.0, rss_max / 1048576.0);
+    report_latency(rs, res);
+    int run_requests = rs->n - failed - r->n_done;
+    double gen_s = g->gen_s;
+    printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s, %.2f requests/s%s\n", rs->n, failed,
+           out_tokens, gen_s, gen_s > 0 ? run_tokens / gen_s : 0.0, gen_s > 0 ? run_requests / gen_s : 0.0,
+           r->n_done ? " (rates of this run's requests; the resumed ones are not counted)" : "");
+    char *identity = identity_json(&r->id);
+    RunInfo info = {.model_path = r->model.path, .cfg = &r->cfg, .max_model_len = r->max_model_len,
+                    .world_size = r->world_size, .tp = r->topo.tp, .dcp = r->topo.dcp, .dp = r->topo.dp,
+                    .interleave = r->topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
+                    .threads_per_rank = r->threads, .backend = r->be->name, .mpi_buffers = r->mpi_buffers,
+                    .cpu_kernels = r->cpu_kernels, .seed = o->seed, .prompts_path = o->prompts, .identity = identity,
+                    .resumed_requests = r->n_done, .run_tokens = run_tokens, .run_requests = run_requests};
+    RankReports rep = {r->ranks, all_tm, all_comm, all_kv, all_w, all_rss};
+    StepReport sr = {g->steps, g->step_dp, g->n_steps, g->kv_blocks, g->block_size, g->capacity, gen_s};
+    int rc = !strcmp(o->output_format, "jsonl") ? output_write_jsonl(o->output, &info, rs, res, texts, r->tok)
+                                                 : output_write(o->output, &info, rs, res, texts, &rep, &sr);
+    if (!rc && !o->quiet) printf("# results written to %s\n", o->output);
+    if (!rc) journal_remove(o->output); /* the results file holds it all now */
+    free(identity);
+    for (int i = 0; i < rs->n; i++) free(texts[i]);
+    free(texts);
+    return rc ? -1 : failed;
+}
+
+/* Every rank's timings, collectives and memory to rank 0, the report
+ * there; returns the run's exit status on every rank. */
+static int finish(Run *r, Generated *g)
+{
+    int rank = r->rank, world_size = r->world_size;
+    r->tm.total = now_s() - r->t_begin;
     double *all_tm = rank == 0 ? xmalloc(sizeof(double) * TIMING_N * (size_t)world_size) : NULL;
     CommStats *all_comm = rank == 0 ? xmalloc(sizeof(CommStats) * (size_t)world_size) : NULL;
     /* per rank: KV peak, weight bytes, peak resident memory */
-    long long *all_kv = rank == 0 ? xmalloc(sizeof(long long) * 3 * (size_t)world_size) : NULL;
+    long long *all_mem = rank == 0 ? xmalloc(sizeof(long long) * 3 * (size_t)world_size) : NULL;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    long long mem[3] = {kv_peak, (long long)model.w.bytes, (long long)ru.ru_maxrss * 1024};
-    DCP_CHECK(MPI_Gather(&tm, TIMING_N, MPI_DOUBLE, all_tm, TIMING_N, MPI_DOUBLE, 0, world));
-    DCP_CHECK(MPI_Gather(&comm, sizeof comm, MPI_BYTE, all_comm, sizeof comm, MPI_BYTE, 0, world));
-    DCP_CHECK(MPI_Gather(mem, 3, MPI_LONG_LONG, all_kv, 3, MPI_LONG_LONG, 0, world));
-    long long *all_w = all_kv ? all_kv + world_size : NULL, *all_rss = all_kv ? all_kv + 2 * (size_t)world_size : NULL;
-    if (rank == 0) { /* (rank, 3) -> three per-rank columns */
-        long long *rows = xmalloc(sizeof(long long) * 3 * (size_t)world_size);
-        memcpy(rows, all_kv, sizeof(long long) * 3 * (size_t)world_size);
-        for (int r = 0; r < world_size; r++)
-            all_kv[r] = rows[3 * r], all_w[r] = rows[3 * r + 1], all_rss[r] = rows[3 * r + 2];
-        free(rows);
-    }
+    long long mem[3] = {g->kv_peak, (long long)r->model.w.bytes, (long long)ru.ru_maxrss * 1024};
+    DCP_CHECK(MPI_Gather(&r->tm, TIMING_N, MPI_DOUBLE, all_tm, TIMING_N, MPI_DOUBLE, 0, r->world));
+    DCP_CHECK(MPI_Gather(&g->comm, sizeof g->comm, MPI_BYTE, all_comm, sizeof g->comm, MPI_BYTE, 0, r->world));
+    DCP_CHECK(MPI_Gather(mem, 3, MPI_LONG_LONG, all_mem, 3, MPI_LONG_LONG, 0, r->world));
     /* the rest is rank 0's alone (writing may take longer than a step) */
     watchdog_stop();
-    int write_rc = 0, failed = 0;
-    if (rank == 0) {
-        texts = xcalloc((size_t)(rs.n ? rs.n : 1), sizeof(char *));
-        long out_tokens = 0, run_tokens = 0; /* run_tokens: generated by this run (not resumed) */
-        for (int i = 0; i < rs.n; i++) {
-            texts[i] = xstrdup(res[i].text ? res[i].text : "");
-            out_tokens += res[i].n;
-            run_tokens += done[i] ? 0 : res[i].n;
-            if (rs.r[i].error) {
-                failed++;
-                fprintf(stderr, "dcpinfer: %s\n", rs.r[i].error);
-            }
-        }
-        if (!o->quiet) {
-            printf("# %-14s %8s %8s %-7s %9s %9s  %s\n", "id", "prompt", "output", "finish", "ttft_s", "e2e_s",
-                   "text");
-            for (int i = 0; i < rs.n; i++) {
-                printf("  %-14s %8d %8d %-7s %9.4f %9.4f  ", rs.r[i].id, rs.r[i].n_prompt, res[i].n,
-                       res[i].finish_reason, res[i].ttft_s, res[i].e2e_s);
-                print_preview(texts[i], &res[i]);
-                putchar('\n');
-            }
-            if (world_size > 1) print_comm_summary(all_comm, all_kv, world_size);
-        }
-        print_step_summary(steps, step_dp, n_steps, topo.dp, kv_blocks);
-        long long w_max = 0, kv_max = 0, rss_max = 0;
-        for (int r = 0; r < world_size; r++) {
-            w_max = all_w[r] > w_max ? all_w[r] : w_max;
-            kv_max = all_kv[r] > kv_max ? all_kv[r] : kv_max;
-            rss_max = all_rss[r] > rss_max ? all_rss[r] : rss_max;
-        }
-        printf("# memory per rank (most of any rank): weights %.1f MiB, KV at most %.1f MiB, peak resident %.1f MiB\n",
-               w_max / 1048576.0, kv_max / 1048576.0, rss_max / 1048576.0);
-        print_latency(&rs, res);
-        int run_requests = rs.n - failed - n_done;
-        printf("# %d request(s), %d failed, %ld output tokens in %.3f s: %.1f tokens/s, %.2f requests/s%s\n", rs.n,
-               failed, out_tokens, gen_s, gen_s > 0 ? run_tokens / gen_s : 0.0, gen_s > 0 ? run_requests / gen_s : 0.0,
-               n_done ? " (rates of this run's requests; the resumed ones are not counted)" : "");
-        char fp_line[128];
-        fingerprint_line(&fp, fp_line, sizeof fp_line);
-        RunInfo info = {.model_path = model.path, .cfg = &cfg, .max_model_len = max_model_len,
-                        .world_size = world_size, .tp = topo.tp, .dcp = topo.dcp, .dp = topo.dp,
-                        .interleave = topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
-                        .threads_per_rank = threads, .backend = be->name, .mpi_buffers = mpi_buffers,
-                        .cpu_kernels = cpu_kernels, .seed = o->seed,
-                        .prompts_path = o->prompts, .fingerprint = fp_line, .resumed_requests = n_done,
-                        .run_tokens = run_tokens, .run_requests = run_requests};
-        RankReports rep = {ranks, all_tm, all_comm, all_kv, all_w, all_rss};
-        StepReport sr = {steps, step_dp, n_steps, kv_blocks, block_size, capacity, gen_s};
-        write_rc = !strcmp(o->output_format, "jsonl") ? output_write_jsonl(o->output, &info, &rs, res, texts, tok)
-                                                      : output_write(o->output, &info, &rs, res, texts, &rep, &sr);
-        if (!write_rc && !o->quiet) printf("# results written to %s\n", o->output);
-        if (!write_rc) journal_remove(o->output); /* the results file holds it all now */
+    int failed = 0;
+    if (rank == 0) { /* (rank, 3) -> three per-rank columns */
+        long long *cols = xmalloc(sizeof(long long) * 3 * (size_t)world_size);
+        for (int k = 0; k < world_size; k++)
+            for (int c = 0; c < 3; c++) cols[(size_t)c * world_size + k] = all_mem[3 * k + c];
+        failed = report_and_write(r, g, all_tm, all_comm, cols, cols + world_size, cols + 2 * (size_t)world_size);
+        free(cols);
     }
-    free(steps);
-    free(step_dp);
-    free(ranks);
     free(all_tm);
     free(all_comm);
-    free(all_kv);
-    DCP_CHECK(MPI_Bcast(&failed, 1, MPI_INT, 0, world));
-    status = failed_anywhere(write_rc, world) ? EXIT_RUN_FAILED : failed ? EXIT_SOME_FAILED : EXIT_OK;
-out:
-    if (texts)
-        for (int i = 0; i < rs.n; i++) free(texts[i]);
-    free(texts);
-    if (res) results_free(res, rs.n);
-    free(res);
-    if (earlier) results_free(earlier, rs.n);
-    free(earlier);
-    free(done);
-    free(group);
-    if (tok) tokenizer_free(tok);
-    free(tok_path);
-    model_free(&model);
-    requests_free(&rs);
-    if (topo_ready) topology_free(&topo);
+    free(all_mem);
+    DCP_CHECK(MPI_Bcast(&failed, 1, MPI_INT, 0, r->world));
+    if (failed_anywhere(failed < 0, r->world)) return EXIT_RUN_FAILED;
+    return failed ? EXIT_SOME_FAILED : EXIT_OK;
+}
+
+static void run_free(Run *r)
+{
+    if (r->earlier) results_free(r->earlier, r->rs.n);
+    free(r->earlier);
+    free(r->done);
+    if (r->tok) tokenizer_free(r->tok);
+    free(r->tok_path);
+    free(r->ranks);
+    model_free(&r->model);
+    requests_free(&r->rs);
+    if (r->topo_ready) topology_free(&r->topo);
+    output_unlock(&r->lock);
+}
+
+int run_job(const Options *o, MPI_Comm world, int device)
+{
+    Run r = {.o = o, .world = world, .device = device, .t_begin = now_s(), .lock = {.fd = -1}};
+    DCP_CHECK(MPI_Comm_rank(world, &r.rank));
+    DCP_CHECK(MPI_Comm_size(world, &r.world_size));
+    catch_interrupts(o, r.rank);
+    int status = setup_backend(&r);
+    if (status == EXIT_OK) status = read_inputs(&r);
+    if (status == EXIT_OK) status = make_identity(&r);
+    if (status == EXIT_OK) {
+        r.done = xcalloc((size_t)r.rs.n + 1, 1);
+        r.earlier = r.rank == 0 ? xcalloc((size_t)r.rs.n + 1, sizeof(Result)) : NULL;
+        if (failed_anywhere(r.rank == 0 && prepare_resume(&r), world)) status = EXIT_RUN_FAILED;
+    }
+    if (status == EXIT_OK) {
+        DCP_CHECK(MPI_Bcast(&r.complete, 1, MPI_INT, 0, world));
+        xfer_bcast(r.done, (size_t)r.rs.n, 0, world);
+    }
+    if (status == EXIT_OK && !r.complete) status = load_model(&r);
+    if (status == EXIT_OK && !r.complete) {
+        Generated g = {0};
+        generate_all(&r, &g);
+        status = finish(&r, &g);
+        if (g.res) results_free(g.res, r.rs.n);
+        free(g.res);
+        free(g.steps);
+        free(g.step_dp);
+    }
+    run_free(&r);
     return status;
 }

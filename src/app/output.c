@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "durable.h"
 #include "util.h"
 
 static int write_array(hid_t g, const char *name, hid_t type, const void *data, size_t n)
@@ -97,31 +99,62 @@ static void write_root_attrs(hid_t f, const RunInfo *in)
     time_t now = time(NULL);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     attr_str(f, "created", when);
-    attr_str(f, "resume_fingerprint", in->fingerprint ? in->fingerprint : "");
+    attr_str(f, "run_identity", in->identity ? in->identity : "");
     attr_int(f, "resumed_requests", in->resumed_requests);
 }
 
-int output_read_fingerprint(const char *path, char *buf, size_t n)
+/* The run_identity attribute of an HDF5 results file, malloc'ed; NULL when
+ * the file or the attribute is missing. */
+static char *hdf5_identity(const char *path)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    if (access(path, R_OK) || H5Fis_hdf5(path) <= 0) return -1;
+    if (H5Fis_hdf5(path) <= 0) return NULL;
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0) return -1;
-    int rc = -1;
-    hid_t a = H5Aexists(f, "resume_fingerprint") > 0 ? H5Aopen(f, "resume_fingerprint", H5P_DEFAULT) : -1;
+    if (f < 0) return NULL;
+    char *out = NULL;
+    hid_t a = H5Aexists(f, "run_identity") > 0 ? H5Aopen(f, "run_identity", H5P_DEFAULT) : -1;
     if (a >= 0) {
         hid_t t = string_type();
         char *v = NULL;
-        if (H5Aread(a, t, &v) >= 0 && v) {
-            snprintf(buf, n, "%s", v);
-            rc = 0;
-        }
+        if (H5Aread(a, t, &v) >= 0 && v && v[0]) out = xstrdup(v);
         if (v) H5free_memory(v);
         H5Tclose(t);
         H5Aclose(a);
     }
     H5Fclose(f);
-    return rc;
+    return out;
+}
+
+/* The identity in OUT.run.json, if the file names the results file as it
+ * is (its size and hash): a results file replaced or cut since has none. */
+static char *jsonl_identity(const char *path)
+{
+    char *side = xmalloc(strlen(path) + 16), *text = NULL, *data = NULL, *out = NULL;
+    sprintf(side, "%s.run.json", path);
+    size_t len, size;
+    if (check_regular_file(side, "run") == 0 && read_file(side, &text, &len) == 0 &&
+        read_file(path, &data, &size) == 0) {
+        json_t *o = json_loads(text, 0, NULL);
+        char hash[17];
+        snprintf(hash, sizeof hash, "%016llx", (unsigned long long)fnv1a(FNV_START, data, size));
+        const char *h = json_string_value(json_object_get(o, "results_hash"));
+        if (json_integer_value(json_object_get(o, "results_bytes")) == (json_int_t)size && h && !strcmp(h, hash)) {
+            char *s = json_dumps(json_object_get(o, "identity"), JSON_COMPACT);
+            if (s) out = xstrdup(s);
+            free(s);
+        }
+        json_decref(o);
+    }
+    free(text);
+    free(data);
+    free(side);
+    return out;
+}
+
+char *output_read_identity(const char *path, const char *format)
+{
+    if (access(path, R_OK) || check_regular_file(path, "results")) return NULL;
+    return strcmp(format, "jsonl") ? hdf5_identity(path) : jsonl_identity(path);
 }
 
 /* One kind of log-probabilities (output or prompt) of every request, flat:
@@ -396,46 +429,6 @@ static int write_timings(hid_t f, const double *timings, int world)
     return rc;
 }
 
-/* Temporary files of an output path: PATH.tmp.HOST.PID, written and
- * renamed by one process. */
-static char *temp_name(const char *path)
-{
-    char host[256] = "";
-    gethostname(host, sizeof host - 1);
-    size_t n = strlen(path) + strlen(host) + 32;
-    char *tmp = xmalloc(n);
-    snprintf(tmp, n, "%s.tmp.%s.%ld", path, host, (long)getpid());
-    return tmp;
-}
-
-/* Removes temporaries of this output left by a process of this host that
- * no longer runs (a run killed while writing). */
-static void remove_stale_temporaries(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? xstrdup(path) : xstrdup(".");
-    if (slash) dir[slash - path + (slash == path)] = '\0';
-    const char *base = slash ? slash + 1 : path;
-    char host[256] = "", prefix[1024];
-    gethostname(host, sizeof host - 1);
-    snprintf(prefix, sizeof prefix, "%s.tmp.%s.", base, host);
-    DIR *d = opendir(dir);
-    struct dirent *ent;
-    while (d && (ent = readdir(d))) {
-        if (strncmp(ent->d_name, prefix, strlen(prefix))) continue;
-        char *end;
-        long pid = strtol(ent->d_name + strlen(prefix), &end, 10);
-        if (*end || pid <= 0 || pid == (long)getpid()) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* still running: another run's file */
-        char *full = xmalloc(strlen(dir) + strlen(ent->d_name) + 2);
-        sprintf(full, "%s/%s", dir, ent->d_name);
-        if (unlink(full) == 0) fprintf(stderr, "dcpinfer: removed %s, left by an earlier run that stopped while writing\n", full);
-        free(full);
-    }
-    if (d) closedir(d);
-    free(dir);
-}
-
 int output_check_writable(const char *path)
 {
     if (!path[0]) return dcp_fail("--output is empty");
@@ -446,27 +439,15 @@ int output_check_writable(const char *path)
     int ok = path_is_dir(dir) && access(dir, W_OK) == 0;
     int rc = ok ? 0 : dcp_fail("%s: cannot create the output file (folder %s missing or not writable)", path, dir);
     free(dir);
-    if (!rc) remove_stale_temporaries(path);
-    return rc;
-}
-
-int output_write_file(const char *path, const void *data, size_t n)
-{
-    char *tmp = temp_name(path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644), rc = 0;
-    if (fd < 0) rc = dcp_fail("%s: cannot create %s: %s", path, tmp, strerror(errno));
-    for (size_t done = 0; !rc && done < n;) {
-        ssize_t w = write(fd, (const char *)data + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) rc = dcp_fail("%s: writing %s failed after %zu of %zu bytes: %s", path, tmp, done, n,
-                                  w < 0 ? strerror(errno) : "no progress");
-        else done += (size_t)w;
+    /* temporaries of this output, its journal and its identity left by a
+     * run of this host that stopped while writing them */
+    static const char *const kinds[] = {"", ".journal", ".run.json"};
+    for (size_t k = 0; !rc && k < sizeof kinds / sizeof *kinds; k++) {
+        char *p = xmalloc(strlen(path) + 16);
+        sprintf(p, "%s%s", path, kinds[k]);
+        durable_remove_stale(p);
+        free(p);
     }
-    if (!rc && fsync(fd)) rc = dcp_fail("%s: writing %s failed: %s", path, tmp, strerror(errno));
-    if (fd >= 0 && close(fd) && !rc) rc = dcp_fail("%s: writing %s failed: %s", path, tmp, strerror(errno));
-    if (!rc && rename(tmp, path)) rc = dcp_fail("%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-    if (rc && fd >= 0) unlink(tmp);
-    free(tmp);
     return rc;
 }
 
@@ -475,7 +456,7 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our own one-line messages instead of HDF5's trace */
     /* The file is built in memory (HDF5's core driver, no backing store) and
-     * written out by output_write_file, so that every disk error is
+     * written out by durable_replace, so that every disk error is
      * ours to report and HDF5 never holds a half-written file. */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_fapl_core(fapl, 1 << 20, 0);
@@ -501,7 +482,7 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
     }
     H5Fclose(f);
     if (!rc && size <= 0) rc = dcp_fail("%s: HDF5 could not produce the file image", path);
-    if (!rc) rc = output_write_file(path, image, (size_t)size);
+    if (!rc) rc = durable_replace(path, image, (size_t)size);
     free(image);
     return rc ? -1 : 0;
 }

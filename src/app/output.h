@@ -65,7 +65,7 @@ typedef struct {
     const char *cpu_kernels; /* the CPU backend's kernels (--cpu-isa): avx512, avx2 or generic; "" on a GPU */
     uint64_t seed;
     const char *prompts_path;
-    const char *fingerprint; /* what the results depend on (journal.h) */
+    const char *identity;    /* the run identity (identity.h), JSON */
     int resumed_requests;    /* taken from an earlier run's journal */
     long long run_tokens;    /* output tokens and finished requests of this run (the rates' basis) */
     int run_requests;
@@ -75,14 +75,10 @@ typedef struct {
  * stops before its work rather than after it. */
 int output_check_writable(const char *path);
 
-/* The "resume_fingerprint" attribute of a results file, into buf; -1 when
- * the file or the attribute is missing. */
-int output_read_fingerprint(const char *path, char *buf, size_t n);
-
-/* Writes n bytes to PATH.tmp.HOST.PID, syncs them, and renames the file
- * into place: a failure (a full disk) leaves any earlier file at path as it
- * was and removes the temporary. */
-int output_write_file(const char *path, const void *data, size_t n);
+/* The run identity a complete results file carries (JSON, malloc'ed):
+ * HDF5 files in their run_identity attribute, JSON Lines files in
+ * OUT.run.json beside them; NULL when there is none. */
+char *output_read_identity(const char *path, const char *format);
 
 /* texts: one per request. */
 int output_write(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
@@ -91,7 +87,8 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
 /* The results as JSON Lines, one object per request in input order
  * (README "JSONL results"): dcpinfer's own form, or for OpenAI batch input
  * the OpenAI batch output form with a completions body. tok (may be NULL)
- * spells the tokens of log-probabilities. */
+ * spells the tokens of log-probabilities. Then OUT.run.json: the run
+ * identity, with the results file's size and hash. */
 int output_write_jsonl(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
                        char *const *texts, const Tokenizer *tok);
 

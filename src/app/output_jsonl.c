@@ -1,10 +1,12 @@
 /* Results as JSON Lines (README "JSONL results"). */
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "durable.h"
 #include "hftok.h"
 #include "output.h"
 #include "util.h"
@@ -203,7 +205,16 @@ int output_write_jsonl(const char *path, const RunInfo *info, const RequestSet *
         len += n + 1;
         free(line);
     }
-    int rc = output_write_file(path, buf ? buf : "", len);
+    int rc = durable_replace(path, buf ? buf : "", len);
+    if (!rc) {
+        char *side = xmalloc(strlen(path) + 16), *run = xmalloc(strlen(info->identity) + 160);
+        sprintf(side, "%s.run.json", path);
+        int n = sprintf(run, "{\"dcpinfer_run\": 1, \"results_bytes\": %zu, \"results_hash\": \"%016llx\", \"identity\": %s}\n",
+                        len, (unsigned long long)fnv1a(FNV_START, buf ? buf : "", len), info->identity);
+        rc = durable_replace(side, run, (size_t)n);
+        free(run);
+        free(side);
+    }
     free(buf);
     return rc;
 }

@@ -42,6 +42,11 @@ float f16_to_f32(uint16_t h);
 int read_file(const char *path, char **data_out, size_t *len_out);
 int path_is_dir(const char *path);
 int path_exists(const char *path);
+/* Continues *h over a file's identity: its size and its bytes, all of
+ * them up to 1 GiB; above, its first head bytes (a header) and 17 blocks
+ * of 4 KiB spread over the rest, its last bytes among them. Enough to tell
+ * apart two checkpoints of one shape without reading terabytes. */
+int hash_file_sampled(const char *path, size_t head, uint64_t *h);
 /* Fails unless path is a regular file (not a FIFO, device or directory,
  * which could block or never end); what names it in the message. */
 int check_regular_file(const char *path, const char *what);

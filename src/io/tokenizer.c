@@ -79,38 +79,61 @@ static char *hf_tokenizer_path(const char *path)
     return c == '{' ? xstrdup(path) : NULL;
 }
 
-/* A special token of tokenizer_config.json: "text" or {"content": "text"}; its id or -1. */
-static int config_token(const HfTokenizer *hf, json_t *v)
+/* A special token of tokenizer_config.json (key): "text" or {"content":
+ * "text"}; its id, or -1 when the field is missing or null. A token the
+ * tokenizer does not have, or a field of another type, is an error: a
+ * silently ignored eos_token would let generation run past the end. */
+static int config_token(const HfTokenizer *hf, const char *path, json_t *root, const char *key, int *id)
 {
+    json_t *v = json_object_get(root, key);
+    *id = -1;
+    if (!v || json_is_null(v)) return 0;
     if (json_is_object(v)) v = json_object_get(v, "content");
-    return json_is_string(v) ? hftok_token_id(hf, json_string_value(v)) : -1;
+    if (!json_is_string(v))
+        return dcp_fail("%s: \"%s\" must be a token's text or an object with \"content\"", path, key);
+    *id = hftok_token_id(hf, json_string_value(v));
+    if (*id < 0)
+        return dcp_fail("%s: \"%s\" names \"%s\", which the tokenizer does not have (wrong tokenizer_config.json?)",
+                        path, key, json_string_value(v));
+    return 0;
 }
 
-/* tokenizer_config.json beside the tokenizer.json at json, if any */
+/* tokenizer_config.json beside the tokenizer.json at json, if any; its
+ * bytes join the tokenizer's content hash */
 static int read_tokenizer_config(Tokenizer *t, const char *json)
 {
     const char *slash = strrchr(json, '/');
     size_t dir = slash ? (size_t)(slash - json + 1) : 0;
-    char *p = xmalloc(dir + 32);
+    char *p = xmalloc(dir + 32), *text = NULL;
     memcpy(p, json, dir);
     strcpy(p + dir, "tokenizer_config.json");
+    size_t len = 0;
     if (!path_exists(p)) {
         free(p);
         return 0;
     }
+    /* a FIFO or device would block the read or never end */
+    if (check_regular_file(p, "tokenizer config") || read_file(p, &text, &len)) {
+        free(p);
+        return -1;
+    }
+    t->content_hash = fnv1a(t->content_hash, text, len + 1);
     json_error_t err;
-    json_t *root = json_load_file(p, JSON_DECODE_INT_AS_REAL, &err); /* model_max_length may be 1e30 */
+    json_t *root = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, &err); /* model_max_length may be 1e30 */
     int rc = 0;
     if (!json_is_object(root)) {
         rc = dcp_fail("%s:%d: not a JSON object: %s", p, err.line, root ? "" : err.text);
     } else {
         json_t *ab = json_object_get(root, "add_bos_token"), *ae = json_object_get(root, "add_eos_token");
-        int bos = config_token(t->hf, json_object_get(root, "bos_token"));
-        t->eos_id = config_token(t->hf, json_object_get(root, "eos_token"));
-        hftok_set_template(t->hf, json_is_boolean(ab) ? json_is_true(ab) : -1, bos,
-                           json_is_boolean(ae) ? json_is_true(ae) : -1, t->eos_id);
+        int bos = -1;
+        if (config_token(t->hf, p, root, "bos_token", &bos) || config_token(t->hf, p, root, "eos_token", &t->eos_id))
+            rc = -1;
+        else
+            hftok_set_template(t->hf, json_is_boolean(ab) ? json_is_true(ab) : -1, bos,
+                               json_is_boolean(ae) ? json_is_true(ae) : -1, t->eos_id);
     }
     json_decref(root);
+    free(text);
     free(p);
     return rc;
 }
@@ -119,11 +142,14 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
 {
     memset(t, 0, sizeof *t);
     t->eos_id = -1;
+    t->content_hash = FNV_START;
     if (!path_is_dir(path) && check_regular_file(path, "tokenizer")) return -1; /* a FIFO would block the sniffing */
     char *json = hf_tokenizer_path(path);
     if (json) {
         t->hf = hftok_load(json);
-        if (!t->hf) {
+        if (!t->hf || hash_file_sampled(json, (size_t)1 << 40, &t->content_hash)) {
+            hftok_free(t->hf);
+            t->hf = NULL;
             free(json);
             return -1;
         }
@@ -150,9 +176,12 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
     size_t size;
     if (read_file(path, &data, &size)) return -1;
     int rc = tokenizer_parse(t, path, (const unsigned char *)data, size, vocab_size);
+    t->content_hash = fnv1a(FNV_START, data, size);
     free(data);
     return rc;
 }
+
+int tokenizer_ids(const Tokenizer *t) { return t->hf ? hftok_vocab_size(t->hf) : t->vocab_size; }
 
 void tokenizer_free(Tokenizer *t)
 {

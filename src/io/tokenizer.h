@@ -5,6 +5,7 @@
 #define DCP_TOKENIZER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct HfTokenizer;
 
@@ -18,6 +19,7 @@ typedef struct {
     unsigned char byte_pieces[512];
     char *path;
     int eos_id;                /* tokenizer_config.json's eos_token, or -1 */
+    uint64_t content_hash;     /* of the files it was read from (the run identity) */
 } Tokenizer;
 
 /* A llama2.c tokenizer file, or a Hugging Face tokenizer.json (a file
@@ -30,6 +32,8 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
 /* The same from the file's bytes (path names it in messages). */
 int tokenizer_parse(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int vocab_size);
 void tokenizer_free(Tokenizer *t);
+/* How many ids the tokenizer spells: its highest id + 1. */
+int tokenizer_ids(const Tokenizer *t);
 
 /* Encodes text, with BOS (id bos, when >= 0) first; a tokenizer.json adds
  * what its post-processor adds instead. *out is malloc'ed. */

@@ -607,16 +607,51 @@ static int load_mla(Source *src, Model *m)
     return rc;
 }
 
-/* "auto": bf16 when the checkpoint stores its first layer's q projection
- * so and the model is not MLA (whose matrices load as fp32) */
-static DType stored_gemm_dtype(const Source *src)
+int model_content_hash(const char *path, uint64_t *h)
 {
-    const Config *c = src->cfg;
-    if (c->format != FORMAT_HF || c->mla) return DTYPE_F32;
+    *h = FNV_START;
+    if (!path) { /* its values are this version's: the run identity names the version */
+        static const char name[] = "generated default model";
+        *h = fnv1a(*h, name, sizeof name);
+        return 0;
+    }
+    if (!path_is_dir(path)) return hash_file_sampled(path, 1 << 16, h); /* llama2.c: header and weights */
+    static const char *const configs[] = {"config.json", "generation_config.json", "model.safetensors.index.json"};
+    char file[4096];
+    for (size_t i = 0; i < sizeof configs / sizeof *configs; i++) {
+        snprintf(file, sizeof file, "%s/%s", path, configs[i]);
+        if (path_exists(file) && hash_file_sampled(file, (size_t)1 << 30, h)) return -1;
+    }
+    StCheckpoint ck;
+    if (st_checkpoint_open(&ck, path)) return -1;
+    int rc = 0;
+    for (int i = 0; i < ck.n_files && !rc; i++) { /* each file's header whole, its data sampled */
+        const unsigned char *m = ck.files[i].map;
+        uint64_t header = 0;
+        for (int b = 0; b < 8 && ck.files[i].size >= 8; b++) header |= (uint64_t)m[b] << (8 * b);
+        rc = hash_file_sampled(ck.files[i].path, (size_t)(8 + header), h);
+    }
+    st_checkpoint_close(&ck);
+    return rc;
+}
+
+int model_gemm_dtype(const char *path, const Config *c, const char *dtype, DType *out)
+{
+    if (strcmp(dtype, "auto") && strcmp(dtype, "float32") && strcmp(dtype, "bfloat16"))
+        return dcp_fail("--dtype %s: choose auto, float32 or bfloat16", dtype);
+    *out = DTYPE_F32;
+    if (c->mla) return 0; /* DeepSeek matrices load as fp32 */
+    if (!strcmp(dtype, "bfloat16")) *out = DTYPE_BF16;
+    if (strcmp(dtype, "auto") || c->format != FORMAT_HF) return 0;
+    /* "auto": as the checkpoint stores its first layer's q projection */
+    StCheckpoint ck;
+    if (st_checkpoint_open(&ck, path)) return -1;
     char name[128];
     tensor_hf_name(T_WQ, 0, name, sizeof name);
-    const StTensor *t = st_find(&src->ck, name);
-    return t && t->dtype == ST_BF16 ? DTYPE_BF16 : DTYPE_F32;
+    const StTensor *t = st_find(&ck, name);
+    if (t && t->dtype == ST_BF16) *out = DTYPE_BF16;
+    st_checkpoint_close(&ck);
+    return 0;
 }
 
 int model_load(Model *m, const char *path, int tp, int tp_rank)
@@ -628,9 +663,9 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
 {
     memset(m, 0, sizeof *m);
     m->bf16_group = bf16_group;
-    if (strcmp(dtype, "auto") && strcmp(dtype, "float32") && strcmp(dtype, "bfloat16"))
-        return dcp_fail("--dtype %s: choose auto, float32 or bfloat16", dtype);
-    if (model_read_config(path, &m->cfg) || model_check_checkpoint(path, &m->cfg)) return -1;
+    if (model_read_config(path, &m->cfg) || model_check_checkpoint(path, &m->cfg) ||
+        model_gemm_dtype(path, &m->cfg, dtype, &m->gemm_dtype))
+        return -1;
     m->path = xstrdup(path ? path : "(generated default model)");
     const Config *c = &m->cfg;
     shard_init(&m->shard, c, tp, tp_rank);
@@ -640,9 +675,6 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
         model_free(m);
         return -1;
     }
-    m->gemm_dtype = !strcmp(dtype, "bfloat16") && !c->mla ? DTYPE_BF16
-                    : !strcmp(dtype, "auto")                ? stored_gemm_dtype(&src)
-                                                            : DTYPE_F32;
     int D = c->head_dim, dim = c->dim;
     Weights *w = &m->w;
     if (c->mla) {

@@ -4,6 +4,7 @@
 #define DCP_MODEL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "hparams.h"
 
@@ -158,6 +159,15 @@ int model_load(Model *m, const char *path, int tp, int tp_rank);
 int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group);
 
 void model_free(Model *m);
+
+/* What the model's arithmetic depends on, by content (the run identity):
+ * each of its files (hash_file_sampled: whole up to 1 GiB, else size,
+ * header and samples): a llama2.c file; a Hugging Face folder's config
+ * files and safetensors files; for the generated model, its name. */
+int model_content_hash(const char *path, uint64_t *h);
+/* The type the GEMM matrices load as for --dtype (model_load_as), without
+ * loading them. */
+int model_gemm_dtype(const char *path, const Config *c, const char *dtype, DType *out);
 
 
 

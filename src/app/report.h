@@ -1,0 +1,36 @@
+/* What rank 0 prints about a run on stdout: the rank map, one line per
+ * request, the collectives, the steps, memory and latencies. */
+#ifndef DCP_REPORT_H
+#define DCP_REPORT_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "generate.h"
+#include "output.h"
+#include "requests.h"
+
+void report_rank_map(const RankInfo *ri, int world);
+/* One line per request: id, prompt and output tokens, finish, TTFT,
+ * latency and the start of its text (or of its token ids). */
+void report_requests(const RequestSet *rs, const Result *res, char *const *texts);
+/* Collectives per run: calls and bytes summed over ranks, seconds as
+ * avg/min/max over ranks (each rank's total); KV bytes at peak per rank. */
+void report_comm(const CommStats *cs, const long long *kv_peak, int world);
+/* The steps' summary. DP groups step concurrently, each on its own
+ * requests: their step counts and decode-only times are given per group. */
+void report_steps(const StepRecord *steps, const int *step_dp, int n_steps, int dp, int kv_blocks);
+/* Mean, median and 99th percentile of TTFT, TPOT and ITL over the
+ * requests that produced tokens. */
+void report_latency(const RequestSet *rs, const Result *res);
+
+/* The value at the nearest rank of percentile p (0 < p <= 100) of n sorted
+ * values: the smallest value with at least p% of them at or below it. */
+double percentile_nearest_rank(const double *sorted, long n, double p);
+/* A quoted preview of text (len bytes): at most max_chars characters, cut
+ * only between whole UTF-8 characters ("..." after a cut), newlines and
+ * control bytes escaped, bytes that are not UTF-8 as \xNN. Into out (n
+ * bytes, which must hold 8 * max_chars + 8). */
+void text_preview(const char *text, size_t len, int max_chars, char *out, size_t n);
+
+#endif
