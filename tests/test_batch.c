@@ -1,7 +1,8 @@
 /* A request gets exactly the tokens it gets alone, whatever shares its
  * batch: 20 different prompts, greedy and seeded sampling, all at once,
  * alone, and with a small token budget that chunks prefills and queues
- * requests. */
+ * requests. min_tokens holds stop tokens back as vLLM does: while fewer
+ * than min_tokens tokens are generated. */
 #include "backend.h"
 #include "engine.h"
 #include "generate.h"
@@ -65,6 +66,46 @@ static void compare(const Model *m, float temperature, float top_p, const char *
     requests_free(&rs);
 }
 
+/* vLLM masks a request's stop tokens while it has generated fewer than
+ * min_tokens: the first that may be a stop token is token min_tokens + 1.
+ * A greedy request whose token k (new in its output) is made its stop
+ * token, with min_tokens k, must not stop at token k. */
+static void min_tokens(const Model *m)
+{
+    int prompt[] = {5, 17, 230, 41}, k;
+    RequestSet free_run = {0};
+    add_request(&free_run, prompt, 4, 12, 0.0f, 1.0f, 1);
+    Result ref;
+    run(m, &free_run, &ref, 4, 64);
+    for (k = 3; k < ref.n; k++) { /* a token position whose token is new there */
+        int seen = 0;
+        for (int j = 0; j < k - 1; j++) seen |= ref.tokens[j] == ref.tokens[k - 1];
+        if (!seen) break;
+    }
+    if (!CHECK_OK(k < ref.n, "no new token in the free run")) return;
+    int stop = ref.tokens[k - 1];
+    for (int mt = k - 1; mt <= k; mt++) {
+        RequestSet rs = {0};
+        Request *q = add_request(&rs, prompt, 4, 12, 0.0f, 1.0f, 1);
+        q->stop_ids = xmalloc(sizeof(int));
+        q->stop_ids[0] = stop;
+        q->n_stop = 1;
+        q->min_tokens = mt;
+        Result r;
+        run(m, &rs, &r, 4, 64);
+        if (mt < k) /* allowed at token k: it stops there */
+            CHECK(r.n == k && r.tokens[k - 1] == stop && !strcmp(r.finish_reason, "stop"),
+                  "min_tokens %d, stop token %d at position %d: %d tokens, finish %s", mt, stop, k, r.n, r.finish_reason);
+        else /* masked at token k: another token comes there */
+            CHECK(r.n > k && r.tokens[k - 1] != stop && !memcmp(r.tokens, ref.tokens, sizeof(int) * (size_t)(k - 1)),
+                  "min_tokens %d: the stop token %d was chosen as token %d (%d tokens)", mt, stop, k, r.n);
+        results_free(&r, 1);
+        requests_free(&rs);
+    }
+    results_free(&ref, 1);
+    requests_free(&free_run);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -73,6 +114,7 @@ int main(int argc, char **argv)
     compare(&m, 0.0f, 1.0f, "greedy");
     compare(&m, 0.9f, 0.95f, "sampled");
     compare(&m, 1.0f, 1.0f, "sampled-full");
+    min_tokens(&m);
     model_free(&m);
     MPI_Finalize();
     return test_finish("test_batch");

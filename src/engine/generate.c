@@ -133,8 +133,8 @@ static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *
     free(one);
 }
 
-/* min_tokens: until a request has them, its stop tokens cannot be chosen
- * (row holds the logits of ids v0..v0+vn-1) */
+/* min_tokens: while a request has generated fewer, its stop tokens cannot
+ * be chosen, as vLLM masks them (row holds the logits of ids v0..v0+vn-1) */
 static void mask_stop_tokens(float *row, int v0, int vn, const Config *c, const Request *q)
 {
     for (int k = 0; k < c->n_eos + q->n_stop; k++) {
@@ -168,7 +168,7 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
                              full + (size_t)(row + j) * vocab, vocab);
         b->rows[i] = sampling[i] ? full + (size_t)(row + rows - 1) * (full == local ? s->vocab : vocab) : NULL;
         const Request *q = &rs->r[p->req[i]];
-        if (sampling[i] && sch->res[p->req[i]].n + 1 < q->min_tokens)
+        if (sampling[i] && sch->res[p->req[i]].n < q->min_tokens)
             mask_stop_tokens((float *)b->rows[i], full == local ? s->vocab0 : 0, full == local ? s->vocab : vocab,
                              &e->env.model->cfg, q);
         row += rows;
