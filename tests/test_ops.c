@@ -387,6 +387,81 @@ static void test_sampler(void)
           seen[2], seen[4]);
 }
 
+/* llama2.c's top-p written plainly (qsort of the candidates, largest
+ * first, equal ones lower index first): sampler_sample must choose the
+ * same token from the same logits and coin, with 151,936 logits flat
+ * (nearly all candidates), peaked, and with many equal values. */
+typedef struct {
+    float p;
+    int i;
+} PlainPI;
+static int plain_desc(const void *a, const void *b)
+{
+    const PlainPI *x = a, *y = b;
+    return x->p > y->p ? -1 : x->p < y->p ? 1 : x->i - y->i;
+}
+static int plain_top_p(const float *probs, int n, float top_p, float coin, PlainPI *pi)
+{
+    float cutoff = (1.0f - top_p) / (float)(n - 1), cum = 0.0f, cdf = 0.0f;
+    int m = 0, last;
+    for (int i = 0; i < n; i++)
+        if (probs[i] >= cutoff) pi[m++] = (PlainPI){probs[i], i};
+    qsort(pi, (size_t)m, sizeof *pi, plain_desc);
+    for (last = 0; last < m; last++)
+        if ((cum += pi[last].p) > top_p) break;
+    if (last == m) last = m - 1;
+    for (int i = 0; i <= last; i++)
+        if (coin * cum < (cdf += pi[i].p)) return pi[i].i;
+    return pi[last].i;
+}
+
+static void test_top_p_reference(void)
+{
+    enum { N = 151936, DRAWS = 24 };
+    float *logits = xmalloc(sizeof(float) * N), *x = xmalloc(sizeof(float) * N), *probs = xmalloc(sizeof(float) * N);
+    PlainPI *pi = xmalloc(sizeof(PlainPI) * N);
+    void *scratch = xmalloc(sampler_scratch_bytes(N));
+    uint64_t st = 77;
+    double t_new = 0, t_plain = 0;
+    int wrong = 0, draws = 0;
+    for (int shape = 0; shape < 3; shape++) {
+        for (int i = 0; i < N; i++) {
+            double u = (double)(splitmix64(&st) >> 11) / 9007199254740992.0;
+            /* flat: every token near the others; peaked: a few dominate;
+             * ties: values from a handful of levels */
+            logits[i] = shape == 0 ? (float)(0.5 * u) : shape == 1 ? (float)(30.0 * u * u * u * u) : (float)(int)(u * 4);
+        }
+        const float top_ps[] = {0.9f, 0.5f, 0.999f};
+        for (int d = 0; d < DRAWS; d++, draws++) {
+            Sampler s;
+            sampler_init(&s, 1.3f, top_ps[d % 3], 1000 + (uint64_t)d);
+            uint64_t rng = s.rng;
+            memcpy(x, logits, sizeof(float) * N);
+            double t0 = now_s();
+            int got = sampler_sample(&s, x, N, scratch);
+            t_new += now_s() - t0;
+            /* the same softmax and coin as the sampler's */
+            memcpy(probs, logits, sizeof(float) * N);
+            Sampler ref;
+            sampler_init(&ref, 1.3f, 1.0f, 1);
+            ref.rng = rng;
+            int full = sampler_sample(&ref, probs, N, scratch); /* top_p 1: probs now softmaxed, coin drawn */
+            (void)full;
+            uint64_t r2 = rng;
+            r2 ^= r2 >> 12, r2 ^= r2 << 25, r2 ^= r2 >> 27;
+            float coin = (float)((uint32_t)((r2 * 0x2545F4914F6CDD1Dull) >> 32) >> 8) / 16777216.0f;
+            t0 = now_s();
+            int want = plain_top_p(probs, N, top_ps[d % 3], coin, pi);
+            t_plain += now_s() - t0;
+            wrong += got != want;
+        }
+    }
+    CHECK(!wrong, "top-p differs from the plain qsort definition in %d of %d draws", wrong, draws);
+    fprintf(stderr, "top-p over %d logits: %.2f ms a draw (the plain qsort: %.2f ms)\n", N, 1e3 * t_new / draws,
+            1e3 * t_plain / draws);
+    free(logits), free(x), free(probs), free(pi), free(scratch);
+}
+
 static void test_half_floats(void)
 {
     CHECK(bf16_to_f32(f32_to_bf16(1.5f)) == 1.5f, "bf16 round trip");
@@ -407,6 +482,7 @@ int main(int argc, char **argv)
     test_partition();
     test_vocab_scans();
     test_sampler();
+    test_top_p_reference();
     test_half_floats();
     MPI_Finalize();
     return test_finish("test_ops");

@@ -16,7 +16,8 @@ void sampler_init(Sampler *s, float temperature, float top_p, uint64_t seed)
     s->rng = seed ? seed : 0x2545F4914F6CDD1Dull; /* xorshift must not start at 0 */
 }
 
-size_t sampler_scratch_bytes(int n) { return sizeof(ProbIndex) * (size_t)n; }
+/* the candidates, and as many again for the radix sort's passes */
+size_t sampler_scratch_bytes(int n) { return 2 * sizeof(ProbIndex) * (size_t)n; }
 
 static uint32_t random_u32(uint64_t *state)
 {
@@ -82,13 +83,39 @@ static void softmax(float *x, int n)
     for (int i = 0; i < n; i++) x[i] /= sum;
 }
 
-static int cmp_desc(const void *a, const void *b)
+/* Sorts m (prob, index) pairs, collected in index order, by probability
+ * from the largest, equal ones in index order: a stable radix sort on the
+ * probabilities' bits (positive floats order as their bit patterns), three
+ * passes of 11, 11 and 10 bits, in O(m). A qsort of the same order took
+ * most of a sampled step at a 151K vocabulary with a flat distribution,
+ * where nearly every token is a candidate. tmp holds m pairs. */
+static void sort_desc(ProbIndex *pi, ProbIndex *tmp, int m)
 {
-    float pa = ((const ProbIndex *)a)->prob, pb = ((const ProbIndex *)b)->prob;
-    if (pa > pb) return -1;
-    if (pa < pb) return 1;
-    /* equal probabilities: lower index first, so the order is fully defined */
-    return ((const ProbIndex *)a)->index - ((const ProbIndex *)b)->index;
+    enum { BITS = 11, BUCKETS = 1 << BITS };
+    static _Thread_local int count[BUCKETS];
+    ProbIndex *from = pi, *to = tmp;
+    for (int shift = 0; shift < 32; shift += BITS) {
+        memset(count, 0, sizeof count);
+        for (int i = 0; i < m; i++) {
+            uint32_t u;
+            memcpy(&u, &from[i].prob, sizeof u);
+            count[(~u >> shift) & (BUCKETS - 1)]++; /* ~bits: the largest first */
+        }
+        for (int b = 0, at = 0; b < BUCKETS; b++) {
+            int c = count[b];
+            count[b] = at;
+            at += c;
+        }
+        for (int i = 0; i < m; i++) {
+            uint32_t u;
+            memcpy(&u, &from[i].prob, sizeof u);
+            to[count[(~u >> shift) & (BUCKETS - 1)]++] = from[i];
+        }
+        ProbIndex *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != pi) memcpy(pi, from, sizeof *pi * (size_t)m);
 }
 
 int sampler_sample(Sampler *s, float *logits, int n, void *scratch)
@@ -113,7 +140,7 @@ int sampler_sample(Sampler *s, float *logits, int n, void *scratch)
     int m = 0;
     for (int i = 0; i < n; i++)
         if (logits[i] >= cutoff) pi[m++] = (ProbIndex){logits[i], i};
-    qsort(pi, (size_t)m, sizeof *pi, cmp_desc);
+    sort_desc(pi, pi + n, m);
     float cum = 0.0f;
     int last = m - 1;
     for (int i = 0; i < m; i++) {
