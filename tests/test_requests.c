@@ -66,7 +66,24 @@ int main(int argc, char **argv)
     expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"max_tokens\": 0}\n", ":1: \"max_tokens\" must be");
     expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"temperature\": -1}\n", ":1: \"temperature\"");
     expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"top_p\": 1.5}\n", ":1: \"top_p\"");
-    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"max_token\": 3}\n", ":1: unknown field \"max_token\"");
+    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"max_token\": 3}\n",
+                 ":1: unknown field \"max_token\" (did you mean \"max_tokens\"?)");
+    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"temprature\": 0}\n", "(did you mean \"temperature\"?)");
+    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"best_of\": 2}\n", ":1: unknown field \"best_of\"");
+    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"n\": 2}\n", ":1: \"n\" must be 1");
+    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"stream\": true}\n", ":1: \"stream\" must be false");
+    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"max_tokens\": 3, \"max_completion_tokens\": 4}\n",
+                 "\"max_tokens\" and \"max_completion_tokens\" differ");
+    /* what OpenAI client files carry and change nothing: n 1, stream
+     * false, user; max_completion_tokens is max_tokens */
+    p = write_tmp(dir, "client.jsonl",
+                  "{\"id\": \"a\", \"prompt\": \"x\", \"n\": 1, \"stream\": false, \"user\": \"u1\", \"max_completion_tokens\": 7}\n"
+                  "{\"custom_id\": \"b\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {\"model\": \"m\", "
+                  "\"prompt\": \"y\", \"n\": 1, \"user\": \"u2\", \"max_completion_tokens\": 9, \"max_tokens\": 9}}\n");
+    CHECK(requests_read(p, &defaults, 0, &rs) == 0 && rs.n == 2 && rs.r[0].max_tokens == 7 && rs.r[1].max_tokens == 9,
+          "client fields: %s", dcp_error());
+    if (rs.n) requests_free(&rs);
+    free(p);
     expect_error(dir, "{\"id\": \"a\"}\n", ":1: missing \"prompt\"");
     expect_error(dir, "{\"id\": \"a\", \"prompt_token_ids\": []}\n", ":1: empty token id list");
     expect_error(dir, "[1, 2]\n", ":1: a request must be a JSON object");

@@ -1,7 +1,10 @@
 #!/bin/sh
 # What a user sees around the results: progress under mpirun and on a
 # terminal, the thread note only when binding limited the threads, DP
-# summaries per group (never concurrent times added up), --version.
+# summaries per group (never concurrent times added up), --version and
+# --help; an output that is an input refused, a Hub id answered with how
+# to fetch it, an interrupted run naming --resume, and a failure ending
+# cleanly (every rank at MPI_Finalize, the documented status, no abort).
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 
 P=$WORK/p.jsonl
@@ -153,6 +156,62 @@ if [ -n "$walls" ] && [ -n "$decode" ] && [ -n "$run" ] &&
     pass "dp 2 wall times $walls s, decode-only $decode s, run $run s"
 else
     fail "dp 2 wall times '$walls', decode-only '$decode', run '$run'"
+fi
+
+# --output that names the prompt file (or another input) is refused and
+# the input kept
+cp "$P" "$WORK/same.jsonl"
+expect_error output_is_prompts 1 "--output $WORK/same.jsonl: dcpinfer would write $WORK/same.jsonl, which is the prompt file it reads" \
+    --output "$WORK/same.jsonl" "$WORK/same.jsonl"
+checks=$((checks + 1))
+if cmp -s "$P" "$WORK/same.jsonl"; then pass "the prompt file is untouched"; else fail "the prompt file was changed"; fi
+"$MKMODEL" --out "$WORK/tiny" --layers 1 --dim 16 --heads 2 --kv-heads 1 --hidden 16 --vocab 64 >/dev/null
+expect_error output_is_model 1 "which is a file of the model it reads" --model "$WORK/tiny" \
+    --output "$WORK/tiny/model.safetensors" "$P"
+
+# a Hugging Face Hub id: only local folders load, and the line says how
+expect_error hub_id 1 "Qwen/Qwen3-0.6B: model path does not exist; dcpinfer loads local folders only and downloads nothing: fetch it first (huggingface-cli download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B), then --model models/Qwen3-0.6B" \
+    --model Qwen/Qwen3-0.6B "$P"
+
+# --help names every architecture family, not the Llama family alone
+checks=$((checks + 1))
+if "$DCPINFER" --help | head -5 | grep -q "Llama, Mistral, Qwen2/3, DeepSeek-V2/V3" &&
+    ! "$DCPINFER" --help | grep -q "Llama-family"; then
+    pass "--help: $("$DCPINFER" --help | sed -n 4p)"
+else
+    fail "--help does not name the architectures: $("$DCPINFER" --help | sed -n 4p)"
+fi
+
+# SIGTERM (scancel, a time limit) and SIGINT: one line naming --resume
+for i in $(seq 8); do
+    printf '{"id": "i%d", "prompt_token_ids": [1, %d, 3], "max_tokens": 2000, "ignore_eos": true}\n' $i $i
+done >"$WORK/int.jsonl"
+for sig in TERM INT; do
+    checks=$((checks + 1))
+    "$MPIRUN" -q --bind-to none -np 1 "$DCPINFER" --output "$WORK/int$sig.h5" "$WORK/int.jsonl" \
+        >"$WORK/int$sig.out" 2>"$WORK/int$sig.err" &
+    job=$!
+    for i in $(seq 400); do [ -s "$WORK/int$sig.h5.journal.dp0" ] && break; sleep 0.02; done
+    kill -$sig "$(pgrep -f "^$DCPINFER .*--output $WORK/int$sig.h5" | tail -1)"
+    wait $job
+    if grep -q "^dcpinfer: interrupted: the requests finished so far are kept in $WORK/int$sig.h5.journal\*; rerun the same command with --resume to run the rest$" "$WORK/int$sig.err"; then
+        pass "SIG$sig: $(grep interrupted "$WORK/int$sig.err")"
+    else
+        fail "SIG$sig: no line naming --resume:"; cat "$WORK/int$sig.err" >&2
+    fi
+done
+
+# an expected failure ends cleanly on every rank: the documented status, one
+# line from dcpinfer, no MPI_Abort. mpirun (without -q) then prints its own
+# notice of a non-zero exit, which the README's troubleshooting explains.
+checks=$((checks + 1))
+timeout 120 "$MPIRUN" --oversubscribe --bind-to none -np 2 "$DCPINFER" -tp 3 "$P" >"$WORK/layout.out" 2>"$WORK/layout.err"
+rc=$?
+if [ $rc = 1 ] && [ "$(grep -c '^dcpinfer:' "$WORK/layout.err")" = 1 ] && ! grep -q "MPI_ABORT" "$WORK/layout.err" &&
+    grep -q "2 ranks are not divisible by -tp 3" "$WORK/layout.err"; then
+    pass "a layout error on 2 ranks: exit 1, one line from dcpinfer, no MPI_Abort"
+else
+    fail "a layout error: exit $rc:"; cat "$WORK/layout.err" >&2
 fi
 
 # --version: the release, the build's configuration and libraries

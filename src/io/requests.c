@@ -50,12 +50,33 @@ static int int_array(json_t *a, int **out, int *n, const char *field, char *why,
 #define SAMPLING_KEYS                                                                                         \
     "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids", "stop",         \
         "include_stop_str_in_output", "ignore_eos", "min_tokens", "logprobs", "prompt_logprobs",                  \
-        "skip_special_tokens"
+        "skip_special_tokens", "max_completion_tokens", "n", "stream", "user"
 static const char *plain_keys[] = {"id", SAMPLING_KEYS, NULL};
 /* an OpenAI batch body: the same request fields; "model" names the model
  * the line was written for (the run's model is --model) */
 static const char *body_keys[] = {"model", SAMPLING_KEYS, NULL};
 static const char *batch_keys[] = {"custom_id", "method", "url", "body", NULL};
+
+/* The edit distance of a and b (insertions, deletions, substitutions and
+ * swaps of neighbours), up to 64 characters each. */
+static int edit_distance(const char *a, const char *b)
+{
+    int n = (int)strlen(a), m = (int)strlen(b);
+    if (n > 64 || m > 64) return 99;
+    int d[65][65];
+    for (int i = 0; i <= n; i++) d[i][0] = i;
+    for (int j = 0; j <= m; j++) d[0][j] = j;
+    for (int i = 1; i <= n; i++)
+        for (int j = 1; j <= m; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
 
 static int check_keys(json_t *o, const char *const *keys, const char *where, char *why, size_t wn)
 {
@@ -65,10 +86,17 @@ static int check_keys(json_t *o, const char *const *keys, const char *where, cha
     {
         int known = 0;
         for (int i = 0; keys[i] && !known; i++) known = !strcmp(k, keys[i]);
-        if (!known) {
-            snprintf(why, wn, "unknown field \"%s\"%s", k, where);
-            return -1;
+        if (known) continue;
+        /* the closest known field, when a typo away */
+        const char *near = NULL;
+        int best = 3;
+        for (int i = 0; keys[i]; i++) {
+            int dist = edit_distance(k, keys[i]);
+            if (dist < best) best = dist, near = keys[i];
         }
+        if (near) snprintf(why, wn, "unknown field \"%s\"%s (did you mean \"%s\"?)", k, where, near);
+        else snprintf(why, wn, "unknown field \"%s\"%s", k, where);
+        return -1;
     }
     return 0;
 }
@@ -124,10 +152,30 @@ static int parse_fields(json_t *o, Request *r, const char *const *keys, const ch
         snprintf(why, wn, "empty token id list");
         return -1;
     }
-    json_t *v;
-    if ((v = json_object_get(o, "max_tokens")) && !json_is_null(v)) {
+    json_t *v, *mt = json_object_get(o, "max_tokens"), *mct = json_object_get(o, "max_completion_tokens");
+    /* fields OpenAI clients write that change nothing here: one completion
+     * (n 1), no streaming, and an end user's name */
+    if ((v = json_object_get(o, "n")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1)) {
+        snprintf(why, wn, "\"n\" must be 1: dcpinfer makes one completion per request (write the request n times, "
+                          "with different ids and seeds, for more)");
+        return -1;
+    }
+    if ((v = json_object_get(o, "stream")) && !json_is_null(v) && !json_is_false(v)) {
+        snprintf(why, wn, "\"stream\" must be false: a batch's results are written when it ends");
+        return -1;
+    }
+    if ((v = json_object_get(o, "user")) && !json_is_null(v) && !json_is_string(v)) {
+        snprintf(why, wn, "wrong field type: \"user\" must be a string");
+        return -1;
+    }
+    /* max_completion_tokens: the newer OpenAI name of max_tokens */
+    if (mt && mct && !json_is_null(mt) && !json_is_null(mct) && !json_equal(mt, mct)) {
+        snprintf(why, wn, "\"max_tokens\" and \"max_completion_tokens\" differ; give one");
+        return -1;
+    }
+    if ((v = mt && !json_is_null(mt) ? mt : mct) && !json_is_null(v)) {
         if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX) {
-            snprintf(why, wn, "\"max_tokens\" must be a positive integer");
+            snprintf(why, wn, "\"%s\" must be a positive integer", v == mt ? "max_tokens" : "max_completion_tokens");
             return -1;
         }
         r->max_tokens = (int)json_integer_value(v);

@@ -196,7 +196,17 @@ int model_read_config(const char *path, Config *cfg)
         mkmodel_config(&s, cfg);
         return 0;
     }
-    if (!path_exists(path)) return dcp_fail("%s: model path does not exist", path);
+    if (!path_exists(path)) {
+        /* "Org/Name" with no such folder here: a Hugging Face Hub id */
+        const char *slash = strchr(path, '/');
+        int hub_id = slash && slash != path && !strchr(slash + 1, '/') && slash[1] && path[0] != '.' &&
+                     strspn(path, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_./") == strlen(path);
+        if (hub_id)
+            return dcp_fail("%s: model path does not exist; dcpinfer loads local folders only and downloads nothing: "
+                            "fetch it first (huggingface-cli download %s --local-dir models/%s), then --model models/%s",
+                            path, path, slash + 1, slash + 1);
+        return dcp_fail("%s: model path does not exist", path);
+    }
     if (path_is_dir(path)) return read_hf_config(path, cfg);
     return read_llama2c_config(path, cfg);
 }
