@@ -118,6 +118,69 @@ static void test_added_variants(const char *src)
     CHECK(bad == 0, "%d of %d texts with added tokens differ from tokenizers", bad, texts);
 }
 
+/* Encoding grows linearly with the text: a string of digits (one token
+ * each under a regex pre-tokenizer) of 256 KB and of 1 MB, best of two
+ * each. The ratio is 4 when linear and 16 when quadratic; pcre2_match
+ * checking the whole subject's UTF-8 on every match made it 16. */
+static void test_linear(const HfTokenizer *t, const char *name)
+{
+    enum { SMALL = 1 << 18, LARGE = 1 << 20 };
+    char *digits = xmalloc(LARGE);
+    uint64_t st = 5;
+    for (int i = 0; i < LARGE; i++) digits[i] = (char)('0' + splitmix64(&st) % 10);
+    double secs[2] = {1e30, 1e30};
+    int tokens[2] = {0, 0};
+    for (int rep = 0; rep < 2; rep++)
+        for (int k = 0; k < 2; k++) {
+            int *ids, n;
+            double t0 = now_s();
+            if (!CHECK_OK(hftok_encode(t, digits, k ? LARGE : SMALL, 0, &ids, &n) == 0, "%s: %s", name, dcp_error()))
+                break;
+            double s = now_s() - t0;
+            secs[k] = s < secs[k] ? s : secs[k];
+            tokens[k] = n;
+            free(ids);
+        }
+    double ratio = secs[1] / secs[0];
+    fprintf(stderr, "%-10s 1 MB of digits: %d tokens in %.3f s; 256 KB in %.3f s (ratio %.1f; linear 4)\n", name,
+            tokens[1], secs[1], secs[0], ratio);
+    CHECK(ratio < 8, "%s: 4x the text took %.1fx the time (%.3f s for 1 MB)", name, ratio, secs[1]);
+    free(digits);
+}
+
+/* What tokenizers would split or number otherwise is refused: a Split
+ * pattern that can match the empty string, an added token whose id the
+ * vocabulary gives to another piece. */
+static void test_refusals(void)
+{
+    char *path = shared_path("tokenizers/mistral-sp/tokenizer.json"), *data;
+    size_t size;
+    if (access(path, R_OK) || read_file(path, &data, &size)) {
+        free(path);
+        return;
+    }
+    static const char *const cases[][2] = {
+        {"{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\s*\"}, \"behavior\": \"Isolated\"}}",
+         "can match the empty string"},
+        {"{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(?=a)|b\"}, \"behavior\": \"Isolated\"}}",
+         "can match the empty string"},
+        {"{\"added_tokens\": [{\"id\": 100, \"content\": \"<qqq>\", \"special\": true}]}", "has id 100, which the vocabulary gives to"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        json_t *spec = json_loadb(data, size, 0, NULL), *patch = json_loads(cases[k][0], 0, NULL);
+        json_object_update(spec, patch);
+        char *text = json_dumps(spec, JSON_COMPACT);
+        HfTokenizer *t = hftok_parse(path, text, strlen(text));
+        CHECK(!t && strstr(dcp_error(), cases[k][1]), "%s: %s", cases[k][0], t ? "accepted" : dcp_error());
+        hftok_free(t);
+        free(text);
+        json_decref(patch);
+        json_decref(spec);
+    }
+    free(data);
+    free(path);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -195,9 +258,11 @@ int main(int argc, char **argv)
                 names[k], load_s, texts - bad, texts);
         CHECK(texts > 20 && bad == 0, "%s: %d of %d texts differ from tokenizers", names[k], bad, texts);
         test_roundtrip(t, names[k], src);
+        test_linear(t, names[k]);
         hftok_free(t);
     }
     if (ran) test_added_variants(src);
+    if (ran) test_refusals();
     MPI_Finalize();
     if (!ran && !test_failures) return TEST_SKIP;
     return test_finish("test_hftok");

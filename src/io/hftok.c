@@ -177,6 +177,28 @@ static pcre2_code *compile(const char *pattern, const char *path)
     return re;
 }
 
+/* Whether a Split pattern can match the empty string: tokenizers splits
+ * on an empty match otherwise than a step past it, so its ids would
+ * differ. Tried at every place of a few subjects (letters, digits, spaces,
+ * punctuation, newlines, and nothing). */
+static int matches_empty(const pcre2_code *re)
+{
+    static const char *const subjects[] = {"", "a", "Ab c", " 12 ", "x, y!\n\nz\t", "\xc3\xa9t\xc3\xa9"};
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int empty = 0;
+    for (size_t k = 0; k < sizeof subjects / sizeof *subjects && !empty; k++) {
+        size_t n = strlen(subjects[k]);
+        for (size_t at = 0; at <= n && !empty; at++) {
+            if (at < n && ((unsigned char)subjects[k][at] & 0xC0) == 0x80) continue;
+            int rc = pcre2_match(re, (PCRE2_SPTR)subjects[k], n, at, PCRE2_ANCHORED, md, NULL);
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            empty = rc >= 0 && ov[0] == ov[1];
+        }
+    }
+    pcre2_match_data_free(md);
+    return empty;
+}
+
 static const char *pattern_of(json_t *p, int *is_regex)
 {
     const char *s = json_string_value(json_object_get(p, "String"));
@@ -251,6 +273,7 @@ static int load_pre(HfTokenizer *t, json_t *p)
         x.removed = !strcmp(beh, "Removed");
         x.invert = json_is_true(json_object_get(p, "invert"));
         if (x.invert) return dcp_fail("%s: Split with invert is not supported", t->path);
+        if (!pat[0]) return dcp_fail("%s: Split with an empty pattern", t->path);
         if (regex) x.re = compile(pat, t->path);
         else {
             /* a literal string: quote it for PCRE2 */
@@ -262,6 +285,12 @@ static int load_pre(HfTokenizer *t, json_t *p)
             free(q.s);
         }
         if (!x.re) return -1;
+        if (regex && matches_empty(x.re)) {
+            pcre2_code_free(x.re);
+            return dcp_fail("%s: the Split pattern /%s/ can match the empty string, which dcpinfer does not split "
+                            "as tokenizers does: refused",
+                            t->path, pat);
+        }
     } else if (!strcmp(type, "ByteLevel")) {
         x.kind = P_BYTELEVEL;
         x.add_prefix_space = json_is_true(json_object_get(p, "add_prefix_space"));
@@ -472,6 +501,13 @@ HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
             /* as tokenizers: a content already in the vocabulary keeps its id there */
             int in_vocab = map_get(&t->vocab, c, strlen(c));
             if (in_vocab >= 0) id = in_vocab;
+            else if (id < t->n_vocab && t->token[id] && strcmp(t->token[id], c)) {
+                /* an id the vocabulary gives to another piece: its text and
+                 * the id's would disagree */
+                rc = dcp_fail("%s: added token \"%s\" has id %lld, which the vocabulary gives to \"%s\"", path, c,
+                              (long long)id, t->token[id]);
+                break;
+            }
             if (id >= t->n_vocab) {
                 t->token = xrealloc(t->token, sizeof(char *) * (size_t)(id + 2));
                 memset(t->token + t->n_vocab, 0, sizeof(char *) * (size_t)(id + 2 - t->n_vocab));
@@ -604,13 +640,18 @@ static void normalize(const HfTokenizer *t, Buf *b)
 }
 
 /* Splits by the regex: matches and the text between them are pieces
- * (Isolated), or only the text between them (Removed). */
+ * (Isolated), or only the text between them (Removed). The subject's UTF-8
+ * is checked by the first match only: pcre2_match checks all of it on
+ * every call unless told not to, which made a split quadratic in the
+ * text's length. */
 static void split_regex(const pcre2_code *re, int removed, const Buf *in, Pieces *out)
 {
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
     size_t at = 0, last = 0;
+    uint32_t checked = 0;
     while (at <= in->n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)in->s, in->n, at, 0, md, NULL);
+        int rc = pcre2_match(re, (PCRE2_SPTR)in->s, in->n, at, checked, md, NULL);
+        checked = PCRE2_NO_UTF_CHECK;
         if (rc < 0) break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t s = ov[0], e = ov[1];
