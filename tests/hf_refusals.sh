@@ -5,7 +5,9 @@
 # SiLU, an unknown or unsupported RoPE type, a tensor the config has no use
 # for, a tensor whose shape differs from what the config implies. DeepSeek-V2/V3
 # configs (tests/data/deepseek) are read and checked field by field: an
-# unsupported value is its own line.
+# unsupported value is its own line, a dimension near 2^31 too; a YaRN
+# factor, original_max_position_embeddings or attention_factor that is
+# given must be positive.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 P=$WORK/p.jsonl
 printf '{"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 2}\n' >"$P"
@@ -52,6 +54,21 @@ expect_error deepseek_quantization 1 'quantization_config gptq is not supported 
     --model "$WORK/ds_gptq" "$P"
 deepseek ds_head v2_softmax 's/"head_dim": 8/"head_dim": 16/'
 expect_error deepseek_head_dim 1 'head_dim 16 differs from qk_rope_head_dim 8' --model "$WORK/ds_head" "$P"
+# dimensions near 2^31 are refused by name (they overflowed the sizes formed
+# from them); given YaRN fields must be valid (they were replaced by defaults)
+for f in kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim n_routed_experts; do
+    deepseek "ds_$f" v3_yarn "s/\"$f\": [0-9]*/\"$f\": 2147483646/"
+    expect_error "deepseek_huge_$f" 1 "$f is 2147483646; it must be at most" --model "$WORK/ds_$f" "$P"
+done
+mkdir -p "$WORK/yarn"
+cp "$SRC/tests/data/hf/yarn/config.json" "$SRC/tests/data/hf/yarn/model.safetensors" "$WORK/yarn/"
+for case in 'factor": 4/factor": 0/factor 0 must be positive' 'factor": 4/factor": -2/factor -2 must be positive' \
+    'original_max_position_embeddings": 256/original_max_position_embeddings": 0/original_max_position_embeddings 0 must be positive' \
+    'beta_slow": 1/beta_slow": 1, "attention_factor": -1/attention_factor -1 must be positive'; do
+    from=${case%%/*} rest=${case#*/} to=${rest%%/*} want=${rest#*/}
+    sed "s/$from/$to/" "$SRC/tests/data/hf/yarn/config.json" >"$WORK/yarn/config.json"
+    expect_error "yarn_$(echo "$to" | tr -dc 'a-z0-9-')" 1 "rope type yarn: $want" --model "$WORK/yarn" "$P"
+done
 checks=$((checks + 1))
 if [ ! -e "$WORK/o.h5" ]; then pass "no results file after a refusal"; else fail "a refused run wrote results"; fi
 finish

@@ -148,6 +148,22 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
         (v3 && get_bool(root, "rope_interleave", &m.rope_interleave, path)))
         return -1;
     if (m.q_lora_rank < 0) return dcp_fail("%s: q_lora_rank %d must be positive or null", path, m.q_lora_rank);
+    /* bounds far above any real model (DeepSeek-V3: 512, 128, 64, 128,
+     * 1536, 256 experts of 2048), so that the sizes formed from them (a
+     * latent row, a head's query, the tensors of a layer) stay in an int */
+    const struct {
+        const char *name;
+        int value, max;
+    } bounds[] = {{"kv_lora_rank", m.kv_lora_rank, 1 << 12},          {"qk_nope_head_dim", m.qk_nope_head_dim, 1 << 12},
+                  {"qk_rope_head_dim", m.qk_rope_head_dim, 1 << 12},  {"v_head_dim", m.v_head_dim, 1 << 12},
+                  {"q_lora_rank", m.q_lora_rank, 1 << 16},            {"n_routed_experts", m.n_routed_experts, 1 << 16},
+                  {"n_shared_experts", m.n_shared_experts, 1 << 8},   {"moe_intermediate_size", m.moe_hidden, 1 << 20},
+                  {"num_experts_per_tok", m.experts_per_token, 1 << 16}, {"n_group", m.n_group, 1 << 16},
+                  {"topk_group", m.topk_group, 1 << 16},              {"first_k_dense_replace", m.first_k_dense_replace, 1 << 12},
+                  {"moe_layer_freq", m.moe_layer_freq, 1 << 12},      {"num_nextn_predict_layers", m.mtp_layers, 1 << 12}};
+    for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
+        if (bounds[i].value > bounds[i].max)
+            return dcp_fail("%s: %s is %d; it must be at most %d", path, bounds[i].name, bounds[i].value, bounds[i].max);
     if (head_dim && head_dim != m.qk_rope_head_dim)
         return dcp_fail("%s: head_dim %d differs from qk_rope_head_dim %d (the RoPE part of a head)", path, head_dim,
                         m.qk_rope_head_dim);
@@ -279,7 +295,14 @@ static int read_rope(json_t *root, Config *c, const char *path)
                             path);
     } else if (!strcmp(type, "yarn")) {
         s->type = ROPE_YARN;
+        /* a field that is given must be valid; only a missing one is derived */
+        json_t *given_omp = json_object_get(r, "original_max_position_embeddings"), *given_f = json_object_get(r, "factor");
+        if (given_omp && !json_is_null(given_omp) && s->original_max_position_embeddings <= 0)
+            return dcp_fail("%s: rope type yarn: original_max_position_embeddings %d must be positive", path,
+                            s->original_max_position_embeddings);
         if (s->original_max_position_embeddings <= 0) s->original_max_position_embeddings = c->max_seq_len;
+        if (given_f && !json_is_null(given_f) && !(s->factor > 0))
+            return dcp_fail("%s: rope type yarn: factor %g must be positive", path, (double)s->factor);
         if (!(s->factor > 0)) s->factor = (float)c->max_seq_len / (float)s->original_max_position_embeddings;
         if (!(s->factor > 0) || !(s->beta_fast > 0) || !(s->beta_slow > 0))
             return dcp_fail("%s: rope type yarn needs positive factor, beta_fast and beta_slow", path);
@@ -288,6 +311,9 @@ static int read_rope(json_t *root, Config *c, const char *path)
         if (get_float(r, "attention_factor", &attention, path) || get_float(r, "mscale", &mscale, path) ||
             get_float(r, "mscale_all_dim", &mscale_all, path))
             return -1;
+        json_t *given_a = json_object_get(r, "attention_factor");
+        if (given_a && !json_is_null(given_a) && !(attention > 0))
+            return dcp_fail("%s: rope type yarn: attention_factor %g must be positive", path, (double)attention);
         if (attention > 0) {
             s->attention_factor = attention;
         } else {
