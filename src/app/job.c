@@ -343,6 +343,9 @@ static void on_interrupt(int sig)
     raise(sig);
 }
 
+/* From the first step to the results file (before it there is nothing
+ * to resume; after it, at MPI_Finalize, a launcher ends ranks whose peers
+ * exited with a failure, which is no interruption). */
 static void catch_interrupts(const Options *o, int rank)
 {
     if (rank == 0)
@@ -358,6 +361,12 @@ static void catch_interrupts(const Options *o, int rank)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
+
+static void release_interrupts(void)
+{
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
 }
 
 /* ---- the run ------------------------------------------------------------- */
@@ -794,7 +803,6 @@ int run_job(const Options *o, MPI_Comm world, int device)
     Run r = {.o = o, .world = world, .device = device, .t_begin = now_s(), .lock = {.fd = -1}};
     DCP_CHECK(MPI_Comm_rank(world, &r.rank));
     DCP_CHECK(MPI_Comm_size(world, &r.world_size));
-    catch_interrupts(o, r.rank);
     int status = setup_backend(&r);
     if (status == EXIT_OK) status = read_inputs(&r);
     if (status == EXIT_OK) status = make_identity(&r);
@@ -810,8 +818,10 @@ int run_job(const Options *o, MPI_Comm world, int device)
     if (status == EXIT_OK && !r.complete) status = load_model(&r);
     if (status == EXIT_OK && !r.complete) {
         Generated g = {0};
+        catch_interrupts(o, r.rank);
         generate_all(&r, &g);
         status = finish(&r, &g);
+        release_interrupts();
         if (g.res) results_free(g.res, r.rs.n);
         free(g.res);
         free(g.steps);

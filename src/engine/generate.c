@@ -1,6 +1,7 @@
 #include "generate.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -37,26 +38,34 @@ typedef struct LogprobJob {
 } LogprobJob;
 
 /* Gathers rows (count, shard.vocab) of every TP rank's vocabulary shard
- * into full (count, vocab). */
+ * into full (count, vocab), as many rows at a time as MPI's int counts and
+ * displacements allow (a 151K vocabulary: 14,000 rows). */
 static void gather_vocab(Engine *e, PickBuffers *b, const float *local, int count, float *full, float *tmp)
 {
     const Topology *tp = e->env.topo;
     const Config *c = &e->env.model->cfg;
+    const Shard *s = &e->env.model->shard;
     int *counts = b->counts, *displs = b->displs;
-    for (int r = 0, off = 0; r < tp->tp; r++) {
-        int v0, vn;
-        balanced_part(c->vocab_size, tp->tp, r, &v0, &vn);
-        counts[r] = vn * count;
-        displs[r] = off;
-        off += counts[r];
-    }
-    comm_allgatherv(e->env.comm, local, counts[tp->tp_rank], tmp, counts, displs, tp->tp_comm);
-    /* tmp is (rank, row, shard column); full is (row, vocabulary) */
-    for (int r = 0; r < tp->tp; r++) {
-        int v0, vn;
-        balanced_part(c->vocab_size, tp->tp, r, &v0, &vn);
-        for (int i = 0; i < count; i++)
-            memcpy(full + (size_t)i * c->vocab_size + v0, tmp + displs[r] + (size_t)i * vn, sizeof(float) * vn);
+    int per_call = (int)(INT_MAX / c->vocab_size);
+    for (int row0 = 0; row0 < count; row0 += per_call) {
+        int rows = count - row0 < per_call ? count - row0 : per_call;
+        for (int r = 0, off = 0; r < tp->tp; r++) {
+            int v0, vn;
+            balanced_part(c->vocab_size, tp->tp, r, &v0, &vn);
+            counts[r] = vn * rows;
+            displs[r] = off;
+            off += counts[r];
+        }
+        comm_allgatherv(e->env.comm, local + (size_t)row0 * s->vocab, counts[tp->tp_rank], tmp, counts, displs,
+                        tp->tp_comm);
+        /* tmp is (rank, row, shard column); full is (row, vocabulary) */
+        for (int r = 0; r < tp->tp; r++) {
+            int v0, vn;
+            balanced_part(c->vocab_size, tp->tp, r, &v0, &vn);
+            for (int i = 0; i < rows; i++)
+                memcpy(full + (size_t)(row0 + i) * c->vocab_size + v0, tmp + displs[r] + (size_t)i * vn,
+                       sizeof(float) * vn);
+        }
     }
 }
 
@@ -111,7 +120,7 @@ static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *
     }
     if (!sampled_phase) return;
     int tp = e->env.topo->tp;
-    comm_gather_logprobs(e->env.comm, b->recs, (int)(nj * stride), b->all_recs, e->env.topo->tp_comm);
+    comm_gather_logprobs(e->env.comm, b->recs, comm_count(nj * stride), b->all_recs, e->env.topo->tp_comm);
     const float *all = tp > 1 ? b->all_recs : b->recs;
     float *one = xmalloc(sizeof(float) * stride * (size_t)tp);
     for (int j = 0; j < nj; j++) {
