@@ -4,7 +4,7 @@
 # each giving the same greedy tokens at one rank and at -tp 4 -dcp 4 and
 # -tp 8 -dcp 8 (latent cache split over the DCP group). (That transformers
 # loads the float32 folders as its classes with no missing or unexpected
-# weights, and gives the same tokens, was checked by hand: README "Models".)
+# weights, and gives the same tokens, was checked by hand: docs/models.md.)
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 SHAPE="--layers 3 --dim 64 --heads 8 --hidden 96 --vocab 256 --first-dense 1"
 "$MKMODEL" --out "$WORK/v3" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob >/dev/null &&

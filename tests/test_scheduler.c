@@ -166,7 +166,7 @@ static void test_never_fits(void)
     pool_free_all(&pool);
 }
 
-/* DESIGN.md section 3: a logical block spans B x N positions */
+/* docs/design.md, "Where a token's KV lives": a logical block spans B x N positions */
 static void test_capacity(void)
 {
     for (int N = 1; N <= 8; N *= 2)

@@ -477,15 +477,18 @@ static int make_identity(Run *r)
 {
     const Options *o = r->o;
     RunIdentity *id = &r->id;
-    uint64_t model_hash;
+    uint64_t model_hash = 0;
     DType gemm;
     /* OpenBLAS has only an fp32 GEMM: "auto" loads fp32 for it */
     const char *dtype = !strcmp(o->dtype, "auto") && !strcmp(o->cpu_gemm, "openblas") && r->be->host_memory
                             ? "float32"
                             : o->dtype;
-    if (failed_anywhere(model_content_hash(o->model, &model_hash) || model_gemm_dtype(o->model, &r->cfg, dtype, &gemm),
+    /* the model's files are read by rank 0 alone (up to 1 GiB each) */
+    if (failed_anywhere((r->rank == 0 && model_content_hash(o->model, &model_hash)) ||
+                            model_gemm_dtype(o->model, &r->cfg, dtype, &gemm),
                         r->world))
         return EXIT_RUN_FAILED;
+    DCP_CHECK(MPI_Bcast(&model_hash, 1, MPI_UINT64_T, 0, r->world));
     int sharded = o->dcp > 1; /* the interleave and the merge change sums only when the cache is sharded */
     identity_set(id, ID_version, "%s", PACKAGE_VERSION);
     identity_set(id, ID_model, "%016llx", (unsigned long long)model_hash);

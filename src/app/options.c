@@ -73,7 +73,7 @@ void options_usage(FILE *f)
             "  {\"id\": \"a\", \"prompt\": \"text\", \"max_tokens\": 64, \"temperature\": 0}\n"
             "  {\"id\": \"b\", \"prompt_token_ids\": [1, 403, 407], \"seed\": 7, \"stop_token_ids\": [2]}\n"
             "or OpenAI batch lines ({\"custom_id\": ..., \"body\": {\"prompt\": ..., \"max_tokens\": ...}}).\n"
-            "Results and timings go to an HDF5 file (see README, \"Output file\").\n"
+            "Results and timings go to an HDF5 file, or JSON Lines (docs/output.md).\n"
             "\n"
             "Model:\n"
             "  --model PATH             llama2.c .bin checkpoint, or a local Hugging Face folder with\n"

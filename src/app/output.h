@@ -1,6 +1,6 @@
 /* The HDF5 results file, written by world rank 0 under a temporary name
  * and renamed into place, so a reader never sees a half-written file.
- * Layout (README "Output file"):
+ * Layout (docs/output.md):
  *   /            attributes: version, model, shapes, layout, backend, seed, created
  *   /requests/   id, line, prompt_offsets, prompt_tokens, output_offsets,
  *                output_tokens, text, finish_reason, error, ttft_s, tpot_s,
@@ -85,7 +85,7 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
                  char *const *texts, const RankReports *rep, const StepReport *steps);
 
 /* The results as JSON Lines, one object per request in input order
- * (README "JSONL results"): dcpinfer's own form, or for OpenAI batch input
+ * (docs/output.md, "JSON Lines results"): dcpinfer's own form, or for OpenAI batch input
  * the OpenAI batch output form with a completions body. tok (may be NULL)
  * spells the tokens of log-probabilities. Then OUT.run.json: the run
  * identity, with the results file's size and hash. */

@@ -1,4 +1,4 @@
-/* Results as JSON Lines (README "JSONL results"). */
+/* Results as JSON Lines (docs/output.md, "JSON Lines results"). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>

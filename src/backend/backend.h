@@ -126,7 +126,7 @@ typedef struct Backend {
     void (*round_bf16)(float *x, size_t n);
     void (*attention)(const AttnBatch *a);
     /* o1/lse1 (rows, head_dim)/(rows) become the merge of two partial
-     * attentions over disjoint key sets (DESIGN.md section 4). */
+     * attentions over disjoint key sets (docs/design.md, "One step"). */
     void (*merge_attention)(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim);
     /* DCP merge, ag_rs: o (rows, head_dim) holds this rank's partials and
      * lse_ranks (N, rows) every rank's LSEs for the same rows (this rank's

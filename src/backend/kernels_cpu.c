@@ -37,15 +37,16 @@ static inline float bf16_bits_to_f32(uint16_t h)
 #define W2F_BF16(w) bf16_bits_to_f32(w)
 
 /* attention reads this many keys' rows through before it computes on
- * them, where it reads whole rows (kernels_cpu.inc; 4 and 16 measured no
- * better); where it reads a part of each row, it prefetches a row that
- * does not follow the one before (a paged cache's next block) ATT_AHEAD
- * keys ahead, and the hardware prefetcher takes the others */
+ * them, where it reads whole rows (kernels_cpu.inc); where it reads a part
+ * of each row, it prefetches a row that does not follow the one before (a
+ * paged cache's next block) ATT_AHEAD keys ahead, and the hardware
+ * prefetcher takes the others. Other distances were no better
+ * (docs/benchmarks.md, "Kernel choices"). */
 #define ATT_TOUCH 8
 #define ATT_AHEAD 8
 /* keys a block, where four tokens or more share a call: read through
- * once, then head by head for all the tokens (8, 16, 32 and 64 were
- * within the machine's noise of each other, 256 tokens after 2,000 keys) */
+ * once, then head by head for all the tokens (other sizes from 8 to 64
+ * did the same) */
 #ifndef ATT_BLOCK
 #define ATT_BLOCK 32
 #endif
@@ -64,7 +65,7 @@ static inline void prefetch_new_rows(const void *base, const size_t *row, int i0
 }
 /* reads bytes from p, one 4-byte load per 64-byte line, in order, into
  * acc, a register the caller makes the compiler keep (byte loads OR-ed
- * into an int ran slower: 0.36 against 0.29-0.33 s in the 4,000-key test) */
+ * into an int ran slower) */
 static inline __m128i touch_run(__m128i acc, const char *p, size_t bytes)
 {
     for (size_t b = 0; b < bytes; b += 64) acc = _mm_or_si128(acc, _mm_cvtsi32_si128(*(const volatile int *)(p + b)));
@@ -325,12 +326,10 @@ TGT_AVX2 static inline void avx2_trees16(const V2 *a, float *s)
  * every element is dot_finish's arithmetic. Per step: two vector loads
  * of weights and six broadcasts for 12 FMAs, where lanes along K (as in
  * the GEMV and the pair kernel below) make every operand a full vector,
- * eight vector loads per 12 FMAs. On this CPU, the two alternating in one
- * process (512 rows, fp32, one thread): K = 768 3-8% faster, K = 2048
- * 10-13%, bf16 0-4%. The kernel alone, its data in cache, reached 85% of
- * the FMA peak at K = 768 and 94% at K = 2048 (when it added the lanes
- * after the last): each lane's run of K/16 steps cost about nine steps
- * more. Both operands come packed in lane order: a tile (avx2_pack_tile)
+ * eight vector loads per 12 FMAs, so the broadcast form does more FMAs per
+ * load and wins for prefill's long K; each lane's run of K/16 steps costs
+ * a few steps more to start, which short K cannot pay back
+ * (docs/benchmarks.md, "Kernel choices"). Both operands come packed in lane order: a tile (avx2_pack_tile)
  * holds, lane by lane in the kernel's order (avx2_packed_at), the six
  * rows' x[k] for k = l, l + 16, ...; a panel of 16 weight rows
  * (avx2_pack_weights) the 16 rows' w[k] the same way, widened to fp32, so
@@ -422,9 +421,7 @@ TGT_AVX2 static void avx2_pack_panels(void *wp, const void *w, int n0, int ncols
             row[i] = in + weight_row_start(G, n, N, K) * esize, step[i] = weight_row_step(G, n, N) * esize;
         }
         /* the next panel's 16 rows, one run of memory (nearly so when
-         * grouped), fetched into L2 while this one is turned (110M's
-         * prefill shapes, one thread, alternating in one process: 1-3.5%
-         * less time than without) */
+         * grouped), fetched into L2 while this one is turned */
         const char *next = in + weight_row_start(G, n0 + p + 16 < N ? n0 + p + 16 : n0 + p, N, K) * esize;
         size_t next_lines = p + 16 < ncols ? 16 * (size_t)K * esize / 64 : 0, fetched = 0;
         for (int k0 = 0; k0 < K16; k0 += 8) {
@@ -454,12 +451,9 @@ TGT_AVX2 static void avx2_pack_panels(void *wp, const void *w, int n0, int ncols
  * tree as soon as its run ends: the q-th lane closes a subtree for each
  * trailing one bit of q, and adds that subtree's other half from a stack
  * of at most four, the same additions as v_tree's. They overlap the next
- * lane's run; adding all 16 lanes' stored sums after the last took about
- * 12% of this kernel's time at K = 768 (perf). Against that, one thread,
- * alternating in one process: 512 x 768 x 768 and 512 x 768 x 2048 0.89-
- * 0.95 of the time (fp32 and grouped bf16), K = 2048 0.99-1.02; the lanes
- * taken in this order but packed 0, 1, 2, ... were 1.04-1.05 (the
- * panel's runs no longer one stream). */
+ * lane's run, where adding all 16 lanes' stored sums after the last was a
+ * visible share of the kernel's time. The panels are packed in the same
+ * order, so that they are read as one stream. */
 #define ACC12(OP) OP(0, a00) OP(1, a01) OP(2, a10) OP(3, a11) OP(4, a20) OP(5, a21) \
     OP(6, a30) OP(7, a31) OP(8, a40) OP(9, a41) OP(10, a50) OP(11, a51)
 TGT_AVX2 static void avx2_lane_panel(float *y, size_t ldy, const float *xp, const float *wp, int ncols, int K, int rows)
@@ -672,11 +666,10 @@ TGT_AVX2 static inline float avx2_bf16_dot_finish(V2 acc, const float *x, const 
  * twelve chains in flight; row r's step of 16 columns at k is at
  * w + r * rs + k * ks: rows stored whole (rs = K, ks = 1) or a group of six
  * (WeightRef.group 6: rs = 16, ks = 6, K a multiple of 16). A group is one
- * run of memory, prefetched 1 KiB ahead (110M's decode matrices,
- * alternating runs: about 10% more bytes per second than six whole rows,
- * within a few percent of fp32's). Whole rows under 4 KiB prefetch the
- * next R rows as one linear stream: the hardware prefetcher would start
- * each row's stream anew; longer rows do better without. */
+ * run of memory, prefetched 1 KiB ahead, which reads faster than six
+ * whole rows side by side. Whole rows under 4 KiB prefetch the next R rows
+ * as one linear stream: the hardware prefetcher would start each row's
+ * stream anew; longer rows do better without. */
 #define GROUP_AHEAD 1024
 TGT_AVX2 static inline __attribute__((always_inline)) void avx2_bf16_rows(float *y, const float *x, const float *xeo,
                                                                           const uint16_t *w, int K, int R, size_t rs,
@@ -748,11 +741,9 @@ TGT static inline float SFX(dot_finish)(V acc, const float *x, const WT *w, int 
 /* decode's GEMV: one weight row at a time, its 16 lanes in two 8-lane
  * chains, so that the weights are read as one linear stream (as with
  * AVX-512). Six rows at once (twelve chains) read six streams side by
- * side, which the hardware prefetcher follows worse: on the Zen 4 with
- * the AVX2 kernels, the 110M shape's decode GEMVs (alternating in one
- * process) went at 19.1 -> 29.9 GB/s on one thread and 29.1 -> 33.8 on
- * two. Prefetching ahead, which helps AVX-512's, did not help here
- * (0.96-1.00 of the time without). */
+ * side, which the hardware prefetcher follows worse. Prefetching ahead,
+ * which helps AVX-512's, did not help here (docs/benchmarks.md, "Kernel
+ * choices"). */
 TGT_AVX2 static void avx2_f32_gemv_rows(float *y, const float *x, const float *w, int n0, int n1, int N, int K, int G)
 {
     (void)N, (void)G; /* fp32 rows are stored whole */
@@ -883,16 +874,10 @@ TGT_AVX512 static void avx512_lane_panel(float *y, size_t ldy, const float *xp, 
 /* decode's fp32 GEMV: one weight row at a time, one 16-lane chain, so that
  * the weights are read as one linear stream, which the hardware prefetcher
  * follows best; out-of-order execution overlaps the next rows' chains
- * with this one's. Against six rows at once with the next six fetched
- * into L2 (the 110M shape's decode on this Zen 4, one thread, alternating
- * runs: 44-47 -> 54-59.5 tokens/s; a 1 GiB matrix of 768-wide rows in huge
- * pages: 18-23 -> 26-29 GB/s, where a linear read went at 29-32).
- * Each line is also fetched into L2 GEMV_AHEAD bytes ahead of its use:
- * the 110M shape's decode GEMVs, alternating in one process, 1.03-1.08x
- * the bytes per second on one thread and 1.03-1.04x on two (4 KiB ahead
- * 1.04 and 1.07; 2 KiB 1.03 and 1.05; 6 KiB 0.93 and 0.98). bf16's
- * groups did not gain from it (0.74-1.02, 0.5-3 KiB ahead, into L1 or
- * L2 or non-temporal). */
+ * with this one's; it reads faster than six rows at once with the next
+ * six fetched into L2. Each line is also fetched into L2 GEMV_AHEAD bytes
+ * ahead of its use, the distance that read fastest; bf16's groups did not
+ * gain from it at any distance (docs/benchmarks.md, "Kernel choices"). */
 #define GEMV_AHEAD 3072
 TGT_AVX512 static void avx512_f32_gemv_rows(float *y, const float *x, const float *w, int n0, int n1, int N, int K,
                                             int G)
@@ -914,7 +899,7 @@ TGT_AVX512 static void avx512_f32_gemv_rows(float *y, const float *x, const floa
  * groups of six (one run of memory: rs = 16, ks = 6) or rows stored whole
  * (rs = K, ks = 1; those under 4 KiB fetch the next R rows into L2 as one
  * linear stream, R x 16 elements per step). Rows one at a time, stored
- * whole, as fp32's: 1 thread 88-102 tokens/s against 99-110 (110M). */
+ * whole, as fp32's, read slower. */
 TGT_AVX512 static inline __attribute__((always_inline)) void avx512_bf16_rows(float *y, const float *x,
                                                                               const uint16_t *w, int K, int R,
                                                                               size_t rs, size_t ks)
@@ -994,11 +979,8 @@ AVX512_PANEL(avx512_bf16_panel, uint16_t, avx2_bf16_pairs)
 
 /* ---- dispatch ---------------------------------------------------------- */
 /* Rows past the last whole tile: up to GEMV_LEFT of them go to the GEMV
- * block by block, more fill a last tile packed in part. Against padding
- * every part tile (one thread, alternating in one process): 2 rows left,
- * 0.97-0.99 of the time (20 x 288 x 288, 32 x 288 x 768, 8 x 768 x 2048,
- * 32 x 288 x 32000); 3-5 rows left by the GEMV were mixed (9 x 288 x 768
- * 0.96, but 29 x 768 x 2048 1.10 and 29 x 288 x 32000 1.08). */
+ * block by block, more fill a last tile packed in part: two rows gained
+ * against padding the tile, three to five did not always. */
 #ifndef GEMV_LEFT
 #define GEMV_LEFT 2
 #endif
@@ -1108,9 +1090,7 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
      * the 6- and 3-row tiles), each group passing over this thread's blocks;
      * the tiles stream from L3 (a few KiB per tile against a whole block),
      * while each group re-reads and repacks the weights from memory, so
-     * larger groups pay that less often (the 110M shape's 512-token prefill
-     * GEMMs: 49 -> 54-57 GFLOP/s on one thread, 93 -> 100 on two, against
-     * 256 KiB blocks and 256 KiB groups) */
+     * larger groups pay that less often */
     int tb = (int)(2097152 / ((size_t)in * sizeof(float))) / 6 * 6;
     if (tb < 6) tb = 6;
     /* packed: the row group's tiles, shared by the threads, and per thread

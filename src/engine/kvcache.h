@@ -2,7 +2,7 @@
  * block tables of sequences. A block holds B positions of this rank's
  * shard; with DCP, block id b names one such block on each of the N ranks
  * of the group, so a logical block spans B x N positions and one table
- * serves the whole group (DESIGN.md section 3). Allocation is
+ * serves the whole group (docs/design.md, "Where a token's KV lives"). Allocation is
  * deterministic (lowest free id first), so every rank of a DP group that
  * makes the same calls holds the same tables. */
 #ifndef DCP_KVCACHE_H

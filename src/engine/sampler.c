@@ -31,8 +31,7 @@ static float random_f32(uint64_t *state) { return (random_u32(state) >> 8) / 167
 
 /* The vocabulary scans keep SCAN_LANES independent running values, which
  * the compiler turns into vector lanes: one running value waited on each
- * compare or add before the next (the two scans of a 32,000-entry row,
- * one thread: 140 us -> 15-27 us). */
+ * compare or add before the next. */
 #define SCAN_LANES 16
 
 /* the first index of the largest entry (no entry is larger; -0 and +0
@@ -86,9 +85,9 @@ static void softmax(float *x, int n)
 /* Sorts m (prob, index) pairs, collected in index order, by probability
  * from the largest, equal ones in index order: a stable radix sort on the
  * probabilities' bits (positive floats order as their bit patterns), three
- * passes of 11, 11 and 10 bits, in O(m). A qsort of the same order took
- * most of a sampled step at a 151K vocabulary with a flat distribution,
- * where nearly every token is a candidate. tmp holds m pairs. */
+ * passes of 11, 11 and 10 bits, in O(m). With a flat distribution over a
+ * large vocabulary nearly every token is a candidate, and a comparison
+ * sort of them was most of a sampled step. tmp holds m pairs. */
 static void sort_desc(ProbIndex *pi, ProbIndex *tmp, int m)
 {
     enum { BITS = 11, BUCKETS = 1 << BITS };

@@ -109,7 +109,7 @@ static int get_choice(json_t *o, const char *key, const char *const *choices, co
                     list);
 }
 
-/* Reads and checks a DeepSeek-V2/V3 config (README "Models") into c. */
+/* Reads and checks a DeepSeek-V2/V3 config (docs/models.md) into c. */
 static int read_deepseek(json_t *root, const char *arch, int v3, const char *path, Config *cp)
 {
     Config c = *cp;

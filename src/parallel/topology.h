@@ -1,5 +1,5 @@
 /* Where a rank sits: world = dp x tp, TP innermost; DCP groups are runs of
- * dcp consecutive ranks inside a TP group (DESIGN.md section 2). */
+ * dcp consecutive ranks inside a TP group (docs/design.md, "Ranks and communicators"). */
 #ifndef DCP_TOPOLOGY_H
 #define DCP_TOPOLOGY_H
 
@@ -24,7 +24,7 @@ int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int
 void topology_init(Topology *t, MPI_Comm world, int tp, int dcp, int interleave);
 void topology_free(Topology *t);
 
-/* DESIGN.md section 3: the DCP rank that stores position p, the index of p
+/* docs/design.md, "Where a token's KV lives": the DCP rank that stores position p, the index of p
  * in that rank's shard, and how many of the first len positions rank d
  * stores. */
 static inline int kv_owner(const Topology *t, int p) { return (p / t->interleave) % t->dcp; }
