@@ -413,7 +413,7 @@ static void cuda_attention(const AttnBatch *a)
     DCP_CHECK_LAUNCH(stream);
 }
 
-// ---- LSE merges (DESIGN.md section 4) ----------------------------------
+// ---- LSE merges (docs/design.md, "One step") ---------------------------
 
 __global__ void k_merge(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim)
 {
