@@ -9,17 +9,11 @@
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
 CRASH=$BUILD/tests/dcpinfer-crash
-model=$SHARED/models/stories260K
-if [ -f "$model/stories260K.bin" ]; then
-    M="--model $model/stories260K.bin --tokenizer $model/tok512.bin"
-else
-    echo "stories260K not found under $SHARED: using the generated model with token prompts" >&2
-    M=""
-fi
+stories_or_generated
 P=$WORK/p.jsonl
 for i in $(seq 0 11); do
     t=$([ $((i % 2)) = 0 ] && echo 0.8 || echo 0)
-    if [ -n "$M" ]; then prompt="\"prompt\": \"Once upon a time $i\""; else prompt="\"prompt_token_ids\": [$((i + 1)), 7]"; fi
+    prompt=$(story_prompt $i)
     echo "{\"id\": \"q$i\", $prompt, \"max_tokens\": $((8 + i * 3)), \"temperature\": $t, \"seed\": $i}"
 done >"$P"
 vals() { h5dump -y -d "$2" "$1" 2>/dev/null | sed -n '/DATA {/,/}/p'; }

@@ -46,6 +46,21 @@ expect_error() {
     fi
 }
 
+# M: stories260K and its tokenizer when $SHARED has them; else empty (the
+# generated model), and story_prompt gives token ids instead of text
+stories_or_generated() {
+    local model=$SHARED/models/stories260K
+    if [ -f "$model/stories260K.bin" ]; then
+        M="--model $model/stories260K.bin --tokenizer $model/tok512.bin"
+    else
+        echo "stories260K not found under $SHARED: using the generated model with token prompts" >&2
+        M=""
+    fi
+}
+story_prompt() { # I: the prompt field of request I
+    if [ -n "$M" ]; then echo "\"prompt\": \"Once upon a time $1\""; else echo "\"prompt_token_ids\": [$(($1 + 1)), 7]"; fi
+}
+
 finish() {
     if [ "$failures" -gt 0 ]; then
         echo "$(basename "$0"): $failures of $checks checks failed" >&2

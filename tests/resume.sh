@@ -6,17 +6,11 @@
 # rank stopped with SIGSTOP ends the job within --step-timeout.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
-model=$SHARED/models/stories260K
-if [ -f "$model/stories260K.bin" ]; then
-    M="--model $model/stories260K.bin --tokenizer $model/tok512.bin"
-else
-    echo "stories260K not found under $SHARED: using the generated model with token prompts" >&2
-    M=""
-fi
+stories_or_generated
 P=$WORK/p.jsonl
 for i in $(seq 0 63); do
     t=$([ $((i % 2)) = 0 ] && echo 0.8 || echo 0)
-    if [ -n "$M" ]; then prompt="\"prompt\": \"Once upon a time $i\""; else prompt="\"prompt_token_ids\": [$((i + 1)), 7]"; fi
+    prompt=$(story_prompt $i)
     # some ask for log-probabilities and a stop string, which the journal must keep too
     extra=$([ -n "$M" ] && [ $((i % 4)) = 1 ] && echo ', "logprobs": 2, "prompt_logprobs": 1, "stop": [" park", "ball"]')
     echo "{\"id\": \"q$i\", $prompt, \"max_tokens\": $((40 + i % 50)), \"temperature\": $t, \"seed\": $i$extra}"

@@ -4,20 +4,6 @@
 #include "report.h"
 #include "testutil.h"
 
-/* 1 when s is valid UTF-8 */
-static int valid_utf8(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        int n = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 : (*p & 0xf0) == 0xe0 ? 3 : (*p & 0xf8) == 0xf0 ? 4 : 0;
-        if (!n) return 0;
-        for (int i = 1; i < n; i++)
-            if ((p[i] & 0xc0) != 0x80) return 0;
-        p += n;
-    }
-    return 1;
-}
-
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);

@@ -12,19 +12,7 @@
 #include "tokenizer.h"
 
 /* 1 when s is valid UTF-8 without U+FFFD (no character cut) */
-static int whole_chars(const char *s)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    while (*u) {
-        int n = *u < 0x80 ? 1 : (*u & 0xE0) == 0xC0 ? 2 : (*u & 0xF0) == 0xE0 ? 3 : (*u & 0xF8) == 0xF0 ? 4 : 0;
-        if (!n) return 0;
-        for (int k = 1; k < n; k++)
-            if ((u[k] & 0xC0) != 0x80) return 0;
-        if (n == 3 && u[0] == 0xEF && u[1] == 0xBF && u[2] == 0xBD) return 0;
-        u += n;
-    }
-    return 1;
-}
+static int whole_chars(const char *s) { return valid_utf8(s) && !strstr(s, "\xEF\xBF\xBD"); }
 
 typedef struct {
     const char *stop;     /* one stop string, or NULL */

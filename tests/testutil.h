@@ -113,6 +113,20 @@ static inline int reference_tokens(const char *ref, int case_no, int *out, int c
     return n;
 }
 
+/* 1 when s is valid UTF-8 (whole characters only) */
+static inline int valid_utf8(const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    while (*u) {
+        int n = *u < 0x80 ? 1 : (*u & 0xE0) == 0xC0 ? 2 : (*u & 0xF0) == 0xE0 ? 3 : (*u & 0xF8) == 0xF0 ? 4 : 0;
+        if (!n) return 0;
+        for (int k = 1; k < n; k++)
+            if ((u[k] & 0xC0) != 0x80) return 0;
+        u += n;
+    }
+    return 1;
+}
+
 static inline int test_finish(const char *name)
 {
     if (test_failures) fprintf(stderr, "%s: %d check(s) failed\n", name, test_failures);
