@@ -459,14 +459,11 @@ static int read_inputs(Run *r)
                         world))
         return EXIT_RUN_FAILED;
     double t0 = now_s();
-    if (failed_anywhere(r->tok_path && (tokenizer_load(&r->tok_storage, r->tok_path, cfg->vocab_size) ||
-                                        check_tokenizer_vocab(&r->tok_storage, r->tok_path, cfg)),
-                        world))
+    int loaded = r->tok_path && tokenizer_load(&r->tok_storage, r->tok_path, cfg->vocab_size) == 0;
+    if (loaded) r->tok = &r->tok_storage; /* released with the run, whatever follows */
+    if (failed_anywhere(r->tok_path && (!loaded || check_tokenizer_vocab(r->tok, r->tok_path, cfg)), world))
         return EXIT_RUN_FAILED;
-    if (r->tok_path) {
-        r->tok = &r->tok_storage;
-        config_add_eos(cfg, r->tok->eos_id); /* tokenizer_config.json's eos_token ends generation too (as vLLM) */
-    }
+    if (r->tok) config_add_eos(cfg, r->tok->eos_id); /* tokenizer_config.json's eos_token ends generation too (as vLLM) */
     prepare_prompts(&r->rs, r->tok, cfg, r->max_model_len);
     r->tm.tokenize = now_s() - t0;
     return EXIT_OK;
