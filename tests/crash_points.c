@@ -4,7 +4,9 @@
  * DCP_CRASH_AT names the point ("written", "renamed", "removed",
  * "appended"), DCP_CRASH_PATH, if set, the end of the file's path, and
  * DCP_CRASH_COUNT, if set, which time the point is met (1: the first); the
- * process then dies by SIGKILL, as a crash or a lost node would end it. */
+ * process then dies by SIGKILL, as a crash or a lost node would end it;
+ * with DCP_CRASH_SIGNAL=STOP it stops instead (SIGSTOP), holding what it
+ * holds, until a SIGCONT. */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,7 @@ void crash_point(const char *where, const char *path)
     if (file && (m > n || strcmp(path + n - m, file))) return;
     static int met;
     const char *count = getenv("DCP_CRASH_COUNT");
-    if (++met < (count ? atoi(count) : 1)) return;
-    kill(getpid(), SIGKILL);
+    if (++met != (count ? atoi(count) : 1)) return; /* that time only (a stopped process goes on after) */
+    const char *sig = getenv("DCP_CRASH_SIGNAL");
+    kill(getpid(), sig && !strcmp(sig, "STOP") ? SIGSTOP : SIGKILL);
 }

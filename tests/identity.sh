@@ -129,13 +129,18 @@ LIMIT=30 expect_error zero_journal 1 "f.h5.journal.dp1: a symbolic link" $M --dt
     --output "$WORK/f.h5" "$P"
 rm "$WORK/f.h5.journal.dp1"
 
-# a second job on the same output is refused while the first runs (held
-# by SIGSTOP once its journal exists); the first's results are its own
-timeout 300 "$MPIRUN" -q -np 1 "$DCPINFER" $M --max-num-seqs 1 --output "$WORK/two.h5" "$P" >"$WORK/first.out" 2>&1 &
+# a second job on the same output is refused while the first runs (it
+# stops itself after its first journal record, holding the lock, until
+# SIGCONT); the first's results are its own
+DCP_CRASH_AT=appended DCP_CRASH_SIGNAL=STOP timeout 300 "$MPIRUN" -q -np 1 "$CRASH" $M --max-num-seqs 1 \
+    --output "$WORK/two.h5" "$P" >"$WORK/first.out" 2>&1 &
 first=$!
-for i in $(seq 400); do [ -s "$WORK/two.h5.journal.dp0" ] && break; sleep 0.02; done
-victim=$(pgrep -f "^$DCPINFER .*--output $WORK/two.h5" | tail -1)
-kill -STOP "$victim" 2>/dev/null
+victim=
+for i in $(seq 1000); do
+    victim=$(pgrep -f "^$CRASH .*--output $WORK/two.h5" | tail -1)
+    [ -n "$victim" ] && [ "$(ps -o stat= -p "$victim" | cut -c1)" = T ] && break
+    sleep 0.02
+done
 expect_error second_job 1 "two.h5: another dcpinfer job is writing this output (host " $M --output "$WORK/two.h5" "$P"
 kill -CONT "$victim" 2>/dev/null
 wait $first
