@@ -119,10 +119,8 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
     const Config *c = &env->model->cfg;
     const Shard *s = &env->model->shard;
     const Backend *be = env->be;
-    int T = 0;
-    for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
+    int T = attention_begin_step(&e->att, chunks, n_chunks);
     reserve(e, T);
-    attention_begin_step(&e->att, chunks, n_chunks);
     be->upload(e->d_tokens, tokens, sizeof(int) * T);
     be->embedding(env->x, e->token_embedding, e->d_tokens, T, c->dim);
     for (int l = 0; l < c->n_layers; l++) e->ops->forward(env, e->layers, l);
@@ -142,8 +140,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
     be->upload(e->d_rows, e->rows, sizeof(int) * R);
     be->gather_rows(env->xb, env->x, e->d_rows, R, c->dim);
     be->rmsnorm(e->xf, env->xb, e->rms_final, R, c->dim, c->norm_eps);
-    if (env->timing_sync) be->synchronize();
-    double t0 = now_s();
+    double t0 = layer_clock(env);
     be->matmul(e->logits, e->xf, e->lm_head, R, c->dim, s->vocab);
     be->download(logits, e->logits, sizeof(float) * R * s->vocab);
     env->tm->lm_head += now_s() - t0;

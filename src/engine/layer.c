@@ -4,8 +4,7 @@
 
 #include "util.h"
 
-/* A clock reading; with timing_sync, after the device's queued work. */
-static double clock_now(const LayerEnv *env)
+double layer_clock(const LayerEnv *env)
 {
     if (env->timing_sync) env->be->synchronize();
     return now_s();
@@ -13,17 +12,17 @@ static double clock_now(const LayerEnv *env)
 
 void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out)
 {
-    double t0 = clock_now(env);
+    double t0 = layer_clock(env);
     env->be->matmul(y, x, w, T, in, out);
-    env->tm->matmul += clock_now(env) - t0;
+    env->tm->matmul += layer_clock(env) - t0;
 }
 
 void layer_attention(const LayerEnv *env, int layer, int sliding, const float *q, float *k, float *v, float *out,
                      float *lse)
 {
-    double t0 = clock_now(env);
+    double t0 = layer_clock(env);
     attention_layer(env->att, layer, sliding, q, k, v, out, lse);
-    env->tm->attention += clock_now(env) - t0;
+    env->tm->attention += layer_clock(env) - t0;
 }
 
 void layer_residual(const LayerEnv *env, float *y, const float *b, int T)

@@ -45,6 +45,8 @@ typedef struct {
     void (*forward)(const LayerEnv *env, void *state, int layer);
 } LayerOps;
 
+/* A clock reading; with timing_sync, after the device's queued work. */
+double layer_clock(const LayerEnv *env);
 /* y (T, out) = x (T, in) . w^T, timed as matmul. */
 void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out);
 /* The attention core's layer call, timed as attention. */
