@@ -326,12 +326,24 @@ __device__ static size_t att_row(const int *table, int j, int block_size, int kv
                           (size_t)(kv_stride / kv_heads), kv_heads, (size_t)block_size);
 }
 
-__global__ void k_attention(float *out, float *lse, const float *q, const float *k_base, const float *v_base,
-                            const int *row0, const int *n_keys, const int *key0, const int *const *tables,
-                            int block_size, int n_heads, int group, int head_dim, int v_dim, int kv_stride, float scale)
+// Keys before key x in shard g of G shards of runs of `run` keys (AttnBatch).
+__device__ static int shard_keys(int x, int G, int run, int g)
 {
-    int r = blockIdx.x, t = r / n_heads, h = r % n_heads, kvh = h / group, kv_heads = n_heads / group;
-    int n = n_keys[t], first = key0 ? key0[t] : 0, tid = threadIdx.x;
+    int base = (x / run / G) * run, rem = x - base * G - g * run;
+    return base + (rem < 0 ? 0 : rem > run ? run : rem);
+}
+
+// Block (r, g): row r (token t, head h) over key shard g of G. Its output
+// row goes to out + (g * rows + r) * out_stride, its LSE to lse + (g * rows +
+// r) * lse_stride.
+__global__ void k_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
+                            const float *k_base, const float *v_base, const int *row0, const int *n_keys,
+                            const int *key0, const int *const *tables, int block_size, int n_heads, int group,
+                            int head_dim, int v_dim, int kv_stride, float scale, int G, int run)
+{
+    int r = blockIdx.x, g = blockIdx.y, rows = gridDim.x, t = r / n_heads, h = r % n_heads, kvh = h / group,
+        kv_heads = n_heads / group;
+    int n = shard_keys(n_keys[t], G, run, g), first = key0 ? shard_keys(key0[t], G, run, g) : 0, tid = threadIdx.x;
     const float *qr = q + (size_t)r * head_dim;
     const int *table = tables ? tables[t] : NULL;
     size_t base = !table && row0 ? (size_t)row0[t] * kv_stride : 0;
@@ -344,7 +356,8 @@ __global__ void k_attention(float *out, float *lse, const float *q, const float 
         int j = j0 + tid;
         float s = -INFINITY;
         if (j < n) {
-            const float *kj = k + att_row(table, j, block_size, kv_heads, kvh, kv_stride);
+            int key = (j / run) * G * run + g * run + j % run; // shard g's key j
+            const float *kj = k + att_row(table, key, block_size, kv_heads, kvh, kv_stride);
             s = 0.0f;
             for (int d = 0; d < head_dim; d++) s += qs[d] * kj[d];
             s *= scale;
@@ -372,18 +385,56 @@ __global__ void k_attention(float *out, float *lse, const float *q, const float 
             int d = c * ATT_THREADS + tid;
             float a = acc[c] * correction;
             for (int jj = 0; jj < tile; jj++) {
-                int jk = j0 + jj;
-                a += p[jj] * v[att_row(table, jk, block_size, kv_heads, kvh, kv_stride) + d];
+                int jk = j0 + jj, key = (jk / run) * G * run + g * run + jk % run;
+                a += p[jj] * v[att_row(table, key, block_size, kv_heads, kvh, kv_stride) + d];
             }
             acc[c] = a;
         }
         m = m_new;
         __syncthreads();
     }
-    float *o = out + (size_t)r * v_dim;
+    size_t at = (size_t)g * rows + r;
+    float *o = out + at * out_stride;
     for (int c = 0; c * ATT_THREADS + tid < v_dim; c++) o[c * ATT_THREADS + tid] = n > first ? acc[c] / sum : 0.0f;
-    if (tid == 0) lse[r] = n > first ? m + logf(sum) : -INFINITY;
+    if (tid == 0) lse[at * lse_stride] = n > first ? m + logf(sum) : -INFINITY;
 }
+
+// ---- LSE merges (docs/design.md, "Same bits at any layout") ------------
+
+// a's row r becomes the merge of a's and b's (rows of stride floats: the
+// outputs, then the LSE at head_dim). The arithmetic is kept from FMA
+// contraction, so that merging b into a and a into b give the same bits.
+__global__ void k_merge_partials(float *a, const float *b, int rows, int head_dim, int stride)
+{
+    int r = blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    float *x = a + (size_t)r * stride;
+    const float *y = b + (size_t)r * stride;
+    float l1 = x[head_dim], l2 = y[head_dim];
+    if (l2 == -INFINITY) return;
+    if (l1 == -INFINITY) {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) x[d] = y[d];
+    } else {
+        float m = fmaxf(l1, l2), s1 = expf(l1 - m), s2 = expf(l2 - m), inv = __frcp_rn(__fadd_rn(s1, s2));
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+            x[d] = __fmul_rn(__fadd_rn(__fmul_rn(x[d], s1), __fmul_rn(y[d], s2)), inv);
+        l2 = m + logf(__fadd_rn(s1, s2));
+    }
+    // the 32 x-threads of a row form one warp: all have read x[head_dim]
+    __syncwarp();
+    if (threadIdx.x == 0) x[head_dim] = l2;
+}
+
+static void cuda_merge_partials(float *a, const float *b, int rows, int head_dim, int stride)
+{
+    dim3 threads(32, 8);
+    if (rows) k_merge_partials<<<blocks_for(rows, 8), threads, 0, stream>>>(a, b, rows, head_dim, stride);
+    DCP_CHECK_LAUNCH(stream);
+}
+
+// the shards' packed partials (cuda_attention), grown on demand
+static float *d_shard_parts;
+static size_t shard_parts_cap;
 
 static void cuda_attention(const AttnBatch *a)
 {
@@ -406,101 +457,32 @@ static void cuda_attention(const AttnBatch *a)
     if (a->blocks) cuda_upload(d_tables, a->blocks, sizeof(int *) * a->T);
     if (a->key0) cuda_upload(d_key0, a->key0, sizeof(int) * a->T);
     if (a->row0 && !a->blocks) cuda_upload(d_row0, a->row0, sizeof(int) * a->T);
-    k_attention<<<a->T * a->n_heads, ATT_THREADS, 0, stream>>>(
-        a->out, a->lse, a->q, (const float *)a->k, (const float *)a->v, a->row0 && !a->blocks ? d_row0 : NULL, d_nkeys,
-        a->key0 ? d_key0 : NULL, a->blocks ? d_tables : NULL, a->block_size, a->n_heads,
-        a->n_heads / a->n_kv_heads, a->head_dim, a->v_dim ? a->v_dim : a->head_dim, a->kv_stride, a->scale);
-    DCP_CHECK_LAUNCH(stream);
-}
-
-// ---- LSE merges (docs/design.md, "One step") ---------------------------
-
-__global__ void k_merge(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim)
-{
-    int r = blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) return;
-    float l1 = lse1[r], l2 = lse2[r];
-    if (l2 == -INFINITY) return;
-    float *a = o1 + (size_t)r * head_dim;
-    const float *b = o2 + (size_t)r * head_dim;
-    if (l1 == -INFINITY) {
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) a[d] = b[d];
-    } else {
-        float m = fmaxf(l1, l2), s1 = expf(l1 - m), s2 = expf(l2 - m), inv = 1.0f / (s1 + s2);
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) a[d] = (a[d] * s1 + b[d] * s2) * inv;
-        l2 = m + logf(s1 + s2);
-    }
-    // the 32 x-threads of a row form one warp: all have read lse1[r]
-    __syncwarp();
-    if (threadIdx.x == 0) lse1[r] = l2;
-}
-
-static void cuda_merge_attention(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim)
-{
-    dim3 threads(32, 8);
-    if (rows) k_merge<<<blocks_for(rows, 8), threads, 0, stream>>>(o1, lse1, o2, lse2, rows, head_dim);
-    DCP_CHECK_LAUNCH(stream);
-}
-
-__global__ void k_lse_rescale(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows,
-                              int head_dim)
-{
-    int r = blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) return;
-    float m = -INFINITY;
-    for (int n = 0; n < N; n++) m = fmaxf(m, lse_ranks[(size_t)n * rows + r]);
-    float *v = o + (size_t)r * head_dim;
-    if (m == -INFINITY) {
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) v[d] = 0.0f;
-        if (threadIdx.x == 0) lse_merged[r] = -INFINITY;
-        return;
-    }
-    float sum = 0.0f;
-    for (int n = 0; n < N; n++) sum += expf(lse_ranks[(size_t)n * rows + r] - m);
-    float L = m + logf(sum), scale = expf(lse_ranks[(size_t)me * rows + r] - L);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) v[d] *= scale;
-    if (threadIdx.x == 0) lse_merged[r] = L;
-}
-
-static void cuda_lse_rescale(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows,
-                             int head_dim)
-{
-    dim3 threads(32, 8);
-    if (rows) k_lse_rescale<<<blocks_for(rows, 8), threads, 0, stream>>>(o, lse_merged, lse_ranks, me, N, rows, head_dim);
-    DCP_CHECK_LAUNCH(stream);
-}
-
-__global__ void k_lse_combine(float *out, float *lse, const float *parts, int N, int rows, int head_dim)
-{
-    int r = blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) return;
-    size_t stride = (size_t)rows * (head_dim + 1);
-    float m = -INFINITY;
-    for (int n = 0; n < N; n++) m = fmaxf(m, parts[n * stride + (size_t)r * (head_dim + 1) + head_dim]);
-    float *o = out + (size_t)r * head_dim;
-    if (m == -INFINITY) {
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o[d] = 0.0f;
-        if (threadIdx.x == 0) lse[r] = -INFINITY;
-        return;
-    }
-    float sum = 0.0f;
-    for (int n = 0; n < N; n++) sum += expf(parts[n * stride + (size_t)r * (head_dim + 1) + head_dim] - m);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float a = 0.0f;
-        for (int n = 0; n < N; n++) {
-            const float *pp = parts + n * stride + (size_t)r * (head_dim + 1);
-            a += expf(pp[head_dim] - m) * pp[d];
+    int G = a->shards > 1 ? a->shards : 1, run = a->shard_interleave > 0 ? a->shard_interleave : 1;
+    int Dv = a->v_dim ? a->v_dim : a->head_dim, rows = a->T * a->n_heads;
+    float *out = a->out, *lse = a->lse;
+    size_t out_stride = (size_t)Dv, lse_stride = 1;
+    if (G > 1) { // each shard's rows packed (outputs, LSE), then merged by the tree
+        size_t need = (size_t)G * rows * (Dv + 1);
+        if (need > shard_parts_cap) {
+            if (d_shard_parts) cuda_release(d_shard_parts);
+            shard_parts_cap = need;
+            d_shard_parts = (float *)cuda_alloc(sizeof(float) * need);
         }
-        o[d] = a / sum;
+        out = d_shard_parts, lse = d_shard_parts + Dv;
+        out_stride = lse_stride = (size_t)Dv + 1;
     }
-    if (threadIdx.x == 0) lse[r] = m + logf(sum);
-}
-
-static void cuda_lse_combine(float *out, float *lse, const float *parts, int N, int rows, int head_dim)
-{
-    dim3 threads(32, 8);
-    if (rows) k_lse_combine<<<blocks_for(rows, 8), threads, 0, stream>>>(out, lse, parts, N, rows, head_dim);
+    k_attention<<<dim3(rows, G), ATT_THREADS, 0, stream>>>(
+        out, out_stride, lse, lse_stride, a->q, (const float *)a->k, (const float *)a->v,
+        a->row0 && !a->blocks ? d_row0 : NULL, d_nkeys, a->key0 ? d_key0 : NULL, a->blocks ? d_tables : NULL,
+        a->block_size, a->n_heads, a->n_heads / a->n_kv_heads, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
     DCP_CHECK_LAUNCH(stream);
+    if (G == 1) return;
+    size_t blk = (size_t)rows * (Dv + 1);
+    for (int half = G / 2; half >= 1; half /= 2)
+        for (int g = 0; g < half; g++)
+            cuda_merge_partials(d_shard_parts + g * blk, d_shard_parts + (g + half) * blk, rows, Dv, Dv + 1);
+    cuda_strided_copy(a->out, Dv, d_shard_parts, Dv + 1, rows, Dv);
+    cuda_strided_copy(a->lse, 1, d_shard_parts + Dv, Dv + 1, rows, 1);
 }
 
 __global__ void k_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
@@ -568,9 +550,7 @@ extern "C" const Backend *backend_cuda(void)
     b.strided_copy = cuda_strided_copy;
     b.scatter_add_rows = cuda_scatter_add_rows;
     b.attention = cuda_attention;
-    b.merge_attention = cuda_merge_attention;
-    b.lse_rescale = cuda_lse_rescale;
-    b.lse_combine = cuda_lse_combine;
+    b.merge_partials = cuda_merge_partials;
     b.pack_partials = cuda_pack_partials;
     cuda_table = b;
     ready = 1;

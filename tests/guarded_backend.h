@@ -96,12 +96,12 @@ static void g_kv_write(void *kp, void *vp, DType kv, const float *k, const float
                        int kv_heads, int B)
 { OPEN(); guarded_cpu->kv_write(kp, vp, kv, k, v, slots, T, kvd, kv_heads, B); CLOSE(); }
 static void g_attention(const AttnBatch *a) { OPEN(); guarded_cpu->attention(a); CLOSE(); }
-static void g_merge(float *o1, float *l1, const float *o2, const float *l2, int rows, int d)
-{ OPEN(); guarded_cpu->merge_attention(o1, l1, o2, l2, rows, d); CLOSE(); }
-static void g_rescale(float *o, float *lm, const float *lr, int me, int N, int rows, int d)
-{ OPEN(); guarded_cpu->lse_rescale(o, lm, lr, me, N, rows, d); CLOSE(); }
-static void g_combine(float *o, float *l, const float *p, int N, int rows, int d)
-{ OPEN(); guarded_cpu->lse_combine(o, l, p, N, rows, d); CLOSE(); }
+static void g_strided_copy(float *d, int ds, const float *s, int ss, int rows, int w)
+{ OPEN(); guarded_cpu->strided_copy(d, ds, s, ss, rows, w); CLOSE(); }
+static void g_scatter_add_rows(float *y, const float *s, const int *rows, const float *w, int R, int dim)
+{ OPEN(); guarded_cpu->scatter_add_rows(y, s, rows, w, R, dim); CLOSE(); }
+static void g_merge(float *a, const float *b, int rows, int d, int stride)
+{ OPEN(); guarded_cpu->merge_partials(a, b, rows, d, stride); CLOSE(); }
 static void g_pack(float *p, const float *o, const float *l, int rows, int d)
 { OPEN(); guarded_cpu->pack_partials(p, o, l, rows, d); CLOSE(); }
 
@@ -130,9 +130,9 @@ static inline const Backend *backend_guarded(void)
     b.gather_rows = g_gather_rows;
     b.kv_write = g_kv_write;
     b.attention = g_attention;
-    b.merge_attention = g_merge;
-    b.lse_rescale = g_rescale;
-    b.lse_combine = g_combine;
+    b.merge_partials = g_merge;
+    b.strided_copy = g_strided_copy;
+    b.scatter_add_rows = g_scatter_add_rows;
     b.pack_partials = g_pack;
     guarded_be = b;
     return &guarded_be;

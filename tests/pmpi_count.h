@@ -9,9 +9,12 @@
 
 #include <mpi.h>
 
-enum { PM_SUM, PM_MAXLOC, PM_ALLGATHER, PM_REDUCE_SCATTER, PM_ALLTOALL, PM_ALLGATHERV, PM_N };
+/* PM_TP_SUM: an MPI_Alltoallv (a call and its bytes to the other ranks)
+ * and the in-place MPI_Allgatherv after it (its bytes) */
+enum { PM_SUM, PM_MAXLOC, PM_ALLGATHER, PM_SENDRECV, PM_ALLTOALL, PM_ALLGATHERV, PM_TP_SUM, PM_N };
 static const char *const pm_names[PM_N] = {"MPI_Allreduce(SUM)", "MPI_Allreduce(MAXLOC)", "MPI_Allgather",
-                                           "MPI_Reduce_scatter_block", "MPI_Alltoall", "MPI_Allgatherv"};
+                                           "MPI_Sendrecv", "MPI_Alltoall", "MPI_Allgatherv",
+                                           "MPI_Alltoallv + MPI_Allgatherv(in place)"};
 
 typedef struct {
     long long calls, bytes;
@@ -54,10 +57,23 @@ int MPI_Allgather(const void *send, int scount, MPI_Datatype st, void *recv, int
     return PMPI_Allgather(send, scount, st, recv, rcount, rt, comm);
 }
 
-int MPI_Reduce_scatter_block(const void *send, void *recv, int rcount, MPI_Datatype t, MPI_Op op, MPI_Comm comm)
+int MPI_Sendrecv(const void *send, int scount, MPI_Datatype st, int dest, int stag, void *recv, int rcount,
+                 MPI_Datatype rt, int source, int rtag, MPI_Comm comm, MPI_Status *status)
 {
-    pm_count(PM_REDUCE_SCATTER, pm_size(comm) * pm_bytes(rcount, t));
-    return PMPI_Reduce_scatter_block(send, recv, rcount, t, op, comm);
+    pm_count(PM_SENDRECV, pm_bytes(scount, st));
+    return PMPI_Sendrecv(send, scount, st, dest, stag, recv, rcount, rt, source, rtag, comm, status);
+}
+
+int MPI_Alltoallv(const void *send, const int *scounts, const int *sdispls, MPI_Datatype st, void *recv,
+                  const int *rcounts, const int *rdispls, MPI_Datatype rt, MPI_Comm comm)
+{
+    int me;
+    PMPI_Comm_rank(comm, &me);
+    long long b = 0;
+    for (int r = 0; r < pm_size(comm); r++)
+        if (r != me) b += pm_bytes(scounts[r], st);
+    pm_count(PM_TP_SUM, b);
+    return PMPI_Alltoallv(send, scounts, sdispls, st, recv, rcounts, rdispls, rt, comm);
 }
 
 int MPI_Alltoall(const void *send, int scount, MPI_Datatype st, void *recv, int rcount, MPI_Datatype rt,
@@ -70,7 +86,13 @@ int MPI_Alltoall(const void *send, int scount, MPI_Datatype st, void *recv, int 
 int MPI_Allgatherv(const void *send, int scount, MPI_Datatype st, void *recv, const int *rcounts,
                    const int *displs, MPI_Datatype rt, MPI_Comm comm)
 {
-    pm_count(PM_ALLGATHERV, pm_bytes(scount, st));
+    if (send == MPI_IN_PLACE) { /* a tp_sum's second half: no call of its own */
+        int me;
+        PMPI_Comm_rank(comm, &me);
+        if (pmpi_counting) pmpi_counts[PM_TP_SUM].bytes += (pm_size(comm) - 1) * pm_bytes(rcounts[me], rt);
+    } else {
+        pm_count(PM_ALLGATHERV, pm_bytes(scount, st));
+    }
     return PMPI_Allgatherv(send, scount, st, recv, rcounts, displs, rt, comm);
 }
 

@@ -149,9 +149,9 @@ static void attention_and_merges(uint64_t *st)
     const int *ht[T] = {table0, table0, table1, table1}, *gt[T] = {dt0, dt0, dt1, dt1};
     float out[T * H * D], lse[T * H];
     float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
-    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, kpool, vpool, n_keys, NULL, kvd, ht, B, 0, DTYPE_F32, NULL};
+    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, kpool, vpool, n_keys, NULL, kvd, ht, B, 0, DTYPE_F32, NULL, 0, 0};
     cpu->attention(&a);
-    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, dk, dv, n_keys, NULL, kvd, gt, B, 0, DTYPE_F32, NULL};
+    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, dk, dv, n_keys, NULL, kvd, gt, B, 0, DTYPE_F32, NULL, 0, 0};
     gpu->attention(&ga);
     float *go = back(dout, T * H * D), *gl = back(dlse, T * H);
     EXPECT_CLOSE("attention paged", go, out, T * H * D, 1e-5);
@@ -161,9 +161,9 @@ static void attention_and_merges(uint64_t *st)
     int many[T] = {300, 1, 129, 128};
     float *kk = rnd(300 * kvd, st), *vv = rnd(300 * kvd, st);
     float *dkk = on_gpu(kk, sizeof(float) * 300 * kvd), *dvv = on_gpu(vv, sizeof(float) * 300 * kvd);
-    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, kk, vv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32, NULL};
+    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, kk, vv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32, NULL, 0, 0};
     cpu->attention(&c);
-    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, dkk, dvv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32, NULL};
+    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, dkk, dvv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32, NULL, 0, 0};
     gpu->attention(&gc);
     go = back(dout, T * H * D), gl = back(dlse, T * H);
     EXPECT_CLOSE("attention rows", go, out, T * H * D, 1e-5);
@@ -187,40 +187,25 @@ static void attention_and_merges(uint64_t *st)
     EXPECT_CLOSE("attention from row0", go, out, T * H * D, 1e-5);
     EXPECT_CLOSE("attention lse4", gl, lse, T * H, 1e-5);
     free(go), free(gl);
-    /* merge of two partials, one side empty for row 1 */
+    /* sharded attention (canonical key shards) */
+    c.shards = gc.shards = 4, c.shard_interleave = gc.shard_interleave = 2;
+    cpu->attention(&c);
+    gpu->attention(&gc);
+    go = back(dout, T * H * D), gl = back(dlse, T * H);
+    EXPECT_CLOSE("attention over key shards", go, out, T * H * D, 1e-5);
+    EXPECT_CLOSE("shards lse", gl, lse, T * H, 1e-5);
+    free(go), free(gl);
+    c.shards = gc.shards = 0;
+    /* merge of two packed partials, one side empty for row 1 */
     int rows = T * H;
-    float *o2 = rnd(rows * D, st), *l2 = rnd(rows, st);
-    l2[1] = -INFINITY;
-    float *do2 = on_gpu(o2, sizeof(float) * rows * D), *dl2 = on_gpu(l2, sizeof(float) * rows);
-    gpu->upload(dout, out, sizeof out);
-    gpu->upload(dlse, lse, sizeof lse);
-    cpu->merge_attention(out, lse, o2, l2, rows, D);
-    gpu->merge_attention(dout, dlse, do2, dl2, rows, D);
-    go = back(dout, rows * D), gl = back(dlse, rows);
-    EXPECT_CLOSE("merge_attention", go, out, rows * D, 1e-6);
-    EXPECT_CLOSE("merge lse", gl, lse, rows, 1e-6);
-    free(go), free(gl);
-    /* ag_rs rescale and a2a combine over N = 3 ranks */
-    int N = 3;
-    float *lr = rnd(N * rows, st), *o = rnd(rows * D, st), lm[T * H];
-    lr[2 * rows + 5] = lr[0 * rows + 5] = lr[1 * rows + 5] = -INFINITY; /* no rank has keys for row 5 */
-    float *dlr = on_gpu(lr, sizeof(float) * N * rows), *dO = on_gpu(o, sizeof(float) * rows * D);
-    float *dlm = gpu->alloc(sizeof lm);
-    cpu->lse_rescale(o, lm, lr, 1, N, rows, D);
-    gpu->lse_rescale(dO, dlm, dlr, 1, N, rows, D);
-    go = back(dO, rows * D), gl = back(dlm, rows);
-    EXPECT_CLOSE("lse_rescale", go, o, rows * D, 1e-6);
-    EXPECT_CLOSE("rescale lse", gl, lm, rows, 1e-6);
-    free(go), free(gl);
-    float *parts = rnd((size_t)N * rows * (D + 1), st), pk[T * H * (D + 1)];
-    for (int r = 0; r < rows; r++) parts[(size_t)(0 * rows + r) * (D + 1) + D] = -INFINITY; /* rank 0 empty */
-    float *dparts = on_gpu(parts, sizeof(float) * N * rows * (D + 1));
-    cpu->lse_combine(out, lse, parts, N, rows, D);
-    gpu->lse_combine(dout, dlse, dparts, N, rows, D);
-    go = back(dout, rows * D), gl = back(dlse, rows);
-    EXPECT_CLOSE("lse_combine", go, out, rows * D, 1e-6);
-    EXPECT_CLOSE("combine lse", gl, lse, rows, 1e-6);
-    free(go), free(gl);
+    float *parts = rnd((size_t)2 * rows * (D + 1), st), pk[T * H * (D + 1)];
+    parts[(size_t)(rows + 1) * (D + 1) + D] = -INFINITY;
+    float *dparts = on_gpu(parts, sizeof(float) * 2 * rows * (D + 1));
+    cpu->merge_partials(parts, parts + (size_t)rows * (D + 1), rows, D, D + 1);
+    gpu->merge_partials(dparts, dparts + (size_t)rows * (D + 1), rows, D, D + 1);
+    go = back(dparts, rows * (D + 1));
+    EXPECT_CLOSE("merge_partials", go, parts, rows * (D + 1), 1e-6);
+    free(go);
     float *dpk = gpu->alloc(sizeof pk);
     cpu->pack_partials(pk, out, lse, rows, D);
     gpu->pack_partials(dpk, dout, dlse, rows, D);
@@ -237,9 +222,9 @@ static void attention_and_merges(uint64_t *st)
     go = back(dk, POOL * kvd);
     EXPECT_CLOSE("kv_write", go, kpool, POOL * kvd, 0);
     free(go);
-    void *bufs[] = {dq, dk, dv, dt0, dt1, dout, dlse, dkk, dvv, do2, dl2, dlr, dO, dlm, dparts, dpk, dslots, dkn, dvn};
+    void *bufs[] = {dq, dk, dv, dt0, dt1, dout, dlse, dkk, dvv, dparts, dpk, dslots, dkn, dvn};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
-    free(q), free(kpool), free(vpool), free(kk), free(vv), free(o2), free(l2), free(lr), free(o), free(parts);
+    free(q), free(kpool), free(vpool), free(kk), free(vv), free(parts);
     free(knew), free(vnew);
 }
 

@@ -56,7 +56,29 @@ static void test_attention_split(const Backend *be)
             r0[t] = split[t], nk[t] = n_all[t] - split[t];
     }
     CHECK(isinf(lse_ctx[2 * H]) && lse_ctx[2 * H] < 0, "empty context: lse -inf");
-    be->merge_attention(ctx, lse_ctx, nw, lse_nw, T * H, D);
+    {
+        float pc[T * H * (D + 1)], pn[T * H * (D + 1)];
+        be->pack_partials(pc, ctx, lse_ctx, T * H, D);
+        be->pack_partials(pn, nw, lse_nw, T * H, D);
+        be->merge_partials(pc, pn, T * H, D, D + 1);
+        for (int i = 0; i < T * H; i++) {
+            memcpy(ctx + i * D, pc + i * (D + 1), sizeof(float) * D);
+            lse_ctx[i] = pc[i * (D + 1) + D];
+        }
+        /* the merge is symmetric, bit for bit (the canonical tree's nodes
+         * may be computed on either side) */
+        be->pack_partials(pc, ctx, lse_ctx, T * H, D);
+        float pa[T * H * (D + 1)], pb[T * H * (D + 1)];
+        uint64_t s2 = 9;
+        for (int i = 0; i < T * H * (D + 1); i++) pa[i] = frand(&s2), pb[i] = frand(&s2);
+        pb[D] = -INFINITY;
+        float ab[T * H * (D + 1)], ba[T * H * (D + 1)];
+        memcpy(ab, pa, sizeof pa);
+        memcpy(ba, pb, sizeof pb);
+        be->merge_partials(ab, pb, T * H, D, D + 1);
+        be->merge_partials(ba, pa, T * H, D, D + 1);
+        CHECK(!memcmp(ab, ba, sizeof ab), "merge_partials is not symmetric bit for bit");
+    }
     double worst = 0;
     for (int i = 0; i < T * H * D; i++) worst = fmax(worst, fabs(ctx[i] - full[i]));
     for (int i = 0; i < T * H; i++) worst = fmax(worst, fabs(lse_ctx[i] - lse_full[i]));
@@ -160,6 +182,91 @@ static void plain_attend(float *out, float *lse, const float *q, const float *k,
         lse[h] = m + logf(sum);
     }
 }
+/* Attention over canonical key shards (AttnBatch.shards) is, bit for
+ * bit, each shard's keys attended alone (gathered into rows of their own)
+ * and the shards merged by the tree: shard g with g + G/2, then g + G/4.
+ * Paged and not, with a sliding window, interleaves 1 and 3. */
+static void test_attention_shards(const Backend *be)
+{
+    enum { T = 4, H = 4, KVH = 2, D = 8, N = 29, G = 4, B = 4 };
+    uint64_t s = 7;
+    float q[T * H * D], k[N * KVH * D], v[N * KVH * D];
+    for (int i = 0; i < T * H * D; i++) q[i] = frand(&s);
+    for (int i = 0; i < N * KVH * D; i++) k[i] = frand(&s), v[i] = frand(&s);
+    int n_all[T] = {29, 1, 6, 17}, first[T] = {3, 0, 0, 9};
+    for (int run = 1; run <= 3; run += 2)
+        for (int window = 0; window < 2; window++)
+            for (int paged = 0; paged < 2; paged++) {
+                /* the sharded call */
+                float out[T * H * D], lse[T * H];
+                int nk[T], r0[T] = {0};
+                memcpy(nk, n_all, sizeof nk);
+                /* paged: KV head-major blocks of B keys in a pool, the table reversed */
+                enum { NB = (N + B - 1) / B };
+                float kp[NB * B * KVH * D], vp[NB * B * KVH * D];
+                int table[NB];
+                const int *tables[T];
+                for (int b = 0; b < NB; b++) table[b] = NB - 1 - b;
+                for (int j = 0; j < N; j++)
+                    for (int g = 0; g < KVH; g++)
+                        for (int x = 0; x < D; x++) {
+                            size_t at = ((size_t)table[j / B] * KVH * B + (size_t)g * B + j % B) * D + x;
+                            kp[at] = k[(j * KVH + g) * D + x];
+                            vp[at] = v[(j * KVH + g) * D + x];
+                        }
+                for (int t = 0; t < T; t++) tables[t] = table;
+                AttnBatch a = {.T = T, .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .scale = 0.3f, .q = q,
+                               .out = out, .lse = lse, .k = paged ? (const void *)kp : k, .v = paged ? (const void *)vp : v,
+                               .n_keys = nk, .key0 = window ? first : NULL, .kv_stride = KVH * D,
+                               .row0 = paged ? NULL : r0, .blocks = paged ? tables : NULL, .block_size = B,
+                               .shards = G, .shard_interleave = run};
+                be->attention(&a);
+                /* each shard's keys gathered, attended unsharded, packed */
+                float part[G][T * H * (D + 1)];
+                for (int g = 0; g < G; g++) {
+                    float ks[N * KVH * D], vs[N * KVH * D], o[T * H * D], l[T * H];
+                    int m = 0, cnt[T], f0[T];
+                    for (int j = 0; j < N; j++)
+                        if ((j / run) % G == g) {
+                            memcpy(ks + m * KVH * D, k + j * KVH * D, sizeof(float) * KVH * D);
+                            memcpy(vs + m * KVH * D, v + j * KVH * D, sizeof(float) * KVH * D);
+                            m++;
+                        }
+                    for (int t = 0; t < T; t++) {
+                        cnt[t] = f0[t] = 0;
+                        for (int j = 0; j < n_all[t]; j++)
+                            if ((j / run) % G == g) {
+                                cnt[t]++;
+                                if (window && j < first[t]) f0[t]++;
+                            }
+                    }
+                    for (int t = 0; t < T; t++) {
+                        /* a token with no keys in the shard: LSE -inf */
+                        int one[1] = {cnt[t]}, z[1] = {0}, k0[1] = {f0[t]};
+                        AttnBatch b = {.T = 1, .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .scale = 0.3f,
+                                       .q = q + t * H * D, .out = o + t * H * D, .lse = l + t * H, .k = ks, .v = vs,
+                                       .n_keys = one, .key0 = k0, .kv_stride = KVH * D, .row0 = z};
+                        if (cnt[t] > f0[t]) be->attention(&b);
+                        else
+                            for (int h = 0; h < H; h++) {
+                                memset(o + (t * H + h) * D, 0, sizeof(float) * D);
+                                l[t * H + h] = -INFINITY;
+                            }
+                    }
+                    be->pack_partials(part[g], o, l, T * H, D);
+                }
+                for (int half = G / 2; half >= 1; half /= 2)
+                    for (int g = 0; g < half; g++) be->merge_partials(part[g], part[g + half], T * H, D, D + 1);
+                int same = 1;
+                for (int i = 0; i < T * H; i++) {
+                    same &= !memcmp(out + i * D, part[0] + i * (D + 1), sizeof(float) * D);
+                    same &= !memcmp(&lse[i], &part[0][i * (D + 1) + D], sizeof(float));
+                }
+                CHECK(same, "sharded attention (interleave %d, window %d, paged %d) is not its shards merged by the tree",
+                      run, window, paged);
+            }
+}
+
 static void test_attend_defined(void)
 {
     static const char *const isa_names[] = {"generic", "avx2", "avx512"};
@@ -475,6 +582,7 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     const Backend *be = backend_cpu();
     test_attention_split(be);
+    test_attention_shards(be);
     test_attend_defined();
     test_exp_accuracy();
     test_rope(be);

@@ -174,6 +174,11 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         if (!L.tokens_only) {
             double tol = L.rel_tol > 0 ? L.rel_tol : 1e-3;
             CHECK(worst <= tol, "%s: logits differ from one rank by %g (tolerance %g)", label, worst, tol);
+            /* a layout of the canonical order (docs/design.md, "Same bits
+             * at any layout"): tp dividing the K chunks, dcp the key
+             * shards, and the reference's interleave, 1 */
+            int canonical = m.shard.k_chunks % L.tp == 0 && m.shard.key_shards % L.dcp == 0 && L.I == 1;
+            CHECK(!canonical || worst == 0, "%s: a canonical layout's logits differ from one rank's by %g", label, worst);
             if (rank == 0) fprintf(stderr, "%-44s max |logit - one rank| = %.2g\n", label, worst);
         }
         results_free(res, mine.n);
@@ -405,18 +410,19 @@ static void comm_bytes(const char *path, int heads)
             long long formula_calls[COMM_N] = {0}, formula_bytes[COMM_N] = {0};
             for (int p = 0; p < PHASE_N; p++) {
                 long long want_calls[COMM_N] = {0}, want_bytes[COMM_N] = {0};
-                long long s = steps[p], ctx = p == PHASE_DECODE; /* decode steps have a context part */
-                want_calls[COMM_allreduce] = 2 * Lyr * s;
-                want_bytes[COMM_allreduce] = 2 * Lyr * s * T[p] * dim * 4;
-                want_calls[COMM_q_allgather] = ctx * Lyr * s;
-                want_bytes[COMM_q_allgather] = ctx * Lyr * s * T[p] * qh * D * 4;
-                if (mb == MERGE_AG_RS) {
-                    want_calls[COMM_lse_allgather] = want_calls[COMM_reduce_scatter] = ctx * Lyr * s;
-                    want_bytes[COMM_lse_allgather] = ctx * Lyr * s * N * T[p] * qh * 4;
-                    want_bytes[COMM_reduce_scatter] = ctx * Lyr * s * N * T[p] * qh * D * 4;
+                long long s = steps[p], n = T[p] * dim, rows = T[p] * qh;
+                long long mine = n * (rank % tp + 1) / tp - n * (rank % tp) / tp; /* this rank's slice */
+                want_calls[COMM_tp_sum] = 2 * Lyr * s;
+                want_bytes[COMM_tp_sum] = 2 * Lyr * s * 4 * (n - mine + (tp - 1) * mine);
+                /* every step's tokens attend the sharded cache (stored first) */
+                want_calls[COMM_q_allgather] = Lyr * s;
+                want_bytes[COMM_q_allgather] = Lyr * s * T[p] * qh * D * 4;
+                if (mb == MERGE_AG_RS) { /* log2 N exchanges, N - 1 blocks sent in all */
+                    want_calls[COMM_merge_exchange] = Lyr * s * (N == 2 ? 1 : N == 4 ? 2 : 3);
+                    want_bytes[COMM_merge_exchange] = Lyr * s * (N - 1) * rows * (D + 1) * 4;
                 } else {
-                    want_calls[COMM_all_to_all] = ctx * Lyr * s;
-                    want_bytes[COMM_all_to_all] = ctx * Lyr * s * N * T[p] * qh * (D + 1) * 4;
+                    want_calls[COMM_all_to_all] = Lyr * s;
+                    want_bytes[COMM_all_to_all] = Lyr * s * N * rows * (D + 1) * 4;
                 }
                 /* one token chosen per step: MAXLOC, or the whole vocabulary gathered */
                 want_calls[sampled ? COMM_logits_gather : COMM_argmax] = s;
@@ -433,10 +439,10 @@ static void comm_bytes(const char *path, int heads)
             /* what crossed MPI (counted by interposition) against the
              * formula and against the program's own counters */
             static const int kinds[PM_N][2] = {
-                [PM_SUM] = {COMM_allreduce, -1},       [PM_MAXLOC] = {COMM_argmax, -1},
-                [PM_ALLGATHER] = {COMM_q_allgather, COMM_lse_allgather},
-                [PM_REDUCE_SCATTER] = {COMM_reduce_scatter, -1}, [PM_ALLTOALL] = {COMM_all_to_all, -1},
-                [PM_ALLGATHERV] = {COMM_logits_gather, -1}};
+                [PM_SUM] = {-1, -1},          [PM_MAXLOC] = {COMM_argmax, -1},
+                [PM_ALLGATHER] = {COMM_q_allgather, -1}, [PM_SENDRECV] = {COMM_merge_exchange, -1},
+                [PM_ALLTOALL] = {COMM_all_to_all, -1}, [PM_ALLGATHERV] = {COMM_logits_gather, -1},
+                [PM_TP_SUM] = {COMM_tp_sum, -1}};
             for (int k = 0; k < PM_N; k++) {
                 long long fc = 0, fb = 0, sc = 0, sb = 0;
                 for (int j = 0; j < 2; j++) {

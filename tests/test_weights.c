@@ -88,8 +88,9 @@ int main(int argc, char **argv)
     int ids[] = {1, 17, 300, 42, 9, 511, 256, 3, 77, 128};
     int n = (int)(sizeof ids / sizeof *ids);
     float *got = forward(&m, &bf16_be, ids, n);
-    CHECK(bf16_matmuls == m.cfg.n_layers * 7 + 1, "%d bf16 matmuls, expected %d", bf16_matmuls,
-          m.cfg.n_layers * 7 + 1);
+    /* q, k, v, gate, up; o and down one per canonical K chunk (Shard); the LM head */
+    int want_mm = m.cfg.n_layers * (5 + 2 * m.shard.chunks) + 1;
+    CHECK(bf16_matmuls == want_mm, "%d bf16 matmuls, expected %d", bf16_matmuls, want_mm);
 
     /* the reference: the CPU backend on the same model, GEMM weights
      * rounded to bf16 in place */
@@ -136,7 +137,9 @@ int main(int argc, char **argv)
         const WeightRef *mats[] = {&mb.w.wq, &mb.w.wk, &mb.w.wv, &mb.w.wo, &mb.w.w_gate, &mb.w.w_up, &mb.w.w_down,
                                    &mb.w.lm_head};
         const int rows[] = {qdb, kvdb, kvdb, cb->dim, sb->hidden, sb->hidden, cb->dim, sb->vocab};
-        const int cols[] = {cb->dim, cb->dim, cb->dim, qdb, cb->dim, cb->dim, sb->hidden, cb->dim};
+        /* o and down: each K chunk a matrix of its own */
+        const int cols[] = {cb->dim, cb->dim, cb->dim, qdb / sb->chunks, cb->dim, cb->dim, sb->hidden / sb->chunks,
+                            cb->dim};
         for (int i = 0; i < 8; i++) {
             int want_group = G && cols[i] % 16 == 0 && rows[i] >= G ? G : 0;
             CHECK(mats[i]->group == want_group, "row groups %d: matrix %d (%d x %d) has group %d, expected %d", G, i,

@@ -52,6 +52,12 @@ typedef struct {
     int v_dim;                /* values: the first v_dim floats of each value row (MLA); 0: head_dim */
     DType kv_dtype;           /* of the key and value rows (bf16: a --kv-cache-dtype bfloat16 cache) */
     const int *row0;          /* per token: its first key's row, unpaged; NULL: 0 */
+    /* The canonical key shards (docs/design.md, "Same bits at any
+     * layout"): key j is in shard (j / shard_interleave) % shards; each
+     * shard is attended alone and the shards' (out, lse) merged by the tree
+     * that merges shard g with g + shards / 2 first, then with g +
+     * shards / 4, ... (merge_partials' arithmetic). 0 or 1: one shard. */
+    int shards, shard_interleave;
 } AttnBatch;
 
 typedef struct Backend {
@@ -125,20 +131,13 @@ typedef struct Backend {
     unsigned kv_dtypes;
     void (*round_bf16)(float *x, size_t n);
     void (*attention)(const AttnBatch *a);
-    /* o1/lse1 (rows, head_dim)/(rows) become the merge of two partial
-     * attentions over disjoint key sets (docs/design.md, "One step"). */
-    void (*merge_attention)(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim);
-    /* DCP merge, ag_rs: o (rows, head_dim) holds this rank's partials and
-     * lse_ranks (N, rows) every rank's LSEs for the same rows (this rank's
-     * at index me). Scales o by exp(lse_me - L), L = logsumexp over the
-     * ranks, and writes L to lse_merged (rows); a sum over ranks of the
-     * scaled partials is then the merged output. */
-    void (*lse_rescale)(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows, int head_dim);
-    /* DCP merge, a2a: parts (N, rows, head_dim + 1) are every rank's partial
-     * output and LSE for the same rows; out (rows, head_dim) and lse (rows)
-     * receive the merge. */
-    void (*lse_combine)(float *out, float *lse, const float *parts, int N, int rows, int head_dim);
-    /* a2a send buffer: parts (rows, head_dim + 1) = (o, lse) */
+    /* a's rows become the merges of two partial attentions over disjoint
+     * keys, a's and b's: rows of stride floats, head_dim output values
+     * then the LSE. Symmetric bit for bit, so that the canonical tree
+     * (docs/design.md, "Same bits at any layout") gives the same bits
+     * wherever its nodes are computed. */
+    void (*merge_partials)(float *a, const float *b, int rows, int head_dim, int stride);
+    /* parts (rows, head_dim + 1) = (o, lse): the DCP merges' packed rows */
     void (*pack_partials)(float *parts, const float *o, const float *lse, int rows, int head_dim);
 } Backend;
 

@@ -126,144 +126,32 @@ static int same_keys(const AttnBatch *a, int t, int u)
            a->n_keys[t] > j0t && a->n_keys[u] > j0u;
 }
 
-static void cpu_attention(const AttnBatch *a)
+/* a (D) with LSE *la becomes the merge of two partial attentions over
+ * disjoint keys, b (D) with LSE lb (docs/design.md, "Same bits at any
+ * layout"): symmetric in its two sides, bit for bit, and a side without
+ * keys (LSE -inf) leaves the other as it is. */
+static inline void merge_row(float *a, float *la, const float *b, float lb, int D)
 {
-    static const int no_key0[ATT_ROWS];
-    int kv_heads = a->n_kv_heads, group = a->n_heads / kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
-    AttendFn attend = cpu_attend(a->kv_dtype);
-    size_t esize = dtype_bytes(a->kv_dtype);
-    /* a KV head's elements in a row; paged pools hold a block's keys KV
-     * head by KV head (AttnBatch) */
-    size_t hd = (size_t)a->kv_stride / kv_heads, B = (size_t)a->block_size;
-    size_t stride = a->blocks ? hd : (size_t)a->kv_stride, hs = a->blocks ? B * hd : hd;
-    /* a unit of work: a run of tokens' heads (read together, key by key),
-     * split by KV heads when there are too few tokens to go round the
-     * threads; runs as long as leave every thread two at least */
-    int threads = omp_get_max_threads(), splits = 1, most = a->T / (2 * threads);
-    if (a->T < threads) splits = (threads + a->T - 1) / a->T;
-    if (splits > kv_heads) splits = kv_heads;
-    most = most < 1 ? 1 : most > ATT_ROWS ? ATT_ROWS : most;
-    static int *run0, cap_runs; /* run i: tokens run0[i] .. run0[i + 1] - 1 */
-    if (a->T + 1 > cap_runs) {
-        cap_runs = 2 * (a->T + 1);
-        run0 = xrealloc(run0, sizeof(int) * (size_t)cap_runs);
+    float l1 = *la, l2 = lb;
+    if (l2 == -INFINITY) return;
+    if (l1 == -INFINITY) {
+        memcpy(a, b, sizeof(float) * D);
+        *la = l2;
+        return;
     }
-    int runs = 0;
-    for (int t = 0, u; t < a->T; t = u) {
-        run0[runs++] = t;
-        int n = a->n_keys[t];
-        for (u = t + 1; u < a->T && u - t < most && same_keys(a, t, u); u++) {
-            n = a->n_keys[u] > n ? a->n_keys[u] : n;
-            if (attend_scratch_bytes(n, (u - t + 1) * a->n_heads) > ATT_SCRATCH) break;
-        }
-    }
-    run0[runs] = a->T;
-    int units = runs * splits;
-#pragma omp parallel if (units > 1)
-    {
-        /* each thread's scores and key offsets, kept from call to call */
-        static _Thread_local float *score;
-        static _Thread_local size_t cap;
-#pragma omp for schedule(dynamic, 1)
-        for (int u = 0; u < units; u++) {
-            int t = run0[u / splits], R = run0[u / splits + 1] - t, s = u % splits;
-            int g0 = (int)((long)kv_heads * s / splits), g1 = (int)((long)kv_heads * (s + 1) / splits);
-            int H = (g1 - g0) * group, n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
-            size_t r = (size_t)t * a->n_heads + (size_t)g0 * group; /* the unit's first row */
-            float *o = a->out + r * Dv;
-            if (n - j0 <= 0) { /* a run of its own */
-                memset(o, 0, sizeof(float) * Dv * H);
-                for (int h = 0; h < H; h++) a->lse[r + h] = -INFINITY;
-                continue;
-            }
-            for (int i = 1; i < R; i++) n = a->n_keys[t + i] > n ? a->n_keys[t + i] : n;
-            size_t need = attend_scratch_bytes(n, R * H);
-            if (need > cap) {
-                cap = need > 2 * cap ? need : 2 * cap;
-                free(score);
-                score = xmalloc(cap);
-            }
-            AttendRows ar = {.R = R, .H = H, .group = group, .D = D, .Dv = Dv,
-                             .j0 = a->key0 ? a->key0 + t : no_key0, .n = a->n_keys + t,
-                             .q = a->q + r * D, .out = o, .lse = &a->lse[r],
-                             .q_stride = (size_t)a->n_heads * D, .out_stride = (size_t)a->n_heads * Dv,
-                             .lse_stride = (size_t)a->n_heads,
-                             .k = (const char *)a->k + (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize,
-                             .v = (const char *)a->v + (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize,
-                             .table = a->blocks ? a->blocks[t] : NULL, .B = a->block_size, .stride = stride,
-                             .head_stride = hs, .block_stride = B * a->kv_stride, .scale = a->scale, .scratch = score,
-                             /* the token before, of the same sequence, has just read these keys */
-                             .warm = t > 0 && same_keys(a, t - 1, t)};
-            attend(&ar);
-        }
-    }
+    float m = l1 > l2 ? l1 : l2;
+    float s1 = expf(l1 - m), s2 = expf(l2 - m), inv = 1.0f / (s1 + s2);
+    for (int d = 0; d < D; d++) a[d] = (a[d] * s1 + b[d] * s2) * inv;
+    *la = m + logf(s1 + s2);
 }
 
-static void cpu_merge_attention(float *o1, float *lse1, const float *o2, const float *lse2, int rows, int head_dim)
+static void cpu_merge_partials(float *a, const float *b, int rows, int head_dim, int stride)
 {
 #pragma omp parallel for if (rows > 64)
     for (int r = 0; r < rows; r++) {
-        float l1 = lse1[r], l2 = lse2[r];
-        if (l2 == -INFINITY) continue;
-        float *a = o1 + (size_t)r * head_dim;
-        const float *b = o2 + (size_t)r * head_dim;
-        if (l1 == -INFINITY) {
-            memcpy(a, b, sizeof(float) * head_dim);
-            lse1[r] = l2;
-            continue;
-        }
-        float m = l1 > l2 ? l1 : l2;
-        float s1 = expf(l1 - m), s2 = expf(l2 - m), inv = 1.0f / (s1 + s2);
-        for (int d = 0; d < head_dim; d++) a[d] = (a[d] * s1 + b[d] * s2) * inv;
-        lse1[r] = m + logf(s1 + s2);
-    }
-}
-
-static void cpu_lse_rescale(float *o, float *lse_merged, const float *lse_ranks, int me, int N, int rows,
-                            int head_dim)
-{
-#pragma omp parallel for if (rows > 256)
-    for (int r = 0; r < rows; r++) {
-        float m = -INFINITY;
-        for (int n = 0; n < N; n++) m = fmaxf(m, lse_ranks[(size_t)n * rows + r]);
-        float *v = o + (size_t)r * head_dim;
-        if (m == -INFINITY) { /* no rank has keys for this row */
-            lse_merged[r] = -INFINITY;
-            memset(v, 0, sizeof(float) * head_dim);
-            continue;
-        }
-        float sum = 0.0f;
-        for (int n = 0; n < N; n++) sum += expf(lse_ranks[(size_t)n * rows + r] - m);
-        float L = m + logf(sum);
-        float scale = expf(lse_ranks[(size_t)me * rows + r] - L);
-        for (int d = 0; d < head_dim; d++) v[d] *= scale;
-        lse_merged[r] = L;
-    }
-}
-
-static void cpu_lse_combine(float *out, float *lse, const float *parts, int N, int rows, int head_dim)
-{
-    size_t stride = (size_t)rows * (head_dim + 1);
-#pragma omp parallel for if (rows > 256)
-    for (int r = 0; r < rows; r++) {
-        float m = -INFINITY;
-        for (int n = 0; n < N; n++) m = fmaxf(m, parts[n * stride + (size_t)r * (head_dim + 1) + head_dim]);
-        float *o = out + (size_t)r * head_dim;
-        memset(o, 0, sizeof(float) * head_dim);
-        if (m == -INFINITY) {
-            lse[r] = -INFINITY;
-            continue;
-        }
-        float sum = 0.0f;
-        for (int n = 0; n < N; n++) {
-            const float *p = parts + n * stride + (size_t)r * (head_dim + 1);
-            float w = expf(p[head_dim] - m);
-            sum += w;
-            for (int d = 0; d < head_dim; d++) o[d] += w * p[d];
-        }
-        float inv = 1.0f / sum;
-        for (int d = 0; d < head_dim; d++) o[d] *= inv;
-        lse[r] = m + logf(sum);
+        float *x = a + (size_t)r * stride;
+        const float *y = b + (size_t)r * stride;
+        merge_row(x, x + head_dim, y, y[head_dim], head_dim);
     }
 }
 
@@ -371,6 +259,163 @@ static void cpu_scatter_add_rows(float *y, const float *src, const int *rows, co
     }
 }
 
+/* the keys before key x in shard s of G shards of runs of `run` keys */
+static inline int shard_keys(int x, int G, int run, int s)
+{
+    int base = (x / run / G) * run, rem = x - base * G - s * run;
+    return base + (rem < 0 ? 0 : rem > run ? run : rem);
+}
+
+/* The unit's rows (tokens t .. t+R-1, H heads from KV head g0, its first
+ * row r of a->out/a->lse, o = a->out's) over a->shards key shards
+ * (AttnBatch): each shard attended alone into its own partials, then the
+ * partials merged by the canonical tree (shard g with g + G/2, then
+ * g + G/4, ...). Rows without keys in a shard have LSE -inf there. */
+static void attend_shards(const AttnBatch *a, AttendFn attend, int t, int R, size_t r, int H, int g0, int group,
+                          float *o, float **score, size_t *cap)
+{
+    static _Thread_local float *part;
+    static _Thread_local int *keys;
+    static _Thread_local size_t cap_part, cap_keys;
+    int G = a->shards, run = a->shard_interleave > 0 ? a->shard_interleave : 1, Dv = a->v_dim ? a->v_dim : a->head_dim;
+    size_t rows = (size_t)R * H, need = (size_t)G * rows * ((size_t)Dv + 1);
+    if (need > cap_part) {
+        free(part);
+        cap_part = need;
+        part = xmalloc(sizeof(float) * need);
+    }
+    if ((size_t)R > cap_keys) {
+        free(keys);
+        cap_keys = (size_t)R;
+        keys = xmalloc(sizeof(int) * 2 * cap_keys);
+    }
+    /* shard g's outputs (R, H, Dv) at po(g), its LSEs (R, H) at pl(g) */
+    float *po = part, *pl = part + (size_t)G * rows * Dv;
+    size_t esize = dtype_bytes(a->kv_dtype), hd = (size_t)a->kv_stride / a->n_kv_heads, B = (size_t)a->block_size;
+    size_t hs = a->blocks ? B * hd : hd;
+    int *j0 = keys, *n = keys + R;
+    for (int g = 0; g < G; g++) {
+        float *og = po + (size_t)g * rows * Dv, *lg = pl + (size_t)g * rows;
+        for (int i = 0; i < R; i++) {
+            j0[i] = a->key0 ? shard_keys(a->key0[t + i], G, run, g) : 0;
+            n[i] = shard_keys(a->n_keys[t + i], G, run, g);
+        }
+        for (int i0 = 0, i1; i0 < R; i0 = i1) {
+            if (n[i0] <= j0[i0]) { /* no keys in this shard */
+                memset(og + (size_t)i0 * H * Dv, 0, sizeof(float) * H * Dv);
+                for (int h = 0; h < H; h++) lg[(size_t)i0 * H + h] = -INFINITY;
+                i1 = i0 + 1;
+                continue;
+            }
+            int hi = n[i0];
+            for (i1 = i0 + 1; i1 < R && n[i1] > j0[i1]; i1++) hi = n[i1] > hi ? n[i1] : hi;
+            size_t want = attend_scratch_bytes(hi, (i1 - i0) * H);
+            if (want > *cap) {
+                *cap = want > 2 * *cap ? want : 2 * *cap;
+                free(*score);
+                *score = xmalloc(*cap);
+            }
+            size_t kv0 = (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize;
+            AttendRows ar = {.R = i1 - i0, .H = H, .group = group, .D = a->head_dim, .Dv = Dv, .j0 = j0 + i0,
+                             .n = n + i0, .q = a->q + (r + (size_t)i0 * a->n_heads) * a->head_dim,
+                             .out = og + (size_t)i0 * H * Dv, .lse = lg + (size_t)i0 * H,
+                             .q_stride = (size_t)a->n_heads * a->head_dim, .out_stride = (size_t)H * Dv,
+                             .lse_stride = (size_t)H, .k = (const char *)a->k + kv0, .v = (const char *)a->v + kv0,
+                             .table = a->blocks ? a->blocks[t] : NULL, .B = a->block_size,
+                             .stride = a->blocks ? hd : (size_t)a->kv_stride, .head_stride = hs,
+                             .block_stride = B * a->kv_stride, .scale = a->scale, .scratch = *score,
+                             .map_shards = G, .map_shard = g, .map_interleave = run};
+            attend(&ar);
+        }
+    }
+    for (int half = G / 2; half >= 1; half /= 2)
+        for (int g = 0; g < half; g++)
+            for (size_t i = 0; i < rows; i++)
+                merge_row(po + ((size_t)g * rows + i) * Dv, pl + (size_t)g * rows + i,
+                          po + ((size_t)(g + half) * rows + i) * Dv, pl[(size_t)(g + half) * rows + i], Dv);
+    for (int i = 0; i < R; i++) {
+        memcpy(o + (size_t)i * a->n_heads * Dv, po + (size_t)i * H * Dv, sizeof(float) * H * Dv);
+        memcpy(a->lse + r + (size_t)i * a->n_heads, pl + (size_t)i * H, sizeof(float) * H);
+    }
+}
+
+static void cpu_attention(const AttnBatch *a)
+{
+    static const int no_key0[ATT_ROWS];
+    int kv_heads = a->n_kv_heads, group = a->n_heads / kv_heads, D = a->head_dim, Dv = a->v_dim ? a->v_dim : a->head_dim;
+    AttendFn attend = cpu_attend(a->kv_dtype);
+    size_t esize = dtype_bytes(a->kv_dtype);
+    /* a KV head's elements in a row; paged pools hold a block's keys KV
+     * head by KV head (AttnBatch) */
+    size_t hd = (size_t)a->kv_stride / kv_heads, B = (size_t)a->block_size;
+    size_t stride = a->blocks ? hd : (size_t)a->kv_stride, hs = a->blocks ? B * hd : hd;
+    /* a unit of work: a run of tokens' heads (read together, key by key),
+     * split by KV heads when there are too few tokens to go round the
+     * threads; runs as long as leave every thread two at least */
+    int threads = omp_get_max_threads(), splits = 1, most = a->T / (2 * threads);
+    if (a->T < threads) splits = (threads + a->T - 1) / a->T;
+    if (splits > kv_heads) splits = kv_heads;
+    most = most < 1 ? 1 : most > ATT_ROWS ? ATT_ROWS : most;
+    static int *run0, cap_runs; /* run i: tokens run0[i] .. run0[i + 1] - 1 */
+    if (a->T + 1 > cap_runs) {
+        cap_runs = 2 * (a->T + 1);
+        run0 = xrealloc(run0, sizeof(int) * (size_t)cap_runs);
+    }
+    int runs = 0;
+    for (int t = 0, u; t < a->T; t = u) {
+        run0[runs++] = t;
+        int n = a->n_keys[t];
+        for (u = t + 1; u < a->T && u - t < most && same_keys(a, t, u); u++) {
+            n = a->n_keys[u] > n ? a->n_keys[u] : n;
+            if (attend_scratch_bytes(n, (u - t + 1) * a->n_heads) > ATT_SCRATCH) break;
+        }
+    }
+    run0[runs] = a->T;
+    int units = runs * splits;
+#pragma omp parallel if (units > 1)
+    {
+        /* each thread's scores and key offsets, kept from call to call */
+        static _Thread_local float *score;
+        static _Thread_local size_t cap;
+#pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < units; u++) {
+            int t = run0[u / splits], R = run0[u / splits + 1] - t, s = u % splits;
+            int g0 = (int)((long)kv_heads * s / splits), g1 = (int)((long)kv_heads * (s + 1) / splits);
+            int H = (g1 - g0) * group, n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
+            size_t r = (size_t)t * a->n_heads + (size_t)g0 * group; /* the unit's first row */
+            float *o = a->out + r * Dv;
+            if (n - j0 <= 0) { /* a run of its own */
+                memset(o, 0, sizeof(float) * Dv * H);
+                for (int h = 0; h < H; h++) a->lse[r + h] = -INFINITY;
+                continue;
+            }
+            for (int i = 1; i < R; i++) n = a->n_keys[t + i] > n ? a->n_keys[t + i] : n;
+            size_t need = attend_scratch_bytes(n, R * H);
+            if (need > cap) {
+                cap = need > 2 * cap ? need : 2 * cap;
+                free(score);
+                score = xmalloc(cap);
+            }
+            if (a->shards > 1) {
+                attend_shards(a, attend, t, R, r, H, g0, group, o, &score, &cap);
+                continue;
+            }
+            AttendRows ar = {.R = R, .H = H, .group = group, .D = D, .Dv = Dv,
+                             .j0 = a->key0 ? a->key0 + t : no_key0, .n = a->n_keys + t,
+                             .q = a->q + r * D, .out = o, .lse = &a->lse[r],
+                             .q_stride = (size_t)a->n_heads * D, .out_stride = (size_t)a->n_heads * Dv,
+                             .lse_stride = (size_t)a->n_heads,
+                             .k = (const char *)a->k + (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize,
+                             .v = (const char *)a->v + (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize,
+                             .table = a->blocks ? a->blocks[t] : NULL, .B = a->block_size, .stride = stride,
+                             .head_stride = hs, .block_stride = B * a->kv_stride, .scale = a->scale, .scratch = score,
+                             /* the token before, of the same sequence, has just read these keys */
+                             .warm = t > 0 && same_keys(a, t - 1, t)};
+            attend(&ar);
+        }
+    }
+}
+
 static void cpu_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
 {
     for (int r = 0; r < rows; r++) {
@@ -410,9 +455,7 @@ static const Backend cpu = {
     .add_bias = cpu_add_bias,
     .embedding = cpu_embedding,
     .attention = cpu_attention,
-    .merge_attention = cpu_merge_attention,
-    .lse_rescale = cpu_lse_rescale,
-    .lse_combine = cpu_lse_combine,
+    .merge_partials = cpu_merge_partials,
 };
 
 const Backend *backend_cpu(void) { return &cpu; }

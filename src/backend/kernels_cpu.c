@@ -81,15 +81,17 @@ static inline void touch_rows(const void *base, const size_t *row, int i0, int i
 }
 /* head-major paged keys j0 .. j1-1 (key j's row of KV head 0 at element
  * offset row[j], KV heads hs apart up to the one at last, keys of a block
- * stride apart), read through by touch_run: KV head by KV head, each
- * block's run of its keys in order */
+ * stride apart), read through by touch_run: KV head by KV head, each run
+ * of keys whose rows follow one another (a block's, or a shard's part of
+ * it) in order */
 static inline void touch_heads(const void *base, const size_t *row, int j0, int j1, int B, size_t stride,
                                size_t hs, size_t last, size_t esize)
 {
     __m128i acc = _mm_setzero_si128();
     for (size_t e = 0; e <= last; e += hs)
         for (int j = j0, je; j < j1; j = je) {
-            je = (j / B + 1) * B < j1 ? (j / B + 1) * B : j1; /* the end of key j's block */
+            int end = (j / B + 1) * B < j1 ? (j / B + 1) * B : j1; /* at most to the end of key j's block */
+            for (je = j + 1; je < end && row[je] == row[je - 1] + stride; je++) {}
             acc = touch_run(acc, (const char *)base + (row[j] + e) * esize, (size_t)(je - j) * stride * esize);
         }
     __asm__ volatile("" ::"x"(acc));

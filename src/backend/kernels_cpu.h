@@ -54,6 +54,10 @@ typedef struct {
     /* the keys were just read (by the token before, of the same sequence),
      * so they are in cache; it changes the order of reading only */
     int warm;
+    /* map_shards > 1: the call's key j is key (j / I) * G * I + s * I + j % I
+     * of the stored keys (G map_shards, s map_shard, I map_interleave):
+     * shard s of G interleaved shards (AttnBatch) */
+    int map_shards, map_shard, map_interleave;
 } AttendRows;
 typedef void (*AttendFn)(const AttendRows *a);
 AttendFn cpu_attend(DType kv);

@@ -24,6 +24,10 @@ void attention_init(Attention *a, const Backend *be, const Topology *topo, CommS
     a->merge = merge;
     a->shape = *shape;
     a->kv_dtype = kv_dtype;
+    /* the canonical key shards this rank holds; a dcp that does not divide
+     * their count attends its whole shard as one */
+    int C = shape->key_shards > 0 ? shape->key_shards : 1;
+    a->shards = C % topo->dcp ? 1 : C / topo->dcp;
     size_t memory = kv_memory ? kv_memory : (size_t)256 << 20;
     int B = block_size ? block_size : 16;
     size_t per_block = attention_kv_bytes_per_token(a) * B;
@@ -39,14 +43,12 @@ void attention_init(Attention *a, const Backend *be, const Topology *topo, CommS
 static void free_step_arrays(Attention *a)
 {
     Step *s = &a->step;
-    void *dev[] = {s->d_pos, s->d_slots, a->ctx_out, a->ctx_lse, a->q_all, a->o_all, a->lse_all, a->lse_ranks,
-                   a->parts};
+    void *dev[] = {s->d_pos, s->d_slots, a->q_all, a->o_all, a->lse_all, a->parts};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) a->be->release(dev[i]);
-    void *host[] = {s->pos, s->slots, s->cache_n, s->cache_key0, (void *)s->cache_tables, s->new_row0, s->new_n,
-                    s->new_key0};
+    void *host[] = {s->pos, s->slots, s->cache_n, s->cache_key0, (void *)s->cache_tables};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
-    a->ctx_out = a->ctx_lse = a->q_all = a->o_all = a->lse_all = a->lse_ranks = a->parts = NULL;
+    a->q_all = a->o_all = a->lse_all = a->parts = NULL;
     const int **chunk_tables = s->chunk_tables;
     memset(s, 0, sizeof *s);
     s->chunk_tables = chunk_tables;
@@ -82,17 +84,11 @@ static void reserve(Attention *a, int T)
     s->cache_n = xmalloc(sizeof(int) * N * t);
     s->cache_key0 = xmalloc(sizeof(int) * N * t);
     s->cache_tables = xmalloc(sizeof(int *) * N * t);
-    s->new_row0 = xmalloc(sizeof(int) * t);
-    s->new_n = xmalloc(sizeof(int) * t);
-    s->new_key0 = xmalloc(sizeof(int) * t);
     if (N > 1) {
-        a->ctx_out = be->alloc(f * t * H * D);
-        a->ctx_lse = be->alloc(f * t * H);
         a->q_all = be->alloc(f * N * t * qd);
         a->o_all = be->alloc(f * N * t * H * D);
         a->lse_all = be->alloc(f * N * t * H);
-        a->lse_ranks = be->alloc(f * N * N * t * H);
-        a->parts = be->alloc(f * 2 * N * t * H * (D + 1)); /* send and receive halves */
+        a->parts = be->alloc(f * 2 * N * t * H * (D + 1)); /* held and received rows */
     }
 }
 
@@ -121,21 +117,16 @@ static void upload_tables(Attention *a, const Chunk *chunks, int n_chunks)
 int attention_begin_step(Attention *a, const Chunk *chunks, int n_chunks)
 {
     const Topology *tp = a->topo;
-    int T = 0, has_context = 0, B = a->pool.block_size, W = a->shape.window, N = tp->dcp, me = tp->dcp_rank;
-    for (int i = 0; i < n_chunks; i++) {
-        T += chunks[i].n;
-        has_context |= chunks[i].pos0 > 0;
-    }
+    int T = 0, B = a->pool.block_size, W = a->shape.window, N = tp->dcp, me = tp->dcp_rank;
+    for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
     reserve(a, T);
     upload_tables(a, chunks, n_chunks);
     Step *s = &a->step;
     s->chunks = chunks;
     s->n_chunks = n_chunks;
     s->T = T;
-    s->has_context = has_context;
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
-        int local = kv_local_len(tp, ch->pos0, me);
         for (int j = 0; j < ch->n; j++, t++) {
             int p = ch->pos0 + j;
             s->pos[t] = p;
@@ -144,20 +135,15 @@ int attention_begin_step(Attention *a, const Chunk *chunks, int n_chunks)
                 int li = kv_local_index(tp, p);
                 s->slots[t] = ch->blocks[li / B] * B + li % B;
             }
-            /* a sliding window keeps the keys at positions > p - W: in the
-             * cached shard those after this rank's first local positions
-             * (local indices grow with the position), in the chunk those
-             * after its first j - W + 1 */
+            /* The new keys are stored before any token attends, and every
+             * token reads its keys from the cache: positions [0, p] of its
+             * sequence, this rank's shard of them. A sliding window keeps
+             * those > p - W: in the shard, the ones after this rank's first
+             * local positions (local indices grow with the position). */
             int first = W && p - W + 1 > 0 ? p - W + 1 : 0;
-            /* dcp 1: the token's keys are stored before it attends, so it
-             * reads positions [0, p]; dcp > 1: the shard before the chunk */
-            int upto = N == 1 ? p + 1 : ch->pos0;
-            s->cache_n[t] = N == 1 ? upto : local;
-            s->cache_key0[t] = first ? kv_local_len(tp, first < upto ? first : upto, me) : 0;
+            s->cache_n[t] = kv_local_len(tp, p + 1, me);
+            s->cache_key0[t] = first ? kv_local_len(tp, first, me) : 0;
             s->cache_tables[t] = s->chunk_tables[i];
-            s->new_row0[t] = t - j;
-            s->new_n[t] = j + 1;
-            s->new_key0[t] = first > ch->pos0 ? first - ch->pos0 : 0;
         }
     }
     for (int r = 1; r < N; r++) { /* gathered queries of other ranks read the same keys */
@@ -177,95 +163,86 @@ static void *kv_layer(const Attention *a, void *pool, int layer)
     return pool ? (char *)pool + rows * s->kv_heads * s->head_dim * dtype_bytes(a->kv_dtype) : NULL;
 }
 
-/* The attention of rows = copies x T queries over this rank's cache of a
- * layer (cache: 1) or over the step's new rows k/v (cache: 0). */
-static void attend(const Attention *a, int layer, int sliding, int cache, int copies, const float *q, const float *k,
-                   const float *v, float *out, float *lse)
+/* The attention of copies x T queries over this rank's cache of a layer,
+ * its keys in the canonical key shards this rank holds (Attention). */
+static void attend(const Attention *a, int layer, int sliding, int copies, const float *q, float *out, float *lse)
 {
     const AttnShape *sh = &a->shape;
     const Step *s = &a->step;
     AttnBatch ab = {.T = s->T * copies, .n_heads = sh->q_heads, .n_kv_heads = sh->kv_heads, .head_dim = sh->head_dim,
                     .scale = sh->scale, .q = q, .out = out, .lse = lse, .kv_stride = sh->kv_heads * sh->head_dim,
-                    .v_dim = sh->v_dim, .block_size = a->pool.block_size};
-    if (cache) {
-        ab.k = kv_layer(a, a->k_pool, layer);
-        ab.v = sh->keys_only ? ab.k : kv_layer(a, a->v_pool, layer);
-        ab.n_keys = s->cache_n;
-        ab.key0 = sliding ? s->cache_key0 : NULL;
-        ab.blocks = s->cache_tables;
-        ab.kv_dtype = a->kv_dtype;
-    } else {
-        ab.k = k;
-        ab.v = sh->keys_only ? k : v;
-        ab.row0 = s->new_row0;
-        ab.n_keys = s->new_n;
-        ab.key0 = sliding ? s->new_key0 : NULL;
-        ab.kv_dtype = DTYPE_F32;
-    }
+                    .v_dim = sh->v_dim, .block_size = a->pool.block_size, .n_keys = s->cache_n,
+                    .key0 = sliding ? s->cache_key0 : NULL, .blocks = s->cache_tables, .kv_dtype = a->kv_dtype,
+                    .shards = a->shards, .shard_interleave = a->topo->interleave};
+    ab.k = kv_layer(a, a->k_pool, layer);
+    ab.v = sh->keys_only ? ab.k : kv_layer(a, a->v_pool, layer);
     a->be->attention(&ab);
 }
 
-/* Context attention over a KV cache sharded across the DCP group: every
- * rank attends the group's queries to its own shard, then the partials are
- * merged so that each rank ends with its own heads' output and LSE. */
-static void context_attention_dcp(Attention *a, int layer, int sliding, const float *q)
+/* The DCP group's merge of its ranks' partials (docs/design.md, "Same bits
+ * at any layout"): rank d's partial for rank e's heads is block e of
+ * parts (N blocks of rows x (D + 1): outputs, then the LSE). The tree
+ * merges rank d's with rank d + N/2's first, then d + N/4's, ...; rank d
+ * ends with its own heads' merge in block d (ag_rs) or block 0 (a2a);
+ * returns that block. */
+static float *merge_ranks(Attention *a, float *parts, int rows, int D)
 {
     const Topology *tp = a->topo;
-    const AttnShape *sh = &a->shape;
     const Backend *be = a->be;
     CommStats *cs = a->comm;
-    /* D: an output row (MLA: the latent values, narrower than the query) */
-    int N = tp->dcp, T = a->step.T, H = sh->q_heads, D = sh->v_dim ? sh->v_dim : sh->head_dim;
-    size_t qd = (size_t)H * sh->head_dim, rows = (size_t)T * H; /* rows of one rank's heads */
-    /* queries of the whole group: (N, T, H, head_dim) */
-    comm_allgather(cs, COMM_q_allgather, q, comm_count(T * qd), a->q_all, tp->dcp_comm);
-    attend(a, layer, sliding, 1, N, a->q_all, NULL, NULL, a->o_all, a->lse_all);
-    if (a->merge == MERGE_AG_RS) {
-        /* every rank's LSEs for all N*rows rows, then the scaled partials
-         * summed so that rank d receives block d: its own heads */
-        comm_allgather(cs, COMM_lse_allgather, a->lse_all, comm_count(N * rows), a->lse_ranks, tp->dcp_comm);
-        be->lse_rescale(a->o_all, a->lse_all, a->lse_ranks, tp->dcp_rank, N, (int)(N * rows), D);
-        comm_reduce_scatter_sum(cs, a->o_all, a->ctx_out, comm_count(rows * D), tp->dcp_comm);
-        be->copy(a->ctx_lse, a->lse_all + (size_t)tp->dcp_rank * rows, sizeof(float) * rows);
-    } else {
-        /* block d of (partial, LSE) rows goes to rank d, which combines them */
-        float *send = a->parts, *recv = a->parts + (size_t)N * rows * (D + 1);
-        be->pack_partials(send, a->o_all, a->lse_all, (int)(N * rows), D);
-        comm_alltoall(cs, send, recv, comm_count(rows * (D + 1)), tp->dcp_comm);
-        be->lse_combine(a->ctx_out, a->ctx_lse, recv, N, (int)rows, D);
+    int N = tp->dcp, me = tp->dcp_rank;
+    size_t blk = (size_t)rows * (D + 1);
+    float *recv = parts + (size_t)N * blk;
+    if (a->merge == MERGE_AG_RS && (N & (N - 1)) == 0) {
+        /* recursive halving: each step halves the blocks a rank holds,
+         * exchanging the other half with the rank whose partial the tree
+         * merges with its own at that level */
+        int lo = 0;
+        for (int h = N / 2; h >= 1; h /= 2) {
+            int partner = me ^ h, keep = me & h ? lo + h : lo, give = me & h ? lo : lo + h;
+            comm_sendrecv(cs, COMM_merge_exchange, parts + (size_t)give * blk, recv, comm_count(h * blk), partner,
+                          tp->dcp_comm);
+            be->merge_partials(parts + (size_t)keep * blk, recv, h * rows, D, D + 1);
+            lo = keep;
+        }
+        return parts + (size_t)me * blk;
     }
+    /* a2a: every rank's partial of this rank's heads, merged here */
+    comm_alltoall(cs, parts, recv, comm_count(blk), tp->dcp_comm);
+    int top = 1; /* a size that is not a power of two: the ranks past the tree's leaves follow in order */
+    while (top * 2 <= N) top *= 2;
+    for (int h = top / 2; h >= 1; h /= 2)
+        for (int g = 0; g < h; g++) be->merge_partials(recv + (size_t)g * blk, recv + (size_t)(g + h) * blk, rows, D, D + 1);
+    for (int g = top; g < N; g++) be->merge_partials(recv, recv + (size_t)g * blk, rows, D, D + 1);
+    return recv;
 }
 
 void attention_layer(Attention *a, int layer, int sliding, const float *q, float *k, float *v, float *out, float *lse)
 {
     const Backend *be = a->be;
     const AttnShape *sh = &a->shape;
+    const Topology *tp = a->topo;
     const Step *s = &a->step;
-    int T = s->T, kv_row = sh->kv_heads * sh->head_dim, D = sh->v_dim ? sh->v_dim : sh->head_dim;
+    int T = s->T, kv_row = sh->kv_heads * sh->head_dim, D = sh->v_dim ? sh->v_dim : sh->head_dim, N = tp->dcp;
     void *k_pool = kv_layer(a, a->k_pool, layer), *v_pool = kv_layer(a, a->v_pool, layer);
     if (sh->keys_only) v = NULL;
-    if (a->topo->dcp == 1) {
-        /* The new keys are stored first and every token reads its keys from
-         * the cache in one pass: the same keys in the same order whether
-         * its prompt came in one chunk or several, alone or batched, so its
-         * result does not depend on either. */
-        be->kv_write(k_pool, v_pool, a->kv_dtype, k, v, s->d_slots, T, kv_row, sh->kv_heads, a->pool.block_size);
-        attend(a, layer, sliding, 1, 1, q, NULL, NULL, out, lse);
+    /* The owners store the new keys first (docs/design.md, "Where a token's
+     * KV lives"), and every token reads its keys from the cache in one
+     * pass: the same keys in the same order whether its prompt came in one
+     * chunk or several, alone or batched. */
+    be->kv_write(k_pool, v_pool, a->kv_dtype, k, v, s->d_slots, T, kv_row, sh->kv_heads, a->pool.block_size);
+    if (N == 1) {
+        attend(a, layer, sliding, 1, q, out, lse);
         return;
     }
-    /* The cache is sharded: the new keys (which every rank holds) and each
-     * rank's cached shard are attended apart; the shards' partials are
-     * merged over the DCP group, then with the new part. A bf16 cache's
-     * new keys are read as the cache will hold them, as at DCP 1. */
-    if (a->kv_dtype == DTYPE_BF16) {
-        be->round_bf16(k, (size_t)T * kv_row);
-        if (v) be->round_bf16(v, (size_t)T * kv_row);
-    }
-    attend(a, layer, sliding, 0, 1, q, k, v, out, lse);
-    if (s->has_context) {
-        context_attention_dcp(a, layer, sliding, q);
-        be->merge_attention(out, lse, a->ctx_out, a->ctx_lse, T * sh->q_heads, D);
-    }
-    /* the owners store the new tokens' K/V (docs/design.md, "Where a token's KV lives") */
-    be->kv_write(k_pool, v_pool, a->kv_dtype, k, v, s->d_slots, T, kv_row, sh->kv_heads, a->pool.block_size);
+    /* The cache is sharded: every rank attends the group's queries to its
+     * shard, and the partials are merged over the group. */
+    int H = sh->q_heads, rows = T * H;
+    size_t qd = (size_t)H * sh->head_dim;
+    comm_allgather(a->comm, COMM_q_allgather, q, comm_count(T * qd), a->q_all, tp->dcp_comm);
+    attend(a, layer, sliding, N, a->q_all, a->o_all, a->lse_all);
+    be->pack_partials(a->parts, a->o_all, a->lse_all, N * rows, D);
+    const float *mine = merge_ranks(a, a->parts, rows, D);
+    be->strided_copy(out, D, mine, D + 1, rows, D);
+    be->strided_copy(lse, 1, mine + D, D + 1, rows, 1);
 }

@@ -6,10 +6,11 @@
  *
  * A step is a batch of chunks. A chunk is n consecutive tokens of one
  * sequence starting at position pos0: a whole or partial prompt (prefill),
- * or one token (decode). Attention is split into the context part (keys
- * already cached, sharded over the DCP group) and the new part (keys of the
- * chunk, on every rank), merged by LSE. Every buffer comes from the backend,
- * so the same code drives the CPU and the GPU. */
+ * or one token (decode). The chunk's keys are stored first; then every
+ * token attends its keys in the cache, by the canonical key shards, merged
+ * over the DCP group by the canonical tree (docs/design.md, "Same bits at
+ * any layout"). Every buffer comes from the backend, so the same code
+ * drives the CPU and the GPU. */
 #ifndef DCP_ATTENTION_H
 #define DCP_ATTENTION_H
 
@@ -37,23 +38,22 @@ typedef struct {
     int keys_only;  /* 1: no value pool, the values are the key rows (MLA's latent rows) */
     float scale;    /* of the scores */
     int window;     /* sliding window in positions (layers that slide); 0: none */
+    int key_shards; /* the model's canonical key shards (Shard) */
 } AttnShape;
 
 /* The step's metadata, built once per step from its chunks. The key sets
- * are host arrays (AttnBatch); cache: the keys each token reads from this
- * rank's cache (dcp 1: every position up to its own, stored first; dcp > 1:
- * its shard of the positions before the chunk, repeated for each rank's
- * gathered queries); new: the chunk's own keys up to the token (dcp > 1). */
+ * are host arrays (AttnBatch): the keys each token reads from this rank's
+ * cache, its shard of every position up to its own (stored first),
+ * repeated for each rank's gathered queries under DCP. */
 typedef struct {
     const Chunk *chunks;
-    int n_chunks, T, has_context;
+    int n_chunks, T;
     int *pos;                   /* (T) positions, host */
     int *slots;                 /* (T) row of this rank's pool each token is stored at, -1: another rank's */
     int *d_pos, *d_slots;       /* the same in backend memory */
     const int **chunk_tables;   /* (n_chunks) each chunk's block table in backend memory */
     int *cache_n, *cache_key0;  /* (copies x T) */
     const int **cache_tables;   /* (copies x T) */
-    int *new_row0, *new_n, *new_key0; /* (T) */
 } Step;
 
 typedef struct {
@@ -70,8 +70,10 @@ typedef struct {
     /* capacities of the step arrays (tokens, chunks, table entries) */
     int cap_T, cap_chunks, cap_tables;
     int *d_tables;
+    /* the canonical key shards this rank holds (AttnBatch.shards) */
+    int shards;
     /* DCP merge buffers (dcp > 1), sized for cap_T tokens */
-    float *ctx_out, *ctx_lse, *q_all, *o_all, *lse_all, *lse_ranks, *parts;
+    float *q_all, *o_all, *lse_all, *parts;
 } Attention;
 
 /* kv_memory: bytes of K/V per rank (0: 256 MiB); block_size 0: 16. */

@@ -105,29 +105,46 @@ static int logprob_jobs(Engine *e, Scheduler *sch, const StepPlan *p, const floa
     return nj;
 }
 
-/* Records every job's shard (sampled ones: wait for their tokens), gathers
- * the TP group's records and stores the log-probabilities. */
+/* The log-probabilities of one phase's jobs: prompt positions (phase 0,
+ * while their rows are intact) or sampled positions (phase 1, once their
+ * tokens are chosen). Each rank records its shard, the TP group gathers
+ * the records, and each row's log-sum-exp comes from the maximum over the
+ * shards and the shards' exact integer sums (lse_fixed). */
 static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *b, int nj, int kmax,
                            const int *out, int sampled_phase)
 {
     const Shard *s = &e->env.model->shard;
     size_t stride = LOGPROB_RECORD(kmax);
+    int n = 0, *job = xmalloc(sizeof(int) * (size_t)(nj ? nj : 1));
     for (int j = 0; j < nj; j++) {
         LogprobJob *jb = &b->jobs[j];
         if ((jb->chunk >= 0) != sampled_phase) continue;
         if (jb->chunk >= 0) jb->chosen = out[jb->chunk];
-        logprob_record(jb->row, s->vocab0, s->vocab, jb->chosen, kmax, b->recs + j * stride);
+        logprob_record(jb->row, s->vocab0, s->vocab, jb->chosen, kmax, b->recs + n * stride);
+        job[n++] = j;
     }
-    if (!sampled_phase) return;
+    if (!n) { /* the same jobs on every rank of the group: none anywhere */
+        free(job);
+        return;
+    }
     int tp = e->env.topo->tp;
-    comm_gather_logprobs(e->env.comm, b->recs, comm_count(nj * stride), b->all_recs, e->env.topo->tp_comm);
+    comm_gather_logprobs(e->env.comm, b->recs, comm_count(n * stride), b->all_recs, e->env.topo->tp_comm);
     const float *all = tp > 1 ? b->all_recs : b->recs;
+    int bits = lse_fixed_bits(e->env.model->cfg.vocab_size);
+    float *mx = xmalloc(sizeof(float) * (size_t)n);
+    int64_t *sums = xmalloc(sizeof(int64_t) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        mx[i] = -INFINITY;
+        for (int r = 0; r < tp; r++) mx[i] = fmaxf(mx[i], all[((size_t)r * n + i) * stride]);
+        sums[i] = lse_fixed_sum(b->jobs[job[i]].row, s->vocab, mx[i], bits);
+    }
+    comm_sum_int64(e->env.comm, sums, n, e->env.topo->tp_comm);
     float *one = xmalloc(sizeof(float) * stride * (size_t)tp);
-    for (int j = 0; j < nj; j++) {
-        const LogprobJob *jb = &b->jobs[j];
-        for (int r = 0; r < tp; r++) memcpy(one + r * stride, all + ((size_t)r * nj + j) * stride, sizeof(float) * stride);
+    for (int i = 0; i < n; i++) {
+        const LogprobJob *jb = &b->jobs[job[i]];
+        for (int r = 0; r < tp; r++) memcpy(one + r * stride, all + ((size_t)r * n + i) * stride, sizeof(float) * stride);
         TokenLogprobs lp;
-        logprob_combine(one, tp, kmax, &lp);
+        logprob_combine(one, tp, kmax, lse_fixed(mx[i], sums[i], bits), &lp);
         if (jb->chunk >= 0) {
             p->lp[jb->chunk] = lp;
             continue;
@@ -140,6 +157,9 @@ static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *
         memcpy(res->ptop_id + (size_t)jb->pos * jb->k, lp.top_id, sizeof(int) * (size_t)jb->k);
     }
     free(one);
+    free(mx);
+    free(sums);
+    free(job);
 }
 
 /* min_tokens: while a request has generated fewer, its stop tokens cannot

@@ -25,15 +25,34 @@ void layer_attention(const LayerEnv *env, int layer, int sliding, const float *q
     env->tm->attention += layer_clock(env) - t0;
 }
 
-void layer_residual(const LayerEnv *env, float *y, const float *b, int T)
+void layer_matmul_rows(const LayerEnv *env, float *parts, const float *x, WeightRef w, int T, int in, int out)
 {
-    int dim = env->model->cfg.dim;
-    comm_allreduce_sum(env->comm, y, comm_count((size_t)T * dim), env->topo->tp_comm);
-    if (b) env->be->add_bias(y, b, T, dim); /* once, after the sum */
-    env->be->add(env->x, y, (size_t)T * dim);
+    int chunks = env->model->shard.chunks, cin = in / chunks;
+    if (chunks == 1) {
+        layer_matmul(env, parts, x, w, T, in, out);
+        return;
+    }
+    for (int c = 0; c < chunks; c++) {
+        env->be->strided_copy(env->xchunk, cin, x + (size_t)c * cin, in, T, cin);
+        layer_matmul(env, parts + (size_t)c * T * out, env->xchunk, weight_at(w, (size_t)c * out * cin), T, cin, out);
+    }
 }
 
-void layer_swiglu(const LayerEnv *env, const SwiGlu *w, float *y, const float *x, int T, int hidden, float *h1,
+void layer_residual(const LayerEnv *env, const float *b, int T)
+{
+    int dim = env->model->cfg.dim, chunks = env->model->shard.chunks;
+    size_t n = (size_t)T * dim;
+    float *y = env->parts;
+    /* this rank's chunks: adjacent pairs, then pairs of pairs (a subtree
+     * of the canonical tree, whose upper levels comm_sum_tree adds) */
+    for (int w = 1; w < chunks; w *= 2)
+        for (int c = 0; c + w < chunks; c += 2 * w) env->be->add(y + c * n, y + (c + w) * n, n);
+    comm_sum_tree(env->comm, y, env->sum_scratch, comm_count(n), env->topo->tp_comm);
+    if (b) env->be->add_bias(y, b, T, dim); /* once, after the sum */
+    env->be->add(env->x, y, n);
+}
+
+void layer_swiglu(const LayerEnv *env, const SwiGlu *w, float *parts, const float *x, int T, int hidden, float *h1,
                   float *h2)
 {
     const Backend *be = env->be;
@@ -45,7 +64,7 @@ void layer_swiglu(const LayerEnv *env, const SwiGlu *w, float *y, const float *x
         be->add_bias(h2, w->b_up, T, hidden);
     }
     be->silu_mul(h1, h2, (size_t)T * hidden);
-    layer_matmul(env, y, h1, w->down, T, hidden, dim);
+    layer_matmul_rows(env, parts, h1, w->down, T, hidden, dim);
 }
 
 static const void *track(Uploads *u, const void *p)

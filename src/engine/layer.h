@@ -25,9 +25,14 @@ typedef struct {
     CommStats *comm;
     int timing_sync;  /* wait for the device around timed phases (benchmarks) */
     Attention *att;   /* the attention core; its step holds the step's tokens and positions */
-    /* the residual stream and a block's input and output, (T, dim) each,
-     * in backend memory, sized by the engine for the step */
-    float *x, *xb, *xb2;
+    /* the residual stream and a block's input, (T, dim) each, in backend
+     * memory, sized by the engine for the step */
+    float *x, *xb;
+    /* a row-parallel product's partial sums, one (T, dim) per K chunk this
+     * rank holds (Shard.chunks), summed in the canonical order by
+     * layer_residual; a chunk's input columns, (T, widest chunk); the
+     * TP sum's receive buffer, (T, dim) */
+    float *parts, *xchunk, *sum_scratch;
 } LayerEnv;
 
 /* One family's decoder layer. `state` is what load returned: the family's
@@ -52,9 +57,16 @@ void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, in
 /* The attention core's layer call, timed as attention. */
 void layer_attention(const LayerEnv *env, int layer, int sliding, const float *q, float *k, float *v, float *out,
                      float *lse);
-/* y (T, dim) summed over the TP group (row-parallel output), then added
- * to the residual stream with the bias b (dim; NULL: none) added once. */
-void layer_residual(const LayerEnv *env, float *y, const float *b, int T);
+/* A row-parallel product, this rank's K columns (in) as Shard.chunks
+ * canonical chunks (w: their (out, in / chunks) matrices one after
+ * another): parts[c] (T, out) = x's chunk c columns . w_c^T, timed as
+ * matmul. */
+void layer_matmul_rows(const LayerEnv *env, float *parts, const float *x, WeightRef w, int T, int in, int out);
+/* env->parts (the row-parallel output's chunks) summed in the canonical
+ * order, over this rank's chunks and then over the TP group
+ * (docs/design.md, "Same bits at any layout"), then added to the residual
+ * stream with the bias b (dim; NULL: none) added once. */
+void layer_residual(const LayerEnv *env, const float *b, int T);
 
 /* A SwiGLU feed-forward block: down . (silu(gate . x + b_gate) * (up . x + b_up)),
  * this rank's hidden rows (column-parallel gate/up, row-parallel down). */
@@ -63,9 +75,9 @@ typedef struct {
     WeightRef down;     /* (dim, hidden) */
     const float *b_gate, *b_up; /* (hidden) or NULL */
 } SwiGlu;
-/* y (T, dim) = the block on x (T, dim), before the TP sum; h1, h2 scratch
- * of (T, hidden). */
-void layer_swiglu(const LayerEnv *env, const SwiGlu *w, float *y, const float *x, int T, int hidden, float *h1,
+/* parts (chunks x (T, dim)) = the block on x (T, dim), before the sum over
+ * chunks and ranks (layer_matmul_rows); h1, h2 scratch of (T, hidden). */
+void layer_swiglu(const LayerEnv *env, const SwiGlu *w, float *parts, const float *x, int T, int hidden, float *h1,
                   float *h2);
 
 /* Weights into the backend, with a list of what to release. */

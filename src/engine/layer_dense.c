@@ -17,9 +17,9 @@ typedef struct {
     const float *rms_att;   /* (dim) */
     WeightRef wq;           /* (q_heads*head_dim, dim) */
     WeightRef wk, wv;       /* (kv_heads*head_dim, dim) */
-    WeightRef wo;           /* (dim, q_heads*head_dim) */
+    WeightRef wo;           /* (dim, q_heads*head_dim) as Shard.chunks column chunks */
     const float *rms_ffn;   /* (dim) */
-    SwiGlu ffn;             /* (hidden, dim) x 2, (dim, hidden) */
+    SwiGlu ffn;             /* (hidden, dim) x 2, (dim, hidden) as column chunks */
     /* NULL unless the config has them (Weights in model.h) */
     const float *bq, *bk, *bv, *bo, *b_down, *q_norm, *k_norm;
     int sliding;            /* this layer attends within the sliding window */
@@ -154,13 +154,13 @@ static void dense_forward(const LayerEnv *env, void *state, int l)
     be->rope(d->k, pos, T, s->kv_heads, D, d->inv_freq, d->rope_scale, c->rope_style);
     layer_attention(env, l, lw->sliding, d->q, d->k, d->v, d->att, d->lse);
     /* row-parallel output projection, summed over the TP group */
-    layer_matmul(env, env->xb2, d->att, lw->wo, T, qd, dim);
-    layer_residual(env, env->xb2, lw->bo, T);
+    layer_matmul_rows(env, env->parts, d->att, lw->wo, T, qd, dim);
+    layer_residual(env, lw->bo, T);
 
     /* feed-forward block: column-parallel gate/up, row-parallel down */
     be->rmsnorm(env->xb, env->x, lw->rms_ffn, T, dim, c->norm_eps);
-    layer_swiglu(env, &lw->ffn, env->xb2, env->xb, T, s->hidden, d->hb, d->hb2);
-    layer_residual(env, env->xb2, lw->b_down, T);
+    layer_swiglu(env, &lw->ffn, env->parts, env->xb, T, s->hidden, d->hb, d->hb2);
+    layer_residual(env, lw->b_down, T);
 }
 
 const LayerOps dense_layer_ops = {

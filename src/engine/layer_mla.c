@@ -193,13 +193,13 @@ static void mla_forward(const LayerEnv *env, void *state, int l)
         layer_matmul(env, b[B_TB], b[B_TA], lw->uv[h], T, kvl, vd);
         be->strided_copy(b[B_ATTV] + (size_t)h * vd, H * vd, b[B_TB], vd, T, vd);
     }
-    layer_matmul(env, env->xb2, b[B_ATTV], lw->o, T, H * vd, dim);
-    layer_residual(env, env->xb2, NULL, T);
+    layer_matmul_rows(env, env->parts, b[B_ATTV], lw->o, T, H * vd, dim);
+    layer_residual(env, NULL, T);
 
     be->rmsnorm(env->xb, env->x, lw->rms_ffn, T, dim, eps);
-    if (lw->is_moe) moe_forward(env, &lw->moe, &st->moe, env->xb2, env->xb, T);
-    else layer_swiglu(env, &lw->ffn, env->xb2, env->xb, T, env->model->shard.hidden, b[B_HB], b[B_HB2]);
-    layer_residual(env, env->xb2, NULL, T);
+    if (lw->is_moe) moe_forward(env, &lw->moe, &st->moe, env->parts, env->xb, T);
+    else layer_swiglu(env, &lw->ffn, env->parts, env->xb, T, env->model->shard.hidden, b[B_HB], b[B_HB2]);
+    layer_residual(env, NULL, T);
 }
 
 const LayerOps mla_layer_ops = {

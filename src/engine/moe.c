@@ -53,17 +53,18 @@ void moe_reserve(const LayerEnv *env, MoeScratch *s, int T)
     const Backend *be = env->be;
     size_t t = (size_t)T, dim = (size_t)env->model->cfg.dim, E = (size_t)m->n_routed_experts,
            K = (size_t)m->experts_per_token, G = (size_t)(m->n_group > 0 ? m->n_group : 1), f = sizeof(float),
-           wide = (size_t)m->moe_hidden * (m->n_shared_experts > 1 ? (size_t)m->n_shared_experts : 1);
+           wide = (size_t)m->moe_hidden * (m->n_shared_experts > 1 ? (size_t)m->n_shared_experts : 1),
+           chunks = (size_t)env->model->shard.chunks;
     s->logits = be->alloc(f * t * E);
     s->xg = be->alloc(f * t * K * dim);
     s->hg = be->alloc(f * t * K * wide);
     s->hu = be->alloc(f * t * K * wide);
-    s->yd = be->alloc(f * t * K * dim);
+    s->yd = be->alloc(f * chunks * t * K * dim);
     s->d_rows = be->alloc(sizeof(int) * t * K);
     s->d_weights = be->alloc(f * t * K);
-    float *zero = xcalloc(t * dim, f);
-    s->zero = be->alloc(f * t * dim);
-    be->upload(s->zero, zero, f * t * dim);
+    float *zero = xcalloc(chunks * t * dim, f);
+    s->zero = be->alloc(f * chunks * t * dim);
+    be->upload(s->zero, zero, f * chunks * t * dim);
     free(zero);
     s->h_logits = xmalloc(f * t * E);
     s->wt = xmalloc(f * t * K);
@@ -163,16 +164,22 @@ void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float 
         }
     be->upload(s->d_rows, s->rows, sizeof(int) * (size_t)T * K);
     be->upload(s->d_weights, s->wsorted, sizeof(float) * (size_t)T * K);
-    be->copy(y, s->zero, sizeof(float) * (size_t)T * dim);
+    /* each K chunk of the output (layer_matmul_rows) sums the experts in
+     * order, then the shared experts: the same in every chunk on every layout */
+    int chunks = env->model->shard.chunks;
+    size_t n = (size_t)T * dim;
+    be->copy(y, s->zero, sizeof(float) * chunks * n);
     for (int e = 0; e < E; e++) {
         int R = start[e + 1] - start[e];
         if (!R) continue;
         be->gather_rows(s->xg, x, s->d_rows + start[e], R, dim);
         layer_swiglu(env, &w->experts[e], s->yd, s->xg, R, mh, s->hg, s->hu);
-        be->scatter_add_rows(y, s->yd, s->d_rows + start[e], s->d_weights + start[e], R, dim);
+        for (int c = 0; c < chunks; c++)
+            be->scatter_add_rows(y + c * n, s->yd + (size_t)c * R * dim, s->d_rows + start[e],
+                                 s->d_weights + start[e], R, dim);
     }
     if (w->shared.gate.data) {
         layer_swiglu(env, &w->shared, s->yd, x, T, env->model->shard.shared_hidden, s->hg, s->hu);
-        be->add(y, s->yd, (size_t)T * dim);
+        be->add(y, s->yd, chunks * n);
     }
 }

@@ -1,6 +1,7 @@
 #include "sampler.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -176,8 +177,6 @@ void logprob_record(const float *row, int v0, int vn, int chosen, int k, float *
 {
     float m = -INFINITY;
     for (int i = 0; i < vn; i++) m = row[i] > m ? row[i] : m;
-    double sum = 0.0;
-    for (int i = 0; i < vn; i++) sum += exp((double)row[i] - m);
     float *v = rec + 3;
     int ids[MAX_LOGPROBS], n = 0;
     for (int i = 0; i < vn; i++)
@@ -187,22 +186,34 @@ void logprob_record(const float *row, int v0, int vn, int chosen, int k, float *
         rec[3 + k + j] = (float)ids[j]; /* ids below 2^24 are exact in a float */
     }
     rec[0] = m;
-    rec[1] = (float)sum;
+    rec[1] = 0.0f;
     rec[2] = chosen >= v0 && chosen < v0 + vn ? row[chosen - v0] : -INFINITY;
 }
 
-void logprob_combine(const float *recs, int n_shards, int k, TokenLogprobs *out)
+int lse_fixed_bits(int n)
+{
+    int b = 0;
+    while (b < 31 && (1LL << b) < (long long)n + 1) b++;
+    return 62 - b;
+}
+
+int64_t lse_fixed_sum(const float *row, int n, float m, int bits)
+{
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) sum += llrint(ldexp(exp((double)row[i] - m), bits));
+    return sum;
+}
+
+double lse_fixed(float m, int64_t sum, int bits) { return m + log(ldexp((double)sum, -bits)); }
+
+void logprob_combine(const float *recs, int n_shards, int k, double lse, TokenLogprobs *out)
 {
     size_t stride = LOGPROB_RECORD(k);
-    double m = -INFINITY, sum = 0.0;
     float chosen = -INFINITY;
-    for (int r = 0; r < n_shards; r++) m = recs[r * stride] > m ? recs[r * stride] : m;
     for (int r = 0; r < n_shards; r++) {
         const float *x = recs + r * stride;
-        sum += (double)x[1] * exp((double)x[0] - m);
         chosen = x[2] > chosen ? x[2] : chosen;
     }
-    double lse = m + log(sum);
     int n = 0;
     out->k = k;
     for (int r = 0; r < n_shards; r++)

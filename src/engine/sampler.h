@@ -44,11 +44,22 @@ typedef struct {
 
 /* Log-probabilities from a vocabulary split over ranks: each rank makes a
  * record of its shard (row: vn logits of ids v0..v0+vn-1), of
- * LOGPROB_RECORD(k) floats: its max, sum of exp(logit - max), the chosen
- * id's logit (-inf when outside the shard) and its top k (logits, ids);
- * the records of all shards combine into the log-softmax's values. */
+ * LOGPROB_RECORD(k) floats: its max, 0 (unused), the chosen id's logit
+ * (-inf when outside the shard) and its top k (logits, ids); the records
+ * of all shards and the log-sum-exp of the whole row (lse_fixed) combine
+ * into the log-softmax's values. */
 #define LOGPROB_RECORD(k) (3 + 2 * (k))
 void logprob_record(const float *row, int v0, int vn, int chosen, int k, float *rec);
-void logprob_combine(const float *recs, int n_shards, int k, TokenLogprobs *out);
+void logprob_combine(const float *recs, int n_shards, int k, double lse, TokenLogprobs *out);
+
+/* The log-sum-exp of a row split over shards, the same bits however it is
+ * split (docs/design.md, "Same bits at any layout"): with m the maximum
+ * over every shard, each term exp(x - m) is rounded to a multiple of
+ * 2^-bits (bits = lse_fixed_bits(the whole row's length), so that no sum
+ * can pass 2^63) and the shards' integer sums add exactly, in any order;
+ * lse = m + log(sum 2^-bits). */
+int lse_fixed_bits(int n);
+int64_t lse_fixed_sum(const float *row, int n, float m, int bits);
+double lse_fixed(float m, int64_t sum, int bits);
 
 #endif

@@ -38,6 +38,30 @@ void shard_init(Shard *s, const Config *c, int tp, int tp_rank)
         balanced_part(c->m.moe_hidden, tp, tp_rank, &s->moe_hidden0, &s->moe_hidden);
         balanced_part(c->m.moe_hidden * c->m.n_shared_experts, tp, tp_rank, &s->shared_hidden0, &s->shared_hidden);
     }
+    canonical_order(c, &s->k_chunks, &s->key_shards);
+    s->chunks = s->k_chunks % tp ? 1 : s->k_chunks / tp;
+}
+
+void canonical_order(const Config *c, int *k_chunks, int *key_shards)
+{
+    int kv = c->mla ? 1 : c->n_kv_heads, p = 16;
+    for (; p > 1; p /= 2) {
+        int ok = c->n_heads % p == 0 && (kv % p == 0 || p % kv == 0) && c->hidden_dim % p == 0;
+        if (c->mla) ok &= c->m.moe_hidden % p == 0 && c->m.v_head_dim > 0;
+        if (ok) break;
+    }
+    *k_chunks = p;
+    *key_shards = p > kv ? p / kv : 1;
+}
+
+int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf, size_t n)
+{
+    int C_k, C_d;
+    canonical_order(c, &C_k, &C_d);
+    int canonical = C_k % tp == 0 && C_d % dcp == 0, I = C_d > 1 ? interleave : 1; /* one shard: no interleave */
+    if (canonical) snprintf(buf, n, "k%d d%d i%d", C_k, C_d, I);
+    else snprintf(buf, n, "layout tp%d dcp%d i%d", tp, dcp, interleave);
+    return canonical;
 }
 
 
@@ -234,7 +258,7 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
 #define SLICE(nm, r, cl, d, r0, nr, c0, nc)                                                                       \
     do {                                                                                                          \
         out[n] = (MlaTensor){.rows = (r), .cols = (cl), .dst = (d), .row0 = (r0), .nrows = (nr), .col0 = (c0),    \
-                             .ncols = (nc)};                                                                      \
+                             .ncols = (nc), .chunks = 1};                                                         \
         snprintf(out[n].name, sizeof out[n].name, "model.layers.%d.%s", l, nm);                                   \
         n++;                                                                                                      \
     } while (0)
@@ -253,10 +277,12 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
     ADD("self_attn.kv_a_layernorm.weight", 0, m->kv_lora_rank, &w->kv_a_norm);
     SLICE("self_attn.kv_b_proj.weight", H * kvb, m->kv_lora_rank, &w->kv_b, h0 * kvb, hq * kvb, 0, m->kv_lora_rank);
     SLICE("self_attn.o_proj.weight", dim, H * m->v_head_dim, &w->o, 0, dim, h0 * m->v_head_dim, hq * m->v_head_dim);
+    out[n - 1].chunks = s->chunks;
     if (!MLA_MOE_LAYER(c, l)) {
         SLICE("mlp.gate_proj.weight", c->hidden_dim, dim, &w->gate, s->hidden0, s->hidden, 0, dim);
         SLICE("mlp.up_proj.weight", c->hidden_dim, dim, &w->up, s->hidden0, s->hidden, 0, dim);
         SLICE("mlp.down_proj.weight", dim, c->hidden_dim, &w->down, 0, dim, s->hidden0, s->hidden);
+        out[n - 1].chunks = s->chunks;
         return n;
     }
     ADD("mlp.gate.weight", m->n_routed_experts, dim, &w->router);
@@ -270,12 +296,14 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
         SLICE(nm, mh, dim, w->e_up ? &w->e_up[e] : NULL, r0, nr, 0, dim);
         snprintf(nm, sizeof nm, "mlp.experts.%d.down_proj.weight", e);
         SLICE(nm, dim, mh, w->e_down ? &w->e_down[e] : NULL, 0, dim, r0, nr);
+        out[n - 1].chunks = s->chunks;
     }
     if (m->n_shared_experts > 0) {
         int sh = m->moe_hidden * m->n_shared_experts, r0 = s->shared_hidden0, nr = s->shared_hidden;
         SLICE("mlp.shared_experts.gate_proj.weight", sh, dim, &w->s_gate, r0, nr, 0, dim);
         SLICE("mlp.shared_experts.up_proj.weight", sh, dim, &w->s_up, r0, nr, 0, dim);
         SLICE("mlp.shared_experts.down_proj.weight", dim, sh, &w->s_down, 0, dim, r0, nr);
+        out[n - 1].chunks = s->chunks;
     }
 #undef ADD
 #undef SLICE
@@ -512,58 +540,80 @@ static void source_release(Source *src, TensorKind k)
 /* Loads rows [row0, row0+nrows) x cols [col0, col0+ncols) of a tensor kind for
  * every layer it has, into one (layer, nrows, ncols) buffer. A whole tensor
  * of a llama2.c file is already that buffer, in the mapping: no copy. */
-static int load_kind(Source *src, Weights *w, float **dst, TensorKind k, int row0, int nrows, int col0, int ncols)
+static int load_kind_chunked(Source *src, Weights *w, float **dst, TensorKind k, int row0, int nrows, int col0,
+                             int ncols, int chunks)
 {
     int nl = tensor_is_per_layer(k) ? src->cfg->n_layers : 1, rows, cols;
     tensor_full_shape(src->cfg, k, &rows, &cols);
-    if (src->cfg->format == FORMAT_LLAMA2C && row0 == 0 && nrows == rows && col0 == 0 && ncols == cols) {
+    if (src->cfg->format == FORMAT_LLAMA2C && row0 == 0 && nrows == rows && col0 == 0 && ncols == cols &&
+        chunks == 1) {
         TensorKind at = k == T_LM_HEAD && src->cfg->tied_embeddings ? T_EMBED : k;
         *dst = (float *)(src->map + src->offset[at]); /* 4-byte aligned: 28-byte header, f32 data */
         if (at == k) w->bytes += (size_t)nl * rows * cols * sizeof(float); /* a tied head is counted once */
         return 0;
     }
-    size_t per = (size_t)nrows * ncols;
+    size_t per = (size_t)nrows * ncols, cc = (size_t)(ncols / chunks);
     *dst = owned_alloc(w, per * nl * sizeof(float));
     for (int l = 0; l < nl; l++)
-        if (source_read(src, k, l, row0, nrows, col0, ncols, *dst + per * l)) return -1;
+        for (int ch = 0; ch < chunks; ch++)
+            if (source_read(src, k, l, row0, nrows, col0 + ch * (int)cc, (int)cc, *dst + per * l + nrows * cc * ch))
+                return -1;
     source_release(src, k);
     return 0;
 }
 
+static int load_kind(Source *src, Weights *w, float **dst, TensorKind k, int row0, int nrows, int col0, int ncols)
+{
+    return load_kind_chunked(src, w, dst, k, row0, nrows, col0, ncols, 1);
+}
+
 /* A matrix the GEMMs read, as load_kind, in the model's GEMM type: bf16 is
- * copied as stored from a bf16 checkpoint, else rounded to nearest even. */
-static int load_matrix(Source *src, Model *m, WeightRef *dst, TensorKind k, int row0, int nrows, int col0, int ncols)
+ * copied as stored from a bf16 checkpoint, else rounded to nearest even.
+ * chunks > 1 (row-parallel products): each layer's columns are stored as
+ * that many (nrows, ncols / chunks) matrices one after another, the
+ * canonical K chunks (Shard). */
+static int load_matrix_chunked(Source *src, Model *m, WeightRef *dst, TensorKind k, int row0, int nrows, int col0,
+                               int ncols, int chunks)
 {
     if (m->gemm_dtype == DTYPE_F32) {
         float *p;
-        if (load_kind(src, &m->w, &p, k, row0, nrows, col0, ncols)) return -1;
+        if (load_kind_chunked(src, &m->w, &p, k, row0, nrows, col0, ncols, chunks)) return -1;
         *dst = (WeightRef){p, DTYPE_F32, 0};
         return 0;
     }
     const Config *c = src->cfg;
     int nl = tensor_is_per_layer(k) ? c->n_layers : 1;
-    size_t per = (size_t)nrows * ncols;
-    uint16_t *out = owned_alloc(&m->w, per * nl * sizeof(uint16_t));
+    int cc = ncols / chunks;
+    size_t per = (size_t)nrows * cc; /* one chunk's matrix */
+    uint16_t *out = owned_alloc(&m->w, per * chunks * nl * sizeof(uint16_t));
     float *tmp = NULL;
     int rc = 0;
     for (int l = 0; l < nl && !rc; l++) {
         const StTensor *t = NULL;
         if (c->format == FORMAT_HF && (rc = hf_tensor(src, k, l, &t))) break;
-        if (t && t->dtype == ST_BF16) {
-            rc = st_read_bf16(t, row0, nrows, col0, ncols, out + per * l);
-            continue;
+        for (int ch = 0; ch < chunks && !rc; ch++) {
+            uint16_t *to = out + per * ((size_t)l * chunks + ch);
+            if (t && t->dtype == ST_BF16) {
+                rc = st_read_bf16(t, row0, nrows, col0 + ch * cc, cc, to);
+                continue;
+            }
+            if (!tmp) tmp = xmalloc(per * sizeof(float));
+            rc = source_read(src, k, l, row0, nrows, col0 + ch * cc, cc, tmp);
+            if (!rc) f32_to_bf16_n(to, tmp, per);
         }
-        if (!tmp) tmp = xmalloc(per * sizeof(float));
-        rc = source_read(src, k, l, row0, nrows, col0, ncols, tmp);
-        if (!rc) f32_to_bf16_n(out + per * l, tmp, per);
     }
     free(tmp);
     source_release(src, k);
     int group = 0;
-    for (int l = 0; l < nl && !rc && m->bf16_group; l++)
-        group = weight_group_rows(out + per * l, nrows, ncols, sizeof(uint16_t), m->bf16_group);
+    for (size_t i = 0; i < (size_t)nl * chunks && !rc && m->bf16_group; i++)
+        group = weight_group_rows(out + per * i, nrows, cc, sizeof(uint16_t), m->bf16_group);
     *dst = (WeightRef){out, DTYPE_BF16, group};
     return rc;
+}
+
+static int load_matrix(Source *src, Model *m, WeightRef *dst, TensorKind k, int row0, int nrows, int col0, int ncols)
+{
+    return load_matrix_chunked(src, m, dst, k, row0, nrows, col0, ncols, 1);
 }
 
 int weight_group_rows(void *m, int rows, int cols, size_t esize, int G)
@@ -607,10 +657,14 @@ static int load_mla(Source *src, Model *m)
             char sc[160];
             snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
             if (!t) rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
-            else if (t->dtype == ST_F8_E4M3) /* dequantized here, this rank's slice only */
-                rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt[i].row0,
-                                        mt[i].nrows, mt[i].col0, mt[i].ncols, *mt[i].dst);
-            else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, *mt[i].dst);
+            int cc = mt[i].ncols / mt[i].chunks; /* row-parallel: chunk by chunk (load_matrix_chunked) */
+            for (int ch = 0; ch < mt[i].chunks && !rc; ch++) {
+                float *to = *mt[i].dst + (size_t)mt[i].nrows * cc * ch;
+                if (t->dtype == ST_F8_E4M3) /* dequantized here, this rank's slice only */
+                    rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1],
+                                            mt[i].row0, mt[i].nrows, mt[i].col0 + ch * cc, cc, to);
+                else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0 + ch * cc, cc, to);
+            }
         }
     }
     free(mt);
@@ -700,11 +754,11 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
              load_matrix(&src, m, &w->wq, T_WQ, s->q_head0 * D, s->q_heads * D, 0, dim) ||
              load_matrix(&src, m, &w->wk, T_WK, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
              load_matrix(&src, m, &w->wv, T_WV, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
-             load_matrix(&src, m, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D) ||
+             load_matrix_chunked(&src, m, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D, s->chunks) ||
              load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim) ||
              load_matrix(&src, m, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
              load_matrix(&src, m, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
-             load_matrix(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden) ||
+             load_matrix_chunked(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden, s->chunks) ||
              load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim);
     /* a tied LM head that is the whole embedding in the GEMM type is the
      * embedding itself: one copy */

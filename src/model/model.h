@@ -20,6 +20,12 @@ typedef struct {
     int vocab, vocab0;       /* LM-head rows held */
     int moe_hidden, moe_hidden0;       /* MLA models: each routed expert's intermediate rows held */
     int shared_hidden, shared_hidden0; /* and the shared experts' */
+    /* The canonical reduction order (docs/design.md, "Same bits at any
+     * layout"): every row-parallel product's K columns fall in k_chunks
+     * canonical chunks, of which this rank holds chunks (k_chunks / tp, or 1
+     * when tp does not divide k_chunks); attention's keys fall in
+     * key_shards interleaved shards. */
+    int k_chunks, chunks, key_shards;
 } Shard;
 
 /* One layer of a DeepSeek-V2/V3 model (fp32), this rank's shard: q_b/q
@@ -124,6 +130,16 @@ typedef struct {
 } Model;
 
 void shard_init(Shard *s, const Config *c, int tp, int tp_rank);
+/* The canonical sizes of a model: K chunks (a power of two up to 16 that
+ * is a valid -tp and divides every row-parallel product's K) and key
+ * shards (the largest -dcp a layout with tp = k_chunks has). */
+void canonical_order(const Config *c, int *k_chunks, int *key_shards);
+/* The reduction order a layout computes in, for the results and the run
+ * identity: "k8 d8 i1" (the canonical K chunks, key shards and the
+ * interleave the shards use: every layout with tp dividing 8 and dcp
+ * dividing 8 at that interleave gives the same bits), or "layout tp3 dcp1
+ * i1" where tp or dcp does not divide them. Returns 1 when canonical. */
+int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf, size_t n);
 
 /* The tensors of layer l of an MLA model: name, full shape, this rank's
  * slice of it (s; NULL: whole) and where its values go in w (may be NULL);
@@ -133,6 +149,7 @@ typedef struct {
     int rows, cols; /* rows 0: a vector of cols */
     float **dst;
     int row0, nrows, col0, ncols;
+    int chunks; /* row-parallel: the columns read as this many (nrows, ncols / chunks) matrices in turn */
 } MlaTensor;
 int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out);
 int mla_max_tensors(const Config *c);

@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend.h"
 #include "check.h"
@@ -72,20 +73,77 @@ static float *stage(CommStats *s, size_t floats)
     return s->stage;
 }
 
-void comm_allreduce_sum(CommStats *s, float *buf, int n, MPI_Comm comm)
+/* dst[i] += src[i]: on the host, or on the device when MPI reads device
+ * memory (the backend's add) */
+static void add_floats(CommStats *s, float *dst, const float *src, size_t n, int device)
 {
-    if (size_of(comm) == 1) return;
+    if (device) {
+        s->sync_be->add(dst, src, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+/* Slice r of n elements split over N ranks: [n r / N, n (r + 1) / N). */
+static void slices(int n, int N, int *count, int *displ)
+{
+    for (int r = 0; r < N; r++) {
+        displ[r] = (int)((long long)n * r / N);
+        count[r] = (int)((long long)n * (r + 1) / N) - displ[r];
+    }
+}
+
+void comm_sum_tree(CommStats *s, float *buf, float *scratch, int n, MPI_Comm comm)
+{
+    int N = size_of(comm), me;
+    if (N == 1) return;
+    DCP_CHECK(MPI_Comm_rank(comm, &me));
     double t0 = now_s();
-    if (s->stage_be) {
-        float *h = stage(s, (size_t)n);
-        s->stage_be->download(h, buf, sizeof(float) * n);
-        DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_FLOAT, MPI_SUM, comm));
-        staged_upload(s, buf, h, (size_t)n);
+    int *cnt = xmalloc(sizeof(int) * 4 * (size_t)N), *displ = cnt + N, *rcount = displ + N, *rdispl = rcount + N;
+    slices(n, N, cnt, displ);
+    int mine = cnt[me];
+    for (int r = 0; r < N; r++) {
+        rcount[r] = mine;
+        rdispl[r] = r * mine;
+    }
+    int device = !s->stage_be && s->sync_be;
+    float *b = buf, *recv = scratch;
+    if (s->stage_be) { /* the whole exchange in host memory */
+        b = stage(s, (size_t)n + (size_t)mine * N);
+        recv = b + n;
+        s->stage_be->download(b, buf, sizeof(float) * n);
     } else {
         settle(s);
-        DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, comm));
     }
-    count(s, COMM_allreduce, 4LL * n, t0);
+    /* rank d receives slice d of every rank's partial sum, adds them by
+     * the tree (adjacent pairs, then pairs of pairs: the upper levels of
+     * the canonical tree over the K chunks), and all gather the slices */
+    DCP_CHECK(MPI_Alltoallv(b, cnt, displ, MPI_FLOAT, recv, rcount, rdispl, MPI_FLOAT, comm));
+    for (int w = 1; w < N; w *= 2)
+        for (int r = 0; r + w < N; r += 2 * w)
+            add_floats(s, recv + (size_t)r * mine, recv + (size_t)(r + w) * mine, (size_t)mine, device);
+    if (device) s->sync_be->copy(b + displ[me], recv, sizeof(float) * mine);
+    else memcpy(b + displ[me], recv, sizeof(float) * mine);
+    if (device) settle(s);
+    DCP_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, b, cnt, displ, MPI_FLOAT, comm));
+    if (s->stage_be) staged_upload(s, buf, b, (size_t)n);
+    count(s, COMM_tp_sum, 4LL * (n - mine) + 4LL * mine * (N - 1), t0);
+    free(cnt);
+}
+
+void comm_sendrecv(CommStats *s, CommKind kind, const float *send, float *recv, int n, int partner, MPI_Comm comm)
+{
+    double t0 = now_s();
+    if (s->stage_be) {
+        float *h = stage(s, (size_t)n * 2);
+        s->stage_be->download(h, send, sizeof(float) * n);
+        DCP_CHECK(MPI_Sendrecv(h, n, MPI_FLOAT, partner, 0, h + n, n, MPI_FLOAT, partner, 0, comm, MPI_STATUS_IGNORE));
+        staged_upload(s, recv, h + n, (size_t)n);
+    } else {
+        settle(s);
+        DCP_CHECK(MPI_Sendrecv(send, n, MPI_FLOAT, partner, 0, recv, n, MPI_FLOAT, partner, 0, comm, MPI_STATUS_IGNORE));
+    }
+    count(s, kind, 4LL * n, t0);
 }
 
 void comm_allgather(CommStats *s, CommKind kind, const float *send, int n, float *recv, MPI_Comm comm)
@@ -103,23 +161,6 @@ void comm_allgather(CommStats *s, CommKind kind, const float *send, int n, float
         DCP_CHECK(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm));
     }
     count(s, kind, 4LL * n, t0);
-}
-
-void comm_reduce_scatter_sum(CommStats *s, const float *send, float *recv, int recvcount, MPI_Comm comm)
-{
-    int N = size_of(comm);
-    if (N == 1) return;
-    double t0 = now_s();
-    if (s->stage_be) {
-        float *h = stage(s, (size_t)recvcount * (N + 1));
-        s->stage_be->download(h, send, sizeof(float) * recvcount * N);
-        DCP_CHECK(MPI_Reduce_scatter_block(h, h + (size_t)recvcount * N, recvcount, MPI_FLOAT, MPI_SUM, comm));
-        staged_upload(s, recv, h + (size_t)recvcount * N, (size_t)recvcount);
-    } else {
-        settle(s);
-        DCP_CHECK(MPI_Reduce_scatter_block(send, recv, recvcount, MPI_FLOAT, MPI_SUM, comm));
-    }
-    count(s, COMM_reduce_scatter, 4LL * N * recvcount, t0);
 }
 
 void comm_alltoall(CommStats *s, const float *send, float *recv, int n, MPI_Comm comm)
@@ -162,4 +203,12 @@ void comm_gather_logprobs(CommStats *s, const float *send, int n, float *recv, M
     double t0 = now_s();
     DCP_CHECK(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm));
     count(s, COMM_logprob_gather, 4LL * n, t0);
+}
+
+void comm_sum_int64(CommStats *s, int64_t *v, int n, MPI_Comm comm)
+{
+    if (size_of(comm) == 1 || n == 0) return;
+    double t0 = now_s();
+    DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_INT64_T, MPI_SUM, comm));
+    count(s, COMM_logprob_gather, 8LL * n, t0);
 }

@@ -1,16 +1,17 @@
 /* The collectives dcpinfer calls, each counted: calls, bytes this rank
  * sends, seconds, split by prefill and decode steps. Bytes sent per call:
- *   allreduce        count * 4            (MPI_Allreduce, sum, over tp_comm)
+ *   tp_sum           4 * (count - s + (N - 1) * s), s = this rank's slice of count
+ *                                         (MPI_Alltoallv + MPI_Allgatherv over tp_comm)
  *   q_allgather      count * 4            (MPI_Allgather of Q, over dcp_comm)
- *   lse_allgather    count * 4            (MPI_Allgather of LSEs, ag_rs)
- *   reduce_scatter   N * recvcount * 4    (MPI_Reduce_scatter_block, ag_rs)
+ *   merge_exchange   count * 4            (MPI_Sendrecv of partials + LSE with one rank, ag_rs)
  *   all_to_all       N * count * 4        (MPI_Alltoall of partials + LSE, a2a)
  *   argmax           rows * 8             (MPI_Allreduce MAXLOC of (float, int))
  *   logits_gather    count * 4            (MPI_Allgatherv of a vocabulary shard)
- *   logprob_gather   count * 4            (MPI_Allgather of each shard's top-N and log-sum-exp)
+ *   logprob_gather   count * 4            (MPI_Allgather of each shard's maximum, top-N and chosen logit)
+ *                    + rows * 8           (MPI_Allreduce of the rows' exact log-sum-exp sums)
  * where N is the communicator's size. A communicator of one rank makes no
- * call and counts nothing. allreduce, the allgathers of Q and LSE,
- * reduce_scatter and all_to_all take backend buffers (staged when MPI
+ * call and counts nothing. tp_sum, q_allgather, merge_exchange and
+ * all_to_all take backend buffers (staged when MPI
  * cannot read device memory); argmax, logits_gather and logprob_gather take
  * host arrays. */
 #ifndef DCP_COMM_H
@@ -18,12 +19,12 @@
 
 #include <mpi.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define COMM_KINDS(X) \
-    X(allreduce)      \
+    X(tp_sum)         \
     X(q_allgather)    \
-    X(lse_allgather)  \
-    X(reduce_scatter) \
+    X(merge_exchange) \
     X(all_to_all)     \
     X(argmax)         \
     X(logits_gather)  \
@@ -70,9 +71,15 @@ int comm_count(size_t n);
 /* Frees the staging buffer. */
 void comm_stats_free(CommStats *s);
 
-void comm_allreduce_sum(CommStats *s, float *buf, int count, MPI_Comm comm);
+/* buf (count) summed over comm in the canonical order (docs/design.md,
+ * "Same bits at any layout"): rank d adds slice d of every rank's buf by
+ * a tree over the ranks (adjacent pairs, then pairs of pairs), then every
+ * rank gathers every slice; the bytes a ring allreduce moves, in an order
+ * the library does not choose. scratch: count floats in buf's memory. */
+void comm_sum_tree(CommStats *s, float *buf, float *scratch, int count, MPI_Comm comm);
 void comm_allgather(CommStats *s, CommKind kind, const float *send, int count, float *recv, MPI_Comm comm);
-void comm_reduce_scatter_sum(CommStats *s, const float *send, float *recv, int recvcount, MPI_Comm comm);
+/* count floats to partner, as many from it */
+void comm_sendrecv(CommStats *s, CommKind kind, const float *send, float *recv, int count, int partner, MPI_Comm comm);
 void comm_alltoall(CommStats *s, const float *send, float *recv, int count, MPI_Comm comm);
 /* pairs[i] = (value, global index) in, global max with lowest index out */
 typedef struct {
@@ -84,5 +91,8 @@ void comm_allgatherv(CommStats *s, const float *send, int count, float *recv, co
                      MPI_Comm comm);
 /* count host floats from every rank of comm, in rank order */
 void comm_gather_logprobs(CommStats *s, const float *send, int count, float *recv, MPI_Comm comm);
+/* v (count) summed over comm: integers, exact in any order; counted with
+ * logprob_gather (count * 8 bytes) */
+void comm_sum_int64(CommStats *s, int64_t *v, int count, MPI_Comm comm);
 
 #endif

@@ -103,10 +103,8 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
         for (int i = 0; i < b; i++) chunks[i].pos0++;
     }
     const CommCounter *c = cs.c[PHASE_DECODE];
-    double merge_s = c[COMM_q_allgather].seconds + c[COMM_lse_allgather].seconds +
-                     c[COMM_reduce_scatter].seconds + c[COMM_all_to_all].seconds;
-    long long merge_b = c[COMM_q_allgather].bytes + c[COMM_lse_allgather].bytes + c[COMM_reduce_scatter].bytes +
-                        c[COMM_all_to_all].bytes;
+    double merge_s = c[COMM_q_allgather].seconds + c[COMM_merge_exchange].seconds + c[COMM_all_to_all].seconds;
+    long long merge_b = c[COMM_q_allgather].bytes + c[COMM_merge_exchange].bytes + c[COMM_all_to_all].bytes;
     double mine[3] = {merge_s, tm.attention, tm.matmul + tm.lm_head}, worst[3];
     DCP_CHECK(MPI_Reduce(mine, worst, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
     const Config *cf = &m.cfg;
@@ -119,7 +117,7 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     if (rank == 0) {
         printf("  %5d %7d %4d %-6s %10.3f %12.3f %14lld %14lld %14lld %9.0f %8.1f %9.0f %8.1f %9.0f\n", b, L, v.dcp,
                v.dcp == 1 ? "tp" : v.merge == MERGE_A2A ? "a2a" : "ag_rs", 1e3 * total / steps,
-               1e3 * worst[0] / steps, merge_b / steps, c[COMM_allreduce].bytes / steps, kv_bytes, att_bw / 1e9,
+               1e3 * worst[0] / steps, merge_b / steps, c[COMM_tp_sum].bytes / steps, kv_bytes, att_bw / 1e9,
                peak > 0 ? 100.0 * att_bw / peak : 0.0, gemm_bw / 1e9, peak > 0 ? 100.0 * gemm_bw / peak : 0.0,
                b * steps / total);
     }
