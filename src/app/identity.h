@@ -21,10 +21,8 @@
     X(temperature, "--temperature")                                                                          \
     X(top_p, "--top-p")                                                                                      \
     X(seed, "--seed")                                                                                        \
-    X(tp, "-tp")                                                                                             \
-    X(dcp, "-dcp")                                                                                           \
-    X(interleave, "--cp-kv-cache-interleave-size (with -dcp > 1)")                                           \
-    X(dcp_comm_backend, "--dcp-comm-backend (with -dcp > 1)")
+    X(reduction_order, "reduction order (the model's canonical sizes and --cp-kv-cache-interleave-size, or a "  \
+                       "layout that does not divide them)")
 
 enum {
 #define IDENTITY_ENUM(name, what) ID_##name,

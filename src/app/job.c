@@ -486,7 +486,6 @@ static int make_identity(Run *r)
                         r->world))
         return EXIT_RUN_FAILED;
     DCP_CHECK(MPI_Bcast(&model_hash, 1, MPI_UINT64_T, 0, r->world));
-    int sharded = o->dcp > 1; /* the interleave and the merge change sums only when the cache is sharded */
     identity_set(id, ID_version, "%s", PACKAGE_VERSION);
     identity_set(id, ID_model, "%016llx", (unsigned long long)model_hash);
     if (r->tok) identity_set(id, ID_tokenizer, "%016llx", (unsigned long long)r->tok->content_hash);
@@ -501,10 +500,11 @@ static int make_identity(Run *r)
     identity_set(id, ID_temperature, "%.9g", (double)o->temperature);
     identity_set(id, ID_top_p, "%.9g", (double)o->top_p);
     identity_set(id, ID_seed, "%llu", (unsigned long long)o->seed);
-    identity_set(id, ID_tp, "%d", o->tp);
-    identity_set(id, ID_dcp, "%d", o->dcp);
-    identity_set(id, ID_interleave, sharded ? "%d" : "-", o->interleave);
-    identity_set(id, ID_dcp_comm_backend, "%s", sharded ? o->dcp_comm_backend : "-");
+    /* the layout itself is not part of it: canonical layouts give the same
+     * bits (docs/design.md, "Same bits at any layout") */
+    char order[64];
+    reduction_order(&r->cfg, o->tp, o->dcp, o->interleave, order, sizeof order);
+    identity_set(id, ID_reduction_order, "%s", order);
     return EXIT_OK;
 }
 
@@ -584,6 +584,15 @@ static int load_model(Run *r)
                r->cpu_kernels[0] ? ")" : "", r->threads);
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
                r->world_size, t->dp, t->tp, t->dcp, t->interleave, o->dcp_comm_backend, r->mpi_buffers);
+        char order[64];
+        if (reduction_order(cfg, t->tp, t->dcp, t->interleave, order, sizeof order))
+            printf("# reduction order: %s (K chunks, key shards, interleave): the same bits at every layout with tp "
+                   "dividing %d, dcp dividing %d and this interleave\n",
+                   order, r->model.shard.k_chunks, r->model.shard.key_shards);
+        else
+            printf("# reduction order: %s: -tp %d -dcp %d do not divide the model's %d K chunks and %d key shards, so "
+                   "the bits equal those of this layout only\n",
+                   order, t->tp, t->dcp, r->model.shard.k_chunks, r->model.shard.key_shards);
         report_rank_map(r->ranks, r->world_size);
     }
     return EXIT_OK;
@@ -732,7 +741,9 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
            out_tokens, gen_s, gen_s > 0 ? run_tokens / gen_s : 0.0, gen_s > 0 ? run_requests / gen_s : 0.0,
            r->n_done ? " (rates of this run's requests; the resumed ones are not counted)" : "");
     char *identity = identity_json(&r->id);
-    RunInfo info = {.model_path = r->model.path, .cfg = &r->cfg, .max_model_len = r->max_model_len,
+    RunInfo info = {.reduction_order = r->id.v[ID_reduction_order], .k_chunks = r->model.shard.k_chunks,
+                    .key_shards = r->model.shard.key_shards,
+                    .model_path = r->model.path, .cfg = &r->cfg, .max_model_len = r->max_model_len,
                     .world_size = r->world_size, .tp = r->topo.tp, .dcp = r->topo.dcp, .dp = r->topo.dp,
                     .interleave = r->topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
                     .threads_per_rank = r->threads, .backend = r->be->name, .mpi_buffers = r->mpi_buffers,

@@ -100,6 +100,9 @@ static void write_root_attrs(hid_t f, const RunInfo *in)
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     attr_str(f, "created", when);
     attr_str(f, "run_identity", in->identity ? in->identity : "");
+    attr_str(f, "reduction_order", in->reduction_order ? in->reduction_order : "");
+    attr_int(f, "k_chunks", in->k_chunks);
+    attr_int(f, "key_shards", in->key_shards);
     attr_int(f, "resumed_requests", in->resumed_requests);
 }
 

@@ -66,6 +66,8 @@ typedef struct {
     uint64_t seed;
     const char *prompts_path;
     const char *identity;    /* the run identity (identity.h), JSON */
+    const char *reduction_order; /* reduction_order (model.h) */
+    int k_chunks, key_shards;    /* the model's canonical sizes (Shard) */
     int resumed_requests;    /* taken from an earlier run's journal */
     long long run_tokens;    /* output tokens and finished requests of this run (the rates' basis) */
     int run_requests;
