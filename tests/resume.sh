@@ -1,8 +1,10 @@
 #!/bin/bash
 # Nothing lost: a run killed halfway (SIGKILL to one rank) and rerun with
-# --resume writes the tokens and texts of an uninterrupted run, at 1 rank
-# and at -tp 8 -dcp 2, and the resumed run prefills only the requests the
-# killed one had not finished; resuming with other inputs is refused; a
+# --resume writes the tokens and texts of an uninterrupted run, at 1 rank,
+# at -tp 8 -dcp 2, and killed at -tp 2 and resumed at -tp 4 (half of the
+# requests sampled), and the resumed run prefills only the requests the
+# killed one had not finished; resuming on a layout of another reduction
+# order is refused; resuming with other inputs is refused; a
 # rank stopped with SIGSTOP ends the job within --step-timeout.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
@@ -32,9 +34,16 @@ same_results() {
 
 # kill_and_resume NAME NP LAYOUT...: an uninterrupted run, a run whose
 # last rank is killed once its journal holds 16 finished requests, then
-# --resume; compares the results and the work the resumed run did
+# --resume (on RESUME_LAYOUT, "NP ARGS", when set); compares the results
+# and the work the resumed run did
 kill_and_resume() {
     local name=$1 np=$2; shift 2
+    local rnp=$np
+    local -a rargs=("$@")
+    if [ -n "${RESUME_LAYOUT:-}" ]; then
+        rnp=${RESUME_LAYOUT%% *}
+        read -ra rargs <<<"${RESUME_LAYOUT#"$rnp"}"
+    fi
     NP=$np run_dcp "$name-full" $M "$@" --max-num-seqs 2 --output "$WORK/$name-full.h5" "$P"
     local out=$WORK/$name.h5
     timeout 300 "$MPIRUN" -q --oversubscribe --bind-to none -np "$np" "$DCPINFER" $M "$@" --max-num-seqs 2 \
@@ -65,7 +74,7 @@ kill_and_resume() {
     fi
     local finished
     finished=$(grep -o '"i":[0-9]*' "$out.journal.dp0" | cut -d: -f2 | tr '\n' ' ')
-    NP=$np run_dcp "$name-resumed" $M "$@" --max-num-seqs 2 --resume --output "$out" "$P"
+    NP=$rnp run_dcp "$name-resumed" $M "${rargs[@]}" --max-num-seqs 2 --resume --output "$out" "$P"
     checks=$((checks + 1))
     local resumed want_prefill got_prefill
     resumed=$(attr "$out" /resumed_requests)
@@ -93,6 +102,9 @@ kill_and_resume() {
 
 kill_and_resume one 1
 kill_and_resume tp8dcp2 8 -tp 8 -dcp 2
+# another layout of the same reduction order (docs/design.md, "Same bits at
+# any layout") continues the run: its sampled requests draw the same tokens
+RESUME_LAYOUT="4 -tp 4" kill_and_resume tp2to4 2 -tp 2
 
 # other inputs than the journal's are refused; a complete file is left alone
 out=$WORK/refuse.h5
@@ -103,6 +115,10 @@ sleep 0.5
 sed 's/"max_tokens": 4/"max_tokens": 5/' "$P" >"$WORK/other.jsonl"
 expect_error resume_other_prompts 1 "was written with another prompt file (its bytes)" $M --resume --output "$out" "$WORK/other.jsonl"
 expect_error resume_other_sampling 1 "was written with another --seed: \"0\" there, \"9\" in this run" $M --resume --seed 9 --output "$out" "$P"
+# a layout of another reduction order (here another interleave, or a tp
+# that does not divide the model's K chunks) would not give the same bits
+NP=8 expect_error resume_other_order 1 "was written with another reduction order" $M -tp 8 -dcp 2 \
+    --cp-kv-cache-interleave-size 2 --resume --output "$out" "$P"
 checks=$((checks + 1))
 if [ -f "$out.journal.dp0" ]; then pass "the journal is kept after a refusal"; else fail "refusal removed the journal"; fi
 before=$(stat -c %Y "$WORK/one.h5")
