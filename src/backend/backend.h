@@ -125,11 +125,8 @@ typedef struct Backend {
      * keys only */
     void (*kv_write)(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots, int T,
                      int kvd, int kv_heads, int block_size);
-    /* the KV cache types the backend stores: 1 << DTYPE_F32 | ...; and
-     * x (n) rounded in place to the values a bf16 cache holds (NULL where
-     * the backend has no bf16 cache) */
+    /* the KV cache types the backend stores: 1 << DTYPE_F32 | ... */
     unsigned kv_dtypes;
-    void (*round_bf16)(float *x, size_t n);
     void (*attention)(const AttnBatch *a);
     /* a's rows become the merges of two partial attentions over disjoint
      * keys, a's and b's: rows of stride floats, head_dim output values

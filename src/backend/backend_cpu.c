@@ -130,6 +130,7 @@ static int same_keys(const AttnBatch *a, int t, int u)
  * disjoint keys, b (D) with LSE lb (docs/design.md, "Same bits at any
  * layout"): symmetric in its two sides, bit for bit, and a side without
  * keys (LSE -inf) leaves the other as it is. */
+__attribute__((optimize("tree-vectorize"))) /* elementwise: the same bits in vector lanes */
 static inline void merge_row(float *a, float *la, const float *b, float lb, int D)
 {
     float l1 = *la, l2 = lb;
@@ -239,11 +240,6 @@ static void cpu_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float
     }
 }
 
-static void cpu_round_bf16(float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
-}
-
 static void cpu_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width)
 {
     for (int r = 0; r < rows; r++)
@@ -266,76 +262,73 @@ static inline int shard_keys(int x, int G, int run, int s)
     return base + (rem < 0 ? 0 : rem > run ? run : rem);
 }
 
-/* The unit's rows (tokens t .. t+R-1, H heads from KV head g0, its first
- * row r of a->out/a->lse, o = a->out's) over a->shards key shards
- * (AttnBatch): each shard attended alone into its own partials, then the
- * partials merged by the canonical tree (shard g with g + G/2, then
- * g + G/4, ...). Rows without keys in a shard have LSE -inf there. */
-static void attend_shards(const AttnBatch *a, AttendFn attend, int t, int R, size_t r, int H, int g0, int group,
-                          float *o, float **score, size_t *cap)
+/* Shard g of the unit's rows (tokens t .. t+R-1, H heads from KV head g0,
+ * its first row r) into the shard's partials: outputs po (rows of
+ * n_heads x Dv a token, as a->out) and LSEs pl (as a->lse). The shard's
+ * keys go to the kernel through its key map (AttendRows); a row without
+ * keys in the shard gets LSE -inf and zeros. */
+static void attend_shard(const AttnBatch *a, AttendFn attend, int t, int R, size_t r, int H, int g0, int group,
+                         int g, float *po, float *pl, float **score, size_t *cap)
 {
-    static _Thread_local float *part;
     static _Thread_local int *keys;
-    static _Thread_local size_t cap_part, cap_keys;
+    static _Thread_local size_t cap_keys;
     int G = a->shards, run = a->shard_interleave > 0 ? a->shard_interleave : 1, Dv = a->v_dim ? a->v_dim : a->head_dim;
-    size_t rows = (size_t)R * H, need = (size_t)G * rows * ((size_t)Dv + 1);
-    if (need > cap_part) {
-        free(part);
-        cap_part = need;
-        part = xmalloc(sizeof(float) * need);
-    }
     if ((size_t)R > cap_keys) {
         free(keys);
         cap_keys = (size_t)R;
         keys = xmalloc(sizeof(int) * 2 * cap_keys);
     }
-    /* shard g's outputs (R, H, Dv) at po(g), its LSEs (R, H) at pl(g) */
-    float *po = part, *pl = part + (size_t)G * rows * Dv;
     size_t esize = dtype_bytes(a->kv_dtype), hd = (size_t)a->kv_stride / a->n_kv_heads, B = (size_t)a->block_size;
-    size_t hs = a->blocks ? B * hd : hd;
+    size_t hs = a->blocks ? B * hd : hd, row_o = (size_t)a->n_heads * Dv;
     int *j0 = keys, *n = keys + R;
-    for (int g = 0; g < G; g++) {
-        float *og = po + (size_t)g * rows * Dv, *lg = pl + (size_t)g * rows;
-        for (int i = 0; i < R; i++) {
-            j0[i] = a->key0 ? shard_keys(a->key0[t + i], G, run, g) : 0;
-            n[i] = shard_keys(a->n_keys[t + i], G, run, g);
-        }
-        for (int i0 = 0, i1; i0 < R; i0 = i1) {
-            if (n[i0] <= j0[i0]) { /* no keys in this shard */
-                memset(og + (size_t)i0 * H * Dv, 0, sizeof(float) * H * Dv);
-                for (int h = 0; h < H; h++) lg[(size_t)i0 * H + h] = -INFINITY;
-                i1 = i0 + 1;
-                continue;
-            }
-            int hi = n[i0];
-            for (i1 = i0 + 1; i1 < R && n[i1] > j0[i1]; i1++) hi = n[i1] > hi ? n[i1] : hi;
-            size_t want = attend_scratch_bytes(hi, (i1 - i0) * H);
-            if (want > *cap) {
-                *cap = want > 2 * *cap ? want : 2 * *cap;
-                free(*score);
-                *score = xmalloc(*cap);
-            }
-            size_t kv0 = (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize;
-            AttendRows ar = {.R = i1 - i0, .H = H, .group = group, .D = a->head_dim, .Dv = Dv, .j0 = j0 + i0,
-                             .n = n + i0, .q = a->q + (r + (size_t)i0 * a->n_heads) * a->head_dim,
-                             .out = og + (size_t)i0 * H * Dv, .lse = lg + (size_t)i0 * H,
-                             .q_stride = (size_t)a->n_heads * a->head_dim, .out_stride = (size_t)H * Dv,
-                             .lse_stride = (size_t)H, .k = (const char *)a->k + kv0, .v = (const char *)a->v + kv0,
-                             .table = a->blocks ? a->blocks[t] : NULL, .B = a->block_size,
-                             .stride = a->blocks ? hd : (size_t)a->kv_stride, .head_stride = hs,
-                             .block_stride = B * a->kv_stride, .scale = a->scale, .scratch = *score,
-                             .map_shards = G, .map_shard = g, .map_interleave = run};
-            attend(&ar);
-        }
+    for (int i = 0; i < R; i++) {
+        j0[i] = a->key0 ? shard_keys(a->key0[t + i], G, run, g) : 0;
+        n[i] = shard_keys(a->n_keys[t + i], G, run, g);
     }
-    for (int half = G / 2; half >= 1; half /= 2)
-        for (int g = 0; g < half; g++)
-            for (size_t i = 0; i < rows; i++)
+    for (int i0 = 0, i1; i0 < R; i0 = i1) {
+        float *o = po + (r + (size_t)i0 * a->n_heads) * Dv, *l = pl + r + (size_t)i0 * a->n_heads;
+        if (n[i0] <= j0[i0]) { /* no keys in this shard */
+            memset(o, 0, sizeof(float) * H * Dv);
+            for (int h = 0; h < H; h++) l[h] = -INFINITY;
+            i1 = i0 + 1;
+            continue;
+        }
+        int hi = n[i0];
+        for (i1 = i0 + 1; i1 < R && n[i1] > j0[i1]; i1++) hi = n[i1] > hi ? n[i1] : hi;
+        size_t want = attend_scratch_bytes(hi, (i1 - i0) * H);
+        if (want > *cap) {
+            *cap = want > 2 * *cap ? want : 2 * *cap;
+            free(*score);
+            *score = xmalloc(*cap);
+        }
+        size_t kv0 = (first_row(a, t) * a->kv_stride + (size_t)g0 * hs) * esize;
+        AttendRows ar = {.R = i1 - i0, .H = H, .group = group, .D = a->head_dim, .Dv = Dv, .j0 = j0 + i0,
+                         .n = n + i0, .q = a->q + (r + (size_t)i0 * a->n_heads) * a->head_dim, .out = o, .lse = l,
+                         .q_stride = (size_t)a->n_heads * a->head_dim, .out_stride = row_o,
+                         .lse_stride = (size_t)a->n_heads, .k = (const char *)a->k + kv0,
+                         .v = (const char *)a->v + kv0, .table = a->blocks ? a->blocks[t] : NULL,
+                         .B = a->block_size, .stride = a->blocks ? hd : (size_t)a->kv_stride, .head_stride = hs,
+                         .block_stride = B * a->kv_stride, .scale = a->scale, .scratch = *score,
+                         /* the token before, of the same sequence, has just read these keys */
+                         .warm = t > 0 && same_keys(a, t - 1, t), .map_shards = G, .map_shard = g,
+                         .map_interleave = run};
+        attend(&ar);
+    }
+}
+
+/* The shards' partials (G x rows) merged by the canonical tree (shard g
+ * with g + G/2, then g + G/4, ...) into out and lse. */
+static void merge_shards(const AttnBatch *a, float *po, float *pl, size_t rows)
+{
+    int G = a->shards, Dv = a->v_dim ? a->v_dim : a->head_dim;
+#pragma omp parallel for if (rows > 64)
+    for (size_t i = 0; i < rows; i++) {
+        for (int half = G / 2; half >= 1; half /= 2)
+            for (int g = 0; g < half; g++)
                 merge_row(po + ((size_t)g * rows + i) * Dv, pl + (size_t)g * rows + i,
                           po + ((size_t)(g + half) * rows + i) * Dv, pl[(size_t)(g + half) * rows + i], Dv);
-    for (int i = 0; i < R; i++) {
-        memcpy(o + (size_t)i * a->n_heads * Dv, po + (size_t)i * H * Dv, sizeof(float) * H * Dv);
-        memcpy(a->lse + r + (size_t)i * a->n_heads, pl + (size_t)i * H, sizeof(float) * H);
+        memcpy(a->out + i * Dv, po + i * Dv, sizeof(float) * Dv);
+        a->lse[i] = pl[i];
     }
 }
 
@@ -371,19 +364,40 @@ static void cpu_attention(const AttnBatch *a)
         }
     }
     run0[runs] = a->T;
-    int units = runs * splits;
+    /* canonical key shards: each (run, split, shard) a unit of its own,
+     * into the shards' partials, merged after */
+    int G = a->shards > 1 ? a->shards : 1;
+    static float *part;
+    static size_t cap_part;
+    size_t rows = (size_t)a->T * a->n_heads;
+    if (G > 1 && (size_t)G * rows * (Dv + 1) > cap_part) {
+        free(part);
+        cap_part = (size_t)G * rows * (Dv + 1);
+        part = xmalloc(sizeof(float) * cap_part);
+    }
+    float *po = part, *pl = part + (size_t)G * rows * Dv;
+    int units = runs * splits * G;
 #pragma omp parallel if (units > 1)
     {
         /* each thread's scores and key offsets, kept from call to call */
         static _Thread_local float *score;
         static _Thread_local size_t cap;
 #pragma omp for schedule(dynamic, 1)
-        for (int u = 0; u < units; u++) {
+        for (int uu = 0; uu < units; uu++) {
+            int u = uu / G, g = uu % G;
             int t = run0[u / splits], R = run0[u / splits + 1] - t, s = u % splits;
             int g0 = (int)((long)kv_heads * s / splits), g1 = (int)((long)kv_heads * (s + 1) / splits);
             int H = (g1 - g0) * group, n = a->n_keys[t], j0 = a->key0 ? a->key0[t] : 0;
             size_t r = (size_t)t * a->n_heads + (size_t)g0 * group; /* the unit's first row */
             float *o = a->out + r * Dv;
+            if (G > 1) {
+                o = po + (size_t)g * rows * Dv + r * Dv;
+                if (n - j0 <= 0) {
+                    memset(o, 0, sizeof(float) * Dv * H);
+                    for (int h = 0; h < H; h++) pl[(size_t)g * rows + r + h] = -INFINITY;
+                    continue;
+                }
+            }
             if (n - j0 <= 0) { /* a run of its own */
                 memset(o, 0, sizeof(float) * Dv * H);
                 for (int h = 0; h < H; h++) a->lse[r + h] = -INFINITY;
@@ -396,8 +410,9 @@ static void cpu_attention(const AttnBatch *a)
                 free(score);
                 score = xmalloc(cap);
             }
-            if (a->shards > 1) {
-                attend_shards(a, attend, t, R, r, H, g0, group, o, &score, &cap);
+            if (G > 1) {
+                attend_shard(a, attend, t, R, r, H, g0, group, g, po + (size_t)g * rows * Dv, pl + (size_t)g * rows,
+                             &score, &cap);
                 continue;
             }
             AttendRows ar = {.R = R, .H = H, .group = group, .D = D, .Dv = Dv,
@@ -414,6 +429,7 @@ static void cpu_attention(const AttnBatch *a)
             attend(&ar);
         }
     }
+    if (G > 1) merge_shards(a, po, pl, rows);
 }
 
 static void cpu_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
@@ -443,7 +459,6 @@ static const Backend cpu = {
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,
     .kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16,
-    .round_bf16 = cpu_round_bf16,
     .strided_copy = cpu_strided_copy,
     .scatter_add_rows = cpu_scatter_add_rows,
     .pack_partials = cpu_pack_partials,

@@ -33,8 +33,13 @@ void layer_matmul_rows(const LayerEnv *env, float *parts, const float *x, Weight
         return;
     }
     for (int c = 0; c < chunks; c++) {
-        env->be->strided_copy(env->xchunk, cin, x + (size_t)c * cin, in, T, cin);
-        layer_matmul(env, parts + (size_t)c * T * out, env->xchunk, weight_at(w, (size_t)c * out * cin), T, cin, out);
+        /* one row's chunk is already contiguous */
+        const float *xc = x + (size_t)c * cin;
+        if (T > 1) {
+            env->be->strided_copy(env->xchunk, cin, xc, in, T, cin);
+            xc = env->xchunk;
+        }
+        layer_matmul(env, parts + (size_t)c * T * out, xc, weight_at(w, (size_t)c * out * cin), T, cin, out);
     }
 }
 
