@@ -1,8 +1,9 @@
 /* MPI counts are ints: a step's per-layer messages must stay below 2^31.
  * engine_step_token_limit gives the most tokens a step may hold; at
- * DeepSeek-V3's shapes with tp 8 and dcp 8 the gathered queries (16 heads
- * x 576 floats a token) bound it at 233,016 tokens, inside the range
- * --max-num-batched-tokens accepts (up to 2^20). */
+ * DeepSeek-V3's shapes with tp 8 and dcp 8 ag_rs's first merge exchange
+ * (half the group's partials: 4 x 16 heads x 513 floats a token) bounds it
+ * at 65,408 tokens, inside the range --max-num-batched-tokens accepts (up
+ * to 2^20). */
 #include <limits.h>
 
 #include "arch.h"
@@ -32,8 +33,9 @@ int main(int argc, char **argv)
     shard_init(&v3.shard, c, 8, 0);
     Topology t = {.world_size = 8, .tp = 8, .dcp = 8, .dp = 1, .interleave = 1};
     long limit = engine_step_token_limit(&v3, &t);
-    long per_token = (long)v3.shard.q_heads * c->head_dim; /* the query gather: 16 x 576 */
-    CHECK(limit == 233016, "DeepSeek-V3 at tp 8 dcp 8: %ld tokens a step (want 233016)", limit);
+    /* ag_rs's first exchange: 8 / 2 ranks' partials of 16 heads, 512 latent values and the LSE */
+    long per_token = 4L * v3.shard.q_heads * (c->m.kv_lora_rank + 1);
+    CHECK(limit == 65408, "DeepSeek-V3 at tp 8 dcp 8: %ld tokens a step (want 65408)", limit);
     CHECK(limit * per_token <= INT_MAX && (limit + 1) * per_token > INT_MAX,
           "the limit is the bound: %ld x %ld = %ld, one more %ld", limit, per_token, limit * per_token,
           (limit + 1) * per_token);

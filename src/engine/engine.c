@@ -28,10 +28,10 @@ long engine_step_token_limit(const Model *m, const Topology *topo)
     engine_layer_ops(arch_family(&m->cfg))->attn_shape(m, &a);
     long long D = a.v_dim ? a.v_dim : a.head_dim, N = topo->dcp;
     /* elements per token of each per-layer message: the TP sum, and with
-     * DCP the gathered queries, the gathered LSEs, the reduce-scattered
-     * partials (ag_rs) or the partials with their LSEs (a2a) */
-    long long per_token[] = {m->cfg.dim, N > 1 ? (long long)a.q_heads * a.head_dim : 0, N > 1 ? N * a.q_heads : 0,
-                             N > 1 ? a.q_heads * D : 0, N > 1 ? a.q_heads * (D + 1) : 0};
+     * DCP the gathered queries, ag_rs's first exchange (half the group's
+     * partials with their LSEs) and a2a's partials of one rank's heads */
+    long long per_token[] = {m->cfg.dim, N > 1 ? (long long)a.q_heads * a.head_dim : 0,
+                             N > 1 ? N / 2 * a.q_heads * (D + 1) : 0, N > 1 ? a.q_heads * (D + 1) : 0};
     long long most = 1;
     for (size_t i = 0; i < sizeof per_token / sizeof *per_token; i++) most = per_token[i] > most ? per_token[i] : most;
     return (long)(INT_MAX / most);
