@@ -31,11 +31,8 @@
 # version, for before/after figures).
 set -u
 . "$(dirname "$0")/setup.sh"
-ensure_packages || exit 1
-build_dcpinfer || exit 1
+bench_start
 REPS=${REPS:-3}
-bench_workdir
-B="$BUILD_DIR"
 D=${DCPINFER:-$B/dcpinfer}
 
 # ---- the machine -----------------------------------------------------------

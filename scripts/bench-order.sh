@@ -17,14 +17,10 @@
 #          -dcp 4 on the 1-KV-head model with 2 layers: both builds.
 set -u
 . "$(dirname "$0")/setup.sh"
-ensure_packages || exit 1
-build_dcpinfer || exit 1
+bench_start
 REPS=${REPS:-3}
-bench_workdir
-B="$BUILD_DIR"
 D="$B/dcpinfer"
 [ -n "${BASE:-}" ] && [ -x "$BASE" ] || { echo "BASE=path to another build's dcpinfer is required" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 
 for kv in 12 1; do
     "$B/dcpinfer-mkmodel" --out "$W/kv$kv" --layers 12 --dim 768 --heads 12 --kv-heads $kv --hidden 2048 \

@@ -43,5 +43,13 @@ bench_workdir() {
     trap 'rm -rf "$W"' EXIT
 }
 
+# a benchmark's start: the packages, the build (B: its folder) and W
+bench_start() {
+    ensure_packages || exit 1
+    build_dcpinfer || exit 1
+    bench_workdir
+    B="$BUILD_DIR"
+}
+
 # mpirun as root on a CI machine, oversubscribed without busy-waiting
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1

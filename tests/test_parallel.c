@@ -414,15 +414,17 @@ static void comm_bytes(const char *path, int heads)
                 long long mine = n * (rank % tp + 1) / tp - n * (rank % tp) / tp; /* this rank's slice */
                 want_calls[COMM_tp_sum] = 2 * Lyr * s;
                 want_bytes[COMM_tp_sum] = 2 * Lyr * s * 4 * (n - mine + (tp - 1) * mine);
-                /* every step's tokens attend the sharded cache (stored first) */
-                want_calls[COMM_q_allgather] = Lyr * s;
-                want_bytes[COMM_q_allgather] = Lyr * s * T[p] * qh * D * 4;
+                /* decode steps read the sharded cache; the prompt's one
+                 * chunk (from position 0) is attended on every rank alone */
+                long long ctx = p == PHASE_DECODE;
+                want_calls[COMM_q_allgather] = ctx * Lyr * s;
+                want_bytes[COMM_q_allgather] = ctx * Lyr * s * T[p] * qh * D * 4;
                 if (mb == MERGE_AG_RS) { /* log2 N exchanges, N - 1 blocks sent in all */
-                    want_calls[COMM_merge_exchange] = Lyr * s * (N == 2 ? 1 : N == 4 ? 2 : 3);
-                    want_bytes[COMM_merge_exchange] = Lyr * s * (N - 1) * rows * (D + 1) * 4;
+                    want_calls[COMM_merge_exchange] = ctx * Lyr * s * (N == 2 ? 1 : N == 4 ? 2 : 3);
+                    want_bytes[COMM_merge_exchange] = ctx * Lyr * s * (N - 1) * rows * (D + 1) * 4;
                 } else {
-                    want_calls[COMM_all_to_all] = Lyr * s;
-                    want_bytes[COMM_all_to_all] = Lyr * s * N * rows * (D + 1) * 4;
+                    want_calls[COMM_all_to_all] = ctx * Lyr * s;
+                    want_bytes[COMM_all_to_all] = ctx * Lyr * s * N * rows * (D + 1) * 4;
                 }
                 /* one token chosen per step: MAXLOC, or the whole vocabulary gathered */
                 want_calls[sampled ? COMM_logits_gather : COMM_argmax] = s;

@@ -56,7 +56,9 @@ typedef struct {
      * layout"): key j is in shard (j / shard_interleave) % shards; each
      * shard is attended alone and the shards' (out, lse) merged by the tree
      * that merges shard g with g + shards / 2 first, then with g +
-     * shards / 4, ... (merge_partials' arithmetic). 0 or 1: one shard. */
+     * shards / 4, ... (merge_partials' arithmetic); a count that is not a
+     * power of two: that tree over the largest power of two below it, then
+     * the rest into shard 0 in order. 0 or 1: one shard. */
     int shards, shard_interleave;
 } AttnBatch;
 
@@ -125,8 +127,11 @@ typedef struct Backend {
      * keys only */
     void (*kv_write)(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots, int T,
                      int kvd, int kv_heads, int block_size);
-    /* the KV cache types the backend stores: 1 << DTYPE_F32 | ... */
+    /* the KV cache types the backend stores: 1 << DTYPE_F32 | ...; and
+     * x (n) rounded in place to the values a bf16 cache holds (NULL where
+     * the backend has no bf16 cache) */
     unsigned kv_dtypes;
+    void (*round_bf16)(float *x, size_t n);
     void (*attention)(const AttnBatch *a);
     /* a's rows become the merges of two partial attentions over disjoint
      * keys, a's and b's: rows of stride floats, head_dim output values

@@ -240,6 +240,11 @@ static void cpu_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float
     }
 }
 
+static void cpu_round_bf16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
 static void cpu_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width)
 {
     for (int r = 0; r < rows; r++)
@@ -317,16 +322,21 @@ static void attend_shard(const AttnBatch *a, AttendFn attend, int t, int R, size
 }
 
 /* The shards' partials (G x rows) merged by the canonical tree (shard g
- * with g + G/2, then g + G/4, ...) into out and lse. */
+ * with g + G/2, then g + G/4, ...; a count that is not a power of two: the
+ * tree over the largest power of two, then the rest in order) into out
+ * and lse. */
 static void merge_shards(const AttnBatch *a, float *po, float *pl, size_t rows)
 {
-    int G = a->shards, Dv = a->v_dim ? a->v_dim : a->head_dim;
+    int G = a->shards, Dv = a->v_dim ? a->v_dim : a->head_dim, top = 1;
+    while (top * 2 <= G) top *= 2;
 #pragma omp parallel for if (rows > 64)
     for (size_t i = 0; i < rows; i++) {
-        for (int half = G / 2; half >= 1; half /= 2)
+        for (int half = top / 2; half >= 1; half /= 2)
             for (int g = 0; g < half; g++)
                 merge_row(po + ((size_t)g * rows + i) * Dv, pl + (size_t)g * rows + i,
                           po + ((size_t)(g + half) * rows + i) * Dv, pl[(size_t)(g + half) * rows + i], Dv);
+        for (int g = top; g < G; g++)
+            merge_row(po + i * Dv, pl + i, po + ((size_t)g * rows + i) * Dv, pl[(size_t)g * rows + i], Dv);
         memcpy(a->out + i * Dv, po + i * Dv, sizeof(float) * Dv);
         a->lse[i] = pl[i];
     }
@@ -459,6 +469,7 @@ static const Backend cpu = {
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,
     .kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16,
+    .round_bf16 = cpu_round_bf16,
     .strided_copy = cpu_strided_copy,
     .scatter_add_rows = cpu_scatter_add_rows,
     .pack_partials = cpu_pack_partials,

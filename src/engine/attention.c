@@ -46,7 +46,8 @@ static void free_step_arrays(Attention *a)
     void *dev[] = {s->d_pos, s->d_slots, a->q_all, a->o_all, a->lse_all, a->parts};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) a->be->release(dev[i]);
-    void *host[] = {s->pos, s->slots, s->cache_n, s->cache_key0, (void *)s->cache_tables};
+    void *host[] = {s->pos, s->slots, s->cache_n, s->cache_key0, (void *)s->cache_tables, s->new_row0, s->new_n,
+                    s->new_key0};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
     a->q_all = a->o_all = a->lse_all = a->parts = NULL;
     const int **chunk_tables = s->chunk_tables;
@@ -84,6 +85,9 @@ static void reserve(Attention *a, int T)
     s->cache_n = xmalloc(sizeof(int) * N * t);
     s->cache_key0 = xmalloc(sizeof(int) * N * t);
     s->cache_tables = xmalloc(sizeof(int *) * N * t);
+    s->new_row0 = xmalloc(sizeof(int) * t);
+    s->new_n = xmalloc(sizeof(int) * t);
+    s->new_key0 = xmalloc(sizeof(int) * t);
     if (N > 1) {
         a->q_all = be->alloc(f * N * t * qd);
         a->o_all = be->alloc(f * N * t * H * D);
@@ -117,14 +121,18 @@ static void upload_tables(Attention *a, const Chunk *chunks, int n_chunks)
 int attention_begin_step(Attention *a, const Chunk *chunks, int n_chunks)
 {
     const Topology *tp = a->topo;
-    int T = 0, B = a->pool.block_size, W = a->shape.window, N = tp->dcp, me = tp->dcp_rank;
-    for (int i = 0; i < n_chunks; i++) T += chunks[i].n;
+    int T = 0, B = a->pool.block_size, W = a->shape.window, N = tp->dcp, me = tp->dcp_rank, has_context = 0;
+    for (int i = 0; i < n_chunks; i++) {
+        T += chunks[i].n;
+        has_context |= chunks[i].pos0 > 0;
+    }
     reserve(a, T);
     upload_tables(a, chunks, n_chunks);
     Step *s = &a->step;
     s->chunks = chunks;
     s->n_chunks = n_chunks;
     s->T = T;
+    s->has_context = has_context;
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
         for (int j = 0; j < ch->n; j++, t++) {
@@ -144,6 +152,10 @@ int attention_begin_step(Attention *a, const Chunk *chunks, int n_chunks)
             s->cache_n[t] = kv_local_len(tp, p + 1, me);
             s->cache_key0[t] = first ? kv_local_len(tp, first, me) : 0;
             s->cache_tables[t] = s->chunk_tables[i];
+            /* a chunk from position 0: its key j is position j */
+            s->new_row0[t] = t - j;
+            s->new_n[t] = j + 1;
+            s->new_key0[t] = first;
         }
     }
     for (int r = 1; r < N; r++) { /* gathered queries of other ranks read the same keys */
@@ -233,6 +245,23 @@ void attention_layer(Attention *a, int layer, int sliding, const float *q, float
     be->kv_write(k_pool, v_pool, a->kv_dtype, k, v, s->d_slots, T, kv_row, sh->kv_heads, a->pool.block_size);
     if (N == 1) {
         attend(a, layer, sliding, 1, q, out, lse);
+        return;
+    }
+    if (!s->has_context) {
+        /* Every chunk starts its sequence, so every rank holds all of its
+         * keys in the step's rows: each attends its own heads to them by
+         * all the key shards, the whole tree here and no partial to send.
+         * A bf16 cache's keys are read as it holds them. */
+        if (a->kv_dtype == DTYPE_BF16) {
+            be->round_bf16(k, (size_t)T * kv_row);
+            if (v) be->round_bf16(v, (size_t)T * kv_row);
+        }
+        AttnBatch ab = {.T = T, .n_heads = sh->q_heads, .n_kv_heads = sh->kv_heads, .head_dim = sh->head_dim,
+                        .scale = sh->scale, .q = q, .out = out, .lse = lse, .k = k, .v = v ? v : k,
+                        .n_keys = s->new_n, .key0 = sliding ? s->new_key0 : NULL, .kv_stride = kv_row,
+                        .v_dim = sh->v_dim, .kv_dtype = DTYPE_F32, .row0 = s->new_row0,
+                        .shards = a->shards * N, .shard_interleave = tp->interleave};
+        be->attention(&ab);
         return;
     }
     /* The cache is sharded: every rank attends the group's queries to its

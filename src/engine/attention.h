@@ -9,8 +9,9 @@
  * or one token (decode). The chunk's keys are stored first; then every
  * token attends its keys in the cache, by the canonical key shards, merged
  * over the DCP group by the canonical tree (docs/design.md, "Same bits at
- * any layout"). Every buffer comes from the backend, so the same code
- * drives the CPU and the GPU. */
+ * any layout"); a step of only fresh prompts attends their own rows on
+ * every rank, by all the shards. Every buffer comes from the backend, so
+ * the same code drives the CPU and the GPU. */
 #ifndef DCP_ATTENTION_H
 #define DCP_ATTENTION_H
 
@@ -42,18 +43,21 @@ typedef struct {
 } AttnShape;
 
 /* The step's metadata, built once per step from its chunks. The key sets
- * are host arrays (AttnBatch): the keys each token reads from this rank's
- * cache, its shard of every position up to its own (stored first),
- * repeated for each rank's gathered queries under DCP. */
+ * are host arrays (AttnBatch): cache, the keys each token reads from this
+ * rank's cache, its shard of every position up to its own (stored first),
+ * repeated for each rank's gathered queries under DCP; new, the keys of a
+ * chunk that starts its sequence, in the step's own rows (a step of only
+ * such chunks attends them on every rank, without the DCP group). */
 typedef struct {
     const Chunk *chunks;
-    int n_chunks, T;
+    int n_chunks, T, has_context;
     int *pos;                   /* (T) positions, host */
     int *slots;                 /* (T) row of this rank's pool each token is stored at, -1: another rank's */
     int *d_pos, *d_slots;       /* the same in backend memory */
     const int **chunk_tables;   /* (n_chunks) each chunk's block table in backend memory */
     int *cache_n, *cache_key0;  /* (copies x T) */
     const int **cache_tables;   /* (copies x T) */
+    int *new_row0, *new_n, *new_key0; /* (T) */
 } Step;
 
 typedef struct {
