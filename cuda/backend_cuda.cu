@@ -2,9 +2,8 @@
 // cuBLAS (fp32 or bf16 weights, fp32 accumulation) and the rest as kernels. All
 // work goes to one stream; downloads wait for it. Weights and the KV cache
 // live in device memory from cudaMalloc (never managed memory).
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+#include "gpu_runtime.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -43,10 +42,22 @@ static void *cuda_alloc(size_t bytes)
 
 static void cuda_release(void *p) { DCP_CHECK(cudaFree(p)); }
 
+// Returns once src may be reused (gpu_runtime.h); in stream order.
 static void cuda_upload(void *dst, const void *src, size_t bytes)
 {
-    // from pageable memory the call returns once src may be reused
-    if (bytes) DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    if (!bytes) return;
+    DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    DCP_CHECK(gpu_pageable_source_released(stream));
+}
+
+// Weights: on the compute stream, waited for, so that no kernel can start
+// before they land (a copy on the legacy default stream is not ordered
+// before work on a non-blocking stream).
+static void upload_weights(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    DCP_CHECK(cudaStreamSynchronize(stream));
 }
 
 static void cuda_download(void *dst, const void *src, size_t bytes)
@@ -73,7 +84,7 @@ static void cuda_host_release(void *p) { DCP_CHECK(cudaFreeHost(p)); }
 static const float *cuda_weights(const float *host, size_t n)
 {
     float *d = (float *)cuda_alloc(sizeof(float) * n);
-    DCP_CHECK(cudaMemcpy(d, host, sizeof(float) * n, cudaMemcpyHostToDevice));
+    upload_weights(d, host, sizeof(float) * n);
     return d;
 }
 
@@ -86,7 +97,7 @@ static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
 {
     if (host.dtype == DTYPE_BF16) {
         void *d = cuda_alloc(sizeof(uint16_t) * (n ? n : 1));
-        DCP_CHECK(cudaMemcpy(d, host.data, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
+        upload_weights(d, host.data, sizeof(uint16_t) * n);
         return WeightRef{d, DTYPE_BF16, 0};
     }
     const float *f = (const float *)host.data;
@@ -94,7 +105,7 @@ static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
     uint16_t *h = (uint16_t *)xmalloc(sizeof(uint16_t) * (n ? n : 1));
     f32_to_bf16_n(h, f, n);
     void *d = cuda_alloc(sizeof(uint16_t) * n);
-    DCP_CHECK(cudaMemcpy(d, h, sizeof(uint16_t) * n, cudaMemcpyHostToDevice));
+    upload_weights(d, h, sizeof(uint16_t) * n);
     free(h);
     return WeightRef{d, DTYPE_BF16, 0};
 }
@@ -144,7 +155,7 @@ static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, in
         x_bf16_cap = 2 * n;
         x_bf16 = (__nv_bfloat16 *)cuda_alloc(sizeof(__nv_bfloat16) * x_bf16_cap);
     }
-    k_to_bf16<<<blocks_for(n, 256), 256, 0, stream>>>(x_bf16, x, n);
+    DCP_LAUNCH(k_to_bf16, blocks_for(n, 256), 256, 0, stream, x_bf16, x, n);
     DCP_CHECK_LAUNCH(stream);
     DCP_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w.data, CUDA_R_16BF, in, x_bf16, CUDA_R_16BF,
                            in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -171,7 +182,7 @@ __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, flo
 
 static void cuda_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
 {
-    if (T) k_rmsnorm<<<T, 256, 0, stream>>>(y, x, w, dim, eps);
+    if (T) DCP_LAUNCH(k_rmsnorm, T, 256, 0, stream, y, x, w, dim, eps);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -195,7 +206,7 @@ static void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim
 {
     size_t n = (size_t)T * n_heads * (head_dim / 2);
     if (n)
-        k_rope<<<blocks_for(n, 256), 256, 0, stream>>>(x, pos, T, n_heads, head_dim, inv_freq, scale,
+        DCP_LAUNCH(k_rope, blocks_for(n, 256), 256, 0, stream, x, pos, T, n_heads, head_dim, inv_freq, scale,
                                                         style == ROPE_ADJACENT_PAIRS);
     DCP_CHECK_LAUNCH(stream);
 }
@@ -211,7 +222,7 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n)
 
 static void cuda_silu_mul(float *gate, const float *up, size_t n)
 {
-    if (n) k_silu_mul<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+    if (n) DCP_LAUNCH(k_silu_mul, blocks_for(n, 256), 256, 0, stream, gate, up, n);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -224,7 +235,7 @@ __global__ void k_add_bias(float *y, const float *b, int T, int n)
 static void cuda_add_bias(float *y, const float *b, int T, int n)
 {
     size_t total = (size_t)T * n;
-    if (total) k_add_bias<<<blocks_for(total, 256), 256, 0, stream>>>(y, b, T, n);
+    if (total) DCP_LAUNCH(k_add_bias, blocks_for(total, 256), 256, 0, stream, y, b, T, n);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -236,7 +247,7 @@ __global__ void k_add(float *y, const float *x, size_t n)
 
 static void cuda_add(float *y, const float *x, size_t n)
 {
-    if (n) k_add<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
+    if (n) DCP_LAUNCH(k_add, blocks_for(n, 256), 256, 0, stream, y, x, n);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -250,7 +261,7 @@ __global__ void k_gather_rows(float *dst, const float *src, const int *rows, int
 
 static void cuda_gather_rows(float *dst, const float *src, const int *rows, int R, int dim)
 {
-    if (R) k_gather_rows<<<R, 128, 0, stream>>>(dst, src, rows, dim);
+    if (R) DCP_LAUNCH(k_gather_rows, R, 128, 0, stream, dst, src, rows, dim);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -277,7 +288,7 @@ static void cuda_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const floa
                           int T, int kvd, int kv_heads, int block_size)
 {
     (void)kv_dtype;
-    if (T) k_kv_write<<<T, 128, 0, stream>>>((float *)k_pool, (float *)v_pool, k, v, slots, kvd, kv_heads, block_size);
+    if (T) DCP_LAUNCH(k_kv_write, T, 128, 0, stream, (float *)k_pool, (float *)v_pool, k, v, slots, kvd, kv_heads, block_size);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -291,7 +302,7 @@ __global__ void k_strided_copy(float *dst, int dst_stride, const float *src, int
 
 static void cuda_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width)
 {
-    if (rows) k_strided_copy<<<rows, 128, 0, stream>>>(dst, dst_stride, src, src_stride, width);
+    if (rows) DCP_LAUNCH(k_strided_copy, rows, 128, 0, stream, dst, dst_stride, src, src_stride, width);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -306,7 +317,7 @@ __global__ void k_scatter_add_rows(float *y, const float *src, const int *rows, 
 
 static void cuda_scatter_add_rows(float *y, const float *src, const int *rows, const float *weights, int R, int dim)
 {
-    if (R) k_scatter_add_rows<<<R, 128, 0, stream>>>(y, src, rows, weights, dim);
+    if (R) DCP_LAUNCH(k_scatter_add_rows, R, 128, 0, stream, y, src, rows, weights, dim);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -407,28 +418,29 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
 __global__ void k_merge_partials(float *a, const float *b, int rows, int head_dim, int stride)
 {
     int r = blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) return;
     float *x = a + (size_t)r * stride;
     const float *y = b + (size_t)r * stride;
-    float l1 = x[head_dim], l2 = y[head_dim];
-    if (l2 == -INFINITY) return;
-    if (l1 == -INFINITY) {
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) x[d] = y[d];
-    } else {
-        float m = fmaxf(l1, l2), s1 = expf(l1 - m), s2 = expf(l2 - m), inv = __frcp_rn(__fadd_rn(s1, s2));
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-            x[d] = __fmul_rn(__fadd_rn(__fmul_rn(x[d], s1), __fmul_rn(y[d], s2)), inv);
-        l2 = m + logf(__fadd_rn(s1, s2));
+    float l1 = r < rows ? x[head_dim] : 0.0f, l2 = r < rows ? y[head_dim] : -INFINITY;
+    if (r < rows && l2 != -INFINITY) {
+        if (l1 == -INFINITY) {
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x) x[d] = y[d];
+        } else {
+            float m = fmaxf(l1, l2), s1 = expf(l1 - m), s2 = expf(l2 - m), inv = __frcp_rn(__fadd_rn(s1, s2));
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+                x[d] = __fmul_rn(__fadd_rn(__fmul_rn(x[d], s1), __fmul_rn(y[d], s2)), inv);
+            l2 = m + logf(__fadd_rn(s1, s2));
+        }
     }
-    // the 32 x-threads of a row form one warp: all have read x[head_dim]
-    __syncwarp();
-    if (threadIdx.x == 0) x[head_dim] = l2;
+    // every thread of the row has read x[head_dim] before one writes it
+    // (a block barrier: no kernel here relies on a warp's width)
+    __syncthreads();
+    if (r < rows && threadIdx.x == 0 && y[head_dim] != -INFINITY) x[head_dim] = l2;
 }
 
 static void cuda_merge_partials(float *a, const float *b, int rows, int head_dim, int stride)
 {
     dim3 threads(32, 8);
-    if (rows) k_merge_partials<<<blocks_for(rows, 8), threads, 0, stream>>>(a, b, rows, head_dim, stride);
+    if (rows) DCP_LAUNCH(k_merge_partials, blocks_for(rows, 8), threads, 0, stream, a, b, rows, head_dim, stride);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -471,7 +483,7 @@ static void cuda_attention(const AttnBatch *a)
         out = d_shard_parts, lse = d_shard_parts + Dv;
         out_stride = lse_stride = (size_t)Dv + 1;
     }
-    k_attention<<<dim3(rows, G), ATT_THREADS, 0, stream>>>(
+    DCP_LAUNCH(k_attention, dim3(rows, G), ATT_THREADS, 0, stream, 
         out, out_stride, lse, lse_stride, a->q, (const float *)a->k, (const float *)a->v,
         a->row0 && !a->blocks ? d_row0 : NULL, d_nkeys, a->key0 ? d_key0 : NULL, a->blocks ? d_tables : NULL,
         a->block_size, a->n_heads, a->n_heads / a->n_kv_heads, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
@@ -500,7 +512,7 @@ __global__ void k_pack_partials(float *parts, const float *o, const float *lse, 
 static void cuda_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
 {
     size_t n = (size_t)rows * (head_dim + 1);
-    if (n) k_pack_partials<<<blocks_for(n, 256), 256, 0, stream>>>(parts, o, lse, rows, head_dim);
+    if (n) DCP_LAUNCH(k_pack_partials, blocks_for(n, 256), 256, 0, stream, parts, o, lse, rows, head_dim);
     DCP_CHECK_LAUNCH(stream);
 }
 

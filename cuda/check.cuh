@@ -2,9 +2,9 @@
 #ifndef DCP_CHECK_CUH
 #define DCP_CHECK_CUH
 
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
 #include <stdio.h>
+
+#include "gpu_runtime.h"
 
 #include "check.h"
 

@@ -1,5 +1,5 @@
 // Choosing the GPU of a rank, before MPI_Init (see src/device.h).
-#include <cuda_runtime.h>
+#include "gpu_runtime.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
