@@ -4,7 +4,7 @@
 set -u
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$TOP/build}
-PACKAGES="gcc make autoconf automake pkg-config openmpi-bin libopenmpi-dev libhdf5-dev hdf5-tools \
+PACKAGES="gcc g++ libtbb-dev make autoconf automake pkg-config openmpi-bin libopenmpi-dev libhdf5-dev hdf5-tools \
 libopenblas-dev libjansson-dev libpcre2-dev libutf8proc-dev valgrind clang"
 
 ensure_packages() {

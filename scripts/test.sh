@@ -13,8 +13,8 @@ ensure_packages || exit 1
 export DCP_SHARED=${DCP_SHARED:-$(cd "$TOP/.." && pwd)/shared}
 
 passed=0 failed=0 skipped=0
-run_suite() { # NAME BUILD_DIR CONFIGURE_ARGS
-    local name=$1
+run_suite() { # NAME BUILD_DIR CONFIGURE_ARGS [TESTS]: all of make check, or those tests
+    local name=$1 only=${4:-}
     BUILD_DIR=$2 CONFIGURE_ARGS=$3
     echo "== $name build ($BUILD_DIR)"
     if ! build_dcpinfer; then
@@ -22,7 +22,11 @@ run_suite() { # NAME BUILD_DIR CONFIGURE_ARGS
         failed=$((failed + 1))
         return
     fi
-    make -C "$BUILD_DIR" -j"$(nproc 2>/dev/null || echo 2)" check >"$BUILD_DIR/check.out" 2>&1
+    if [ -n "$only" ]; then
+        make -C "$BUILD_DIR" -j"$(nproc 2>/dev/null || echo 2)" check TESTS="$only" >"$BUILD_DIR/check.out" 2>&1
+    else
+        make -C "$BUILD_DIR" -j"$(nproc 2>/dev/null || echo 2)" check >"$BUILD_DIR/check.out" 2>&1
+    fi
     grep -E '^(PASS|FAIL|SKIP|XFAIL|XPASS|ERROR):' "$BUILD_DIR/check.out" | sed "s/^/   /"
     local p f s
     p=$(grep -c '^PASS:' "$BUILD_DIR/check.out")
@@ -92,9 +96,23 @@ system_tests() {
     done
 }
 
+# the CUDA backend's kernels executed on the CPU through HIP-CPU (the
+# vendored runtime beside the checkout): its conformance test and the GPU
+# end-to-end test, --backend cuda against the CPU backend
+hip_cpu_suite() {
+    local hip=$DCP_SHARED/vendor/hip-cpu
+    if [ ! -f "$hip/include/hip/hip_runtime.h" ]; then
+        echo "== hip-cpu build: skipped, no HIP-CPU at $hip"
+        skipped=$((skipped + 1))
+        return
+    fi
+    run_suite hip-cpu "$TOP/build-hip" "--with-hip-cpu=$hip" "tests/test_backends tests/gpu_stories.sh"
+}
+
 run_suite normal "$TOP/build" ""
 system_tests
 cuda_build
+hip_cpu_suite
 # Open MPI keeps allocations until exit; valgrind_leaks.sh checks leaks in
 # the normal build, so LeakSanitizer stays off here. tests/fuzz.sh fuzzes
 # each parser for DCP_FUZZ_SECONDS (scripts/fuzz.sh 600 for long runs).
