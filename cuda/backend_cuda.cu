@@ -539,6 +539,7 @@ extern "C" const Backend *backend_cuda(void)
     Backend b;
     memset(&b, 0, sizeof b);
     b.name = "cuda";
+    b.runs_on = GPU_RUNS_ON;
     b.host_memory = 0;
     b.alloc = cuda_alloc;
     b.release = cuda_release;

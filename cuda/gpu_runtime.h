@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define DCP_LAUNCH(kernel, grid, block, shmem, stream, ...) kernel<<<grid, block, shmem, stream>>>(__VA_ARGS__)
+#define GPU_RUNS_ON NULL
 // cudaMemcpyAsync from pageable host memory returns once the source may be
 // reused (CUDA stages it): nothing to wait for
 static inline cudaError_t gpu_pageable_source_released(cudaStream_t) { return cudaSuccess; }
@@ -51,6 +52,7 @@ inline void idle_poll()
 
 #define DCP_LAUNCH(kernel, grid, block, shmem, stream, ...) \
     hipLaunchKernelGGL(kernel, dim3(grid), dim3(block), shmem, stream, __VA_ARGS__)
+#define GPU_RUNS_ON "the CUDA kernels on CPU threads, through HIP-CPU"
 // HIP-CPU's hipMemcpyAsync reads a pageable source when the stream reaches
 // the copy, not when it is called: wait for the stream, so that the source
 // may be reused on return as under CUDA

@@ -580,8 +580,9 @@ static int load_model(Run *r)
         printf("# dcpinfer %s: model %s (%d layers, dim %d, %d heads / %d KV heads, vocab %d), %d request(s), "
                "backend %s%s%s%s, %d thread(s) per rank\n",
                PACKAGE_VERSION, r->model.path, cfg->n_layers, cfg->dim, cfg->n_heads, cfg->n_kv_heads, cfg->vocab_size,
-               r->rs.n, r->be->name, r->cpu_kernels[0] ? " (CPU kernels " : "", r->cpu_kernels,
-               r->cpu_kernels[0] ? ")" : "", r->threads);
+               r->rs.n, r->be->name, r->cpu_kernels[0] ? " (CPU kernels " : r->be->runs_on ? " (" : "",
+               r->cpu_kernels[0] ? r->cpu_kernels : r->be->runs_on ? r->be->runs_on : "",
+               r->cpu_kernels[0] || r->be->runs_on ? ")" : "", r->threads);
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
                r->world_size, t->dp, t->tp, t->dcp, t->interleave, o->dcp_comm_backend, r->mpi_buffers);
         char order[64];

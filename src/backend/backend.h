@@ -64,6 +64,7 @@ typedef struct {
 
 typedef struct Backend {
     const char *name;
+    const char *runs_on; /* how the backend runs when that is not the obvious (HIP-CPU), for the header; or NULL */
     /* Memory. Buffers the ops read and write come from alloc: device memory
      * on a GPU backend, host memory on the CPU backend (host_memory = 1,
      * and MPI can take them directly). Arrays the ops take as metadata
