@@ -10,6 +10,19 @@
 
 #include "check.cuh"
 
+// A test build's deliberate defects (tests/mutants.sh): DCPINFER_MUTANT=n
+// breaks the kernel marked MUTANT(n), and the conformance test must fail.
+// Only the HIP-CPU test build has them; every other build compiles them out.
+#ifdef DCP_MUTATIONS
+#ifndef DCP_HIP_CPU
+#error "DCP_MUTATIONS is for the HIP-CPU test build only"
+#endif
+static int dcp_mutant = getenv("DCPINFER_MUTANT") ? atoi(getenv("DCPINFER_MUTANT")) : 0;
+#define MUTANT(n) (dcp_mutant == (n))
+#else
+#define MUTANT(n) 0
+#endif
+
 extern "C" {
 #include "backend.h"
 #include "util.h"
@@ -134,6 +147,32 @@ int cuda_sync_each_launch(void)
     return on;
 }
 
+void dcp_launch_check(const char *kernel, dim3 grid, dim3 block, size_t dynamic_shared, size_t static_shared,
+                      const void *func)
+{
+    char what[160];
+    unsigned long threads = (unsigned long)block.x * block.y * block.z;
+    if (!threads || threads > DCP_MAX_BLOCK_THREADS || block.z > 64)
+        snprintf(what, sizeof what, "%lu threads per block (%ux%ux%u): a GPU takes 1 to %d", threads, block.x,
+                 block.y, block.z, DCP_MAX_BLOCK_THREADS);
+    else if (!grid.x || !grid.y || !grid.z || grid.y > 65535 || grid.z > 65535)
+        snprintf(what, sizeof what, "grid %ux%ux%u: a GPU takes 1 to 65535 blocks in y and z", grid.x, grid.y, grid.z);
+    else if (static_shared + dynamic_shared > DCP_MAX_STATIC_SHARED)
+        snprintf(what, sizeof what, "%zu bytes of shared memory per block: a GPU takes %d without opting in",
+                 static_shared + dynamic_shared, DCP_MAX_STATIC_SHARED);
+    else
+        what[0] = 0;
+#ifndef DCP_HIP_CPU
+    cudaFuncAttributes attr;
+    if (!what[0] && cudaFuncGetAttributes(&attr, func) == cudaSuccess && attr.sharedSizeBytes != static_shared)
+        snprintf(what, sizeof what, "%zu bytes of static shared memory, declared as %zu (DCP_STATIC_SHARED)",
+                 (size_t)attr.sharedSizeBytes, static_shared);
+#else
+    (void)func;
+#endif
+    if (what[0]) dcp_check_failed(__FILE__, __LINE__, kernel, what);
+}
+
 static void cuda_synchronize(void) { DCP_CHECK(cudaStreamSynchronize(stream)); }
 
 // ---- GEMM -------------------------------------------------------------
@@ -180,9 +219,11 @@ __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, flo
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (inv * xr[i]);
 }
 
+DCP_STATIC_SHARED(k_rmsnorm, sizeof(float) * 256);
+
 static void cuda_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
 {
-    if (T) DCP_LAUNCH(k_rmsnorm, T, 256, 0, stream, y, x, w, dim, eps);
+    if (T) DCP_LAUNCH(k_rmsnorm, T, MUTANT(4) ? 2048 : 256, 0, stream, y, x, w, dim, eps);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -270,25 +311,50 @@ static void cuda_embedding(float *x, const float *table, const int *tokens, int 
     cuda_gather_rows(x, table, tokens, T, dim);
 }
 
+// KV cache rows: fp32, or bf16 (--kv-cache-dtype bfloat16) rounded to
+// nearest even as the CPU backend rounds them
+__device__ static inline float kv_load(const float *p) { return *p; }
+__device__ static inline float kv_load(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ static inline void kv_store(float *p, float v) { *p = v; }
+__device__ static inline void kv_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
 // a block's rows KV head by KV head, as kv_pool_offset (backend.h) lays them
-__global__ void k_kv_write(float *k_pool, float *v_pool, const float *k, const float *v, const int *slots, int kvd,
+template <typename KV>
+__global__ void k_kv_write(KV *k_pool, KV *v_pool, const float *k, const float *v, const int *slots, int kvd,
                            int kv_heads, int block_size)
 {
     int slot = slots[blockIdx.x], hd = kvd / kv_heads;
     if (slot < 0) return; // another DCP rank owns this position
     for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
         size_t at = kv_pool_offset((size_t)slot, i / hd, (size_t)hd, kv_heads, (size_t)block_size) + i % hd;
-        k_pool[at] = k[(size_t)blockIdx.x * kvd + i];
-        if (v_pool) v_pool[at] = v[(size_t)blockIdx.x * kvd + i]; // MLA: latent rows only
+        kv_store(k_pool + at, k[(size_t)blockIdx.x * kvd + i]);
+        if (v_pool) kv_store(v_pool + at, v[(size_t)blockIdx.x * kvd + i]); // MLA: latent rows only
     }
 }
 
-// fp32 caches only (kv_dtypes): the engine refuses another type here
 static void cuda_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots,
                           int T, int kvd, int kv_heads, int block_size)
 {
-    (void)kv_dtype;
-    if (T) DCP_LAUNCH(k_kv_write, T, 128, 0, stream, (float *)k_pool, (float *)v_pool, k, v, slots, kvd, kv_heads, block_size);
+    if (!T) return;
+    if (kv_dtype == DTYPE_BF16)
+        DCP_LAUNCH(k_kv_write<__nv_bfloat16>, T, 128, 0, stream, (__nv_bfloat16 *)k_pool, (__nv_bfloat16 *)v_pool, k,
+                   v, slots, kvd, kv_heads, block_size);
+    else
+        DCP_LAUNCH(k_kv_write<float>, T, 128, 0, stream, (float *)k_pool, (float *)v_pool, k, v, slots, kvd, kv_heads,
+                   block_size);
+    DCP_CHECK_LAUNCH(stream);
+}
+
+// x rounded in place to the values a bf16 cache holds
+__global__ void k_round_bf16(float *x, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
+static void cuda_round_bf16(float *x, size_t n)
+{
+    if (n) DCP_LAUNCH(k_round_bf16, blocks_for(n, 256), 256, 0, stream, x, n);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -347,8 +413,9 @@ __device__ static int shard_keys(int x, int G, int run, int g)
 // Block (r, g): row r (token t, head h) over key shard g of G. Its output
 // row goes to out + (g * rows + r) * out_stride, its LSE to lse + (g * rows +
 // r) * lse_stride.
+template <typename KV>
 __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
-                            const float *k_base, const float *v_base, const int *row0, const int *n_keys,
+                            const KV *k_base, const KV *v_base, const int *row0, const int *n_keys,
                             const int *key0, const int *const *tables, int block_size, int n_heads, int group,
                             int head_dim, int v_dim, int kv_stride, float scale, int G, int run)
 {
@@ -358,7 +425,7 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
     const float *qr = q + (size_t)r * head_dim;
     const int *table = tables ? tables[t] : NULL;
     size_t base = !table && row0 ? (size_t)row0[t] * kv_stride : 0;
-    const float *k = k_base + base, *v = v_base + base;
+    const KV *k = k_base + base, *v = v_base + base;
     __shared__ float qs[ATT_MAX_D], p[ATT_THREADS], red[ATT_THREADS];
     for (int d = tid; d < head_dim; d += blockDim.x) qs[d] = qr[d];
     __syncthreads();
@@ -368,9 +435,9 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
         float s = -INFINITY;
         if (j < n) {
             int key = (j / run) * G * run + g * run + j % run; // shard g's key j
-            const float *kj = k + att_row(table, key, block_size, kv_heads, kvh, kv_stride);
+            const KV *kj = k + att_row(table, key, block_size, kv_heads, kvh, kv_stride);
             s = 0.0f;
-            for (int d = 0; d < head_dim; d++) s += qs[d] * kj[d];
+            for (int d = 0; d < head_dim; d++) s += qs[d] * kv_load(kj + d);
             s *= scale;
         }
         red[tid] = s;
@@ -387,7 +454,7 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
         __syncthreads();
         for (int w = ATT_THREADS / 2; w > 0; w >>= 1) {
             if (tid < w) red[tid] += red[tid + w];
-            __syncthreads();
+            if (!MUTANT(3)) __syncthreads();
         }
         float correction = expf(m - m_new);
         sum = sum * correction + red[0];
@@ -397,7 +464,7 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
             float a = acc[c] * correction;
             for (int jj = 0; jj < tile; jj++) {
                 int jk = j0 + jj, key = (jk / run) * G * run + g * run + jk % run;
-                a += p[jj] * v[att_row(table, key, block_size, kv_heads, kvh, kv_stride) + d];
+                a += p[jj] * kv_load(v + att_row(table, key, block_size, kv_heads, kvh, kv_stride) + d);
             }
             acc[c] = a;
         }
@@ -409,6 +476,97 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
     for (int c = 0; c * ATT_THREADS + tid < v_dim; c++) o[c * ATT_THREADS + tid] = n > first ? acc[c] / sum : 0.0f;
     if (tid == 0) lse[at * lse_stride] = n > first ? m + logf(sum) : -INFINITY;
 }
+
+DCP_STATIC_SHARED(k_attention<float>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
+DCP_STATIC_SHARED(k_attention<__nv_bfloat16>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
+
+// Latent attention (MLA: one KV head, the values the first v_dim floats of
+// the key rows), as FlashMLA shapes it: a block serves up to LAT_HEADS heads
+// of one token, so that each latent row is read once for all of them
+// instead of once per head. Keys come in tiles of LAT_KEYS rows through
+// shared memory, loaded row by row by consecutive threads (coalesced);
+// every (head, key) score of a tile is two threads' half dot products; the
+// heads' online softmax states live in shared memory, and each thread
+// accumulates the value columns d = tid + c * ATT_THREADS of every head.
+#define LAT_HEADS 16
+#define LAT_KEYS 4
+#define LAT_MAX_D 576 // kv_lora_rank 512 + qk_rope_head_dim 64
+#define LAT_ROW (LAT_MAX_D + 1) // a row's floats in shared memory, padded so that rows start in different banks
+#define LAT_COLS ((LAT_MAX_D + ATT_THREADS - 1) / ATT_THREADS)
+template <typename KV>
+__global__ void k_latent_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
+                                   const KV *rows_base, const int *n_keys, const int *key0,
+                                   const int *const *tables, int block_size, int n_heads, int head_dim, int v_dim,
+                                   float scale, int G, int run)
+{
+    __shared__ float qs[LAT_HEADS][LAT_ROW], ks[LAT_KEYS][LAT_ROW], sc[LAT_HEADS][LAT_KEYS],
+        red[ATT_THREADS], m[LAT_HEADS], l[LAT_HEADS], corr[LAT_HEADS];
+    int chunks = (n_heads + LAT_HEADS - 1) / LAT_HEADS, t = blockIdx.x / chunks,
+        h0 = blockIdx.x % chunks * LAT_HEADS, nh = min(LAT_HEADS, n_heads - h0), g = blockIdx.y, tid = threadIdx.x;
+    int rows = gridDim.x / chunks * n_heads;
+    int n = shard_keys(n_keys[t], G, run, g), first = key0 ? shard_keys(key0[t], G, run, g) : 0;
+    const int *table = tables[t];
+    for (int i = tid; i < nh * head_dim; i += blockDim.x)
+        qs[i / head_dim][i % head_dim] = q[((size_t)t * n_heads + h0) * head_dim + i];
+    if (tid < LAT_HEADS) m[tid] = -INFINITY, l[tid] = 0.0f;
+    float acc[LAT_HEADS][LAT_COLS] = {{0}};
+    int pair = tid % (LAT_HEADS * LAT_KEYS), hh = pair / LAT_KEYS, jj = pair % LAT_KEYS,
+        half = tid / (LAT_HEADS * LAT_KEYS), mid = head_dim / 2;
+    for (int j0 = first; j0 < n; j0 += LAT_KEYS) {
+        int kt = min(LAT_KEYS, n - j0);
+        for (int i = tid; i < kt * head_dim; i += blockDim.x) {
+            int jk = j0 + i / head_dim, key = (jk / run) * G * run + g * run + jk % run; // shard g's key jk
+            ks[i / head_dim][i % head_dim] = kv_load(rows_base + att_row(table, key, block_size, 1, 0, head_dim) +
+                                                     i % head_dim);
+        }
+        if (!MUTANT(1)) __syncthreads();
+        float part = 0.0f;
+        if (hh < nh && jj < kt)
+            for (int d = half ? mid : 0; d < (half ? head_dim : mid); d++) part += qs[hh][d] * ks[jj][d];
+        red[tid] = part;
+        __syncthreads();
+        if (tid < LAT_HEADS * LAT_KEYS)
+            sc[hh][jj] = hh < nh && jj < kt ? (red[tid] + red[tid + LAT_HEADS * LAT_KEYS]) * scale : -INFINITY;
+        __syncthreads();
+        if (tid < nh) { // head tid's online softmax over the tile
+            float mt = m[tid];
+            for (int j = 0; j < kt; j++) mt = fmaxf(mt, sc[tid][j]);
+            float sum = 0.0f;
+            for (int j = 0; j < LAT_KEYS; j++) sum += sc[tid][j] = j < kt ? expf(sc[tid][j] - mt) : 0.0f;
+            corr[tid] = expf(m[tid] - mt);
+            l[tid] = l[tid] * corr[tid] + sum;
+            m[tid] = mt;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < LAT_HEADS; h++)
+#pragma unroll
+            for (int c = 0; c < LAT_COLS; c++) {
+                int d = c * ATT_THREADS + tid;
+                if (h >= nh || d >= v_dim) continue;
+                float a = acc[h][c] * corr[h];
+                for (int j = 0; j < kt; j++) a += sc[h][j] * ks[j][d];
+                acc[h][c] = a;
+            }
+        __syncthreads();
+    }
+    int width = MUTANT(2) ? v_dim - 1 : v_dim;
+#pragma unroll
+    for (int h = 0; h < LAT_HEADS; h++) {
+        if (h >= nh) continue;
+        size_t at = (size_t)g * rows + (size_t)t * n_heads + h0 + h;
+#pragma unroll
+        for (int c = 0; c < LAT_COLS; c++) {
+            int d = c * ATT_THREADS + tid;
+            if (d < width) out[at * out_stride + d] = n > first ? acc[h][c] / l[h] : 0.0f;
+        }
+        if (tid == 0) lse[at * lse_stride] = n > first ? m[h] + logf(l[h]) : -INFINITY;
+    }
+}
+
+#define LAT_SHARED (sizeof(float) * ((LAT_HEADS + LAT_KEYS) * LAT_ROW + LAT_HEADS * LAT_KEYS + ATT_THREADS + 3 * LAT_HEADS))
+DCP_STATIC_SHARED(k_latent_attention<float>, LAT_SHARED);
+DCP_STATIC_SHARED(k_latent_attention<__nv_bfloat16>, LAT_SHARED);
 
 // ---- LSE merges (docs/design.md, "Same bits at any layout") ------------
 
@@ -483,10 +641,28 @@ static void cuda_attention(const AttnBatch *a)
         out = d_shard_parts, lse = d_shard_parts + Dv;
         out_stride = lse_stride = (size_t)Dv + 1;
     }
-    DCP_LAUNCH(k_attention, dim3(rows, G), ATT_THREADS, 0, stream, 
-        out, out_stride, lse, lse_stride, a->q, (const float *)a->k, (const float *)a->v,
-        a->row0 && !a->blocks ? d_row0 : NULL, d_nkeys, a->key0 ? d_key0 : NULL, a->blocks ? d_tables : NULL,
-        a->block_size, a->n_heads, a->n_heads / a->n_kv_heads, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
+    const int *row0 = a->row0 && !a->blocks ? d_row0 : NULL, *key0 = a->key0 ? d_key0 : NULL,
+              *const *tables = a->blocks ? d_tables : NULL;
+    int bf16 = a->kv_dtype == DTYPE_BF16, group = a->n_heads / a->n_kv_heads;
+    if (a->n_kv_heads == 1 && a->k == a->v && a->blocks && a->head_dim <= LAT_MAX_D && Dv <= a->head_dim) {
+        dim3 grid(a->T * ((a->n_heads + LAT_HEADS - 1) / LAT_HEADS), G);
+        if (bf16)
+            DCP_LAUNCH(k_latent_attention<__nv_bfloat16>, grid, ATT_THREADS, 0, stream, out, out_stride, lse,
+                       lse_stride, a->q, (const __nv_bfloat16 *)a->k, d_nkeys, key0, tables, a->block_size,
+                       a->n_heads, a->head_dim, Dv, a->scale, G, run);
+        else
+            DCP_LAUNCH(k_latent_attention<float>, grid, ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride,
+                       a->q, (const float *)a->k, d_nkeys, key0, tables, a->block_size, a->n_heads, a->head_dim, Dv,
+                       a->scale, G, run);
+    } else if (bf16) {
+        DCP_LAUNCH(k_attention<__nv_bfloat16>, dim3(rows, G), ATT_THREADS, 0, stream, out, out_stride, lse,
+                   lse_stride, a->q, (const __nv_bfloat16 *)a->k, (const __nv_bfloat16 *)a->v, row0, d_nkeys, key0,
+                   tables, a->block_size, a->n_heads, group, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
+    } else {
+        DCP_LAUNCH(k_attention<float>, dim3(rows, G), ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride,
+                   a->q, (const float *)a->k, (const float *)a->v, row0, d_nkeys, key0, tables, a->block_size,
+                   a->n_heads, group, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
+    }
     DCP_CHECK_LAUNCH(stream);
     if (G == 1) return;
     size_t blk = (size_t)rows * (Dv + 1);
@@ -562,7 +738,8 @@ extern "C" const Backend *backend_cuda(void)
     b.embedding = cuda_embedding;
     b.gather_rows = cuda_gather_rows;
     b.kv_write = cuda_kv_write;
-    b.kv_dtypes = 1u << DTYPE_F32;
+    b.kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16;
+    b.round_bf16 = cuda_round_bf16;
     b.strided_copy = cuda_strided_copy;
     b.scatter_add_rows = cuda_scatter_add_rows;
     b.attention = cuda_attention;

@@ -26,7 +26,6 @@ static inline void dcp_check(cublasStatus_t rc, const char *file, int line, cons
 // sets DCPINFER_CUDA_SYNC=1, the kernel's (the stream is synchronised), so
 // that a fault is reported at the launch that caused it, not at a later
 // call. Off by default: it serialises the host with the GPU.
-int cuda_sync_each_launch(void);
 #define DCP_CHECK_LAUNCH(stream)                                                \
     do {                                                                        \
         DCP_CHECK(cudaGetLastError());                                          \

@@ -21,7 +21,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#define DCP_LAUNCH(kernel, grid, block, shmem, stream, ...) kernel<<<grid, block, shmem, stream>>>(__VA_ARGS__)
+#define DCP_KERNEL_LAUNCH(kernel, grid, block, shmem, stream, ...) kernel<<<grid, block, shmem, stream>>>(__VA_ARGS__)
 #define GPU_RUNS_ON NULL
 // cudaMemcpyAsync from pageable host memory returns once the source may be
 // reused (CUDA stages it): nothing to wait for
@@ -50,7 +50,7 @@ inline void idle_poll()
 
 #include <hip/hip_runtime.h>
 
-#define DCP_LAUNCH(kernel, grid, block, shmem, stream, ...) \
+#define DCP_KERNEL_LAUNCH(kernel, grid, block, shmem, stream, ...) \
     hipLaunchKernelGGL(kernel, dim3(grid), dim3(block), shmem, stream, __VA_ARGS__)
 #define GPU_RUNS_ON "the CUDA kernels on CPU threads, through HIP-CPU"
 // HIP-CPU's hipMemcpyAsync reads a pageable source when the stream reaches
@@ -121,4 +121,35 @@ __host__ __device__ inline float __frcp_rn(float a) { return 1.0f / a; }
 #include "cublas_cpu.h"
 
 #endif
+
+// ---- launch limits ------------------------------------------------------
+// What any CUDA GPU accepts of a launch: at most 1024 threads per block
+// (x and y up to 1024, z up to 64), 48 KiB of static shared memory per
+// block, grid y and z up to 65535. HIP-CPU accepts far more, so the
+// backend checks every launch itself under DCPINFER_CUDA_SYNC=1
+// (dcp_launch_check in backend_cuda.cu). A kernel's static shared memory
+// is declared beside it with DCP_STATIC_SHARED (0 when not declared); on
+// a GPU the check also compares the declaration with what the compiler
+// reserved, so that the HIP-CPU check cannot drift from the kernel.
+#define DCP_MAX_BLOCK_THREADS 1024
+#define DCP_MAX_STATIC_SHARED (48 * 1024)
+template <auto Kernel> struct dcp_static_shared {
+    static constexpr size_t bytes = 0;
+};
+#define DCP_STATIC_SHARED(kernel, n)                                                   \
+    template <> struct dcp_static_shared<kernel> {                                     \
+        static constexpr size_t bytes = (n);                                           \
+    };                                                                                 \
+    static_assert((n) <= DCP_MAX_STATIC_SHARED, #kernel ": static shared memory above 48 KiB")
+int cuda_sync_each_launch(void);
+void dcp_launch_check(const char *kernel, dim3 grid, dim3 block, size_t dynamic_shared, size_t static_shared,
+                      const void *func);
+#define DCP_LAUNCH(kernel, grid, block, shmem, stream, ...)                                                   \
+    do {                                                                                                      \
+        if (cuda_sync_each_launch())                                                                          \
+            dcp_launch_check(#kernel, dim3(grid), dim3(block), (shmem), dcp_static_shared<kernel>::bytes,    \
+                             (const void *)(kernel));                                                         \
+        DCP_KERNEL_LAUNCH(kernel, grid, block, shmem, stream, __VA_ARGS__);                                   \
+    } while (0)
+
 #endif

@@ -281,6 +281,188 @@ static void mla_ops(uint64_t *st)
     free(q), free(pool), free(row), free(src), free(y);
 }
 
+/* ---- the shapes of real models --------------------------------------- */
+
+/* One attention batch as models run it: T tokens of H query heads over
+ * KVH KV heads of D floats (values DV wide; latent: keys only, the values
+ * the first DV floats of each row, as MLA's cache), paged in blocks of B
+ * rows or contiguous, over canonical key shards, in an fp32 or bf16 cache. */
+typedef struct {
+    const char *name;
+    int T, H, KVH, D, DV, latent;
+    int max_keys; /* the longest token's keys */
+    int prefill;  /* token t attends max_keys - T + 1 + t keys (a prompt's chunk); else decode lengths */
+    int B;        /* block size; 0: contiguous rows */
+    int shards, interleave;
+    DType kv;
+    int window;   /* a sliding window of this many keys; 0: none */
+} Shape;
+
+static const Shape shapes[] = {
+    {"llama 64 mha decode 4096", 4, 8, 8, 64, 0, 0, 4096, 0, 16, 1, 1, DTYPE_F32, 0},
+    {"64 mha one token", 1, 4, 4, 64, 0, 0, 1, 0, 16, 2, 1, DTYPE_F32, 0},
+    {"llama 64 gqa2 bf16 shards", 3, 8, 4, 64, 0, 0, 1000, 0, 16, 8, 16, DTYPE_BF16, 0},
+    {"llama3 128 gqa4 4096", 2, 32, 8, 128, 0, 0, 4096, 0, 16, 4, 1, DTYPE_F32, 0},
+    {"128 gqa8 bf16 window rows", 5, 8, 1, 128, 0, 0, 300, 0, 0, 2, 16, DTYPE_BF16, 100},
+    {"128 gqa2 prefill 512 rows", 512, 4, 2, 128, 0, 0, 512, 1, 0, 1, 1, DTYPE_F32, 0},
+    {"64 gqa4 bf16 prefill 512", 512, 8, 2, 64, 0, 0, 700, 1, 16, 8, 16, DTYPE_BF16, 0},
+    {"mla 576/512 decode 4096", 4, 16, 1, 576, 512, 1, 4096, 0, 64, 8, 16, DTYPE_F32, 0},
+    {"mla 576/512 128 heads bf16", 2, 128, 1, 576, 512, 1, 1000, 0, 64, 1, 1, DTYPE_BF16, 0},
+    {"mla 576/512 prefill 512", 512, 16, 1, 576, 512, 1, 600, 1, 64, 4, 1, DTYPE_F32, 0},
+    {"mla 576/512 one token", 1, 16, 1, 576, 512, 1, 77, 0, 64, 8, 16, DTYPE_BF16, 0},
+    {"mla 576/512 20 heads", 3, 20, 1, 576, 512, 1, 257, 0, 16, 2, 16, DTYPE_BF16, 0},
+    {"latent 192/128 bf16", 7, 16, 1, 192, 128, 1, 2000, 0, 16, 2, 1, DTYPE_BF16, 0},
+};
+
+/* rows (n, width) of kv as a cache of type t holds them */
+static void *as_cache(const float *x, size_t n, DType t)
+{
+    if (t == DTYPE_F32) {
+        float *c = xmalloc(sizeof(float) * n);
+        memcpy(c, x, sizeof(float) * n);
+        return c;
+    }
+    uint16_t *c = xmalloc(sizeof(uint16_t) * n);
+    f32_to_bf16_n(c, x, n);
+    return c;
+}
+
+static void attention_shape(const Shape *sh, uint64_t *st)
+{
+    int T = sh->T, H = sh->H, D = sh->D, DV = sh->DV ? sh->DV : D, kvd = sh->KVH * D, N = sh->max_keys;
+    size_t esz = dtype_bytes(sh->kv);
+    int *n_keys = xmalloc(sizeof(int) * T), *key0 = xmalloc(sizeof(int) * T), *row0 = xcalloc(T, sizeof(int));
+    for (int t = 0; t < T; t++) {
+        n_keys[t] = sh->prefill ? N - T + 1 + t : t == 0 ? N : t == 1 ? 1 : 1 + (int)(splitmix64(st) % (uint64_t)N);
+        key0[t] = sh->window && n_keys[t] > sh->window ? n_keys[t] - sh->window : 0;
+    }
+    float *q = rnd((size_t)T * H * D, st), *kx = rnd((size_t)N * kvd, st), *vx = rnd((size_t)N * kvd, st);
+    for (size_t i = 0; i < (size_t)T * H * D; i++) q[i] *= 3.0f; /* scores spread over several units */
+    float *dq = on_gpu(q, sizeof(float) * T * H * D);
+    /* the cache: paged, filled by kv_write through a shuffled block table
+     * (and compared), or contiguous rows uploaded as the cache holds them */
+    void *kc, *vc, *dk, *dv;
+    int *table = NULL, *dtable = NULL, nb = sh->B ? (N + sh->B - 1) / sh->B : 0, pool_blocks = nb + 3;
+    const int **ht = xcalloc(T, sizeof *ht), **gt = xcalloc(T, sizeof *gt);
+    if (sh->B) {
+        size_t pool = (size_t)pool_blocks * sh->B * kvd;
+        kc = xcalloc(pool, esz), vc = sh->latent ? NULL : xcalloc(pool, esz);
+        dk = on_gpu(kc, pool * esz), dv = sh->latent ? NULL : on_gpu(vc, pool * esz);
+        table = xmalloc(sizeof(int) * pool_blocks);
+        for (int i = 0; i < pool_blocks; i++) table[i] = i;
+        for (int i = pool_blocks - 1; i > 0; i--) {
+            int j = (int)(splitmix64(st) % (uint64_t)(i + 1)), x = table[i];
+            table[i] = table[j], table[j] = x;
+        }
+        dtable = on_gpu(table, sizeof(int) * nb);
+        int *slots = xmalloc(sizeof(int) * N);
+        for (int j = 0; j < N; j++) slots[j] = table[j / sh->B] * sh->B + j % sh->B;
+        int *dslots = on_gpu(slots, sizeof(int) * N);
+        float *dkx = on_gpu(kx, sizeof(float) * N * kvd), *dvx = on_gpu(vx, sizeof(float) * N * kvd);
+        cpu->kv_write(kc, vc, sh->kv, kx, sh->latent ? NULL : vx, slots, N, kvd, sh->KVH, sh->B);
+        gpu->kv_write(dk, dv, sh->kv, dkx, sh->latent ? NULL : dvx, dslots, N, kvd, sh->KVH, sh->B);
+        char name[96];
+        snprintf(name, sizeof name, "%s: kv_write", sh->name);
+        void *got = xmalloc(pool * esz);
+        gpu->download(got, dk, pool * esz);
+        CHECK(!memcmp(got, kc, pool * esz), "%s: the GPU's cache rows differ from the CPU's", name);
+        if (vc) {
+            gpu->download(got, dv, pool * esz);
+            CHECK(!memcmp(got, vc, pool * esz), "%s: the GPU's value rows differ from the CPU's", name);
+        }
+        free(got), free(slots);
+        gpu->release(dslots), gpu->release(dkx), gpu->release(dvx);
+        for (int t = 0; t < T; t++) ht[t] = table, gt[t] = dtable;
+    } else {
+        kc = as_cache(kx, (size_t)N * kvd, sh->kv), vc = sh->latent ? NULL : as_cache(vx, (size_t)N * kvd, sh->kv);
+        dk = on_gpu(kc, (size_t)N * kvd * esz), dv = vc ? on_gpu(vc, (size_t)N * kvd * esz) : NULL;
+    }
+    size_t no = (size_t)T * H * DV;
+    float *out = xmalloc(sizeof(float) * no), *lse = xmalloc(sizeof(float) * T * H);
+    float *dout = gpu->alloc(sizeof(float) * no), *dlse = gpu->alloc(sizeof(float) * T * H);
+    AttnBatch a = {.T = T, .n_heads = H, .n_kv_heads = sh->KVH, .head_dim = D, .scale = 1.0f / sqrtf((float)D),
+                   .q = q, .out = out, .lse = lse, .k = kc, .v = sh->latent ? kc : vc, .n_keys = n_keys,
+                   .key0 = sh->window ? key0 : NULL, .kv_stride = kvd, .blocks = sh->B ? ht : NULL,
+                   .block_size = sh->B, .v_dim = sh->DV, .kv_dtype = sh->kv, .row0 = sh->B ? NULL : row0,
+                   .shards = sh->shards, .shard_interleave = sh->interleave};
+    AttnBatch ga = a;
+    ga.q = dq, ga.out = dout, ga.lse = dlse, ga.k = dk, ga.v = sh->latent ? dk : dv, ga.blocks = sh->B ? gt : NULL;
+    cpu->attention(&a);
+    gpu->attention(&ga);
+    float *go = back(dout, no), *gl = back(dlse, (size_t)T * H);
+    char name[96];
+    snprintf(name, sizeof name, "%s: out", sh->name);
+    EXPECT_CLOSE(name, go, out, no, 2e-5);
+    snprintf(name, sizeof name, "%s: lse", sh->name);
+    EXPECT_CLOSE(name, gl, lse, (size_t)T * H, 2e-5);
+    /* the DCP merge of two partials of this width: this batch's and its
+     * rows reversed (packed as the merges pack them) */
+    int rows = T * H;
+    float *pk = xmalloc(sizeof(float) * 2 * rows * (DV + 1)), *dpk = gpu->alloc(sizeof(float) * 2 * rows * (DV + 1));
+    cpu->pack_partials(pk, out, lse, rows, DV);
+    gpu->pack_partials(dpk, dout, dlse, rows, DV);
+    for (int r = 0; r < rows; r++)
+        memcpy(pk + (size_t)(rows + r) * (DV + 1), pk + (size_t)(rows - 1 - r) * (DV + 1), sizeof(float) * (DV + 1));
+    gpu->upload(dpk + (size_t)rows * (DV + 1), pk + (size_t)rows * (DV + 1), sizeof(float) * rows * (DV + 1));
+    cpu->merge_partials(pk, pk + (size_t)rows * (DV + 1), rows, DV, DV + 1);
+    gpu->merge_partials(dpk, dpk + (size_t)rows * (DV + 1), rows, DV, DV + 1);
+    free(go);
+    go = back(dpk, (size_t)rows * (DV + 1));
+    snprintf(name, sizeof name, "%s: merge", sh->name);
+    EXPECT_CLOSE(name, go, pk, (size_t)rows * (DV + 1), 2e-5);
+    free(go), free(gl), free(pk), free(out), free(lse), free(q), free(kx), free(vx), free(kc), free(vc), free(table);
+    free(n_keys), free(key0), free(row0), free(ht), free(gt);
+    void *bufs[] = {dq, dk, dv, dtable, dout, dlse, dpk};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]) gpu->release(bufs[i]);
+}
+
+/* The element-wise ops and GEMMs at the widths of real models */
+static void wide_ops(uint64_t *st)
+{
+    enum { T = 17, DIM = 7168, IN = 2048, OUT = 576, H = 32, HD = 128 };
+    float *x = rnd((size_t)T * DIM, st), *w = rnd(DIM, st), *y = xmalloc(sizeof(float) * T * DIM);
+    float *dx = on_gpu(x, sizeof(float) * T * DIM), *dw = on_gpu(w, sizeof(float) * DIM),
+          *dy = gpu->alloc(sizeof(float) * T * DIM);
+    cpu->rmsnorm(y, x, w, T, DIM, 1e-6f);
+    gpu->rmsnorm(dy, dx, dw, T, DIM, 1e-6f);
+    float *g = back(dy, (size_t)T * DIM);
+    EXPECT_CLOSE("rmsnorm 7168", g, y, (size_t)T * DIM, 1e-5);
+    free(g);
+    int pos[T];
+    for (int t = 0; t < T; t++) pos[t] = (int)(splitmix64(st) % 65536);
+    int *dpos = on_gpu(pos, sizeof pos);
+    for (int hd = 64; hd <= HD; hd *= 2) {
+        float freq[HD / 2];
+        for (int i = 0; i < hd / 2; i++) freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / hd);
+        float *dfreq = on_gpu(freq, sizeof(float) * hd / 2);
+        memcpy(y, x, sizeof(float) * T * H * hd);
+        gpu->upload(dy, x, sizeof(float) * T * H * hd);
+        cpu->rope(y, pos, T, H, hd, freq, 1.0f, ROPE_ADJACENT_PAIRS);
+        gpu->rope(dy, dpos, T, H, hd, dfreq, 1.0f, ROPE_ADJACENT_PAIRS);
+        g = back(dy, (size_t)T * H * hd);
+        EXPECT_CLOSE(hd == 64 ? "rope 64, 32 heads" : "rope 128, 32 heads", g, y, (size_t)T * H * hd, 2e-5);
+        free(g);
+        gpu->release(dfreq);
+    }
+    float *wm = rnd((size_t)OUT * IN, st);
+    for (int b = 0; b < 2; b++) {
+        CHECK(gpu->set_gemm_dtype(b ? "bfloat16" : "float32") == 0, "GEMM type: %s", dcp_error());
+        WeightRef dwm = gpu->gemm_weights((WeightRef){wm, DTYPE_F32, 0}, (size_t)OUT * IN);
+        cpu->matmul(y, x, (WeightRef){wm, DTYPE_F32, 0}, T, IN, OUT);
+        gpu->matmul(dy, dx, dwm, T, IN, OUT);
+        g = back(dy, (size_t)T * OUT);
+        /* fp32: the order of 2048 products; bf16: weights and activations rounded */
+        EXPECT_CLOSE(b ? "matmul 2048x576 bf16" : "matmul 2048x576 f32", g, y, (size_t)T * OUT, b ? 0.3 : 1e-4);
+        free(g);
+        gpu->release_weights(dwm.data);
+    }
+    gpu->set_gemm_dtype("float32");
+    void *bufs[] = {dx, dw, dy, dpos};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
+    free(x), free(w), free(y), free(wm);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -295,6 +477,8 @@ int main(int argc, char **argv)
     elementwise(&st);
     attention_and_merges(&st);
     mla_ops(&st);
+    wide_ops(&st);
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) attention_shape(&shapes[i], &st);
     MPI_Finalize();
     return test_finish("test_backends");
 }
