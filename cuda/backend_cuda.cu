@@ -25,10 +25,12 @@ static int dcp_mutant = getenv("DCPINFER_MUTANT") ? atoi(getenv("DCPINFER_MUTANT
 
 extern "C" {
 #include "backend.h"
+#include "moe_route.h"
 #include "util.h"
 }
 
 static cudaStream_t stream;
+static BackendCounts counts;
 static cublasHandle_t blas;
 // GEMM weights in bf16 (--dtype bfloat16): activations are converted to
 // bf16 for each product, accumulation stays fp32
@@ -36,8 +38,8 @@ static int gemm_bf16;
 static __nv_bfloat16 *x_bf16;
 static size_t x_bf16_cap;
 
-// Per-token attention metadata, uploaded per call (host arrays, see
-// AttnBatch).
+// Per-token attention metadata uploaded here for a caller that has no
+// device copies of it (AttnBatch.d_*).
 static const int **d_tables;
 static int *d_nkeys, *d_key0, *d_row0;
 static int meta_cap;
@@ -59,6 +61,7 @@ static void cuda_release(void *p) { DCP_CHECK(cudaFree(p)); }
 static void cuda_upload(void *dst, const void *src, size_t bytes)
 {
     if (!bytes) return;
+    counts.uploads++;
     DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
     DCP_CHECK(gpu_pageable_source_released(stream));
 }
@@ -76,6 +79,7 @@ static void upload_weights(void *dst, const void *src, size_t bytes)
 static void cuda_download(void *dst, const void *src, size_t bytes)
 {
     if (!bytes) return;
+    counts.downloads++;
     DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
     DCP_CHECK(cudaStreamSynchronize(stream));
 }
@@ -173,22 +177,20 @@ void dcp_launch_check(const char *kernel, dim3 grid, dim3 block, size_t dynamic_
     if (what[0]) dcp_check_failed(__FILE__, __LINE__, kernel, what);
 }
 
-static void cuda_synchronize(void) { DCP_CHECK(cudaStreamSynchronize(stream)); }
+static void cuda_synchronize(void)
+{
+    counts.synchronizes++;
+    DCP_CHECK(cudaStreamSynchronize(stream));
+}
 
 // ---- GEMM -------------------------------------------------------------
 
 // y (T, out) = x (T, in) . w (out, in)^T, all row-major. In cuBLAS's
 // column-major terms: y^T (out x T) = w (out x in) . x^T (in x T).
-static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
+// x (n floats) as bf16 in x_bf16, grown on demand: the activations of a
+// product with bf16 weights
+static const __nv_bfloat16 *activations_bf16(const float *x, size_t n)
 {
-    if (!T || !out) return;
-    const float one = 1.0f, zero = 0.0f;
-    if (w.dtype == DTYPE_F32) {
-        DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, (const float *)w.data, in, x, in,
-                              &zero, y, out));
-        return;
-    }
-    size_t n = (size_t)T * in;
     if (n > x_bf16_cap) {
         if (x_bf16) cuda_release(x_bf16);
         x_bf16_cap = 2 * n;
@@ -196,8 +198,44 @@ static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, in
     }
     DCP_LAUNCH(k_to_bf16, blocks_for(n, 256), 256, 0, stream, x_bf16, x, n);
     DCP_CHECK_LAUNCH(stream);
-    DCP_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w.data, CUDA_R_16BF, in, x_bf16, CUDA_R_16BF,
+    return x_bf16;
+}
+
+static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
+{
+    if (!T || !out) return;
+    counts.matmuls++;
+    const float one = 1.0f, zero = 0.0f;
+    if (w.dtype == DTYPE_F32) {
+        DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, (const float *)w.data, in, x, in,
+                              &zero, y, out));
+        return;
+    }
+    const __nv_bfloat16 *xb = activations_bf16(x, (size_t)T * in);
+    DCP_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w.data, CUDA_R_16BF, in, xb, CUDA_R_16BF,
                            in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// One cuBLAS strided-batched GEMM for all heads (backend.h): head b's
+// weights are the b-th (out, in) matrix of the stack.
+static void cuda_matmul_batched(float *y, int ldy, size_t y_step, const float *x, int ldx, size_t x_step, WeightRef w,
+                                int batch, int T, int in, int out)
+{
+    if (!T || !out || !batch) return;
+    counts.batched_matmuls++;
+    const float one = 1.0f, zero = 0.0f;
+    long long w_step = (long long)out * in;
+    if (w.dtype == DTYPE_F32) {
+        DCP_CHECK(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, (const float *)w.data,
+                                            in, w_step, x, ldx, (long long)x_step, &zero, y, ldy, (long long)y_step,
+                                            batch));
+        return;
+    }
+    // the activations as bf16, at the same offsets: from x to the last head's last row
+    const __nv_bfloat16 *xb = activations_bf16(x, (size_t)(T - 1) * ldx + (size_t)(batch - 1) * x_step + in);
+    DCP_CHECK(cublasGemmStridedBatchedEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, w.data, CUDA_R_16BF, in,
+                                         w_step, xb, CUDA_R_16BF, ldx, (long long)x_step, &zero, y, CUDA_R_32F, ldy,
+                                         (long long)y_step, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // ---- element-wise kernels ---------------------------------------------
@@ -372,18 +410,149 @@ static void cuda_strided_copy(float *dst, int dst_stride, const float *src, int 
     DCP_CHECK_LAUNCH(stream);
 }
 
-// y row rows[r] += weights[r] * src row r, one block per row of src. A
-// token appears at most once per expert, so rows within one call differ.
-__global__ void k_scatter_add_rows(float *y, const float *src, const int *rows, const float *weights, int dim)
+// ---- mixture of experts, on the device ----------------------------------
+
+#define MOE_MAX_EXPERTS 512
+#define MOE_MAX_GROUPS 64
+
+// One block per token: its experts and weights, by the host's own code
+// (moe_route_token), on one thread; E is a few hundred at most.
+// (the router's fields come as scalars: HIP-CPU's kernels take no structs by value without a warning)
+__global__ void k_moe_route_tokens(int experts, int per_token, int groups, int topk_group, int flags, float scaling,
+                                   const float *logits, const float *bias, int *idx, float *wt)
 {
-    float *yr = y + (size_t)rows[blockIdx.x] * dim, w = weights[blockIdx.x];
-    const float *sr = src + (size_t)blockIdx.x * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] += w * sr[i];
+    MoeRouting r = {experts, per_token, groups, topk_group, flags & 1, flags >> 1 & 1, flags >> 2 & 1, scaling};
+    __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS], gscore[MOE_MAX_GROUPS];
+    __shared__ int keep[MOE_MAX_GROUPS];
+    __shared__ char taken[MOE_MAX_EXPERTS];
+    size_t t = blockIdx.x;
+    if (threadIdx.x == 0)
+        moe_route_token(&r, logits + t * r.experts, bias, score, choice, gscore, keep, taken, idx + t * r.per_token,
+                        wt + t * r.per_token);
+}
+DCP_STATIC_SHARED(k_moe_route_tokens, (2 * sizeof(float) + 1) * MOE_MAX_EXPERTS + (sizeof(float) + sizeof(int)) * MOE_MAX_GROUPS);
+
+// The step's pairs grouped by expert (moe_group_pairs), on one thread: a
+// counting sort of T * K entries.
+__global__ void k_moe_group(const int *idx, const float *wt, int T, int K, int E, int *rows, float *weights,
+                            int *slots, int *start, int *fill)
+{
+    if (threadIdx.x == 0) moe_group_pairs(idx, wt, T, K, E, rows, weights, slots, start, fill);
 }
 
-static void cuda_scatter_add_rows(float *y, const float *src, const int *rows, const float *weights, int R, int dim)
+static int *d_moe_idx, *d_moe_fill;
+static float *d_moe_wt;
+static size_t moe_cap;
+
+static void cuda_moe_route(const MoeRouting *r, const float *logits, const float *bias, int T, int *rows,
+                           float *weights, int *slots, int *start)
 {
-    if (R) DCP_LAUNCH(k_scatter_add_rows, R, 128, 0, stream, y, src, rows, weights, dim);
+    if (r->experts > MOE_MAX_EXPERTS || r->groups > MOE_MAX_GROUPS)
+        dcp_check_failed(__FILE__, __LINE__, "cuda_moe_route", "more than 512 experts or 64 expert groups");
+    size_t pairs = (size_t)T * r->per_token;
+    if (pairs + r->experts > moe_cap) {
+        if (moe_cap) cuda_release(d_moe_idx), cuda_release(d_moe_fill), cuda_release(d_moe_wt);
+        moe_cap = 2 * (pairs + r->experts);
+        d_moe_idx = (int *)cuda_alloc(sizeof(int) * moe_cap);
+        d_moe_fill = (int *)cuda_alloc(sizeof(int) * moe_cap);
+        d_moe_wt = (float *)cuda_alloc(sizeof(float) * moe_cap);
+    }
+    if (!T) return;
+    DCP_LAUNCH(k_moe_route_tokens, T, 32, 0, stream, r->experts, r->per_token, r->groups, r->topk_group,
+               r->v3 | r->grouped << 1 | r->norm_topk << 2, r->scaling, logits, bias, d_moe_idx, d_moe_wt);
+    DCP_CHECK_LAUNCH(stream);
+    DCP_LAUNCH(k_moe_group, 1, 32, 0, stream, d_moe_idx, d_moe_wt, T, r->per_token, r->experts, rows, weights, slots,
+               start, d_moe_fill);
+    DCP_CHECK_LAUNCH(stream);
+}
+
+__device__ static inline float w_load(const float *p) { return *p; }
+__device__ static inline float w_load(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+
+// The grouped GEMM of the experts (backend.h, moe_matmul). The grid covers
+// the worst case of row tiles, pairs / MM_BM + experts (each expert adds at
+// most one partial tile); block x finds its expert and tile from start[]
+// on the device, and blocks past the last tile return, so the host never
+// needs the counts. A block computes MM_BM rows x MM_BN outputs, K in steps
+// of MM_BK through shared memory; each of the 256 threads 2 x 4 of them,
+// accumulated in fp32 (bf16 weights widened exactly).
+#define MM_BM 32
+#define MM_BN 64
+#define MM_BK 32
+template <typename W>
+__global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
+                             const W *w, size_t w_step, int in, int out)
+{
+    __shared__ float xs[MM_BM][MM_BK + 1], ws[MM_BN][MM_BK + 1];
+    int b = blockIdx.x, e = 0;
+    for (; e < experts; e++) {
+        int tiles = (start[e + 1] - start[e] + MM_BM - 1) / MM_BM;
+        if (b < tiles) break;
+        b -= tiles;
+    }
+    if (e == experts) return; // the whole block: past the last tile
+    int r0 = start[e] + b * MM_BM, r1 = min(start[e + 1], r0 + MM_BM), n0 = blockIdx.y * MM_BN;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const W *we = w + (size_t)e * w_step;
+    float acc[2][4] = {{0}};
+    for (int k0 = 0; k0 < in; k0 += MM_BK) {
+        for (int i = threadIdx.x; i < MM_BM * MM_BK; i += blockDim.x) {
+            int r = i / MM_BK, k = i % MM_BK, row = r0 + r;
+            xs[r][k] = row < r1 && k0 + k < in ? x[(size_t)(rows ? rows[row] : row) * ldx + k0 + k] : 0.0f;
+        }
+        for (int i = threadIdx.x; i < MM_BN * MM_BK; i += blockDim.x) {
+            int n = i / MM_BK, k = i % MM_BK;
+            ws[n][k] = n0 + n < out && k0 + k < in ? w_load(we + (size_t)(n0 + n) * in + k0 + k) : 0.0f;
+        }
+        __syncthreads();
+        for (int k = 0; k < MM_BK; k++)
+#pragma unroll
+            for (int a = 0; a < 2; a++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[a][c] += xs[ty + 16 * a][k] * ws[tx + 16 * c][k];
+        __syncthreads();
+    }
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int row = r0 + ty + 16 * a, n = n0 + tx + 16 * c;
+            if (row < r1 && n < out) y[(size_t)row * out + n] = acc[a][c];
+        }
+}
+DCP_STATIC_SHARED(k_moe_matmul<float>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
+DCP_STATIC_SHARED(k_moe_matmul<__nv_bfloat16>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
+
+static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
+                            int pairs, WeightRef w, size_t w_step, int in, int out)
+{
+    if (!pairs || !out) return;
+    counts.moe_matmuls++;
+    dim3 grid(pairs / MM_BM + experts, blocks_for(out, MM_BN));
+    if (w.dtype == DTYPE_BF16)
+        DCP_LAUNCH(k_moe_matmul<__nv_bfloat16>, grid, 256, 0, stream, y, x, ldx, rows, start, experts,
+                   (const __nv_bfloat16 *)w.data, w_step, in, out);
+    else
+        DCP_LAUNCH(k_moe_matmul<float>, grid, 256, 0, stream, y, x, ldx, rows, start, experts, (const float *)w.data,
+                   w_step, in, out);
+    DCP_CHECK_LAUNCH(stream);
+}
+
+// y row t = 0 + w * src row + ... over its pairs in expert order, each
+// product and sum rounded on its own, as the CPU adds them
+__global__ void k_moe_combine(float *y, const float *src, const int *slots, const float *weights, int K, int dim)
+{
+    const int *s = slots + (size_t)blockIdx.x * K;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int n = 0; n < K; n++) acc = __fadd_rn(acc, __fmul_rn(weights[s[n]], src[(size_t)s[n] * dim + d]));
+        y[(size_t)blockIdx.x * dim + d] = acc;
+    }
+}
+
+static void cuda_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim)
+{
+    if (T) DCP_LAUNCH(k_moe_combine, T, 128, 0, stream, y, src, slots, weights, K, dim);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -481,7 +650,7 @@ DCP_STATIC_SHARED(k_attention<float>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREA
 DCP_STATIC_SHARED(k_attention<__nv_bfloat16>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
 
 // Latent attention (MLA: one KV head, the values the first v_dim floats of
-// the key rows), as FlashMLA shapes it: a block serves up to LAT_HEADS heads
+// the key rows, paged or contiguous), as FlashMLA shapes it: a block serves up to LAT_HEADS heads
 // of one token, so that each latent row is read once for all of them
 // instead of once per head. Keys come in tiles of LAT_KEYS rows through
 // shared memory, loaded row by row by consecutive threads (coalesced);
@@ -495,7 +664,7 @@ DCP_STATIC_SHARED(k_attention<__nv_bfloat16>, sizeof(float) * (ATT_MAX_D + 2 * A
 #define LAT_COLS ((LAT_MAX_D + ATT_THREADS - 1) / ATT_THREADS)
 template <typename KV>
 __global__ void k_latent_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
-                                   const KV *rows_base, const int *n_keys, const int *key0,
+                                   const KV *rows_base, const int *row0, const int *n_keys, const int *key0,
                                    const int *const *tables, int block_size, int n_heads, int head_dim, int v_dim,
                                    float scale, int G, int run)
 {
@@ -505,7 +674,8 @@ __global__ void k_latent_attention(float *out, size_t out_stride, float *lse, si
         h0 = blockIdx.x % chunks * LAT_HEADS, nh = min(LAT_HEADS, n_heads - h0), g = blockIdx.y, tid = threadIdx.x;
     int rows = gridDim.x / chunks * n_heads;
     int n = shard_keys(n_keys[t], G, run, g), first = key0 ? shard_keys(key0[t], G, run, g) : 0;
-    const int *table = tables[t];
+    const int *table = tables ? tables[t] : NULL;
+    if (!table && row0) rows_base += (size_t)row0[t] * head_dim; // contiguous rows from the token's first
     for (int i = tid; i < nh * head_dim; i += blockDim.x)
         qs[i / head_dim][i % head_dim] = q[((size_t)t * n_heads + h0) * head_dim + i];
     if (tid < LAT_HEADS) m[tid] = -INFINITY, l[tid] = 0.0f;
@@ -606,10 +776,15 @@ static void cuda_merge_partials(float *a, const float *b, int rows, int head_dim
 static float *d_shard_parts;
 static size_t shard_parts_cap;
 
-static void cuda_attention(const AttnBatch *a)
+// The per-token arrays of a batch in device memory: the caller's copies
+// (uploaded once per step), or the host arrays uploaded here (a caller
+// without them, as the conformance test).
+static void attention_metadata(const AttnBatch *a, const int **n_keys, const int **key0, const int **row0,
+                               const int *const **tables)
 {
-    if (!a->T) return;
-    if (a->head_dim > ATT_MAX_D) dcp_check_failed(__FILE__, __LINE__, "cuda_attention", "head_dim above 640");
+    *n_keys = a->d_n_keys, *key0 = a->key0 ? a->d_key0 : NULL, *row0 = a->row0 && !a->blocks ? a->d_row0 : NULL;
+    *tables = a->blocks ? a->d_blocks : NULL;
+    if (*n_keys && (!a->key0 || *key0) && (!a->row0 || a->blocks || *row0) && (!a->blocks || *tables)) return;
     if (a->T > meta_cap) {
         if (meta_cap) {
             cuda_release(d_tables);
@@ -627,6 +802,16 @@ static void cuda_attention(const AttnBatch *a)
     if (a->blocks) cuda_upload(d_tables, a->blocks, sizeof(int *) * a->T);
     if (a->key0) cuda_upload(d_key0, a->key0, sizeof(int) * a->T);
     if (a->row0 && !a->blocks) cuda_upload(d_row0, a->row0, sizeof(int) * a->T);
+    *n_keys = d_nkeys, *key0 = a->key0 ? d_key0 : NULL, *row0 = a->row0 && !a->blocks ? d_row0 : NULL;
+    *tables = a->blocks ? d_tables : NULL;
+}
+
+static void cuda_attention(const AttnBatch *a)
+{
+    if (!a->T) return;
+    if (a->head_dim > ATT_MAX_D) dcp_check_failed(__FILE__, __LINE__, "cuda_attention", "head_dim above 640");
+    const int *n_keys, *key0, *row0, *const *tables;
+    attention_metadata(a, &n_keys, &key0, &row0, &tables);
     int G = a->shards > 1 ? a->shards : 1, run = a->shard_interleave > 0 ? a->shard_interleave : 1;
     int Dv = a->v_dim ? a->v_dim : a->head_dim, rows = a->T * a->n_heads;
     float *out = a->out, *lse = a->lse;
@@ -641,26 +826,25 @@ static void cuda_attention(const AttnBatch *a)
         out = d_shard_parts, lse = d_shard_parts + Dv;
         out_stride = lse_stride = (size_t)Dv + 1;
     }
-    const int *row0 = a->row0 && !a->blocks ? d_row0 : NULL, *key0 = a->key0 ? d_key0 : NULL,
-              *const *tables = a->blocks ? d_tables : NULL;
     int bf16 = a->kv_dtype == DTYPE_BF16, group = a->n_heads / a->n_kv_heads;
-    if (a->n_kv_heads == 1 && a->k == a->v && a->blocks && a->head_dim <= LAT_MAX_D && Dv <= a->head_dim) {
+    if (a->n_kv_heads == 1 && a->k == a->v && a->kv_stride == a->head_dim && a->head_dim <= LAT_MAX_D &&
+        Dv <= a->head_dim) {
         dim3 grid(a->T * ((a->n_heads + LAT_HEADS - 1) / LAT_HEADS), G);
         if (bf16)
             DCP_LAUNCH(k_latent_attention<__nv_bfloat16>, grid, ATT_THREADS, 0, stream, out, out_stride, lse,
-                       lse_stride, a->q, (const __nv_bfloat16 *)a->k, d_nkeys, key0, tables, a->block_size,
+                       lse_stride, a->q, (const __nv_bfloat16 *)a->k, row0, n_keys, key0, tables, a->block_size,
                        a->n_heads, a->head_dim, Dv, a->scale, G, run);
         else
             DCP_LAUNCH(k_latent_attention<float>, grid, ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride,
-                       a->q, (const float *)a->k, d_nkeys, key0, tables, a->block_size, a->n_heads, a->head_dim, Dv,
-                       a->scale, G, run);
+                       a->q, (const float *)a->k, row0, n_keys, key0, tables, a->block_size, a->n_heads, a->head_dim,
+                       Dv, a->scale, G, run);
     } else if (bf16) {
         DCP_LAUNCH(k_attention<__nv_bfloat16>, dim3(rows, G), ATT_THREADS, 0, stream, out, out_stride, lse,
-                   lse_stride, a->q, (const __nv_bfloat16 *)a->k, (const __nv_bfloat16 *)a->v, row0, d_nkeys, key0,
+                   lse_stride, a->q, (const __nv_bfloat16 *)a->k, (const __nv_bfloat16 *)a->v, row0, n_keys, key0,
                    tables, a->block_size, a->n_heads, group, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
     } else {
         DCP_LAUNCH(k_attention<float>, dim3(rows, G), ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride,
-                   a->q, (const float *)a->k, (const float *)a->v, row0, d_nkeys, key0, tables, a->block_size,
+                   a->q, (const float *)a->k, (const float *)a->v, row0, n_keys, key0, tables, a->block_size,
                    a->n_heads, group, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
     }
     DCP_CHECK_LAUNCH(stream);
@@ -691,6 +875,21 @@ static void cuda_pack_partials(float *parts, const float *o, const float *lse, i
     if (n) DCP_LAUNCH(k_pack_partials, blocks_for(n, 256), 256, 0, stream, parts, o, lse, rows, head_dim);
     DCP_CHECK_LAUNCH(stream);
 }
+
+#ifdef DCP_HIP_CPU
+#include <memory>
+#include <tbb/global_control.h>
+// HIP-CPU runs a kernel's blocks through the C++ parallel algorithms (TBB):
+// at most the rank's share of the cores, as the CPU backend's threads
+extern "C" void backend_cuda_set_threads(int threads)
+{
+    static std::unique_ptr<tbb::global_control> limit;
+    limit.reset();
+    if (threads > 0) limit.reset(new tbb::global_control(tbb::global_control::max_allowed_parallelism, threads));
+}
+#else
+extern "C" void backend_cuda_set_threads(int threads) { (void)threads; }
+#endif
 
 // ---- the table ----------------------------------------------------------
 
@@ -741,7 +940,11 @@ extern "C" const Backend *backend_cuda(void)
     b.kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16;
     b.round_bf16 = cuda_round_bf16;
     b.strided_copy = cuda_strided_copy;
-    b.scatter_add_rows = cuda_scatter_add_rows;
+    b.matmul_batched = cuda_matmul_batched;
+    b.moe_route = cuda_moe_route;
+    b.moe_matmul = cuda_moe_matmul;
+    b.moe_combine = cuda_moe_combine;
+    b.counts = &counts;
     b.attention = cuda_attention;
     b.merge_partials = cuda_merge_partials;
     b.pack_partials = cuda_pack_partials;

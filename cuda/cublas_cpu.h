@@ -76,4 +76,35 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubla
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// The batched forms: batch products, each operand stepping by its stride.
+inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                                int n, int k, const float *alpha, const float *A, int lda,
+                                                long long sa, const float *B, int ldb, long long sb, const float *beta,
+                                                float *C, int ldc, long long sc, int batch)
+{
+    for (int i = 0; i < batch; i++) {
+        cublasStatus_t rc = cublasSgemm(h, ta, tb, m, n, k, alpha, A + i * sa, lda, B + i * sb, ldb, beta, C + i * sc, ldc);
+        if (rc != CUBLAS_STATUS_SUCCESS) return rc;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+inline size_t dcp_cublas_size(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                                 int n, int k, const void *alpha, const void *A, cudaDataType at,
+                                                 int lda, long long sa, const void *B, cudaDataType bt, int ldb,
+                                                 long long sb, const void *beta, void *C, cudaDataType ct, int ldc,
+                                                 long long sc, int batch, cublasComputeType_t compute,
+                                                 cublasGemmAlgo_t algo)
+{
+    for (int i = 0; i < batch; i++) {
+        cublasStatus_t rc = cublasGemmEx(h, ta, tb, m, n, k, alpha, (const char *)A + i * sa * dcp_cublas_size(at), at,
+                                         lda, (const char *)B + i * sb * dcp_cublas_size(bt), bt, ldb, beta,
+                                         (char *)C + i * sc * dcp_cublas_size(ct), ct, ldc, compute, algo);
+        if (rc != CUBLAS_STATUS_SUCCESS) return rc;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 #endif

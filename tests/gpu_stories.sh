@@ -3,10 +3,12 @@
 # greedy gives the tokens of llama2.c's run.c (cases 1 and 2), as the CPU
 # backend on one rank does, on one rank and on layouts the model allows:
 # tp 2, and tp 8 with dcp 2 (4 KV heads: 2 ranks per head), with both
-# merges and with MPI staged through host memory; an MQA model (1 KV head)
-# at tp 2 dcp 2 gives the tokens of the CPU on one rank, and so does a
-# DeepSeek-V3 model at tp 8 dcp 8 and tp 4 dcp 4. Skips without a
-# GPU. tests/stories_layouts.sh runs the same layouts on the CPU backend in
+# merges and with MPI staged through host memory, and with a bf16 KV
+# cache; an MQA model (1 KV head) at tp 2 dcp 2 gives the tokens of the
+# CPU on one rank, and so do the DeepSeek-V3 model at tp 2 dcp 2, tp 8
+# dcp 8 and tp 4 dcp 4 (both merges, both MPI buffer modes; one run with
+# every launch checked, DCPINFER_CUDA_SYNC=1) and the DeepSeek-V2 model.
+# Skips without a GPU. tests/stories_layouts.sh runs the same layouts on the CPU backend in
 # every suite, so that a layout the model refuses cannot hide here.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 BACKEND=${DCP_E2E_BACKEND:-cuda}
@@ -46,8 +48,10 @@ run_layouts() {
         fi
     done
 }
-run_layouts "$WORK/cpu.h5" "$M" "" "-tp 2" "-tp 8 -dcp 2" "-tp 8 -dcp 2 --dcp-comm-backend a2a" \
-    "-tp 8 -dcp 2 --mpi-device-buffers no"
+run_layouts "$WORK/cpu.h5" "$M" "" "-tp 2" "-tp 8 -dcp 2" "-tp 8 -dcp 2 --dcp-comm-backend a2a --mpi-device-buffers no"
+# a bf16 KV cache: the CPU's tokens with the same cache
+run_dcp cpu-bf16 $M --kv-cache-dtype bfloat16 --output "$WORK/cpu-bf16.h5" "$P"
+run_layouts "$WORK/cpu-bf16.h5" "$M --kv-cache-dtype bfloat16" "" "-tp 2"
 
 # MQA: one KV head, so tp 2 can split its cache with dcp 2
 "$MKMODEL" --out "$WORK/mqa" --layers 2 --dim 64 --heads 8 --kv-heads 1 --hidden 96 --vocab 512 >/dev/null
@@ -60,5 +64,17 @@ run_layouts "$WORK/mqa-cpu.h5" "--model $WORK/mqa" "" "-tp 2 -dcp 2" "-tp 2 -dcp
 DS=$SRC/tests/data/deepseek/v3_yarn
 printf '{"id": "d1", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0}\n' "$(tr ' ' ',' <"$DS/prompt.txt" | tr -d '\n' | sed 's/,$//')" >"$P"
 run_dcp ds-cpu --model "$DS" --output "$WORK/ds-cpu.h5" "$P"
-run_layouts "$WORK/ds-cpu.h5" "--model $DS" "" "-tp 8 -dcp 8" "-tp 4 -dcp 4 --dcp-comm-backend a2a"
+run_layouts "$WORK/ds-cpu.h5" "--model $DS" "" "-tp 2 -dcp 2" "-tp 8 -dcp 8" "-tp 4 -dcp 4" \
+    "-tp 4 -dcp 4 --dcp-comm-backend a2a" "-tp 4 -dcp 4 --mpi-device-buffers no" \
+    "-tp 4 -dcp 4 --dcp-comm-backend a2a --mpi-device-buffers no"
+# a bf16 latent cache, every launch checked against a GPU's limits and waited for
+run_dcp ds-cpu-bf16 --model "$DS" --kv-cache-dtype bfloat16 --output "$WORK/ds-cpu-bf16.h5" "$P"
+export DCPINFER_CUDA_SYNC=1
+run_layouts "$WORK/ds-cpu-bf16.h5" "--model $DS --kv-cache-dtype bfloat16" "-tp 2 -dcp 2"
+unset DCPINFER_CUDA_SYNC
+# DeepSeek-V2 (softmax routing, no q_lora_rank)
+DS=$SRC/tests/data/deepseek/v2_softmax
+printf '{"id": "d2", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0}\n' "$(tr ' ' ',' <"$DS/prompt.txt" | tr -d '\n' | sed 's/,$//')" >"$P"
+run_dcp ds2-cpu --model "$DS" --output "$WORK/ds2-cpu.h5" "$P"
+run_layouts "$WORK/ds2-cpu.h5" "--model $DS" "" "-tp 2 -dcp 2 --dcp-comm-backend a2a"
 finish

@@ -98,8 +98,17 @@ static void g_kv_write(void *kp, void *vp, DType kv, const float *k, const float
 static void g_attention(const AttnBatch *a) { OPEN(); guarded_cpu->attention(a); CLOSE(); }
 static void g_strided_copy(float *d, int ds, const float *s, int ss, int rows, int w)
 { OPEN(); guarded_cpu->strided_copy(d, ds, s, ss, rows, w); CLOSE(); }
-static void g_scatter_add_rows(float *y, const float *s, const int *rows, const float *w, int R, int dim)
-{ OPEN(); guarded_cpu->scatter_add_rows(y, s, rows, w, R, dim); CLOSE(); }
+static void g_matmul_batched(float *y, int ldy, size_t ys, const float *x, int ldx, size_t xs, WeightRef w, int batch,
+                             int T, int in, int out)
+{ OPEN(); guarded_cpu->matmul_batched(y, ldy, ys, x, ldx, xs, w, batch, T, in, out); CLOSE(); }
+static void g_moe_route(const MoeRouting *r, const float *logits, const float *bias, int T, int *rows, float *weights,
+                        int *slots, int *start)
+{ OPEN(); guarded_cpu->moe_route(r, logits, bias, T, rows, weights, slots, start); CLOSE(); }
+static void g_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int E, int P,
+                         WeightRef w, size_t w_step, int in, int out)
+{ OPEN(); guarded_cpu->moe_matmul(y, x, ldx, rows, start, E, P, w, w_step, in, out); CLOSE(); }
+static void g_moe_combine(float *y, const float *src, const int *slots, const float *w, int T, int K, int dim)
+{ OPEN(); guarded_cpu->moe_combine(y, src, slots, w, T, K, dim); CLOSE(); }
 static void g_merge(float *a, const float *b, int rows, int d, int stride)
 { OPEN(); guarded_cpu->merge_partials(a, b, rows, d, stride); CLOSE(); }
 static void g_pack(float *p, const float *o, const float *l, int rows, int d)
@@ -132,7 +141,10 @@ static inline const Backend *backend_guarded(void)
     b.attention = g_attention;
     b.merge_partials = g_merge;
     b.strided_copy = g_strided_copy;
-    b.scatter_add_rows = g_scatter_add_rows;
+    b.matmul_batched = g_matmul_batched;
+    b.moe_route = g_moe_route;
+    b.moe_matmul = g_moe_matmul;
+    b.moe_combine = g_moe_combine;
     b.pack_partials = g_pack;
     guarded_be = b;
     return &guarded_be;

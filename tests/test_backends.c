@@ -2,6 +2,9 @@
  * backend on the same random inputs, within a per-op tolerance. Skips
  * (77) where there is no CUDA backend (a CPU-only build, or no GPU). */
 #include "backend.h"
+#include "engine.h"
+#include "generate.h"
+#include "moe.h"
 #include "testutil.h"
 
 static const Backend *cpu, *gpu;
@@ -267,18 +270,120 @@ static void mla_ops(uint64_t *st)
     for (int r = 0; r < T; r++) go[r * 10 + 9] = dst[r * 10 + 9] = 0; /* column 9 is not written */
     EXPECT_CLOSE("strided_copy", go, dst, T * 10, 0);
     free(go);
-    float *y = rnd(5 * DIM, st), *dy = on_gpu(y, sizeof(float) * 5 * DIM), wts[T] = {0.5f, -2.0f, 1.25f};
-    int rows[T] = {4, 0, 2};
-    int *drows = on_gpu(rows, sizeof rows);
-    float *dw = on_gpu(wts, sizeof wts);
-    cpu->scatter_add_rows(y, src, rows, wts, T, DIM);
-    gpu->scatter_add_rows(dy, dsrc, drows, dw, T, DIM);
-    go = back(dy, 5 * DIM);
-    EXPECT_CLOSE("scatter_add_rows", go, y, 5 * DIM, 1e-6);
-    free(go);
-    void *bufs[] = {dq, dp, dt, dout, dlse, dslots, drow, dsrc, ddst, dy, drows, dw};
+    void *bufs[] = {dq, dp, dt, dout, dlse, dslots, drow, dsrc, ddst};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
-    free(q), free(pool), free(row), free(src), free(y);
+    free(q), free(pool), free(row), free(src);
+}
+
+static int *back_ints(const void *d, size_t n)
+{
+    int *h = xmalloc(sizeof(int) * n);
+    gpu->download(h, d, sizeof(int) * n);
+    return h;
+}
+
+/* MLA's absorption: one GEMM per head over strided rows, in one call */
+static void batched_matmul(uint64_t *st)
+{
+    enum { T = 7, B = 5, IN = 24, OUT = 40, LDX = B * (IN + 3), LDY = B * OUT + 2 };
+    float *x = rnd((size_t)T * LDX, st), *w = rnd((size_t)B * OUT * IN, st), *y = rnd((size_t)T * LDY, st);
+    float *dx = on_gpu(x, sizeof(float) * T * LDX), *dy = on_gpu(y, sizeof(float) * T * LDY);
+    for (int b = 0; b < 2; b++) {
+        CHECK(gpu->set_gemm_dtype(b ? "bfloat16" : "float32") == 0, "GEMM type: %s", dcp_error());
+        WeightRef dw = gpu->gemm_weights((WeightRef){w, DTYPE_F32, 0}, (size_t)B * OUT * IN);
+        cpu->matmul_batched(y, LDY, OUT, x, LDX, IN + 3, (WeightRef){w, DTYPE_F32, 0}, B, T, IN, OUT);
+        gpu->matmul_batched(dy, LDY, OUT, dx, LDX, IN + 3, dw, B, T, IN, OUT);
+        float *g = back(dy, (size_t)T * LDY);
+        EXPECT_CLOSE(b ? "matmul_batched bf16" : "matmul_batched f32", g, y, (size_t)T * LDY, b ? 5e-2 : 1e-5);
+        free(g);
+        gpu->release_weights(dw.data);
+    }
+    gpu->set_gemm_dtype("float32");
+    gpu->release(dx), gpu->release(dy);
+    free(x), free(w), free(y);
+}
+
+/* Routing, the experts' grouped GEMM and the weighted sum, at the router
+ * shapes of DeepSeek-V3 (256 experts in 8 groups, 8 per token), Kimi K2
+ * (384 experts, one group) and DeepSeek-V2 (softmax, greedy) */
+static void moe_ops(uint64_t *st)
+{
+    const struct {
+        const char *name;
+        MoeRouting r;
+        int T;
+    } cases[] = {
+        {"v3 256 experts", {256, 8, 8, 4, 1, 1, 1, 2.5f}, 70},
+        {"kimi 384 experts", {384, 8, 1, 1, 1, 1, 1, 2.827f}, 9},
+        {"v2 softmax greedy", {64, 6, 1, 1, 0, 0, 0, 1.0f}, 33},
+    };
+    enum { DIM = 96, MH = 40 };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const MoeRouting *r = &cases[k].r;
+        int T = cases[k].T, E = r->experts, K = r->per_token, P = T * K;
+        float *logits = rnd((size_t)T * E, st), *bias = rnd((size_t)E, st);
+        for (int i = 0; i < T * E; i++) logits[i] *= 4.0f;
+        logits[E + 3] = logits[E + 5]; /* a tie: the lower index wins on both */
+        float *dlogits = on_gpu(logits, sizeof(float) * T * E), *dbias = on_gpu(bias, sizeof(float) * E);
+        int *rows = xmalloc(sizeof(int) * P), *slots = xmalloc(sizeof(int) * P), *start = xmalloc(sizeof(int) * (E + 1));
+        float *wts = xmalloc(sizeof(float) * P);
+        int *drows = gpu->alloc(sizeof(int) * P), *dslots = gpu->alloc(sizeof(int) * P),
+            *dstart = gpu->alloc(sizeof(int) * (E + 1));
+        float *dwts = gpu->alloc(sizeof(float) * P);
+        const float *b = r->v3 ? bias : NULL, *db = r->v3 ? dbias : NULL;
+        cpu->moe_route(r, logits, b, T, rows, wts, slots, start);
+        gpu->moe_route(r, dlogits, db, T, drows, dwts, dslots, dstart);
+        int *grows = back_ints(drows, P), *gslots = back_ints(dslots, P), *gstart = back_ints(dstart, E + 1);
+        float *gw = back(dwts, P);
+        char name[96];
+        snprintf(name, sizeof name, "moe_route %s", cases[k].name);
+        CHECK(!memcmp(grows, rows, sizeof(int) * P) && !memcmp(gslots, slots, sizeof(int) * P) &&
+                  !memcmp(gstart, start, sizeof(int) * (E + 1)),
+              "%s: the GPU chose other experts than the CPU", name);
+        EXPECT_CLOSE(name, gw, wts, P, 1e-6);
+        /* gate-style (gathered rows, fp32 and bf16 stacks) and
+         * down-style (a chunk of the rows' columns) grouped GEMMs */
+        float *x = rnd((size_t)T * DIM, st), *w = rnd((size_t)E * MH * DIM, st);
+        float *y = xmalloc(sizeof(float) * P * MH), *y2 = xmalloc(sizeof(float) * P * DIM);
+        float *dx = on_gpu(x, sizeof(float) * T * DIM), *dy = gpu->alloc(sizeof(float) * P * MH),
+              *dy2 = gpu->alloc(sizeof(float) * P * DIM);
+        for (int bf = 0; bf < 2; bf++) {
+            CHECK(gpu->set_gemm_dtype(bf ? "bfloat16" : "float32") == 0, "GEMM type: %s", dcp_error());
+            WeightRef dw = gpu->gemm_weights((WeightRef){w, DTYPE_F32, 0}, (size_t)E * MH * DIM);
+            cpu->moe_matmul(y, x, DIM, rows, start, E, P, (WeightRef){w, DTYPE_F32, 0}, (size_t)MH * DIM, DIM, MH);
+            gpu->moe_matmul(dy, dx, DIM, drows, dstart, E, P, dw, (size_t)MH * DIM, DIM, MH);
+            float *g = back(dy, (size_t)P * MH);
+            snprintf(name, sizeof name, "moe_matmul %s %s", bf ? "bf16" : "f32", cases[k].name);
+            /* bf16 weights, fp32 activations */
+            EXPECT_CLOSE(name, g, y, (size_t)P * MH, bf ? 5e-2 : 1e-5);
+            free(g);
+            gpu->release_weights(dw.data);
+        }
+        gpu->set_gemm_dtype("float32");
+        WeightRef dw = gpu->gemm_weights((WeightRef){w, DTYPE_F32, 0}, (size_t)E * MH * DIM);
+        int cin = MH / 2; /* the second of two chunks of the pairs' hidden rows y (P, MH) */
+        gpu->upload(dy, y, sizeof(float) * P * MH);
+        cpu->moe_matmul(y2, y + cin, MH, NULL, start, E, P, (WeightRef){w, DTYPE_F32, 0}, (size_t)MH * DIM, cin, DIM);
+        gpu->moe_matmul(dy2, dy + cin, MH, NULL, dstart, E, P, dw, (size_t)MH * DIM, cin, DIM);
+        float *g = back(dy2, (size_t)P * DIM);
+        snprintf(name, sizeof name, "moe_matmul chunk %s", cases[k].name);
+        EXPECT_CLOSE(name, g, y2, (size_t)P * DIM, 1e-5);
+        free(g);
+        /* the weighted sum of each token's pairs */
+        float *out = xmalloc(sizeof(float) * T * DIM), *dout = gpu->alloc(sizeof(float) * T * DIM);
+        gpu->upload(dy2, y2, sizeof(float) * P * DIM);
+        cpu->moe_combine(out, y2, slots, wts, T, K, DIM);
+        gpu->moe_combine(dout, dy2, dslots, dwts, T, K, DIM);
+        g = back(dout, (size_t)T * DIM);
+        snprintf(name, sizeof name, "moe_combine %s", cases[k].name);
+        EXPECT_CLOSE(name, g, out, (size_t)T * DIM, 1e-6);
+        free(g);
+        gpu->release_weights(dw.data);
+        void *bufs[] = {dlogits, dbias, drows, dslots, dstart, dwts, dx, dy, dy2, dout};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
+        free(logits), free(bias), free(rows), free(slots), free(start), free(wts), free(grows), free(gslots);
+        free(gstart), free(gw), free(x), free(w), free(y), free(y2), free(out);
+    }
 }
 
 /* ---- the shapes of real models --------------------------------------- */
@@ -312,6 +417,7 @@ static const Shape shapes[] = {
     {"mla 576/512 one token", 1, 16, 1, 576, 512, 1, 77, 0, 64, 8, 16, DTYPE_BF16, 0},
     {"mla 576/512 20 heads", 3, 20, 1, 576, 512, 1, 257, 0, 16, 2, 16, DTYPE_BF16, 0},
     {"latent 192/128 bf16", 7, 16, 1, 192, 128, 1, 2000, 0, 16, 2, 1, DTYPE_BF16, 0},
+    {"mla fresh prompt rows", 256, 16, 1, 576, 512, 1, 256, 1, 0, 8, 16, DTYPE_F32, 0},
 };
 
 /* rows (n, width) of kv as a cache of type t holds them */
@@ -463,6 +569,91 @@ static void wide_ops(uint64_t *st)
     free(x), free(w), free(y), free(wm);
 }
 
+/* What the device does per MoE layer and per MLA layer, by the backend's
+ * op counters, on the DeepSeek-V3 test model: a MoE block's routing,
+ * grouped GEMMs and weighted sum make no host round-trip (no upload,
+ * download or wait) and give the CPU's output; the absorption is one
+ * batched GEMM per matrix per layer. */
+static void device_step_counts(void)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tests/data/deepseek/v3_yarn", getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : "..");
+    Model m;
+    if (!CHECK_OK(model_load(&m, dir, 1, 0) == 0, "%s: %s", dir, dcp_error())) return;
+    const Config *c = &m.cfg;
+    int l = 0;
+    while (l < c->n_layers && !MLA_MOE_LAYER(c, l)) l++;
+    enum { T = 19 };
+    int dim = c->dim, chunks = m.shard.chunks, wide = m.shard.moe_hidden > dim ? m.shard.moe_hidden : dim;
+    if (m.shard.shared_hidden > wide) wide = m.shard.shared_hidden;
+    uint64_t st = 77;
+    float *x = rnd((size_t)T * dim, &st), *want = xmalloc(sizeof(float) * chunks * T * dim);
+    for (int b = 0; b < 2; b++) {
+        const Backend *be = b ? gpu : cpu;
+        Timings tm = {0};
+        LayerEnv env = {.model = &m, .be = be, .tm = &tm, .parts = be->alloc(sizeof(float) * chunks * T * dim),
+                        .xchunk = be->alloc(sizeof(float) * T * wide)};
+        Uploads u = {0};
+        MoeWeights w = {0};
+        MoeScratch sc = {0};
+        moe_load(&env, &u, l, &w);
+        moe_reserve(&env, &sc, T);
+        float *dx = be->alloc(sizeof(float) * T * dim);
+        be->upload(dx, x, sizeof(float) * T * dim);
+        BackendCounts before = be->counts ? *be->counts : (BackendCounts){0};
+        moe_forward(&env, &w, &sc, env.parts, dx, T);
+        if (b) {
+            const BackendCounts *after = be->counts;
+            long trips = after->uploads + after->downloads + after->synchronizes - before.uploads - before.downloads -
+                         before.synchronizes;
+            fprintf(stderr, "MoE layer %d, %d tokens: %ld host round-trips, %ld grouped GEMMs\n", l, T, trips,
+                    after->moe_matmuls - before.moe_matmuls);
+            CHECK(trips == 0, "the MoE layer made %ld uploads, downloads or waits", trips);
+            CHECK(after->moe_matmuls - before.moe_matmuls == 2 + chunks, "%ld grouped GEMMs, expected %d (gate, up, %d down chunks)",
+                  after->moe_matmuls - before.moe_matmuls, 2 + chunks, chunks);
+            float *got = xmalloc(sizeof(float) * chunks * T * dim);
+            be->download(got, env.parts, sizeof(float) * chunks * T * dim);
+            EXPECT_CLOSE("MoE layer", got, want, (size_t)chunks * T * dim, 1e-5);
+            free(got);
+        } else {
+            memcpy(want, env.parts, sizeof(float) * chunks * T * dim);
+        }
+        moe_free_scratch(&env, &sc);
+        moe_free(&w);
+        uploads_release(&env, &u);
+        be->release(dx), be->release(env.parts), be->release(env.xchunk);
+    }
+    free(x), free(want);
+
+    /* a whole prompt and one token on the device: one forward step per
+     * layer call, and per MLA layer two batched GEMMs (W_uk, W_uv) */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    FILE *f = fopen(path, "r");
+    int prompt[1024], n = 0;
+    while (f && n < 1024 && fscanf(f, "%d", &prompt[n]) == 1) n++;
+    if (f) fclose(f);
+    RequestSet rs = {0};
+    add_request(&rs, prompt, n, 4, 0.0f, 1.0f, 0);
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, &m, gpu, NULL, NULL, &tm, NULL);
+    GenOptions go = {.max_model_len = c->max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096};
+    GenStats gs = {0};
+    Result res;
+    long batched0 = gpu->counts->batched_matmuls;
+    generate(&e, &rs, &res, &go, &gs);
+    long batched = gpu->counts->batched_matmuls - batched0;
+    fprintf(stderr, "%d forward steps over %d layers: %ld batched GEMMs\n", gs.n_steps, c->n_layers, batched);
+    CHECK(gs.n_steps > 0 && batched == 2L * c->n_layers * gs.n_steps,
+          "%ld batched GEMMs in %d steps of %d layers: expected two per layer", batched, gs.n_steps, c->n_layers);
+    results_free(&res, 1);
+    free(gs.steps);
+    engine_free(&e);
+    requests_free(&rs);
+    model_free(&m);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -478,6 +669,9 @@ int main(int argc, char **argv)
     attention_and_merges(&st);
     mla_ops(&st);
     wide_ops(&st);
+    batched_matmul(&st);
+    moe_ops(&st);
+    device_step_counts();
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) attention_shape(&shapes[i], &st);
     MPI_Finalize();
     return test_finish("test_backends");

@@ -47,7 +47,7 @@ typedef struct {
      * of token t is row blocks[t][j / block_size] * block_size + j %
      * block_size, a pool that holds each block's rows KV head by KV head
      * (kv_pool_offset); row0 is then unused. */
-    const int *const *blocks;
+    const int *const *blocks;   /* host array of pointers into backend memory */
     int block_size;
     int v_dim;                /* values: the first v_dim floats of each value row (MLA); 0: head_dim */
     DType kv_dtype;           /* of the key and value rows (bf16: a --kv-cache-dtype bfloat16 cache) */
@@ -60,7 +60,29 @@ typedef struct {
      * power of two: that tree over the largest power of two below it, then
      * the rest into shard 0 in order. 0 or 1: one shard. */
     int shards, shard_interleave;
+    /* n_keys, key0, row0 and blocks in backend memory, where the caller
+     * uploaded them once for the step (attention.c); NULL: a backend that
+     * needs them there uploads the host arrays itself */
+    const int *d_n_keys, *d_key0, *d_row0;
+    const int *const *d_blocks;
 } AttnBatch;
+
+/* How a mixture-of-experts router picks a token's experts (moe_route.h). */
+typedef struct {
+    int experts, per_token; /* routed experts, and how many each token takes */
+    int groups, topk_group; /* expert groups, and how many of them a token may use */
+    int v3;                 /* sigmoid scores, with a correction bias for the choice; else softmax */
+    int grouped;            /* choose within the best groups (V3; V2's group_limited_greedy) */
+    int norm_topk;          /* the chosen weights normalized to sum 1 (V3's norm_topk_prob) */
+    float scaling;          /* routed_scaling_factor */
+} MoeRouting;
+
+/* What a device backend has done, for tests and the run's figures: calls
+ * by kind. Transfers are the host round-trips a step pays. */
+typedef struct {
+    long uploads, downloads, synchronizes; /* host <-> device copies, and waits for the device */
+    long matmuls, batched_matmuls, moe_matmuls;
+} BackendCounts;
 
 typedef struct Backend {
     const char *name;
@@ -117,10 +139,32 @@ typedef struct Backend {
     void (*gather_rows)(float *dst, const float *src, const int *rows, int R, int dim);
     /* Multi-head latent attention and mixture of experts (NULL on a backend
      * without them: such models are refused there). strided_copy copies
-     * width floats of each of rows rows (strides in floats);
-     * scatter_add_rows adds weights[r] * src row r into y row rows[r]. */
+     * width floats of each of rows rows (strides in floats). */
     void (*strided_copy)(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width);
-    void (*scatter_add_rows)(float *y, const float *src, const int *rows, const float *weights, int R, int dim);
+    /* One GEMM per head (MLA's absorbed W_uk and W_uv): for b < batch,
+     * y_b (T, out) = x_b (T, in) . W_b^T, with x_b at x + b * x_step (rows
+     * ldx apart), y_b at y + b * y_step (rows ldy apart) and W_b =
+     * weight_at(w, b * out * in). */
+    void (*matmul_batched)(float *y, int ldy, size_t y_step, const float *x, int ldx, size_t x_step, WeightRef w,
+                           int batch, int T, int in, int out);
+    /* Mixture of experts without a host round-trip (moe.c). moe_route: T
+     * tokens' router logits (T, experts) and correction bias (experts;
+     * NULL: none) to each token's experts and weights (moe_route_token),
+     * grouped by expert (moe_group_pairs): pair i is token rows[i] with
+     * weights[i], expert e's pairs from start[e] to start[e + 1] (start:
+     * experts + 1), slots (T, per_token) each token's pairs in expert
+     * order. */
+    void (*moe_route)(const MoeRouting *r, const float *logits, const float *bias, int T, int *rows, float *weights,
+                      int *slots, int *start);
+    /* a grouped GEMM over the pairs: for pair i of expert e, y row i
+     * (out) = x row (rows ? rows[i] : i) (rows ldx apart) . W_e^T, W_e =
+     * weight_at(w, e * w_step) (out, in) */
+    void (*moe_matmul)(float *y, const float *x, int ldx, const int *rows, const int *start, int experts, int pairs,
+                       WeightRef w, size_t w_step, int in, int out);
+    /* y row t (dim) = 0 + weights[s] * src row s + ... over token t's
+     * pairs s = slots[t * per_token + n], in expert order */
+    void (*moe_combine)(float *y, const float *src, const int *slots, const float *weights, int T, int per_token,
+                        int dim);
     /* the slot mapping: for t with slots[t] >= 0, row slots[t] of one
      * layer's k_pool/v_pool (rows of kvd elements of kv_dtype, kv_heads KV
      * heads, blocks of block_size rows laid out as kv_pool_offset says)
@@ -142,6 +186,8 @@ typedef struct Backend {
     void (*merge_partials)(float *a, const float *b, int rows, int head_dim, int stride);
     /* parts (rows, head_dim + 1) = (o, lse): the DCP merges' packed rows */
     void (*pack_partials)(float *parts, const float *o, const float *lse, int rows, int head_dim);
+    /* calls so far (a device backend; NULL: not counted) */
+    const BackendCounts *counts;
 } Backend;
 
 const Backend *backend_cpu(void);
@@ -152,6 +198,10 @@ const Backend *backend_cuda(void);
 /* The backend named by --backend, or NULL with dcp_error() saying why. */
 const Backend *backend_find(const char *name);
 void backend_set_threads(int threads);
+/* The CPU threads the CUDA backend's runtime may use: HIP-CPU runs kernels
+ * on a thread pool of all cores otherwise, which several ranks per node
+ * would oversubscribe; a no-op on a GPU. Called by backend_set_threads. */
+void backend_cuda_set_threads(int threads);
 /* CPU GEMM: "invariant" (default) or "openblas". */
 int backend_cpu_set_gemm(const char *name);
 

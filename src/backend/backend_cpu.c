@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "moe_route.h"
 #include "kernels_cpu.h"
 #include "util.h"
 
@@ -251,12 +252,77 @@ static void cpu_strided_copy(float *dst, int dst_stride, const float *src, int s
         memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * src_stride, sizeof(float) * (size_t)width);
 }
 
-static void cpu_scatter_add_rows(float *y, const float *src, const int *rows, const float *weights, int R, int dim)
+/* Scratch of the ops below that gather rows into contiguous matrices for
+ * the GEMM, grown on demand (the forward pass runs on one thread). */
+static float *gather_buf[2];
+static size_t gather_cap[2];
+
+static float *gather_scratch(int which, size_t n)
 {
-    for (int r = 0; r < R; r++) {
-        float *yr = y + (size_t)rows[r] * dim, w = weights[r];
-        const float *sr = src + (size_t)r * dim;
-        for (int d = 0; d < dim; d++) yr[d] += w * sr[d];
+    if (n > gather_cap[which]) {
+        free(gather_buf[which]);
+        gather_buf[which] = xmalloc(sizeof(float) * n);
+        gather_cap[which] = n;
+    }
+    return gather_buf[which];
+}
+
+/* each head's GEMM on its rows copied out contiguous: the bits of the
+ * per-head products, whatever the strides */
+static void cpu_matmul_batched(float *y, int ldy, size_t y_step, const float *x, int ldx, size_t x_step, WeightRef w,
+                               int batch, int T, int in, int out)
+{
+    float *xb = gather_scratch(0, (size_t)T * in), *yb = gather_scratch(1, (size_t)T * out);
+    for (int b = 0; b < batch; b++) {
+        cpu_strided_copy(xb, in, x + b * x_step, ldx, T, in);
+        cpu_matmul(yb, xb, weight_at(w, (size_t)b * out * in), T, in, out);
+        cpu_strided_copy(y + b * y_step, ldy, yb, out, T, out);
+    }
+}
+
+static void cpu_moe_route(const MoeRouting *r, const float *logits, const float *bias, int T, int *rows,
+                          float *weights, int *slots, int *start)
+{
+    int E = r->experts, K = r->per_token, G = r->groups;
+    float *score = xmalloc(sizeof(float) * (2 * (size_t)E + G + (size_t)T * K));
+    float *choice = score + E, *gscore = choice + E, *wt = gscore + G;
+    int *keep = xmalloc(sizeof(int) * (G + (size_t)T * K + E)), *idx = keep + G, *fill = idx + (size_t)T * K;
+    char *taken = xmalloc((size_t)E);
+    for (int t = 0; t < T; t++)
+        moe_route_token(r, logits + (size_t)t * E, bias, score, choice, gscore, keep, taken, idx + (size_t)t * K,
+                        wt + (size_t)t * K);
+    moe_group_pairs(idx, wt, T, K, E, rows, weights, slots, start, fill);
+    free(score), free(keep), free(taken);
+}
+
+/* expert by expert: its pairs' rows gathered, one GEMM */
+static void cpu_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
+                           int pairs, WeightRef w, size_t w_step, int in, int out)
+{
+    (void)pairs;
+    for (int e = 0; e < experts; e++) {
+        int R = start[e + 1] - start[e];
+        if (!R) continue;
+        float *xe = gather_scratch(0, (size_t)R * in);
+        for (int i = 0; i < R; i++) {
+            int row = rows ? rows[start[e] + i] : start[e] + i;
+            memcpy(xe + (size_t)i * in, x + (size_t)row * ldx, sizeof(float) * (size_t)in);
+        }
+        cpu_matmul(y + (size_t)start[e] * out, xe, weight_at(w, (size_t)e * w_step), R, in, out);
+    }
+}
+
+static void cpu_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim)
+{
+    for (int t = 0; t < T; t++) {
+        float *yr = y + (size_t)t * dim;
+        memset(yr, 0, sizeof(float) * (size_t)dim);
+        for (int n = 0; n < K; n++) {
+            int s = slots[t * K + n];
+            const float *sr = src + (size_t)s * dim;
+            float w = weights[s];
+            for (int d = 0; d < dim; d++) yr[d] += w * sr[d];
+        }
     }
 }
 
@@ -471,7 +537,10 @@ static const Backend cpu = {
     .kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16,
     .round_bf16 = cpu_round_bf16,
     .strided_copy = cpu_strided_copy,
-    .scatter_add_rows = cpu_scatter_add_rows,
+    .matmul_batched = cpu_matmul_batched,
+    .moe_route = cpu_moe_route,
+    .moe_matmul = cpu_moe_matmul,
+    .moe_combine = cpu_moe_combine,
     .pack_partials = cpu_pack_partials,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
@@ -498,4 +567,5 @@ void backend_set_threads(int threads)
 {
     omp_set_num_threads(threads);
     openblas_set_num_threads(1); /* see cpu_matmul */
+    backend_cuda_set_threads(threads);
 }

@@ -11,6 +11,8 @@ const Backend *backend_cuda(void)
     return NULL;
 }
 
+void backend_cuda_set_threads(int threads) { (void)threads; }
+
 int device_select(const char *backend)
 {
     (void)backend;

@@ -43,11 +43,10 @@ void attention_init(Attention *a, const Backend *be, const Topology *topo, CommS
 static void free_step_arrays(Attention *a)
 {
     Step *s = &a->step;
-    void *dev[] = {s->d_pos, s->d_slots, a->q_all, a->o_all, a->lse_all, a->parts};
+    void *dev[] = {s->d_meta, (void *)s->d_cache_tables, a->q_all, a->o_all, a->lse_all, a->parts};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) a->be->release(dev[i]);
-    void *host[] = {s->pos, s->slots, s->cache_n, s->cache_key0, (void *)s->cache_tables, s->new_row0, s->new_n,
-                    s->new_key0};
+    void *host[] = {s->meta, (void *)s->cache_tables};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
     a->q_all = a->o_all = a->lse_all = a->parts = NULL;
     const int **chunk_tables = s->chunk_tables;
@@ -61,11 +60,16 @@ void attention_free(Attention *a)
     free_step_arrays(a);
     free((void *)a->step.chunk_tables);
     if (a->d_tables) a->be->release(a->d_tables);
+    free(a->h_tables);
     a->be->release(a->k_pool);
     if (a->v_pool) a->be->release(a->v_pool);
     pool_free_all(&a->pool);
     memset(a, 0, sizeof *a);
 }
+
+/* The step's integer arrays: pos, slots, new_row0, new_n, new_key0 of T
+ * entries and cache_n, cache_key0 of N x T, for a DCP group of N. */
+#define META_ARRAYS(N) (5 + 2 * (size_t)(N))
 
 /* Grows the step arrays and the DCP merge buffers to T tokens. */
 static void reserve(Attention *a, int T)
@@ -78,16 +82,10 @@ static void reserve(Attention *a, int T)
     size_t N = (size_t)a->topo->dcp, t = (size_t)T, H = (size_t)sh->q_heads, qd = H * (size_t)sh->head_dim,
            D = (size_t)(sh->v_dim ? sh->v_dim : sh->head_dim), f = sizeof(float);
     a->cap_T = T;
-    s->pos = xmalloc(sizeof(int) * t);
-    s->slots = xmalloc(sizeof(int) * t);
-    s->d_pos = be->alloc(sizeof(int) * t);
-    s->d_slots = be->alloc(sizeof(int) * t);
-    s->cache_n = xmalloc(sizeof(int) * N * t);
-    s->cache_key0 = xmalloc(sizeof(int) * N * t);
+    s->meta = xmalloc(sizeof(int) * META_ARRAYS(N) * t);
+    s->d_meta = be->alloc(sizeof(int) * META_ARRAYS(N) * t);
     s->cache_tables = xmalloc(sizeof(int *) * N * t);
-    s->new_row0 = xmalloc(sizeof(int) * t);
-    s->new_n = xmalloc(sizeof(int) * t);
-    s->new_key0 = xmalloc(sizeof(int) * t);
+    s->d_cache_tables = be->alloc(sizeof(int *) * N * t);
     if (N > 1) {
         a->q_all = be->alloc(f * N * t * qd);
         a->o_all = be->alloc(f * N * t * H * D);
@@ -106,16 +104,18 @@ static void upload_tables(Attention *a, const Chunk *chunks, int n_chunks)
         if (a->d_tables) a->be->release(a->d_tables);
         a->cap_tables = total > 2 * a->cap_tables ? total : 2 * a->cap_tables;
         a->d_tables = a->be->alloc(sizeof(int) * (size_t)a->cap_tables);
+        a->h_tables = xrealloc(a->h_tables, sizeof(int) * (size_t)a->cap_tables);
     }
     if (n_chunks > a->cap_chunks) {
         a->cap_chunks = n_chunks;
         s->chunk_tables = xrealloc((void *)s->chunk_tables, sizeof(int *) * (size_t)n_chunks);
     }
     for (int i = 0, off = 0; i < n_chunks; i++) {
-        if (chunks[i].n_blocks) a->be->upload(a->d_tables + off, chunks[i].blocks, sizeof(int) * chunks[i].n_blocks);
+        if (chunks[i].n_blocks) memcpy(a->h_tables + off, chunks[i].blocks, sizeof(int) * chunks[i].n_blocks);
         s->chunk_tables[i] = a->d_tables + off;
         off += chunks[i].n_blocks;
     }
+    a->be->upload(a->d_tables, a->h_tables, sizeof(int) * (size_t)total);
 }
 
 int attention_begin_step(Attention *a, const Chunk *chunks, int n_chunks)
@@ -133,6 +133,14 @@ int attention_begin_step(Attention *a, const Chunk *chunks, int n_chunks)
     s->n_chunks = n_chunks;
     s->T = T;
     s->has_context = has_context;
+    /* the arrays one after another for this T, host and backend alike */
+    int **host[] = {&s->pos, &s->slots, &s->new_row0, &s->new_n, &s->new_key0, &s->cache_n, &s->cache_key0},
+        **dev[] = {&s->d_pos, &s->d_slots, &s->d_new_row0, &s->d_new_n, &s->d_new_key0, &s->d_cache_n,
+                   &s->d_cache_key0};
+    for (size_t i = 0, off = 0; i < sizeof host / sizeof *host; off += (size_t)T * (i < 5 ? 1 : N), i++) {
+        *host[i] = s->meta + off;
+        *dev[i] = s->d_meta + off;
+    }
     for (int i = 0, t = 0; i < n_chunks; i++) {
         const Chunk *ch = &chunks[i];
         for (int j = 0; j < ch->n; j++, t++) {
@@ -163,8 +171,8 @@ int attention_begin_step(Attention *a, const Chunk *chunks, int n_chunks)
         memcpy(s->cache_key0 + (size_t)r * T, s->cache_key0, sizeof(int) * T);
         memcpy(s->cache_tables + (size_t)r * T, s->cache_tables, sizeof(int *) * T);
     }
-    a->be->upload(s->d_pos, s->pos, sizeof(int) * T);
-    a->be->upload(s->d_slots, s->slots, sizeof(int) * T);
+    a->be->upload(s->d_meta, s->meta, sizeof(int) * META_ARRAYS(N) * T);
+    a->be->upload((void *)s->d_cache_tables, s->cache_tables, sizeof(int *) * (size_t)N * T);
     return T;
 }
 
@@ -185,7 +193,8 @@ static void attend(const Attention *a, int layer, int sliding, int copies, const
                     .scale = sh->scale, .q = q, .out = out, .lse = lse, .kv_stride = sh->kv_heads * sh->head_dim,
                     .v_dim = sh->v_dim, .block_size = a->pool.block_size, .n_keys = s->cache_n,
                     .key0 = sliding ? s->cache_key0 : NULL, .blocks = s->cache_tables, .kv_dtype = a->kv_dtype,
-                    .shards = a->shards, .shard_interleave = a->topo->interleave};
+                    .shards = a->shards, .shard_interleave = a->topo->interleave, .d_n_keys = s->d_cache_n,
+                    .d_key0 = sliding ? s->d_cache_key0 : NULL, .d_blocks = s->d_cache_tables};
     ab.k = kv_layer(a, a->k_pool, layer);
     ab.v = sh->keys_only ? ab.k : kv_layer(a, a->v_pool, layer);
     a->be->attention(&ab);
@@ -260,7 +269,8 @@ void attention_layer(Attention *a, int layer, int sliding, const float *q, float
                         .scale = sh->scale, .q = q, .out = out, .lse = lse, .k = k, .v = v ? v : k,
                         .n_keys = s->new_n, .key0 = sliding ? s->new_key0 : NULL, .kv_stride = kv_row,
                         .v_dim = sh->v_dim, .kv_dtype = DTYPE_F32, .row0 = s->new_row0,
-                        .shards = a->shards * N, .shard_interleave = tp->interleave};
+                        .shards = a->shards * N, .shard_interleave = tp->interleave, .d_n_keys = s->d_new_n,
+                        .d_key0 = sliding ? s->d_new_key0 : NULL, .d_row0 = s->d_new_row0};
         be->attention(&ab);
         return;
     }

@@ -42,22 +42,27 @@ typedef struct {
     int key_shards; /* the model's canonical key shards (Shard) */
 } AttnShape;
 
-/* The step's metadata, built once per step from its chunks. The key sets
- * are host arrays (AttnBatch): cache, the keys each token reads from this
- * rank's cache, its shard of every position up to its own (stored first),
- * repeated for each rank's gathered queries under DCP; new, the keys of a
- * chunk that starts its sequence, in the step's own rows (a step of only
- * such chunks attends them on every rank, without the DCP group). */
+/* The step's metadata, built once per step from its chunks on the host
+ * and uploaded once: the integer arrays as one block (meta, d_meta), the
+ * block-table pointers as another, the chunks' block tables as a third;
+ * every layer's attention reads the backend's copies (AttnBatch.d_*). The
+ * key sets: cache, the keys each token reads from this rank's cache, its
+ * shard of every position up to its own (stored first), repeated for each
+ * rank's gathered queries under DCP; new, the keys of a chunk that starts
+ * its sequence, in the step's own rows (a step of only such chunks attends
+ * them on every rank, without the DCP group). */
 typedef struct {
     const Chunk *chunks;
     int n_chunks, T, has_context;
-    int *pos;                   /* (T) positions, host */
+    int *meta, *d_meta;         /* the arrays below, host and backend, one after another */
+    int *pos;                   /* (T) positions */
     int *slots;                 /* (T) row of this rank's pool each token is stored at, -1: another rank's */
-    int *d_pos, *d_slots;       /* the same in backend memory */
-    const int **chunk_tables;   /* (n_chunks) each chunk's block table in backend memory */
     int *cache_n, *cache_key0;  /* (copies x T) */
-    const int **cache_tables;   /* (copies x T) */
     int *new_row0, *new_n, *new_key0; /* (T) */
+    int *d_pos, *d_slots, *d_cache_n, *d_cache_key0, *d_new_row0, *d_new_n, *d_new_key0; /* in d_meta */
+    const int **chunk_tables;   /* (n_chunks) each chunk's block table in backend memory */
+    const int **cache_tables;   /* (copies x T), host */
+    const int **d_cache_tables; /* the same in backend memory */
 } Step;
 
 typedef struct {
@@ -73,7 +78,7 @@ typedef struct {
     Step step;
     /* capacities of the step arrays (tokens, chunks, table entries) */
     int cap_T, cap_chunks, cap_tables;
-    int *d_tables;
+    int *d_tables, *h_tables; /* the step's chunks' block tables, backend and host */
     /* the canonical key shards this rank holds (AttnBatch.shards) */
     int shards;
     /* DCP merge buffers (dcp > 1), sized for cap_T tokens */

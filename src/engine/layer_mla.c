@@ -20,13 +20,14 @@
 #include "util.h"
 
 /* One layer as the backend holds it, this rank's heads. kv_b_proj is kept
- * per head: its key part transposed (kv_lora, nope), to fold into the
- * query, and its value part (v, kv_lora), applied after the attention. */
+ * as two stacks of per-head matrices, each applied by one batched GEMM:
+ * its key parts transposed (kv_lora, nope), to fold into the queries, and
+ * its value parts (v, kv_lora), applied after the attention. */
 typedef struct {
     const float *rms_att, *rms_ffn, *q_a_norm, *kv_a_norm;
     WeightRef q_a, q_b, q, kv_a, o;
-    WeightRef *uk_t, *uv;   /* per head */
-    float *uk_t_host;       /* the transposed key parts, on the host */
+    WeightRef uk_t, uv;     /* head h's matrix at h * kv_lora * nope (uk_t), h * v * kv_lora (uv) */
+    float *uk_t_host, *uv_host; /* the stacks on the host */
     SwiGlu ffn;             /* a dense layer's feed-forward block */
     MoeWeights moe;         /* a MoE layer's */
     int is_moe;
@@ -70,7 +71,8 @@ static void *mla_load(const LayerEnv *env)
         const MlaLayer *hl = &h->mla[l];
         MlaLayerWeights *lw = &st->layer[l];
         /* the host copy stays while the backend may use it in place (the CPU does) */
-        float *uk_t = lw->uk_t_host = xmalloc(sizeof(float) * H * kvl * nope);
+        float *uk_t = lw->uk_t_host = xmalloc(sizeof(float) * H * kvl * nope),
+              *uv = lw->uv_host = xmalloc(sizeof(float) * H * vd * kvl);
         lw->rms_att = upload_vector(env, u, hl->rms_att, dim);
         lw->rms_ffn = upload_vector(env, u, hl->rms_ffn, dim);
         lw->q_a = upload_f32_matrix(env, u, hl->q_a, q_lora * dim);
@@ -80,16 +82,15 @@ static void *mla_load(const LayerEnv *env)
         lw->kv_a = upload_f32_matrix(env, u, hl->kv_a, (kvl + rope) * dim);
         lw->kv_a_norm = upload_vector(env, u, hl->kv_a_norm, kvl);
         lw->o = upload_f32_matrix(env, u, hl->o, dim * H * vd);
-        lw->uk_t = xcalloc(H, sizeof(WeightRef));
-        lw->uv = xcalloc(H, sizeof(WeightRef));
         for (size_t hd = 0; hd < H; hd++) {
             const float *rows = hl->kv_b + hd * (nope + vd) * kvl; /* W_uk (nope, kvl), then W_uv (vd, kvl) */
             float *t = uk_t + hd * kvl * nope;
             for (size_t i = 0; i < nope; i++)
                 for (size_t j = 0; j < kvl; j++) t[j * nope + i] = rows[i * kvl + j];
-            lw->uk_t[hd] = upload_f32_matrix(env, u, t, kvl * nope);
-            lw->uv[hd] = upload_f32_matrix(env, u, rows + nope * kvl, vd * kvl);
+            memcpy(uv + hd * vd * kvl, rows + nope * kvl, sizeof(float) * vd * kvl);
         }
+        lw->uk_t = upload_f32_matrix(env, u, uk_t, H * kvl * nope);
+        lw->uv = upload_f32_matrix(env, u, uv, H * vd * kvl);
         lw->is_moe = MLA_MOE_LAYER(c, l);
         if (lw->is_moe) {
             moe_load(env, u, l, &lw->moe);
@@ -118,9 +119,8 @@ static void mla_release(const LayerEnv *env, void *state)
     uploads_release(env, &st->up);
     for (int l = 0; l < env->model->cfg.n_layers; l++) {
         MlaLayerWeights *lw = &st->layer[l];
-        free(lw->uk_t);
         free(lw->uk_t_host);
-        free(lw->uv);
+        free(lw->uv_host);
         moe_free(&lw->moe);
     }
     free(st->layer);
@@ -176,23 +176,19 @@ static void mla_forward(const LayerEnv *env, void *state, int l)
     be->strided_copy(b[B_TB], rope, b[B_KVA] + kvl, W, T, rope);
     be->rope(b[B_TB], pos, T, 1, rope, st->inv_freq, st->rope_scale, c->rope_style);
     be->strided_copy(k + kvl, W, b[B_TB], rope, T, rope);
-    /* queries: every head's RoPE part, then W_uk^T q_nope beside it */
-    for (int h = 0; h < H; h++)
-        be->strided_copy(b[B_QROPE] + (size_t)h * rope, H * rope, b[B_QRAW] + (size_t)h * qk + nope, H * qk, T, rope);
+    /* queries, each head's W_uk^T q_nope (one batched GEMM over the heads)
+     * then its RoPE part: the (token, head) rows of q_raw are qk apart */
+    be->strided_copy(b[B_QROPE], rope, b[B_QRAW] + nope, qk, T * H, rope);
     be->rope(b[B_QROPE], pos, T, H, rope, st->inv_freq, st->rope_scale, c->rope_style);
-    for (int h = 0; h < H; h++) {
-        be->strided_copy(b[B_TA], nope, b[B_QRAW] + (size_t)h * qk, H * qk, T, nope);
-        layer_matmul(env, b[B_TB], b[B_TA], lw->uk_t[h], T, nope, kvl);
-        be->strided_copy(q + (size_t)h * W, H * W, b[B_TB], kvl, T, kvl);
-        be->strided_copy(q + (size_t)h * W + kvl, H * W, b[B_QROPE] + (size_t)h * rope, H * rope, T, rope);
-    }
+    double t0 = layer_clock(env);
+    be->matmul_batched(q, H * W, (size_t)W, b[B_QRAW], H * qk, (size_t)qk, lw->uk_t, H, T, nope, kvl);
+    env->tm->matmul += layer_clock(env) - t0;
+    be->strided_copy(q + kvl, W, b[B_QROPE], rope, T * H, rope);
     layer_attention(env, l, 0, q, k, NULL, b[B_ATT], b[B_LSE]);
-    /* each head's value up-projection, then o_proj */
-    for (int h = 0; h < H; h++) {
-        be->strided_copy(b[B_TA], kvl, b[B_ATT] + (size_t)h * kvl, H * kvl, T, kvl);
-        layer_matmul(env, b[B_TB], b[B_TA], lw->uv[h], T, kvl, vd);
-        be->strided_copy(b[B_ATTV] + (size_t)h * vd, H * vd, b[B_TB], vd, T, vd);
-    }
+    /* each head's value up-projection (one batched GEMM), then o_proj */
+    t0 = layer_clock(env);
+    be->matmul_batched(b[B_ATTV], H * vd, (size_t)vd, b[B_ATT], H * kvl, (size_t)kvl, lw->uv, H, T, kvl, vd);
+    env->tm->matmul += layer_clock(env) - t0;
     layer_matmul_rows(env, env->parts, b[B_ATTV], lw->o, T, H * vd, dim);
     layer_residual(env, NULL, T);
 

@@ -11,21 +11,21 @@
 
 typedef struct {
     WeightRef router;          /* (experts, dim) */
-    const float *router_bias;  /* (experts), host: V3's e_score_correction_bias; NULL */
-    SwiGlu *experts;           /* per expert: this rank's moe_hidden rows */
+    const float *router_bias;  /* (experts): V3's e_score_correction_bias; NULL */
+    /* the routed experts, this rank's moe_hidden rows of each, as stacks
+     * (expert e at e * moe_hidden * dim): gate and up (moe_hidden, dim),
+     * down (dim, moe_hidden) as Shard.chunks chunks (layer_matmul_rows) */
+    WeightRef gate, up, down;
     SwiGlu shared;             /* the shared experts, moe_hidden x n_shared rows; gate.data NULL when none */
 } MoeWeights;
 
-/* Scratch for steps of up to cap tokens. */
+/* Scratch for steps of up to cap tokens, all in the backend: the router's
+ * logits, the (token, expert) pairs of the step grouped by expert
+ * (moe_route), the experts' activations and outputs per pair. */
 typedef struct {
     int cap;
-    float *logits, *xg, *hg, *hu, *yd, *zero; /* backend */
-    int *d_rows;
-    float *d_weights;
-    /* host: router logits, choices, and the (token, weight) pairs by expert */
-    float *h_logits, *wt, *wsorted, *score, *choice, *gscore;
-    int *idx, *rows, *start, *fill, *keep;
-    char *taken;
+    float *logits, *hg, *hu, *yd, *weights;
+    int *rows, *slots, *start;
 } MoeScratch;
 
 /* Layer l's experts (a MoE layer of the model) into the backend. */

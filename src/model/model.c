@@ -649,11 +649,18 @@ static int load_mla(Source *src, Model *m)
             ml->e_gate = xcalloc(E, sizeof(float *));
             ml->e_up = xcalloc(E, sizeof(float *));
             ml->e_down = xcalloc(E, sizeof(float *));
+            /* each kind's experts one after another in one array, so that a
+             * backend takes them as one stack (moe_matmul) */
+            size_t per = (size_t)m->shard.moe_hidden * c->dim;
+            float *g = owned_alloc(w, (E * per + 1) * sizeof(float)), *u = owned_alloc(w, (E * per + 1) * sizeof(float)),
+                  *d = owned_alloc(w, (E * per + 1) * sizeof(float));
+            for (size_t e = 0; e < E; e++)
+                ml->e_gate[e] = g + e * per, ml->e_up[e] = u + e * per, ml->e_down[e] = d + e * per;
         }
         int n = mla_tensors(c, &m->shard, l, ml, mt);
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&src->ck, mt[i].name);
-            *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
+            if (!*mt[i].dst) *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
             char sc[160];
             snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
             if (!t) rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
