@@ -1,10 +1,20 @@
 #!/bin/bash
 # The GPU check: on a machine with one NVIDIA GPU, the CUDA toolkit and
-# MPI, build dcpinfer with CUDA, run the GPU tests (backend conformance,
-# stories260K on the GPU), then a short decode benchmark that prints
-# tokens/s and the fraction of peak memory bandwidth reached by the decode
-# attention and the GEMMs. Needs no network. Meant to finish within 8
-# minutes on one H200.
+# MPI, build dcpinfer with CUDA and answer in one command whether the GPU
+# path is right and how fast it decodes:
+# - the backend conformance test (tests/test_backends): every op against
+#   the CPU backend at real models' shapes (head_dim 64/128, GQA 1-8, MLA
+#   576/512 and 192/128, up to 4,096 keys and 512 tokens, bf16 and fp32
+#   weights and KV), the MoE layer without host round-trips and the batched
+#   absorption, counted;
+# - end to end (tests/gpu_stories.sh): stories260K, an MQA model and the
+#   DeepSeek-V3/V2 test models give the CPU backend's tokens at one rank and
+#   at TP/DCP layouts, both merges, both MPI buffer modes;
+# both with every launch checked against the GPU's limits and synchronised
+# (DCPINFER_CUDA_SYNC=1); then short decode benchmarks, a GQA model and a
+# DeepSeek-V3-shaped MLA + MoE model, that print tokens/s and the fraction
+# of peak memory bandwidth reached by the decode attention and the GEMMs.
+# Needs no network. Meant to finish within 8 minutes on one H200.
 #
 # Dependencies are checked first and any missing one is named. Debian's
 # libraries may come unpacked in a folder instead of installed:
@@ -77,6 +87,13 @@ trap 'rm -rf "$W"' EXIT
     --vocab 32000 --max-len 40000 --seed 1 || exit 1
 mpirun -np 1 "$BUILD_DIR/dcpinfer-bench-decode" --backend cuda --model "$W/model" \
     --cases "${CASES:-1:4096,16:4096,64:8192,32:32768}" --steps "${STEPS:-10}"
+say "MLA decode benchmark: DeepSeek-V3's attention shape (16 heads, latent 512 + 64), 64 experts of 8 per token"
+"$BUILD_DIR/dcpinfer-mkmodel" --out "$W/mla" --arch deepseek_v3 --layers 4 --dim 2048 --heads 16 --hidden 4096 \
+    --kv-lora-rank 512 --q-lora-rank 512 --qk-nope-dim 128 --qk-rope-dim 64 --v-head-dim 128 --experts 64 \
+    --shared-experts 1 --experts-per-token 8 --moe-hidden 512 --first-dense 1 --n-group 8 --topk-group 4 \
+    --vocab 32000 --max-len 40000 --seed 1 >/dev/null || exit 1
+mpirun -np 1 "$BUILD_DIR/dcpinfer-bench-decode" --backend cuda --model "$W/mla" \
+    --cases "${MLA_CASES:-1:4096,16:4096,64:8192,16:32768}" --steps "${STEPS:-10}"
 say "end-to-end: 64 requests of 512 tokens, 128 generated each"
 "$BUILD_DIR/dcpinfer-mktrace" --requests 64 --median-input 512 --sigma-input 0.01 --median-output 128 \
     --sigma-output 0.01 --vocab 32000 --out "$W/trace.jsonl"

@@ -70,7 +70,7 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     for (size_t off = 0; off < pool_floats; off += chunk) {
         size_t n = pool_floats - off < chunk ? pool_floats - off : chunk;
         e.env.be->upload((float *)e.att.k_pool + off, host, sizeof(float) * n);
-        e.env.be->upload((float *)e.att.v_pool + off, host, sizeof(float) * n);
+        if (e.att.v_pool) e.env.be->upload((float *)e.att.v_pool + off, host, sizeof(float) * n); /* MLA: keys only */
         e.env.be->synchronize();
     }
     free(host);
