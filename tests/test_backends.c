@@ -152,9 +152,11 @@ static void attention_and_merges(uint64_t *st)
     const int *ht[T] = {table0, table0, table1, table1}, *gt[T] = {dt0, dt0, dt1, dt1};
     float out[T * H * D], lse[T * H];
     float *dout = gpu->alloc(sizeof out), *dlse = gpu->alloc(sizeof lse);
-    AttnBatch a = {T, H, KVH, D, 0.158f, q, out, lse, kpool, vpool, n_keys, NULL, kvd, ht, B, 0, DTYPE_F32, NULL, 0, 0};
+    AttnBatch a = {.T = T, .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .scale = 0.158f, .q = q, .out = out,
+                   .lse = lse, .k = kpool, .v = vpool, .n_keys = n_keys, .kv_stride = kvd, .blocks = ht, .block_size = B};
     cpu->attention(&a);
-    AttnBatch ga = {T, H, KVH, D, 0.158f, dq, dout, dlse, dk, dv, n_keys, NULL, kvd, gt, B, 0, DTYPE_F32, NULL, 0, 0};
+    AttnBatch ga = a;
+    ga.q = dq, ga.out = dout, ga.lse = dlse, ga.k = dk, ga.v = dv, ga.blocks = gt;
     gpu->attention(&ga);
     float *go = back(dout, T * H * D), *gl = back(dlse, T * H);
     EXPECT_CLOSE("attention paged", go, out, T * H * D, 1e-5);
@@ -164,9 +166,11 @@ static void attention_and_merges(uint64_t *st)
     int many[T] = {300, 1, 129, 128};
     float *kk = rnd(300 * kvd, st), *vv = rnd(300 * kvd, st);
     float *dkk = on_gpu(kk, sizeof(float) * 300 * kvd), *dvv = on_gpu(vv, sizeof(float) * 300 * kvd);
-    AttnBatch c = {T, H, KVH, D, 0.158f, q, out, lse, kk, vv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32, NULL, 0, 0};
+    AttnBatch c = {.T = T, .n_heads = H, .n_kv_heads = KVH, .head_dim = D, .scale = 0.158f, .q = q, .out = out,
+                   .lse = lse, .k = kk, .v = vv, .n_keys = many, .kv_stride = kvd};
     cpu->attention(&c);
-    AttnBatch gc = {T, H, KVH, D, 0.158f, dq, dout, dlse, dkk, dvv, many, NULL, kvd, NULL, 0, 0, DTYPE_F32, NULL, 0, 0};
+    AttnBatch gc = c;
+    gc.q = dq, gc.out = dout, gc.lse = dlse, gc.k = dkk, gc.v = dvv;
     gpu->attention(&gc);
     go = back(dout, T * H * D), gl = back(dlse, T * H);
     EXPECT_CLOSE("attention rows", go, out, T * H * D, 1e-5);
@@ -641,10 +645,11 @@ static void device_step_counts(void)
     GenOptions go = {.max_model_len = c->max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096};
     GenStats gs = {0};
     Result res;
-    long batched0 = gpu->counts->batched_matmuls;
+    BackendCounts c0 = *gpu->counts;
     generate(&e, &rs, &res, &go, &gs);
-    long batched = gpu->counts->batched_matmuls - batched0;
-    fprintf(stderr, "%d forward steps over %d layers: %ld batched GEMMs\n", gs.n_steps, c->n_layers, batched);
+    long batched = gpu->counts->batched_matmuls - c0.batched_matmuls;
+    fprintf(stderr, "%d forward steps over %d layers: %ld batched GEMMs, %ld uploads, %ld downloads\n", gs.n_steps,
+            c->n_layers, batched, gpu->counts->uploads - c0.uploads, gpu->counts->downloads - c0.downloads);
     CHECK(gs.n_steps > 0 && batched == 2L * c->n_layers * gs.n_steps,
           "%ld batched GEMMs in %d steps of %d layers: expected two per layer", batched, gs.n_steps, c->n_layers);
     results_free(&res, 1);

@@ -1,9 +1,11 @@
 /* A mixture-of-experts feed-forward block (DeepSeek-V2/V3): a router picks
- * each token's experts, the step's tokens are grouped by expert and each
- * expert (a SwiGLU block) runs one GEMM chain over its tokens; outputs are
- * added, weighted, in expert order, then the shared experts'. Under TP each
- * expert is split along its intermediate dimension, every rank routes the
- * same way, and the block's output joins the layer's TP sum. */
+ * each token's experts, the step's (token, expert) pairs are grouped by
+ * expert and the experts' SwiGLU blocks run as grouped GEMMs over them;
+ * outputs are added, weighted, in expert order, then the shared experts'.
+ * All of it runs in the backend (moe_route, moe_matmul, moe_combine), so a
+ * GPU makes no host round-trip. Under TP each expert is split along its
+ * intermediate dimension, every rank routes the same way, and the block's
+ * output joins the layer's TP sum. */
 #ifndef DCP_MOE_H
 #define DCP_MOE_H
 
