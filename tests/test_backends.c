@@ -659,6 +659,69 @@ static void device_step_counts(void)
     model_free(&m);
 }
 
+typedef struct {
+    float *logits; /* (positions, vocab) */
+    int vocab;
+} Capture;
+
+static void capture(void *ctx, int request, int pos, const float *logits, int vocab)
+{
+    Capture *c = ctx;
+    (void)request;
+    memcpy(c->logits + (size_t)pos * vocab, logits, sizeof(float) * vocab);
+}
+
+/* The logits of a test model's whole prompt on the device, within the
+ * bound test_hf_reference holds the CPU to: 1e-4 of transformers' (relative
+ * to the row's largest logit). */
+static void logits_against_transformers(const char *name)
+{
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/tests/data/%s", getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : "..", name);
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    FILE *f = fopen(path, "r");
+    int prompt[1024], n = 0;
+    while (f && n < 1024 && fscanf(f, "%d", &prompt[n]) == 1) n++;
+    if (f) fclose(f);
+    Model m;
+    if (!CHECK_OK(n > 0 && model_load(&m, dir, 1, 0) == 0, "%s: %s", name, dcp_error())) return;
+    int vocab = m.cfg.vocab_size;
+    float *ref = xmalloc(sizeof(float) * (size_t)n * vocab);
+    snprintf(path, sizeof path, "%s/logits.f32", dir);
+    f = fopen(path, "rb");
+    size_t got = f ? fread(ref, sizeof(float), (size_t)n * vocab, f) : 0;
+    if (f) fclose(f);
+    CHECK(got == (size_t)n * vocab, "%s: logits.f32 holds %zu of %d floats", name, got, n * vocab);
+    RequestSet rs = {0};
+    add_request(&rs, prompt, n, 1, 0.0f, 1.0f, 0);
+    Capture cap = {xcalloc((size_t)(n + 1) * vocab, sizeof(float)), vocab};
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, &m, gpu, NULL, NULL, &tm, NULL);
+    GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
+                     .on_logits = capture, .on_logits_ctx = &cap};
+    Result res;
+    generate(&e, &rs, &res, &go, NULL);
+    double worst = 0;
+    for (int p = 0; p < n; p++) {
+        const float *a = cap.logits + (size_t)p * vocab, *b = ref + (size_t)p * vocab;
+        double big = 0, d = 0;
+        for (int v = 0; v < vocab; v++) {
+            big = fmax(big, fabs(b[v]));
+            d = fmax(d, fabs((double)a[v] - b[v]));
+        }
+        worst = fmax(worst, d / (big > 0 ? big : 1));
+    }
+    fprintf(stderr, "%-16s on the device: max |logit - transformers| / max |logit| = %.2g over %d positions\n", name,
+            worst, n);
+    CHECK(worst <= 1e-4, "%s: the device's logits differ from transformers' by %g (relative)", name, worst);
+    results_free(&res, 1);
+    engine_free(&e);
+    requests_free(&rs);
+    model_free(&m);
+    free(cap.logits), free(ref);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -677,6 +740,8 @@ int main(int argc, char **argv)
     batched_matmul(&st);
     moe_ops(&st);
     device_step_counts();
+    const char *refs[] = {"hf/llama3", "hf/qwen3_qk_norm", "hf/mistral_window", "deepseek/v3_yarn", "deepseek/v2_softmax"};
+    for (size_t i = 0; i < sizeof refs / sizeof *refs; i++) logits_against_transformers(refs[i]);
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) attention_shape(&shapes[i], &st);
     MPI_Finalize();
     return test_finish("test_backends");
