@@ -479,6 +479,8 @@ __device__ static inline float w_load(const __nv_bfloat16 *p) { return __bfloat1
 #define MM_BM 32
 #define MM_BN 64
 #define MM_BK 32
+#define MM_THREADS 256 // 16 x 16, each 2 x 4 outputs of the 32 x 64 tile
+static_assert(MM_THREADS == (MM_BM / 2) * (MM_BN / 4) && MM_BM / 2 == 16 && MM_BN / 4 == 16, "k_moe_matmul's thread grid");
 template <typename W>
 __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
                              const W *w, size_t w_step, int in, int out)
@@ -530,10 +532,10 @@ static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, 
     counts.moe_matmuls++;
     dim3 grid(pairs / MM_BM + experts, blocks_for(out, MM_BN));
     if (w.dtype == DTYPE_BF16)
-        DCP_LAUNCH(k_moe_matmul<__nv_bfloat16>, grid, 256, 0, stream, y, x, ldx, rows, start, experts,
+        DCP_LAUNCH(k_moe_matmul<__nv_bfloat16>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
                    (const __nv_bfloat16 *)w.data, w_step, in, out);
     else
-        DCP_LAUNCH(k_moe_matmul<float>, grid, 256, 0, stream, y, x, ldx, rows, start, experts, (const float *)w.data,
+        DCP_LAUNCH(k_moe_matmul<float>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts, (const float *)w.data,
                    w_step, in, out);
     DCP_CHECK_LAUNCH(stream);
 }
@@ -662,6 +664,7 @@ DCP_STATIC_SHARED(k_attention<__nv_bfloat16>, sizeof(float) * (ATT_MAX_D + 2 * A
 #define LAT_MAX_D 576 // kv_lora_rank 512 + qk_rope_head_dim 64
 #define LAT_ROW (LAT_MAX_D + 1) // a row's floats in shared memory, padded so that rows start in different banks
 #define LAT_COLS ((LAT_MAX_D + ATT_THREADS - 1) / ATT_THREADS)
+static_assert(ATT_THREADS == 2 * LAT_HEADS * LAT_KEYS, "k_latent_attention: two threads per (head, key) score");
 template <typename KV>
 __global__ void k_latent_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
                                    const KV *rows_base, const int *row0, const int *n_keys, const int *key0,
