@@ -633,10 +633,7 @@ static void device_step_counts(void)
      * layer call, and per MLA layer two batched GEMMs (W_uk, W_uv) */
     char path[4200];
     snprintf(path, sizeof path, "%s/prompt.txt", dir);
-    FILE *f = fopen(path, "r");
-    int prompt[1024], n = 0;
-    while (f && n < 1024 && fscanf(f, "%d", &prompt[n]) == 1) n++;
-    if (f) fclose(f);
+    int prompt[1024], n = read_ids(path, prompt, 1024);
     RequestSet rs = {0};
     add_request(&rs, prompt, n, 4, 0.0f, 1.0f, 0);
     Timings tm = {0};
@@ -659,18 +656,6 @@ static void device_step_counts(void)
     model_free(&m);
 }
 
-typedef struct {
-    float *logits; /* (positions, vocab) */
-    int vocab;
-} Capture;
-
-static void capture(void *ctx, int request, int pos, const float *logits, int vocab)
-{
-    Capture *c = ctx;
-    (void)request;
-    memcpy(c->logits + (size_t)pos * vocab, logits, sizeof(float) * vocab);
-}
-
 /* The logits of a test model's whole prompt on the device, within the
  * bound test_hf_reference holds the CPU to: 1e-4 of transformers' (relative
  * to the row's largest logit). */
@@ -679,27 +664,19 @@ static void logits_against_transformers(const char *name)
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s/tests/data/%s", getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : "..", name);
     snprintf(path, sizeof path, "%s/prompt.txt", dir);
-    FILE *f = fopen(path, "r");
-    int prompt[1024], n = 0;
-    while (f && n < 1024 && fscanf(f, "%d", &prompt[n]) == 1) n++;
-    if (f) fclose(f);
+    int prompt[1024], n = read_ids(path, prompt, 1024);
     Model m;
     if (!CHECK_OK(n > 0 && model_load(&m, dir, 1, 0) == 0, "%s: %s", name, dcp_error())) return;
     int vocab = m.cfg.vocab_size;
-    float *ref = xmalloc(sizeof(float) * (size_t)n * vocab);
-    snprintf(path, sizeof path, "%s/logits.f32", dir);
-    f = fopen(path, "rb");
-    size_t got = f ? fread(ref, sizeof(float), (size_t)n * vocab, f) : 0;
-    if (f) fclose(f);
-    CHECK(got == (size_t)n * vocab, "%s: logits.f32 holds %zu of %d floats", name, got, n * vocab);
+    float *ref = read_ref_logits(dir, n, vocab);
     RequestSet rs = {0};
     add_request(&rs, prompt, n, 1, 0.0f, 1.0f, 0);
-    Capture cap = {xcalloc((size_t)(n + 1) * vocab, sizeof(float)), vocab};
+    PromptLogits cap = {xcalloc((size_t)(n + 1) * vocab, sizeof(float)), vocab};
     Timings tm = {0};
     Engine e;
     engine_init(&e, &m, gpu, NULL, NULL, &tm, NULL);
     GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
-                     .on_logits = capture, .on_logits_ctx = &cap};
+                     .on_logits = capture_prompt_logits, .on_logits_ctx = &cap};
     Result res;
     generate(&e, &rs, &res, &go, NULL);
     double worst = 0;

@@ -21,27 +21,6 @@ static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/line
                               "hf/qwen3_qk_norm", "hf/mlp_bias",        "deepseek/v3_yarn",
                               "deepseek/v2_softmax"};
 
-static int read_ids(const char *path, int *ids, int cap)
-{
-    FILE *f = fopen(path, "r");
-    int n = 0;
-    while (f && n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
-    if (f) fclose(f);
-    return n;
-}
-
-typedef struct {
-    float *logits; /* (positions, vocab) */
-    int vocab;
-} Capture;
-
-static void capture(void *ctx, int request, int pos, const float *logits, int vocab)
-{
-    Capture *c = ctx;
-    (void)request;
-    memcpy(c->logits + (size_t)pos * vocab, logits, sizeof(float) * vocab);
-}
-
 /* One request of the prompt at one rank: its logits at every position
  * ((n + max_tokens) x vocab, malloc'ed) and its result. */
 static float *run_prompt(const Model *m, const int *prompt, int n, int max_tokens, Result *res)
@@ -49,12 +28,12 @@ static float *run_prompt(const Model *m, const int *prompt, int n, int max_token
     int vocab = m->cfg.vocab_size;
     RequestSet rs = {0};
     add_request(&rs, prompt, n, max_tokens, 0.0f, 1.0f, 0);
-    Capture cap = {xcalloc((size_t)(n + max_tokens) * vocab, sizeof(float)), vocab};
+    PromptLogits cap = {xcalloc((size_t)(n + max_tokens) * vocab, sizeof(float)), vocab};
     Timings tm = {0};
     Engine e;
     engine_init(&e, m, backend_cpu(), NULL, NULL, &tm, NULL);
     GenOptions go = {.max_model_len = m->cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
-                     .on_logits = capture, .on_logits_ctx = &cap};
+                     .on_logits = capture_prompt_logits, .on_logits_ctx = &cap};
     generate(&e, &rs, res, &go, NULL);
     engine_free(&e);
     requests_free(&rs);
@@ -125,12 +104,7 @@ int main(int argc, char **argv)
             !CHECK_OK(model_load(&m, dir, 1, 0) == 0, "%s: %s", cases[k], dcp_error()))
             continue;
         int vocab = m.cfg.vocab_size;
-        float *ref = xmalloc(sizeof(float) * (size_t)n * vocab);
-        snprintf(path, sizeof path, "%s/logits.f32", dir);
-        FILE *f = fopen(path, "rb");
-        size_t got = f ? fread(ref, sizeof(float), (size_t)n * vocab, f) : 0;
-        if (f) fclose(f);
-        CHECK(got == (size_t)n * vocab, "%s: logits.f32 holds %zu of %d floats", cases[k], got, n * vocab);
+        float *ref = read_ref_logits(dir, n, vocab);
         /* every position's logits, then the greedy continuation */
         Result res;
         float *logits = run_prompt(&m, prompt, n, 32, &res);

@@ -127,6 +127,45 @@ static inline int valid_utf8(const char *s)
     return 1;
 }
 
+/* The whitespace-separated ids of a file (a test model's prompt.txt), at
+ * most cap; returns how many. */
+static inline int read_ids(const char *path, int *ids, int cap)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f && n < cap && fscanf(f, "%d", &ids[n]) == 1) n++;
+    if (f) fclose(f);
+    return n;
+}
+
+/* A test model's reference logits (dir/logits.f32: n positions of vocab
+ * floats, from transformers), malloc'ed; a check fails when short. */
+static inline float *read_ref_logits(const char *dir, int n, int vocab)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/logits.f32", dir);
+    float *ref = xmalloc(sizeof(float) * (size_t)n * vocab);
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(ref, sizeof(float), (size_t)n * vocab, f) : 0;
+    if (f) fclose(f);
+    CHECK(got == (size_t)n * vocab, "%s: holds %zu of %d floats", path, got, n * vocab);
+    return ref;
+}
+
+/* A generate() logits callback (GenOptions.on_logits) keeping every
+ * position's logits of one request. */
+typedef struct {
+    float *logits; /* (positions, vocab) */
+    int vocab;
+} PromptLogits;
+
+static inline void capture_prompt_logits(void *ctx, int request, int pos, const float *logits, int vocab)
+{
+    PromptLogits *c = ctx;
+    (void)request;
+    memcpy(c->logits + (size_t)pos * vocab, logits, sizeof(float) * vocab);
+}
+
 static inline int test_finish(const char *name)
 {
     if (test_failures) fprintf(stderr, "%s: %d check(s) failed\n", name, test_failures);
