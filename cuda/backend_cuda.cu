@@ -26,6 +26,7 @@ static int dcp_mutant = getenv("DCPINFER_MUTANT") ? atoi(getenv("DCPINFER_MUTANT
 extern "C" {
 #include "backend.h"
 #include "moe_route.h"
+#include "quant.h"
 #include "util.h"
 }
 
@@ -37,6 +38,8 @@ static cublasHandle_t blas;
 static int gemm_bf16;
 static __nv_bfloat16 *x_bf16;
 static size_t x_bf16_cap;
+static float *w_f32; // a quantized matrix widened for cuBLAS (cuda_matmul)
+static size_t w_f32_cap;
 
 // Per-token attention metadata uploaded here for a caller that has no
 // device copies of it (AttnBatch.d_*).
@@ -112,19 +115,30 @@ static void cuda_release_weights(const void *p) { cuda_release((void *)p); }
 // bfloat16, stored in half the memory.
 static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
 {
+    if (dtype_quantized(host.dtype)) { // as stored, with its scales: --dtype never widens it
+        WeightRef w = host;
+        void *d = cuda_alloc(dtype_bytes(host.dtype) * (n ? n : 1));
+        upload_weights(d, host.data, dtype_bytes(host.dtype) * n);
+        size_t ns = n / (size_t)host.qcols;
+        float *s = (float *)cuda_alloc(sizeof(float) * (ns ? ns : 1));
+        upload_weights(s, host.scale, sizeof(float) * ns);
+        w.data = d;
+        w.scale = s;
+        return w;
+    }
     if (host.dtype == DTYPE_BF16) {
         void *d = cuda_alloc(sizeof(uint16_t) * (n ? n : 1));
         upload_weights(d, host.data, sizeof(uint16_t) * n);
-        return WeightRef{d, DTYPE_BF16, 0};
+        return weight_ref(d, DTYPE_BF16, 0);
     }
     const float *f = (const float *)host.data;
-    if (!gemm_bf16) return WeightRef{cuda_weights(f, n), DTYPE_F32, 0};
+    if (!gemm_bf16) return weight_ref(cuda_weights(f, n), DTYPE_F32, 0);
     uint16_t *h = (uint16_t *)xmalloc(sizeof(uint16_t) * (n ? n : 1));
     f32_to_bf16_n(h, f, n);
     void *d = cuda_alloc(sizeof(uint16_t) * n);
     upload_weights(d, h, sizeof(uint16_t) * n);
     free(h);
-    return WeightRef{d, DTYPE_BF16, 0};
+    return weight_ref(d, DTYPE_BF16, 0);
 }
 
 static int cuda_set_gemm_dtype(const char *dtype)
@@ -201,11 +215,38 @@ static const __nv_bfloat16 *activations_bf16(const float *x, size_t n)
     return x_bf16;
 }
 
+// n elements of a quantized matrix widened to fp32: the stored element's
+// value times its run's scale, rounded once (quant.h; the CPU's
+// dequant_f8), so the GEMM that follows reads the dequantized twin's values
+__global__ void k_dequant_f8(float *m, const uint8_t *q, const float *scale, int qcols, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) m[i] = __fmul_rn(f8e4m3_to_f32(q[i]), scale[i / (size_t)qcols]);
+}
+
+// A quantized matrix's values in fp32, in a scratch buffer grown on demand
+static const float *dequantized(WeightRef w, size_t n)
+{
+    if (n > w_f32_cap) {
+        if (w_f32) cuda_release(w_f32);
+        w_f32_cap = n;
+        w_f32 = (float *)cuda_alloc(sizeof(float) * n);
+    }
+    DCP_LAUNCH(k_dequant_f8, blocks_for(n, 256), 256, 0, stream, w_f32, (const uint8_t *)w.data, w.scale, w.qcols, n);
+    DCP_CHECK_LAUNCH(stream);
+    return w_f32;
+}
+
 static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
 {
     if (!T || !out) return;
     counts.matmuls++;
     const float one = 1.0f, zero = 0.0f;
+    if (dtype_quantized(w.dtype)) { // widened, then cuBLAS's fp32 GEMM
+        const float *wf = dequantized(w, (size_t)out * in);
+        DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, wf, in, x, in, &zero, y, out));
+        return;
+    }
     if (w.dtype == DTYPE_F32) {
         DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, (const float *)w.data, in, x, in,
                               &zero, y, out));
@@ -466,8 +507,17 @@ static void cuda_moe_route(const MoeRouting *r, const float *logits, const float
     DCP_CHECK_LAUNCH(stream);
 }
 
-__device__ static inline float w_load(const float *p) { return *p; }
-__device__ static inline float w_load(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+// element i of a weight stack: as stored, or a quantized element times its
+// run's scale (quant.h)
+__device__ static inline float w_load(const float *w, const float *, int, size_t i) { return w[i]; }
+__device__ static inline float w_load(const __nv_bfloat16 *w, const float *, int, size_t i)
+{
+    return __bfloat162float(w[i]);
+}
+__device__ static inline float w_load(const uint8_t *w, const float *scale, int qcols, size_t i)
+{
+    return __fmul_rn(f8e4m3_to_f32(w[i]), scale[i / (size_t)qcols]);
+}
 
 // The grouped GEMM of the experts (backend.h, moe_matmul). The grid covers
 // the worst case of row tiles, pairs / MM_BM + experts (each expert adds at
@@ -483,7 +533,7 @@ __device__ static inline float w_load(const __nv_bfloat16 *p) { return __bfloat1
 static_assert(MM_THREADS == (MM_BM / 2) * (MM_BN / 4) && MM_BM / 2 == 16 && MM_BN / 4 == 16, "k_moe_matmul's thread grid");
 template <typename W>
 __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
-                             const W *w, size_t w_step, int in, int out)
+                             const W *w, const float *scale, int qcols, size_t w_step, int in, int out)
 {
     __shared__ float xs[MM_BM][MM_BK + 1], ws[MM_BN][MM_BK + 1];
     int b = blockIdx.x, e = 0;
@@ -495,7 +545,7 @@ __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows,
     if (e == experts) return; // the whole block: past the last tile
     int r0 = start[e] + b * MM_BM, r1 = min(start[e + 1], r0 + MM_BM), n0 = blockIdx.y * MM_BN;
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const W *we = w + (size_t)e * w_step;
+    size_t we = (size_t)e * w_step; // expert e's first element
     float acc[2][4] = {{0}};
     for (int k0 = 0; k0 < in; k0 += MM_BK) {
         for (int i = threadIdx.x; i < MM_BM * MM_BK; i += blockDim.x) {
@@ -504,7 +554,7 @@ __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows,
         }
         for (int i = threadIdx.x; i < MM_BN * MM_BK; i += blockDim.x) {
             int n = i / MM_BK, k = i % MM_BK;
-            ws[n][k] = n0 + n < out && k0 + k < in ? w_load(we + (size_t)(n0 + n) * in + k0 + k) : 0.0f;
+            ws[n][k] = n0 + n < out && k0 + k < in ? w_load(w, scale, qcols, we + (size_t)(n0 + n) * in + k0 + k) : 0.0f;
         }
         __syncthreads();
         for (int k = 0; k < MM_BK; k++)
@@ -524,6 +574,7 @@ __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows,
 }
 DCP_STATIC_SHARED(k_moe_matmul<float>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 DCP_STATIC_SHARED(k_moe_matmul<__nv_bfloat16>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
+DCP_STATIC_SHARED(k_moe_matmul<uint8_t>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 
 static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
                             int pairs, WeightRef w, size_t w_step, int in, int out)
@@ -531,12 +582,15 @@ static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, 
     if (!pairs || !out) return;
     counts.moe_matmuls++;
     dim3 grid(pairs / MM_BM + experts, blocks_for(out, MM_BN));
-    if (w.dtype == DTYPE_BF16)
+    if (w.dtype == DTYPE_F8_E4M3)
+        DCP_LAUNCH(k_moe_matmul<uint8_t>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
+                   (const uint8_t *)w.data, w.scale, w.qcols, w_step, in, out);
+    else if (w.dtype == DTYPE_BF16)
         DCP_LAUNCH(k_moe_matmul<__nv_bfloat16>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const __nv_bfloat16 *)w.data, w_step, in, out);
+                   (const __nv_bfloat16 *)w.data, w.scale, w.qcols, w_step, in, out);
     else
         DCP_LAUNCH(k_moe_matmul<float>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts, (const float *)w.data,
-                   w_step, in, out);
+                   w.scale, w.qcols, w_step, in, out);
     DCP_CHECK_LAUNCH(stream);
 }
 

@@ -73,7 +73,15 @@ static WeightRef g_gemm_weights(WeightRef host, size_t n)
 {
     void *d = g_alloc(dtype_bytes(host.dtype) * n);
     g_copy(d, host.data, dtype_bytes(host.dtype) * n);
-    return (WeightRef){d, host.dtype, host.group};
+    WeightRef w = host;
+    w.data = d;
+    if (host.scale) { /* a quantized matrix's scales travel with it */
+        size_t ns = n / (size_t)host.qcols;
+        float *s = g_alloc(sizeof(float) * ns);
+        g_copy(s, host.scale, sizeof(float) * ns);
+        w.scale = s;
+    }
+    return w;
 }
 static void g_release_weights(const void *p) { g_release((void *)p); }
 static void g_sync(void) {}

@@ -23,6 +23,26 @@ static void *on_gpu(const void *host, size_t bytes)
     return d;
 }
 
+/* A random block-scaled FP8 matrix of n elements, runs of qcols per
+ * scale (WeightRef; no NaN bytes), on the host: free q.data, q.scale. */
+static WeightRef rnd_fp8(size_t n, int qcols, uint64_t *st)
+{
+    uint8_t *q = xmalloc(n);
+    float *scale = xmalloc(sizeof(float) * (n / qcols + 1));
+    for (size_t i = 0; i < n; i++) {
+        q[i] = (uint8_t)splitmix64(st);
+        if ((q[i] & 0x7f) == 0x7f) q[i] ^= 1;
+    }
+    for (size_t i = 0; i < n / qcols; i++) scale[i] = ldexpf(1.0f, -6 - (int)(splitmix64(st) % 4));
+    WeightRef w = {q, DTYPE_F8_E4M3, 0, scale, qcols};
+    return w;
+}
+static void release_matrix(WeightRef w)
+{
+    gpu->release_weights(w.data);
+    if (w.scale) gpu->release_weights(w.scale);
+}
+
 static float *back(const void *d, size_t n)
 {
     float *h = xmalloc(sizeof(float) * n);
@@ -60,9 +80,9 @@ static void elementwise(uint64_t *st)
     const char *dtypes[2] = {"float32", "bfloat16"};
     for (int b = 0; b < 2; b++) {
         CHECK(gpu->set_gemm_dtype(dtypes[b]) == 0, "%s GEMMs: %s", dtypes[b], dcp_error());
-        WeightRef stack = gpu->gemm_weights((WeightRef){w, DTYPE_F32, 0}, (size_t)LAYERS * OUT * DIM);
+        WeightRef stack = gpu->gemm_weights(weight_ref(w, DTYPE_F32, 0), (size_t)LAYERS * OUT * DIM);
         for (int l = 0; l < LAYERS; l++) {
-            cpu->matmul(y, x, (WeightRef){w + (size_t)l * OUT * DIM, DTYPE_F32, 0}, T, DIM, OUT);
+            cpu->matmul(y, x, weight_ref(w + (size_t)l * OUT * DIM, DTYPE_F32, 0), T, DIM, OUT);
             gpu->matmul(dy, dx, weight_at(stack, (size_t)l * OUT * DIM), T, DIM, OUT);
             float *gy = back(dy, T * OUT);
             char name[32];
@@ -294,8 +314,8 @@ static void batched_matmul(uint64_t *st)
     float *dx = on_gpu(x, sizeof(float) * T * LDX), *dy = on_gpu(y, sizeof(float) * T * LDY);
     for (int b = 0; b < 2; b++) {
         CHECK(gpu->set_gemm_dtype(b ? "bfloat16" : "float32") == 0, "GEMM type: %s", dcp_error());
-        WeightRef dw = gpu->gemm_weights((WeightRef){w, DTYPE_F32, 0}, (size_t)B * OUT * IN);
-        cpu->matmul_batched(y, LDY, OUT, x, LDX, IN + 3, (WeightRef){w, DTYPE_F32, 0}, B, T, IN, OUT);
+        WeightRef dw = gpu->gemm_weights(weight_ref(w, DTYPE_F32, 0), (size_t)B * OUT * IN);
+        cpu->matmul_batched(y, LDY, OUT, x, LDX, IN + 3, weight_ref(w, DTYPE_F32, 0), B, T, IN, OUT);
         gpu->matmul_batched(dy, LDY, OUT, dx, LDX, IN + 3, dw, B, T, IN, OUT);
         float *g = back(dy, (size_t)T * LDY);
         EXPECT_CLOSE(b ? "matmul_batched bf16" : "matmul_batched f32", g, y, (size_t)T * LDY, b ? 5e-2 : 1e-5);
@@ -353,8 +373,8 @@ static void moe_ops(uint64_t *st)
               *dy2 = gpu->alloc(sizeof(float) * P * DIM);
         for (int bf = 0; bf < 2; bf++) {
             CHECK(gpu->set_gemm_dtype(bf ? "bfloat16" : "float32") == 0, "GEMM type: %s", dcp_error());
-            WeightRef dw = gpu->gemm_weights((WeightRef){w, DTYPE_F32, 0}, (size_t)E * MH * DIM);
-            cpu->moe_matmul(y, x, DIM, rows, start, E, P, (WeightRef){w, DTYPE_F32, 0}, (size_t)MH * DIM, DIM, MH);
+            WeightRef dw = gpu->gemm_weights(weight_ref(w, DTYPE_F32, 0), (size_t)E * MH * DIM);
+            cpu->moe_matmul(y, x, DIM, rows, start, E, P, weight_ref(w, DTYPE_F32, 0), (size_t)MH * DIM, DIM, MH);
             gpu->moe_matmul(dy, dx, DIM, drows, dstart, E, P, dw, (size_t)MH * DIM, DIM, MH);
             float *g = back(dy, (size_t)P * MH);
             snprintf(name, sizeof name, "moe_matmul %s %s", bf ? "bf16" : "f32", cases[k].name);
@@ -364,10 +384,30 @@ static void moe_ops(uint64_t *st)
             gpu->release_weights(dw.data);
         }
         gpu->set_gemm_dtype("float32");
-        WeightRef dw = gpu->gemm_weights((WeightRef){w, DTYPE_F32, 0}, (size_t)E * MH * DIM);
         int cin = MH / 2; /* the second of two chunks of the pairs' hidden rows y (P, MH) */
+        { /* an FP8 stack: gathered rows, and the second K chunk (scales stepped with weight_at) */
+            WeightRef q = rnd_fp8((size_t)E * MH * DIM, 4, st), dq = gpu->gemm_weights(q, (size_t)E * MH * DIM);
+            float *yq = xmalloc(sizeof(float) * P * DIM);
+            cpu->moe_matmul(yq, x, DIM, rows, start, E, P, q, (size_t)MH * DIM, DIM, MH);
+            gpu->moe_matmul(dy, dx, DIM, drows, dstart, E, P, dq, (size_t)MH * DIM, DIM, MH);
+            float *g = back(dy, (size_t)P * MH);
+            snprintf(name, sizeof name, "moe_matmul fp8 %s", cases[k].name);
+            EXPECT_CLOSE(name, g, yq, (size_t)P * MH, 1e-5);
+            free(g);
+            size_t half = (size_t)DIM * cin;
+            gpu->upload(dy, yq, sizeof(float) * P * MH);
+            cpu->moe_matmul(y2, yq + cin, MH, NULL, start, E, P, weight_at(q, half), (size_t)MH * DIM, cin, DIM);
+            gpu->moe_matmul(dy2, dy + cin, MH, NULL, dstart, E, P, weight_at(dq, half), (size_t)MH * DIM, cin, DIM);
+            g = back(dy2, (size_t)P * DIM);
+            snprintf(name, sizeof name, "moe_matmul fp8 chunk %s", cases[k].name);
+            EXPECT_CLOSE(name, g, y2, (size_t)P * DIM, 1e-5);
+            free(g), free(yq);
+            release_matrix(dq);
+            free((void *)q.data), free((void *)q.scale);
+        }
+        WeightRef dw = gpu->gemm_weights(weight_ref(w, DTYPE_F32, 0), (size_t)E * MH * DIM);
         gpu->upload(dy, y, sizeof(float) * P * MH);
-        cpu->moe_matmul(y2, y + cin, MH, NULL, start, E, P, (WeightRef){w, DTYPE_F32, 0}, (size_t)MH * DIM, cin, DIM);
+        cpu->moe_matmul(y2, y + cin, MH, NULL, start, E, P, weight_ref(w, DTYPE_F32, 0), (size_t)MH * DIM, cin, DIM);
         gpu->moe_matmul(dy2, dy + cin, MH, NULL, dstart, E, P, dw, (size_t)MH * DIM, cin, DIM);
         float *g = back(dy2, (size_t)P * DIM);
         snprintf(name, sizeof name, "moe_matmul chunk %s", cases[k].name);
@@ -558,8 +598,8 @@ static void wide_ops(uint64_t *st)
     float *wm = rnd((size_t)OUT * IN, st);
     for (int b = 0; b < 2; b++) {
         CHECK(gpu->set_gemm_dtype(b ? "bfloat16" : "float32") == 0, "GEMM type: %s", dcp_error());
-        WeightRef dwm = gpu->gemm_weights((WeightRef){wm, DTYPE_F32, 0}, (size_t)OUT * IN);
-        cpu->matmul(y, x, (WeightRef){wm, DTYPE_F32, 0}, T, IN, OUT);
+        WeightRef dwm = gpu->gemm_weights(weight_ref(wm, DTYPE_F32, 0), (size_t)OUT * IN);
+        cpu->matmul(y, x, weight_ref(wm, DTYPE_F32, 0), T, IN, OUT);
         gpu->matmul(dy, dx, dwm, T, IN, OUT);
         g = back(dy, (size_t)T * OUT);
         /* fp32: the order of 2048 products; bf16: weights and activations rounded */
@@ -568,6 +608,18 @@ static void wide_ops(uint64_t *st)
         gpu->release_weights(dwm.data);
     }
     gpu->set_gemm_dtype("float32");
+    /* FP8 as stored, DeepSeek's 128-column scale runs, prefill and decode */
+    WeightRef q = rnd_fp8((size_t)OUT * IN, 128, st), dq = gpu->gemm_weights(q, (size_t)OUT * IN);
+    CHECK(dq.dtype == DTYPE_F8_E4M3 && dq.scale && dq.qcols == 128, "FP8 weights changed type on the device");
+    for (int t = T; t >= 1; t -= T - 1) {
+        cpu->matmul(y, x, q, t, IN, OUT);
+        gpu->matmul(dy, dx, dq, t, IN, OUT);
+        g = back(dy, (size_t)t * OUT);
+        EXPECT_CLOSE(t > 1 ? "matmul 2048x576 fp8" : "matmul 2048x576 fp8, one row", g, y, (size_t)t * OUT, 1e-4);
+        free(g);
+    }
+    release_matrix(dq);
+    free((void *)q.data), free((void *)q.scale);
     void *bufs[] = {dx, dw, dy, dpos};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
     free(x), free(w), free(y), free(wm);

@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "kernels_cpu.h"
+#include "quant.h"
 #include "testutil.h"
 
 static float frand(uint64_t *st) { return (float)((splitmix64(st) >> 40) / 16777216.0) - 0.5f; }
@@ -39,6 +40,58 @@ static void rows_alone(float *y, const float *x, WeightRef w, int T, int K, int 
     }
 }
 
+/* FP8 E4M3 ("fn") by its definition: 2^(e-7) (1 + m/8), subnormals
+ * 2^-6 m/8, 0x7F/0xFF NaN; independent of the program's bit trick */
+static float e4m3_ref(uint8_t b)
+{
+    int e = (b >> 3) & 15, m = b & 7;
+    float v = e == 0 ? ldexpf((float)m / 8.0f, -6) : e == 15 && m == 7 ? NAN : ldexpf(1.0f + m / 8.0f, e - 7);
+    return b & 0x80 ? -v : v;
+}
+
+/* A block-scaled FP8 matrix (DTYPE_F8_E4M3, runs of qcols columns per
+ * scale) gives exactly the fp32 product of its dequantized twin, on every
+ * instruction set and thread count, alone or batched. */
+static void fp8_shape(int T, int K, int N, int qcols, uint64_t *st)
+{
+    float *x = xmalloc(sizeof(float) * T * K), *twin = xmalloc(sizeof(float) * N * K);
+    uint8_t *q = xmalloc((size_t)N * K);
+    size_t ns = (size_t)N * K / qcols, ny = (size_t)T * N;
+    float *scale = xmalloc(sizeof(float) * ns);
+    for (int i = 0; i < T * K; i++) x[i] = frand(st);
+    for (size_t i = 0; i < ns; i++) scale[i] = ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 12));
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        uint8_t b = (uint8_t)splitmix64(st);
+        if ((b & 0x7f) == 0x7f) b ^= 1; /* no NaN weights */
+        q[i] = b;
+        twin[i] = e4m3_ref(b) * scale[i / qcols];
+    }
+    WeightRef wq = {q, DTYPE_F8_E4M3, 0, scale, qcols};
+    float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny);
+    CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
+    omp_set_num_threads(1);
+    gemm_invariant(ref, x, weight_ref(twin, DTYPE_F32, 0), T, K, N);
+    for (int i = 0; i < 3; i++) {
+        if (cpu_set_isa(isa_names[i])) continue;
+        for (int threads = 1; threads <= 2; threads++) {
+            omp_set_num_threads(threads);
+            gemm_invariant(y, x, wq, T, K, N);
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "fp8 T %d K %d N %d qcols %d: %s, %d threads differs from the "
+                  "dequantized twin", T, K, N, qcols, isa_names[i], threads);
+            rows_alone(y, x, wq, T, K, N);
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "fp8 T %d K %d N %d qcols %d: %s, rows alone differ", T, K, N,
+                  qcols, isa_names[i]);
+        }
+        /* a sub-matrix (rows N/2 ..): the scales step with the elements */
+        int h = N / 2;
+        gemm_invariant(y, x, weight_at(wq, (size_t)h * K), 1, K, N - h);
+        CHECK(!memcmp(y, ref + h, sizeof(float) * (N - h)), "fp8 K %d N %d: %s, rows from %d differ", K, N,
+              isa_names[i], h);
+    }
+    CHECK(!cpu_set_isa("auto"), "auto");
+    free(x), free(twin), free(q), free(scale), free(ref), free(y);
+}
+
 static void shape(int T, int K, int N, uint64_t *st)
 {
     float *x = xmalloc(sizeof(float) * T * K), *w = xmalloc(sizeof(float) * N * K);
@@ -52,7 +105,7 @@ static void shape(int T, int K, int N, uint64_t *st)
     }
     size_t ny = (size_t)T * N;
     float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny), *y1 = xmalloc(sizeof(float) * ny);
-    WeightRef wf = {w, DTYPE_F32, 0}, wbf = {wb, DTYPE_F32, 0}, w16r = {w16, DTYPE_BF16, 0};
+    WeightRef wf = weight_ref(w, DTYPE_F32, 0), wbf = weight_ref(wb, DTYPE_F32, 0), w16r = weight_ref(w16, DTYPE_BF16, 0);
 
     /* the same bf16 matrix in groups of six rows (WeightRef), where K and
      * N allow; every element where the layout's formula puts it */
@@ -76,7 +129,7 @@ static void shape(int T, int K, int N, uint64_t *st)
               N);
         free(c);
     }
-    WeightRef w16gr = {w16g, DTYPE_BF16, 6};
+    WeightRef w16gr = weight_ref(w16g, DTYPE_BF16, 6);
 
     CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
     omp_set_num_threads(1);
@@ -265,6 +318,20 @@ int main(int argc, char **argv)
     shape(4, 64, 2100, &st);
     shape(8, 64, 2100, &st);
     shape(20, 768, 700, &st);
+    /* FP8: every byte's value against the format's definition, then
+     * products at scale runs narrower than, equal to and wider than a
+     * vector (DeepSeek's 128), decode and prefill */
+    int wrong = 0;
+    for (int b = 0; b < 256; b++) {
+        float a = f8e4m3_to_f32((uint8_t)b), r = e4m3_ref((uint8_t)b);
+        wrong += isnan(r) ? !isnan(a) : memcmp(&a, &r, sizeof a) != 0;
+    }
+    CHECK(!wrong, "f8e4m3_to_f32: %d of 256 bytes differ from the E4M3 definition", wrong);
+    fp8_shape(1, 48, 70, 4, &st);
+    fp8_shape(7, 96, 33, 8, &st);
+    fp8_shape(1, 256, 200, 16, &st);
+    fp8_shape(20, 768, 300, 128, &st);
+    fp8_shape(406, 2048, 40, 128, &st);
     /* head sizes around the 16- and 64-lane groups, key counts around 4 */
     static const int Ds[] = {8, 16, 40, 64, 128, 200};
     static const int ns[] = {1, 3, 4, 9, 100, 1000};

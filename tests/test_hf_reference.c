@@ -73,6 +73,36 @@ static void fp8_twin(const char *src)
         st_close(&f);
     }
     CHECK(n_f8 > 0, "%s holds no FP8 tensor", file);
+    /* kept in FP8: every matrix the GEMMs read that the checkpoint stores
+     * in FP8 takes a byte per element and a 4-byte scale per run of
+     * gcd(16, its K chunk's columns) columns, against the twin's 4 bytes */
+    Model q, t;
+    if (CHECK_OK(model_load(&q, fp8, 1, 0) == 0 && model_load(&t, twin, 1, 0) == 0, "%s", dcp_error())) {
+        MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(&q.cfg));
+        StCheckpoint ck;
+        long long want = (long long)t.w.bytes, kept = 0, unkept = 0;
+        CHECK(st_checkpoint_open(&ck, fp8) == 0, "%s", dcp_error());
+        for (int l = 0; l < q.cfg.n_layers; l++) {
+            int n = mla_tensors(&q.cfg, &q.shard, l, &q.w.mla[l], mt);
+            for (int i = 0; i < n; i++) {
+                if (!mt[i].mat || st_find(&ck, mt[i].name)->dtype != ST_F8_E4M3) continue;
+                long long e = (long long)mt[i].nrows * mt[i].ncols;
+                int run = 16, cc = mt[i].ncols / mt[i].chunks;
+                while (cc % run) run /= 2; /* gcd(16, cc) */
+                want += e + 4 * e / run - 4 * e;
+                kept += mt[i].mat->dtype == DTYPE_F8_E4M3;
+                unkept += mt[i].mat->dtype != DTYPE_F8_E4M3;
+            }
+        }
+        st_checkpoint_close(&ck);
+        fprintf(stderr, "deepseek/v3_fp8      weights %zu bytes in FP8 (%lld matrices), %zu as float32 twin\n", q.w.bytes,
+                kept, t.w.bytes);
+        CHECK(kept > 0 && !unkept, "%lld FP8 matrices widened on loading", unkept);
+        CHECK((long long)q.w.bytes == want, "FP8 weights take %zu bytes, the formula says %lld", q.w.bytes, want);
+        free(mt);
+        model_free(&q);
+        model_free(&t);
+    }
     int n1, n2, v1, v2;
     float *a = prompt_logits(fp8, &n1, &v1), *b = prompt_logits(twin, &n2, &v2);
     if (a && b && CHECK_OK(n1 == n2 && v1 == v2, "FP8 and twin differ in shape")) {

@@ -421,7 +421,7 @@ static void test_rope(const Backend *be)
 static void test_matmul_rmsnorm(const Backend *be)
 {
     float x[2 * 3] = {1, 2, 3, -1, 0, 2}, w[2 * 3] = {1, 0, 1, 0.5f, -1, 2}, y[4];
-    be->matmul(y, x, (WeightRef){w, DTYPE_F32, 0}, 2, 3, 2);
+    be->matmul(y, x, weight_ref(w, DTYPE_F32, 0), 2, 3, 2);
     CHECK(y[0] == 4 && y[1] == 4.5f && y[2] == 1 && y[3] == 3.5f, "matmul %g %g %g %g", y[0], y[1], y[2], y[3]);
     float g[3] = {1, 2, 0.5f}, r[3];
     be->rmsnorm(r, x, g, 1, 3, 0.0f);

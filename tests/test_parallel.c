@@ -669,14 +669,17 @@ static void deepseek_layouts(void)
                        &tight);
             CHECK(tight.preemptions > 0, "the small KV budget preempted nothing");
             if (rank == 0) fprintf(stderr, "deepseek v3_yarn: %lld preemption(s) with 4 KV blocks\n", tight.preemptions);
-            /* FP8 block-scaled weights, each rank dequantizing its slices,
-             * against the float32 twin at one rank */
+            /* FP8 block-scaled weights, each rank holding its slices in
+             * FP8, against the float32 twin at one rank: the same bits at
+             * the canonical layouts */
             char fp8[4096], twin[4096];
             snprintf(fp8, sizeof fp8, "%s/tests/data/deepseek/v3_fp8", src);
             snprintf(twin, sizeof twin, "%s/tests/data/deepseek/v3_fp8_twin", src);
             Reference tref = reference_run(twin, &rs);
             run_layout("deepseek v3_fp8: tp 4 dcp 4 against its float32 twin", fp8, &rs, &tref,
                        (Layout){.np = 4, .tp = 4, .dcp = 4, .I = 1, .budget = 16, .rel_tol = 1e-4}, NULL);
+            run_layout("deepseek v3_fp8: tp 8 dcp 8 against its float32 twin", fp8, &rs, &tref,
+                       (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .budget = 16, .rel_tol = 1e-4}, NULL);
             free_reference(&tref, rs.n);
         }
         free_reference(&ref, rs.n);

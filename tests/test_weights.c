@@ -26,7 +26,7 @@ static WeightRef bf16_gemm_weights(WeightRef host, size_t n)
     uint16_t *p = xmalloc(sizeof(uint16_t) * n);
     for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(f[i]);
     stacks[n_stacks++] = p;
-    return (WeightRef){p, DTYPE_BF16, 0};
+    return weight_ref(p, DTYPE_BF16, 0);
 }
 
 /* fp32 arrays are the model's own (the CPU copies nothing); the bf16
@@ -47,7 +47,7 @@ static void bf16_matmul(float *y, const float *x, WeightRef w, int T, int in, in
     const uint16_t *h = w.data;
     float *f = xmalloc(sizeof(float) * (size_t)in * out);
     for (size_t i = 0; i < (size_t)in * out; i++) f[i] = bf16_to_f32(h[i]);
-    backend_cpu()->matmul(y, x, (WeightRef){f, DTYPE_F32, 0}, T, in, out);
+    backend_cpu()->matmul(y, x, weight_ref(f, DTYPE_F32, 0), T, in, out);
     free(f);
     bf16_matmuls++;
 }

@@ -583,6 +583,9 @@ static int load_model(Run *r)
                r->rs.n, r->be->name, r->cpu_kernels[0] ? " (CPU kernels " : r->be->runs_on ? " (" : "",
                r->cpu_kernels[0] ? r->cpu_kernels : r->be->runs_on ? r->be->runs_on : "",
                r->cpu_kernels[0] || r->be->runs_on ? ")" : "", r->threads);
+        char weights[256];
+        model_weights_summary(&r->model, weights, sizeof weights);
+        printf("# weights: %s (rank 0)\n", weights);
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
                r->world_size, t->dp, t->tp, t->dcp, t->interleave, o->dcp_comm_backend, r->mpi_buffers);
         char order[64];

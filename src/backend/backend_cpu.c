@@ -174,7 +174,8 @@ static int n_copies;
 
 static WeightRef cpu_gemm_weights(WeightRef host, size_t n)
 {
-    if (gemm_bf16 < 0 || (gemm_bf16 == 1) == (host.dtype == DTYPE_BF16)) return host;
+    /* a quantized matrix is read as stored: --dtype never widens it */
+    if (gemm_bf16 < 0 || dtype_quantized(host.dtype) || (gemm_bf16 == 1) == (host.dtype == DTYPE_BF16)) return host;
     void *p;
     if (gemm_bf16) {
         p = xmalloc(sizeof(uint16_t) * (n ? n : 1));
@@ -187,7 +188,7 @@ static WeightRef cpu_gemm_weights(WeightRef host, size_t n)
     }
     copies = xrealloc(copies, sizeof(void *) * (size_t)(n_copies + 1));
     copies[n_copies++] = p;
-    return (WeightRef){p, gemm_bf16 ? DTYPE_BF16 : DTYPE_F32, 0};
+    return weight_ref(p, gemm_bf16 ? DTYPE_BF16 : DTYPE_F32, 0);
 }
 
 static void cpu_release_weights(const void *p)

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "kernels_cpu.h"
+#include "quant.h"
 #include "util.h"
 
 static inline float bf16_bits_to_f32(uint16_t h)
@@ -979,6 +980,52 @@ AVX512_PANEL(avx512_bf16_panel, uint16_t, avx2_bf16_pairs)
 #include "kernels_cpu.inc"
 #include "kernels_cpu_end.inc"
 
+/* ---- quantized weights ------------------------------------------------ */
+/* n elements of a quantized matrix (from an element whose index is a
+ * multiple of qcols, scale its run's scale) widened to fp32: each the
+ * stored element's exact value (f8e4m3_to_f32) times its run's scale,
+ * rounded once, the same bits on every instruction set. The GEMMs then
+ * run the fp32 kernels on these values (gemm_invariant), so a quantized
+ * matrix gives exactly the fp32 result of its dequantized twin. */
+static void gen_dequant_f8(float *m, const uint8_t *q, const float *scale, size_t n, int qcols)
+{
+    for (size_t i = 0; i < n; i++) m[i] = f8e4m3_to_f32(q[i]) * scale[i / (size_t)qcols];
+}
+/* f8e4m3_to_f32's operations, 8 lanes at a time */
+TGT_AVX2 static void avx2_dequant_f8(float *m, const uint8_t *q, const float *scale, size_t n, int qcols)
+{
+    if (qcols % 8) { /* runs narrower than a vector: one element at a time */
+        gen_dequant_f8(m, q, scale, n, qcols);
+        return;
+    }
+    const __m256i mag = _mm256_set1_epi32(0x7f), sign = _mm256_set1_epi32(0x80);
+    const __m256 two120 = _mm256_set1_ps(0x1p120f), nan = _mm256_set1_ps(__builtin_nanf(""));
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))), e = _mm256_and_si256(b, mag);
+        __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e, 20)), two120);
+        f = _mm256_blendv_ps(f, nan, _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, mag)));
+        f = _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, sign), 24)));
+        _mm256_storeu_ps(m + i, _mm256_mul_ps(f, _mm256_set1_ps(scale[i / (size_t)qcols])));
+    }
+}
+TGT_AVX512 static void avx512_dequant_f8(float *m, const uint8_t *q, const float *scale, size_t n, int qcols)
+{
+    if (qcols % 16) {
+        avx2_dequant_f8(m, q, scale, n, qcols);
+        return;
+    }
+    const __m512i mag = _mm512_set1_epi32(0x7f), sign = _mm512_set1_epi32(0x80);
+    const __m512 two120 = _mm512_set1_ps(0x1p120f), nan = _mm512_set1_ps(__builtin_nanf(""));
+    for (size_t i = 0; i < n; i += 16) {
+        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i))), e = _mm512_and_si512(b, mag);
+        __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(e, 20)), two120);
+        f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(e, mag), nan);
+        f = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), _mm512_slli_epi32(_mm512_and_si512(b, sign), 24)));
+        _mm512_storeu_ps(m + i, _mm512_mul_ps(f, _mm512_set1_ps(scale[i / (size_t)qcols])));
+    }
+}
+typedef void (*DequantFn)(float *m, const uint8_t *q, const float *scale, size_t n, int qcols);
+
 /* ---- dispatch ---------------------------------------------------------- */
 /* Rows past the last whole tile: up to GEMV_LEFT of them go to the GEMV
  * block by block, more fill a last tile packed in part: two rows gained
@@ -992,6 +1039,7 @@ static const struct {
     const char *name;
     BlockFn f32, bf16;
     AttendFn attend_f32, attend_bf16;
+    DequantFn dequant_f8;
     int tile_m; /* rows per prefill tile */
     /* one tile packed for its panel (tile_floats(K) floats), the weight
      * rows per block, and the floats of a block of n packed weight rows;
@@ -1001,16 +1049,19 @@ static const struct {
     int (*block_rows)(int K, size_t esize);
     size_t (*block_floats)(int n, int K);
 } isas[] = {
-    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, 3, NULL, NULL, NULL, NULL},
-    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, 6, avx2_pack_tile, avx2_tile_floats,
-     avx2_block_rows, avx2_block_floats},
-    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, 6, avx2_pack_tile,
+    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, gen_dequant_f8, 3, NULL, NULL, NULL,
+     NULL},
+    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, avx2_dequant_f8, 6, avx2_pack_tile,
      avx2_tile_floats, avx2_block_rows, avx2_block_floats},
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, avx512_dequant_f8, 6,
+     avx2_pack_tile, avx2_tile_floats, avx2_block_rows, avx2_block_floats},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
 static int isa = ISA_AUTO;
 static char *pack_buf; /* packed activation tiles and weights, one region per thread */
 static size_t pack_cap;
+static float *deq_buf; /* a block of a quantized matrix's rows widened to fp32, one region per thread */
+static size_t deq_cap;
 
 static int best_isa(void)
 {
@@ -1073,11 +1124,15 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
     if (isa == ISA_AUTO) isa = best_isa();
     if (w.group && w.group != cpu_weight_group(w.dtype)) { /* laid out for another instruction set */
         void *m = ungrouped(w, out, in);
-        gemm_invariant(y, x, (WeightRef){m, w.dtype, 0}, T, in, out);
+        gemm_invariant(y, x, weight_ref(m, w.dtype, 0), T, in, out);
         free(m);
         return;
     }
     int G = w.group, align = G ? 48 : 16; /* row splits: whole panels of 16, and whole groups */
+    /* a quantized matrix: each block of rows widened to fp32 just before
+     * the fp32 kernels read it (gen_dequant_f8) */
+    int quant = dtype_quantized(w.dtype);
+    size_t wbytes = quant ? sizeof(float) : dtype_bytes(w.dtype);
     BlockFn f = w.dtype == DTYPE_BF16 ? isas[isa].bf16 : isas[isa].f32;
     int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000;
     int threads = parallel ? omp_get_max_threads() : 1;
@@ -1085,9 +1140,13 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
     /* weight rows per block, a multiple of align: the packing's own, or
      * about 128 KiB as stored for the kernels that read them in place (half
      * of a 512 KiB L2) */
-    int nb = packing ? isas[isa].block_rows(in, dtype_bytes(w.dtype))
-                     : (int)(131072 / ((size_t)in * dtype_bytes(w.dtype)));
+    int nb = packing ? isas[isa].block_rows(in, wbytes) : (int)(131072 / ((size_t)in * wbytes));
     nb = nb < align ? align : nb / align * align;
+    if (quant && (size_t)nb * in * threads > deq_cap) { /* grows to the largest shape, then stays */
+        free(deq_buf);
+        deq_cap = (size_t)nb * in * threads;
+        deq_buf = xmalloc(deq_cap * sizeof(float));
+    }
     /* prefill: rows in groups of about 2 MiB of activations (a multiple of
      * the 6- and 3-row tiles), each group passing over this thread's blocks;
      * the tiles stream from L3 (a few KiB per tile against a whole block),
@@ -1136,9 +1195,21 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
              * block read from memory once for all of them (against 2-5
              * rows in one call: 2 x 768 x 2048 0.82 of the time, 3 x 2048
              * x 768 0.81-0.89, 4 x 288 x 32000 0.40) */
-            int step = tiles || rows > 1 ? nb : r1 - r0;
-            for (int n0 = r0; n0 < r1; n0 += step)
-                f(yt, xt, xp, wp, w.data, rows, tiles, in, out, n0, n0 + step < r1 ? n0 + step : r1, G);
+            int step = tiles || rows > 1 || quant ? nb : r1 - r0;
+            for (int n0 = r0; n0 < r1; n0 += step) {
+                int n1 = n0 + step < r1 ? n0 + step : r1;
+                if (!quant) {
+                    f(yt, xt, xp, wp, w.data, rows, tiles, in, out, n0, n1, G);
+                    continue;
+                }
+                /* rows n0 .. n1-1 widened, read as rows 0 .. n1-n0-1 of
+                 * outputs yt + n0 (the kernels step output rows by out) */
+                float *wq = deq_buf + (size_t)nb * in * me;
+                size_t e0 = (size_t)n0 * in;
+                isas[isa].dequant_f8(wq, (const uint8_t *)w.data + e0, w.scale + e0 / (size_t)w.qcols,
+                                     (size_t)(n1 - n0) * in, w.qcols);
+                f(yt + n0, xt, xp, wp, wq, rows, tiles, in, out, 0, n1 - n0, 0);
+            }
             if (packing && t0 + tb < T) {
 #pragma omp barrier /* the next group's tiles go where these are */
             }

@@ -89,12 +89,13 @@ WeightRef upload_matrix(const LayerEnv *env, Uploads *u, WeightRef host, size_t 
     if (!host.data) return (WeightRef){0};
     WeightRef w = env->be->gemm_weights(host, n);
     track(u, w.data);
+    if (w.scale) track(u, w.scale);
     return w;
 }
 
 WeightRef upload_f32_matrix(const LayerEnv *env, Uploads *u, const float *host, size_t n)
 {
-    return upload_matrix(env, u, (WeightRef){host, DTYPE_F32, 0}, n);
+    return upload_matrix(env, u, weight_ref(host, DTYPE_F32, 0), n);
 }
 
 void uploads_release(const LayerEnv *env, Uploads *u)

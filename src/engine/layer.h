@@ -87,7 +87,7 @@ typedef struct {
 } Uploads;
 const float *upload_vector(const LayerEnv *env, Uploads *u, const float *host, size_t n);
 WeightRef upload_matrix(const LayerEnv *env, Uploads *u, WeightRef host, size_t n);
-/* an fp32 matrix (DeepSeek models' matrices load as fp32: model_load_as) */
+/* an fp32 matrix (the absorbed MLA stacks, built at load) */
 WeightRef upload_f32_matrix(const LayerEnv *env, Uploads *u, const float *host, size_t n);
 void uploads_release(const LayerEnv *env, Uploads *u);
 

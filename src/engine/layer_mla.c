@@ -75,13 +75,13 @@ static void *mla_load(const LayerEnv *env)
               *uv = lw->uv_host = xmalloc(sizeof(float) * H * vd * kvl);
         lw->rms_att = upload_vector(env, u, hl->rms_att, dim);
         lw->rms_ffn = upload_vector(env, u, hl->rms_ffn, dim);
-        lw->q_a = upload_f32_matrix(env, u, hl->q_a, q_lora * dim);
+        lw->q_a = upload_matrix(env, u, hl->q_a, q_lora * dim);
         lw->q_a_norm = upload_vector(env, u, hl->q_a_norm, q_lora);
-        lw->q_b = upload_f32_matrix(env, u, hl->q_b, H * qk * q_lora);
-        lw->q = upload_f32_matrix(env, u, hl->q, H * qk * dim);
-        lw->kv_a = upload_f32_matrix(env, u, hl->kv_a, (kvl + rope) * dim);
+        lw->q_b = upload_matrix(env, u, hl->q_b, H * qk * q_lora);
+        lw->q = upload_matrix(env, u, hl->q, H * qk * dim);
+        lw->kv_a = upload_matrix(env, u, hl->kv_a, (kvl + rope) * dim);
         lw->kv_a_norm = upload_vector(env, u, hl->kv_a_norm, kvl);
-        lw->o = upload_f32_matrix(env, u, hl->o, dim * H * vd);
+        lw->o = upload_matrix(env, u, hl->o, dim * H * vd);
         for (size_t hd = 0; hd < H; hd++) {
             const float *rows = hl->kv_b + hd * (nope + vd) * kvl; /* W_uk (nope, kvl), then W_uv (vd, kvl) */
             float *t = uk_t + hd * kvl * nope;
@@ -96,8 +96,9 @@ static void *mla_load(const LayerEnv *env)
             moe_load(env, u, l, &lw->moe);
         } else {
             size_t hid = (size_t)s->hidden;
-            lw->ffn = (SwiGlu){.gate = upload_f32_matrix(env, u, hl->gate, hid * dim), .up = upload_f32_matrix(env, u, hl->up, hid * dim),
-                               .down = upload_f32_matrix(env, u, hl->down, dim * hid)};
+            lw->ffn = (SwiGlu){.gate = upload_matrix(env, u, hl->gate, hid * dim),
+                               .up = upload_matrix(env, u, hl->up, hid * dim),
+                               .down = upload_matrix(env, u, hl->down, dim * hid)};
         }
     }
     return st;

@@ -15,14 +15,14 @@ void moe_load(const LayerEnv *env, Uploads *u, int layer, MoeWeights *w)
     w->router = upload_f32_matrix(env, u, h->router, E * (size_t)c->dim);
     w->router_bias = h->router_bias ? upload_vector(env, u, h->router_bias, E) : NULL;
     /* the experts of each kind are one array (model.c): one stack each */
-    w->gate = upload_f32_matrix(env, u, h->e_gate[0], E * per);
-    w->up = upload_f32_matrix(env, u, h->e_up[0], E * per);
-    w->down = upload_f32_matrix(env, u, h->e_down[0], E * per);
+    w->gate = upload_matrix(env, u, h->e_gate, E * per);
+    w->up = upload_matrix(env, u, h->e_up, E * per);
+    w->down = upload_matrix(env, u, h->e_down, E * per);
     size_t sh = (size_t)s->shared_hidden, dim = (size_t)c->dim;
-    if (h->s_gate)
-        w->shared = (SwiGlu){.gate = upload_f32_matrix(env, u, h->s_gate, sh * dim),
-                             .up = upload_f32_matrix(env, u, h->s_up, sh * dim),
-                             .down = upload_f32_matrix(env, u, h->s_down, dim * sh)};
+    if (h->s_gate.data)
+        w->shared = (SwiGlu){.gate = upload_matrix(env, u, h->s_gate, sh * dim),
+                             .up = upload_matrix(env, u, h->s_up, sh * dim),
+                             .down = upload_matrix(env, u, h->s_down, dim * sh)};
 }
 
 void moe_free(MoeWeights *w) { memset(w, 0, sizeof *w); }

@@ -11,19 +11,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "quant.h"
 #include "util.h"
 
 /* A header larger than this is not a checkpoint header but a corrupt length. */
 #define ST_MAX_HEADER (100u << 20)
 
+/* the element types read, by StDtype: their names in the header and sizes */
+static const struct {
+    const char *name;
+    size_t size;
+} st_dtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}};
+
 static int dtype_parse(const char *s, StDtype *d, size_t *size)
 {
-    if (!strcmp(s, "F32")) { *d = ST_F32; *size = 4; return 0; }
-    if (!strcmp(s, "F16")) { *d = ST_F16; *size = 2; return 0; }
-    if (!strcmp(s, "BF16")) { *d = ST_BF16; *size = 2; return 0; }
-    if (!strcmp(s, "F8_E4M3")) { *d = ST_F8_E4M3; *size = 1; return 0; }
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
+        if (!strcmp(s, st_dtypes[i].name)) {
+            *d = (StDtype)i;
+            *size = st_dtypes[i].size;
+            return 0;
+        }
     return -1;
 }
+
+const char *st_dtype_name(StDtype d) { return st_dtypes[d].name; }
 
 static int parse_entry(StFile *f, const char *name, json_t *e, const unsigned char *data, size_t data_len)
 {
@@ -245,40 +256,6 @@ const StTensor *st_find(const StCheckpoint *ck, const char *name)
     return NULL;
 }
 
-/* FP8 E4M3 (the "fn" variant: no infinities, 0x7F/0xFF NaN) to float, exactly */
-static float e4m3_to_f32(unsigned char b)
-{
-    int exp = (b >> 3) & 15, man = b & 7;
-    float v = exp == 0 ? ldexpf((float)man / 8.0f, -6) : exp == 15 && man == 7 ? NAN : ldexpf(1.0f + man / 8.0f, exp - 7);
-    return b & 0x80 ? -v : v;
-}
-
-int st_read_f32_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
-                       int64_t nrows, int64_t col0, int64_t ncols, float *dst)
-{
-    int64_t rows = t->ndim == 1 ? 1 : t->shape[0], cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
-    int64_t br = (rows + block_rows - 1) / block_rows, bc = (cols + block_cols - 1) / block_cols;
-    if (t->dtype != ST_F8_E4M3 || t->ndim != 2 || !scale_inv || scale_inv->ndim != 2 || scale_inv->shape[0] != br ||
-        scale_inv->shape[1] != bc)
-        return dcp_fail("%s: tensor '%s': FP8 needs a weight_scale_inv of [%lld, %lld] (blocks of %d x %d)", t->file,
-                        t->name, (long long)br, (long long)bc, block_rows, block_cols);
-    if (row0 < 0 || col0 < 0 || row0 + nrows > rows || col0 + ncols > cols)
-        return dcp_fail("%s: tensor '%s': slice [%lld+%lld, %lld+%lld] outside shape", t->file, t->name,
-                        (long long)row0, (long long)nrows, (long long)col0, (long long)ncols);
-    float *scale = xmalloc(sizeof(float) * (size_t)(br * bc));
-    if (st_read_f32(scale_inv, 0, br, 0, bc, scale)) {
-        free(scale);
-        return -1;
-    }
-    for (int64_t r = 0; r < nrows; r++)
-        for (int64_t c = 0; c < ncols; c++) {
-            int64_t R = row0 + r, C = col0 + c;
-            dst[r * ncols + c] = e4m3_to_f32(t->data[R * cols + C]) * scale[(R / block_rows) * bc + C / block_cols];
-        }
-    free(scale);
-    return 0;
-}
-
 /* Drops a tensor's pages from this process's resident memory once copied:
  * they stay in the page cache, and a later read faults them back in. Only
  * pages wholly inside the tensor, which no other tensor shares. */
@@ -289,6 +266,70 @@ static void st_release(const StTensor *t)
     uintptr_t a = ((uintptr_t)t->data + page - 1) / page * page, b = ((uintptr_t)t->data + t->nbytes) / page * page;
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
+
+/* A block-scaled FP8 tensor's scales (scale_inv: [rows / block_rows, cols
+ * / block_cols] rounded up), checked against its shape and read as fp32;
+ * NULL with dcp_error() when they do not fit. */
+static float *f8_block_scales(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols,
+                              int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int64_t *bc_out)
+{
+    int64_t rows = t->ndim == 1 ? 1 : t->shape[0], cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+    int64_t br = (rows + block_rows - 1) / block_rows, bc = (cols + block_cols - 1) / block_cols;
+    if (t->dtype != ST_F8_E4M3 || t->ndim != 2 || !scale_inv || scale_inv->ndim != 2 || scale_inv->shape[0] != br ||
+        scale_inv->shape[1] != bc) {
+        dcp_fail("%s: tensor '%s': FP8 needs a weight_scale_inv of [%lld, %lld] (blocks of %d x %d)", t->file,
+                 t->name, (long long)br, (long long)bc, block_rows, block_cols);
+        return NULL;
+    }
+    if (row0 < 0 || col0 < 0 || row0 + nrows > rows || col0 + ncols > cols) {
+        dcp_fail("%s: tensor '%s': slice [%lld+%lld, %lld+%lld] outside shape", t->file, t->name, (long long)row0,
+                 (long long)nrows, (long long)col0, (long long)ncols);
+        return NULL;
+    }
+    float *scale = xmalloc(sizeof(float) * (size_t)(br * bc));
+    if (st_read_f32(scale_inv, 0, br, 0, bc, scale)) {
+        free(scale);
+        return NULL;
+    }
+    *bc_out = bc;
+    return scale;
+}
+
+int st_read_f32_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
+                       int64_t nrows, int64_t col0, int64_t ncols, float *dst)
+{
+    int64_t bc, cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+    float *scale = f8_block_scales(t, scale_inv, block_rows, block_cols, row0, nrows, col0, ncols, &bc);
+    if (!scale) return -1;
+    for (int64_t r = 0; r < nrows; r++)
+        for (int64_t c = 0; c < ncols; c++) {
+            int64_t R = row0 + r, C = col0 + c;
+            dst[r * ncols + c] = f8e4m3_to_f32(t->data[R * cols + C]) * scale[(R / block_rows) * bc + C / block_cols];
+        }
+    free(scale);
+    return 0;
+}
+
+int st_read_f8_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
+                      int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst, float *scale_dst)
+{
+    int64_t bc, cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
+    if (qcols <= 0 || block_cols % qcols || col0 % qcols || ncols % qcols)
+        return dcp_fail("%s: tensor '%s': columns %lld+%lld in runs of %d do not keep to the FP8 blocks of %d",
+                        t->file, t->name, (long long)col0, (long long)ncols, qcols, block_cols);
+    float *scale = f8_block_scales(t, scale_inv, block_rows, block_cols, row0, nrows, col0, ncols, &bc);
+    if (!scale) return -1;
+    for (int64_t r = 0; r < nrows; r++) {
+        int64_t R = row0 + r;
+        memcpy(dst + r * ncols, t->data + R * cols + col0, (size_t)ncols);
+        for (int64_t c = 0; c < ncols; c += qcols)
+            scale_dst[(r * ncols + c) / qcols] = scale[(R / block_rows) * bc + (col0 + c) / block_cols];
+    }
+    free(scale);
+    st_release(t);
+    return 0;
+}
+
 
 int st_read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, uint16_t *dst)
 {

@@ -7,6 +7,8 @@
 #include <stdint.h>
 
 typedef enum { ST_F32, ST_F16, ST_BF16, ST_F8_E4M3 } StDtype;
+/* as a checkpoint's header names it: "F32", ... */
+const char *st_dtype_name(StDtype d);
 
 typedef struct {
     char *name;
@@ -57,5 +59,11 @@ int st_read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, i
  * FP8 checkpoints store them (weight_scale_inv). */
 int st_read_f32_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
                        int64_t nrows, int64_t col0, int64_t ncols, float *dst);
+/* The same slice kept in FP8: dst (nrows, ncols) the bytes as stored, and
+ * scale_dst one fp32 scale per qcols columns of each row, in order (the
+ * row's block's scale; WeightRef). qcols must divide block_cols, col0 and
+ * ncols, so that no run of qcols crosses a block. */
+int st_read_f8_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
+                      int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst, float *scale_dst);
 
 #endif

@@ -14,6 +14,7 @@
 
 #include "arch.h"
 #include "mkmodel.h"
+#include "quant.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -69,6 +70,17 @@ int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf,
 
 
 
+
+const char *dtype_name(DType t)
+{
+    static const char *const names[] = {"float32", "bfloat16", "fp8-e4m3"};
+    return names[t];
+}
+
+float weight_value(WeightRef w, size_t i)
+{
+    return f8e4m3_to_f32(((const uint8_t *)w.data)[i]) * w.scale[i / (size_t)w.qcols];
+}
 
 /* ---- config readers ---------------------------------------------------- */
 
@@ -254,34 +266,39 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
         s = &whole;
     }
     int hq = s->q_heads, h0 = s->q_head0;
-    /* a tensor, its rows [r0, r0+nr) and columns [c0, c0+nc) held here */
-#define SLICE(nm, r, cl, d, r0, nr, c0, nc)                                                                       \
+    /* a tensor, its rows [r0, r0+nr) and columns [c0, c0+nc) held here,
+     * into the fp32 array *d or the matrix *mt (at its element at) */
+#define PUT(nm, r, cl, d, mt, at, total, r0, nr, c0, nc)                                                          \
     do {                                                                                                          \
-        out[n] = (MlaTensor){.rows = (r), .cols = (cl), .dst = (d), .row0 = (r0), .nrows = (nr), .col0 = (c0),    \
-                             .ncols = (nc), .chunks = 1};                                                         \
+        out[n] = (MlaTensor){.rows = (r), .cols = (cl), .dst = (d), .mat = (mt), .mat_at = (at),                  \
+                             .mat_n = (total), .row0 = (r0), .nrows = (nr), .col0 = (c0), .ncols = (nc),          \
+                             .chunks = 1};                                                                        \
         snprintf(out[n].name, sizeof out[n].name, "model.layers.%d.%s", l, nm);                                   \
         n++;                                                                                                      \
     } while (0)
+#define SLICE(nm, r, cl, d, r0, nr, c0, nc) PUT(nm, r, cl, d, NULL, 0, 0, r0, nr, c0, nc)
+#define MSLICE(nm, r, cl, mt, r0, nr, c0, nc) PUT(nm, r, cl, NULL, mt, 0, (size_t)(nr) * (nc), r0, nr, c0, nc)
 #define ADD(nm, r, cl, d) SLICE(nm, r, cl, d, 0, (r) ? (r) : 1, 0, cl)
+#define MADD(nm, r, cl, mt) MSLICE(nm, r, cl, mt, 0, r, 0, cl)
     ADD("input_layernorm.weight", 0, dim, &w->rms_att);
     ADD("post_attention_layernorm.weight", 0, dim, &w->rms_ffn);
     if (m->q_lora_rank) {
-        ADD("self_attn.q_a_proj.weight", m->q_lora_rank, dim, &w->q_a);
+        MADD("self_attn.q_a_proj.weight", m->q_lora_rank, dim, &w->q_a);
         ADD("self_attn.q_a_layernorm.weight", 0, m->q_lora_rank, &w->q_a_norm);
-        SLICE("self_attn.q_b_proj.weight", H * qk, m->q_lora_rank, &w->q_b, h0 * qk, hq * qk, 0, m->q_lora_rank);
+        MSLICE("self_attn.q_b_proj.weight", H * qk, m->q_lora_rank, &w->q_b, h0 * qk, hq * qk, 0, m->q_lora_rank);
     } else {
-        SLICE("self_attn.q_proj.weight", H * qk, dim, &w->q, h0 * qk, hq * qk, 0, dim);
+        MSLICE("self_attn.q_proj.weight", H * qk, dim, &w->q, h0 * qk, hq * qk, 0, dim);
     }
     int kvb = m->qk_nope_head_dim + m->v_head_dim;
-    ADD("self_attn.kv_a_proj_with_mqa.weight", m->kv_lora_rank + m->qk_rope_head_dim, dim, &w->kv_a);
+    MADD("self_attn.kv_a_proj_with_mqa.weight", m->kv_lora_rank + m->qk_rope_head_dim, dim, &w->kv_a);
     ADD("self_attn.kv_a_layernorm.weight", 0, m->kv_lora_rank, &w->kv_a_norm);
     SLICE("self_attn.kv_b_proj.weight", H * kvb, m->kv_lora_rank, &w->kv_b, h0 * kvb, hq * kvb, 0, m->kv_lora_rank);
-    SLICE("self_attn.o_proj.weight", dim, H * m->v_head_dim, &w->o, 0, dim, h0 * m->v_head_dim, hq * m->v_head_dim);
+    MSLICE("self_attn.o_proj.weight", dim, H * m->v_head_dim, &w->o, 0, dim, h0 * m->v_head_dim, hq * m->v_head_dim);
     out[n - 1].chunks = s->chunks;
     if (!MLA_MOE_LAYER(c, l)) {
-        SLICE("mlp.gate_proj.weight", c->hidden_dim, dim, &w->gate, s->hidden0, s->hidden, 0, dim);
-        SLICE("mlp.up_proj.weight", c->hidden_dim, dim, &w->up, s->hidden0, s->hidden, 0, dim);
-        SLICE("mlp.down_proj.weight", dim, c->hidden_dim, &w->down, 0, dim, s->hidden0, s->hidden);
+        MSLICE("mlp.gate_proj.weight", c->hidden_dim, dim, &w->gate, s->hidden0, s->hidden, 0, dim);
+        MSLICE("mlp.up_proj.weight", c->hidden_dim, dim, &w->up, s->hidden0, s->hidden, 0, dim);
+        MSLICE("mlp.down_proj.weight", dim, c->hidden_dim, &w->down, 0, dim, s->hidden0, s->hidden);
         out[n - 1].chunks = s->chunks;
         return n;
     }
@@ -290,23 +307,27 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
     for (int e = 0; e < m->n_routed_experts; e++) {
         char nm[96];
         int mh = m->moe_hidden, r0 = s->moe_hidden0, nr = s->moe_hidden;
+        size_t per = (size_t)nr * dim, at = e * per, all = (size_t)m->n_routed_experts * per; /* e in its stack */
         snprintf(nm, sizeof nm, "mlp.experts.%d.gate_proj.weight", e);
-        SLICE(nm, mh, dim, w->e_gate ? &w->e_gate[e] : NULL, r0, nr, 0, dim);
+        PUT(nm, mh, dim, NULL, &w->e_gate, at, all, r0, nr, 0, dim);
         snprintf(nm, sizeof nm, "mlp.experts.%d.up_proj.weight", e);
-        SLICE(nm, mh, dim, w->e_up ? &w->e_up[e] : NULL, r0, nr, 0, dim);
+        PUT(nm, mh, dim, NULL, &w->e_up, at, all, r0, nr, 0, dim);
         snprintf(nm, sizeof nm, "mlp.experts.%d.down_proj.weight", e);
-        SLICE(nm, dim, mh, w->e_down ? &w->e_down[e] : NULL, 0, dim, r0, nr);
+        PUT(nm, dim, mh, NULL, &w->e_down, at, all, 0, dim, r0, nr);
         out[n - 1].chunks = s->chunks;
     }
     if (m->n_shared_experts > 0) {
         int sh = m->moe_hidden * m->n_shared_experts, r0 = s->shared_hidden0, nr = s->shared_hidden;
-        SLICE("mlp.shared_experts.gate_proj.weight", sh, dim, &w->s_gate, r0, nr, 0, dim);
-        SLICE("mlp.shared_experts.up_proj.weight", sh, dim, &w->s_up, r0, nr, 0, dim);
-        SLICE("mlp.shared_experts.down_proj.weight", dim, sh, &w->s_down, 0, dim, r0, nr);
+        MSLICE("mlp.shared_experts.gate_proj.weight", sh, dim, &w->s_gate, r0, nr, 0, dim);
+        MSLICE("mlp.shared_experts.up_proj.weight", sh, dim, &w->s_up, r0, nr, 0, dim);
+        MSLICE("mlp.shared_experts.down_proj.weight", dim, sh, &w->s_down, 0, dim, r0, nr);
         out[n - 1].chunks = s->chunks;
     }
+#undef PUT
 #undef ADD
+#undef MADD
 #undef SLICE
+#undef MSLICE
     return n;
 }
 
@@ -515,7 +536,7 @@ static void source_close(Source *src)
 static void *owned_alloc(Weights *w, size_t bytes)
 {
     w->owned = xrealloc(w->owned, sizeof(void *) * (size_t)(w->n_owned + 1));
-    void *p = xmalloc_huge(bytes);
+    void *p = xmalloc_huge(bytes ? bytes : 1); /* an empty shard still has an address */
     w->owned[w->n_owned++] = p;
     w->bytes += bytes;
     return p;
@@ -578,7 +599,7 @@ static int load_matrix_chunked(Source *src, Model *m, WeightRef *dst, TensorKind
     if (m->gemm_dtype == DTYPE_F32) {
         float *p;
         if (load_kind_chunked(src, &m->w, &p, k, row0, nrows, col0, ncols, chunks)) return -1;
-        *dst = (WeightRef){p, DTYPE_F32, 0};
+        *dst = weight_ref(p, DTYPE_F32, 0);
         return 0;
     }
     const Config *c = src->cfg;
@@ -607,7 +628,7 @@ static int load_matrix_chunked(Source *src, Model *m, WeightRef *dst, TensorKind
     int group = 0;
     for (size_t i = 0; i < (size_t)nl * chunks && !rc && m->bf16_group; i++)
         group = weight_group_rows(out + per * i, nrows, cc, sizeof(uint16_t), m->bf16_group);
-    *dst = (WeightRef){out, DTYPE_BF16, group};
+    *dst = weight_ref(out, DTYPE_BF16, group);
     return rc;
 }
 
@@ -634,6 +655,47 @@ int weight_group_rows(void *m, int rows, int cols, size_t esize, int G)
     return G;
 }
 
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
+/* One matrix of an MLA layer (an expert: its place in its kind's stack)
+ * into this rank's storage, in the checkpoint's type: block-scaled FP8 as
+ * stored with its scales (WeightRef), anything else as fp32. A K-chunked
+ * matrix (row-parallel) is stored chunk by chunk (load_matrix_chunked). */
+static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StTensor *t)
+{
+    const Config *c = &m->cfg;
+    WeightRef *w = mt->mat;
+    int fp8 = t->dtype == ST_F8_E4M3, cc = mt->ncols / mt->chunks;
+    /* the runs that share a scale: the block's columns, or fewer where this
+     * rank's columns or their K chunks start inside a block (each run then
+     * repeats its block's scale) */
+    int qcols = fp8 ? gcd(gcd(c->m.fp8_block[1], cc), mt->col0) : 0;
+    DType want = fp8 ? DTYPE_F8_E4M3 : DTYPE_F32;
+    if (!w->data) { /* the first of its stack: the stack's storage */
+        size_t esize = dtype_bytes(want);
+        *w = (WeightRef){.data = owned_alloc(&m->w, mt->mat_n * esize), .dtype = want, .qcols = qcols};
+        if (fp8) w->scale = owned_alloc(&m->w, mt->mat_n / (size_t)qcols * sizeof(float));
+    } else if (w->dtype != want || w->qcols != qcols) {
+        return dcp_fail("%s: tensor '%s' is %s, unlike the other experts of its layer: their matrices must share one "
+                        "format",
+                        src->path, mt->name, st_dtype_name(t->dtype));
+    }
+    char sc[160];
+    snprintf(sc, sizeof sc, "%s_scale_inv", mt->name);
+    size_t chunk = (size_t)mt->nrows * cc;
+    for (int ch = 0; ch < mt->chunks; ch++) {
+        WeightRef to = weight_at(*w, mt->mat_at + chunk * ch);
+        int col0 = mt->col0 + ch * cc, rc;
+        if (fp8)
+            rc = st_read_f8_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt->row0,
+                                   mt->nrows, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale);
+        else
+            rc = st_read_f32(t, mt->row0, mt->nrows, col0, cc, (float *)to.data);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
 /* Every layer of an MLA model: this rank's shard of it. */
 static int load_mla(Source *src, Model *m)
 {
@@ -643,39 +705,55 @@ static int load_mla(Source *src, Model *m)
     MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(c));
     int rc = 0;
     for (int l = 0; l < c->n_layers && !rc; l++) {
-        MlaLayer *ml = &w->mla[l];
-        if (MLA_MOE_LAYER(c, l)) {
-            size_t E = (size_t)c->m.n_routed_experts;
-            ml->e_gate = xcalloc(E, sizeof(float *));
-            ml->e_up = xcalloc(E, sizeof(float *));
-            ml->e_down = xcalloc(E, sizeof(float *));
-            /* each kind's experts one after another in one array, so that a
-             * backend takes them as one stack (moe_matmul) */
-            size_t per = (size_t)m->shard.moe_hidden * c->dim;
-            float *g = owned_alloc(w, (E * per + 1) * sizeof(float)), *u = owned_alloc(w, (E * per + 1) * sizeof(float)),
-                  *d = owned_alloc(w, (E * per + 1) * sizeof(float));
-            for (size_t e = 0; e < E; e++)
-                ml->e_gate[e] = g + e * per, ml->e_up[e] = u + e * per, ml->e_down[e] = d + e * per;
-        }
-        int n = mla_tensors(c, &m->shard, l, ml, mt);
+        int n = mla_tensors(c, &m->shard, l, &w->mla[l], mt);
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&src->ck, mt[i].name);
-            if (!*mt[i].dst) *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
+            if (!t) {
+                rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
+                break;
+            }
+            if (mt[i].mat) {
+                rc = load_mla_matrix(src, m, &mt[i], t);
+                continue;
+            }
+            float *to = *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
             char sc[160];
             snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
-            if (!t) rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
-            int cc = mt[i].ncols / mt[i].chunks; /* row-parallel: chunk by chunk (load_matrix_chunked) */
-            for (int ch = 0; ch < mt[i].chunks && !rc; ch++) {
-                float *to = *mt[i].dst + (size_t)mt[i].nrows * cc * ch;
-                if (t->dtype == ST_F8_E4M3) /* dequantized here, this rank's slice only */
-                    rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1],
-                                            mt[i].row0, mt[i].nrows, mt[i].col0 + ch * cc, cc, to);
-                else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0 + ch * cc, cc, to);
-            }
+            if (t->dtype == ST_F8_E4M3) /* kv_b: dequantized here, this rank's slice only */
+                rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt[i].row0,
+                                        mt[i].nrows, mt[i].col0, mt[i].ncols, to);
+            else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, to);
         }
     }
     free(mt);
     return rc;
+}
+
+/* "fp8-e4m3 128x128 blocks" or the type's name */
+static void format_name(const Config *c, WeightRef w, char *buf, size_t n)
+{
+    if (w.dtype == DTYPE_F8_E4M3)
+        snprintf(buf, n, "%s %dx%d blocks", dtype_name(w.dtype), c->m.fp8_block[0], c->m.fp8_block[1]);
+    else snprintf(buf, n, "%s", dtype_name(w.dtype));
+}
+
+void model_weights_summary(const Model *m, char *buf, size_t n)
+{
+    const Config *c = &m->cfg;
+    const Weights *w = &m->w;
+    char a[64] = "", e[64] = "", d[64] = "", h[64];
+    for (int l = 0; w->mla && l < c->n_layers; l++) { /* the first layer of each kind says */
+        const MlaLayer *ml = &w->mla[l];
+        if (!*a) format_name(c, ml->o, a, sizeof a);
+        if (!*e && ml->e_gate.data) format_name(c, ml->e_gate, e, sizeof e);
+        if (!*d && ml->gate.data) format_name(c, ml->gate, d, sizeof d);
+    }
+    if (!w->mla) format_name(c, w->wq, a, sizeof a), format_name(c, w->w_gate, d, sizeof d);
+    format_name(c, w->lm_head, h, sizeof h);
+    double mib = w->bytes / 1048576.0;
+    snprintf(buf, n, "%d layers; attention %s%s%s%s%s, LM head %s; %.*f %s on this rank", c->n_layers, a,
+             *e ? ", experts " : "", e, *d ? ", dense feed-forward " : "", d, h, mib < 1024 ? 2 : 3,
+             mib < 1024 ? mib : mib / 1024, mib < 1024 ? "MiB" : "GiB");
 }
 
 int model_content_hash(const char *path, uint64_t *h)
@@ -770,7 +848,7 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
     /* a tied LM head that is the whole embedding in the GEMM type is the
      * embedding itself: one copy */
     if (!rc && c->tied_embeddings && s->vocab == c->vocab_size && m->gemm_dtype == DTYPE_F32)
-        w->lm_head = (WeightRef){w->token_embedding, DTYPE_F32, 0};
+        w->lm_head = weight_ref(w->token_embedding, DTYPE_F32, 0);
     else if (!rc) rc = load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
     /* biases follow their matrices' split: column-parallel ones are
      * sharded, row-parallel ones (o, down) are whole and added once after
@@ -800,11 +878,6 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
 
 void model_free(Model *m)
 {
-    for (int l = 0; m->w.mla && l < m->cfg.n_layers; l++) {
-        free(m->w.mla[l].e_gate);
-        free(m->w.mla[l].e_up);
-        free(m->w.mla[l].e_down);
-    }
     free(m->w.mla);
     if (m->w.map) munmap(m->w.map, m->w.map_size);
     for (int i = 0; i < m->w.n_owned; i++) free(m->w.owned[i]);

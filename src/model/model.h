@@ -28,25 +28,15 @@ typedef struct {
     int k_chunks, chunks, key_shards;
 } Shard;
 
-/* One layer of a DeepSeek-V2/V3 model (fp32), this rank's shard: q_b/q
- * and kv_b by heads, o_proj by its head columns, the feed-forward and each
- * expert by intermediate rows; the rest whole. */
-typedef struct {
-    float *rms_att, *rms_ffn;            /* (dim) */
-    float *q_a, *q_a_norm, *q_b;         /* (q_lora, dim), (q_lora), (H*(nope+rope), q_lora); q_lora_rank > 0 */
-    float *q;                            /* (H*(nope+rope), dim); q_lora_rank 0 */
-    float *kv_a, *kv_a_norm, *kv_b;      /* (kv_lora+rope, dim), (kv_lora), (H*(nope+v), kv_lora) */
-    float *o;                            /* (dim, H*v) */
-    float *gate, *up, *down;             /* dense feed-forward: (hidden, dim), (hidden, dim), (dim, hidden) */
-    float *router, *router_bias;         /* MoE: (experts, dim); (experts), V3 only */
-    float **e_gate, **e_up, **e_down;    /* MoE: per expert (moe_hidden, dim), ..., (dim, moe_hidden) */
-    float *s_gate, *s_up, *s_down;       /* shared experts: (moe_hidden*n_shared, dim), ...; NULL when none */
-} MlaLayer;
+/* Element types of weight storage. DTYPE_F8_E4M3: FP8 E4M3 with a scale
+ * per run of columns (WeightRef.scale), a matrix's value being the
+ * element's value times its scale in fp32 (exactly what a block-scaled
+ * checkpoint's dequantization gives: f8_weight). */
+typedef enum { DTYPE_F32, DTYPE_BF16, DTYPE_F8_E4M3 } DType;
 
-/* Element types of weight storage. */
-typedef enum { DTYPE_F32, DTYPE_BF16 } DType;
-
-static inline size_t dtype_bytes(DType t) { return t == DTYPE_BF16 ? 2 : 4; }
+static inline size_t dtype_bytes(DType t) { return t == DTYPE_BF16 ? 2 : t == DTYPE_F8_E4M3 ? 1 : 4; }
+static inline int dtype_quantized(DType t) { return t == DTYPE_F8_E4M3; }
+const char *dtype_name(DType t);
 
 /* A weight matrix as a backend stores it for matmul: data in backend memory,
  * elements of dtype. The type travels with the pointer, so a sub-matrix
@@ -60,16 +50,66 @@ static inline size_t dtype_bytes(DType t) { return t == DTYPE_BF16 ? 2 : 4; }
  * and the rows after the last whole group follow as usual (r * cols + c).
  * A grouped matrix has cols a multiple of 16; each layer of a stack is
  * grouped on its own, so weight_at still steps by whole matrices. */
+/* A quantized matrix (dtype_quantized) is stored row after row, and each
+ * row's columns fall in runs of qcols, each run with its own fp32 scale:
+ * element (r, c) of a matrix of cols columns (a multiple of qcols) has the
+ * scale scale[(r * cols + c) / qcols], so that stepping to a sub-matrix
+ * steps the scales in proportion. A block-scaled checkpoint's blocks of
+ * rows share a scale; it is repeated for each row (a few per cent of the
+ * FP8 bytes at 128 x 128 blocks), which lets a tensor-parallel slice or a
+ * K chunk start at any row. */
 typedef struct {
     const void *data;
     DType dtype;
     int group; /* 0: row after row; G: rows in groups of G */
+    const float *scale; /* quantized: one per qcols elements, in order */
+    int qcols;
 } WeightRef;
+
+/* an unquantized matrix */
+static inline WeightRef weight_ref(const void *data, DType dtype, int group)
+{
+    WeightRef w = {data, dtype, group, NULL, 0};
+    return w;
+}
 
 static inline WeightRef weight_at(WeightRef w, size_t elements)
 {
-    return (WeightRef){(const char *)w.data + elements * dtype_bytes(w.dtype), w.dtype, w.group};
+    WeightRef r = w;
+    r.data = (const char *)w.data + elements * dtype_bytes(w.dtype);
+    if (w.scale) r.scale = w.scale + elements / (size_t)w.qcols;
+    return r;
 }
+/* The bytes a matrix of n elements takes: its elements and its scales. */
+static inline size_t weight_bytes(WeightRef w, size_t n)
+{
+    return n * dtype_bytes(w.dtype) + (w.scale ? n / (size_t)w.qcols * sizeof(float) : 0);
+}
+/* Element i of a quantized matrix's values (dtype_quantized): the stored
+ * element times its scale, in fp32, as the kernels widen it. */
+float weight_value(WeightRef w, size_t i);
+
+/* One layer of a DeepSeek-V2/V3 model, this rank's shard: q_b/q and kv_b
+ * by heads, o_proj by its head columns, the feed-forward and each expert
+ * by intermediate rows; the rest whole. The matrices the GEMMs read are
+ * fp32 or, from a block-scaled FP8 checkpoint, FP8 as stored; kv_b (folded
+ * into the attention at load, layer_mla.c) and the router are fp32. */
+typedef struct {
+    float *rms_att, *rms_ffn;            /* (dim) */
+    WeightRef q_a, q_b;                  /* (q_lora, dim), (H*(nope+rope), q_lora); q_lora_rank > 0 */
+    float *q_a_norm;                     /* (q_lora) */
+    WeightRef q;                         /* (H*(nope+rope), dim); q_lora_rank 0 */
+    WeightRef kv_a;                      /* (kv_lora+rope, dim) */
+    float *kv_a_norm, *kv_b;             /* (kv_lora), (H*(nope+v), kv_lora) */
+    WeightRef o;                         /* (dim, H*v) */
+    WeightRef gate, up, down;            /* dense feed-forward: (hidden, dim), (hidden, dim), (dim, hidden) */
+    float *router, *router_bias;         /* MoE: (experts, dim); (experts), V3 only */
+    /* MoE: the routed experts of each kind as one stack, expert e's
+     * matrix at weight_at(e_gate, e * moe_hidden * dim): (moe_hidden,
+     * dim), ..., (dim, moe_hidden) */
+    WeightRef e_gate, e_up, e_down;
+    WeightRef s_gate, s_up, s_down;      /* shared experts: (moe_hidden*n_shared, dim), ...; data NULL when none */
+} MlaLayer;
 
 /* Where row r's first element is, and how many elements apart its steps
  * of 16 columns are (16 for a row stored whole). */
@@ -147,7 +187,10 @@ int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf,
 typedef struct {
     char name[128];
     int rows, cols; /* rows 0: a vector of cols */
-    float **dst;
+    float **dst;     /* fp32 (vectors, kv_b, the router) */
+    WeightRef *mat;  /* or a matrix the GEMMs read, in the stored type (FP8 stays FP8) */
+    size_t mat_at;   /* its elements before this tensor's (an expert in a stack) */
+    size_t mat_n;    /* the elements of the whole matrix or stack */
     int row0, nrows, col0, ncols;
     int chunks; /* row-parallel: the columns read as this many (nrows, ncols / chunks) matrices in turn */
 } MlaTensor;
@@ -176,6 +219,10 @@ int model_load(Model *m, const char *path, int tp, int tp_rank);
 int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group);
 
 void model_free(Model *m);
+/* One line on how the loaded weights are stored: each kind of matrix's
+ * format and this rank's bytes ("61 layers; attention fp8-e4m3 128x128
+ * blocks, experts ..., LM head float32; 84.2 GiB on this rank"). */
+void model_weights_summary(const Model *m, char *buf, size_t n);
 
 /* What the model's arithmetic depends on, by content (the run identity):
  * each of its files (hash_file_sampled: whole up to 1 GiB, else size,

@@ -89,7 +89,7 @@ static double gemv_rate(DType t, double seconds)
         for (int l = 0; l <= L; l++)
             for (int i = 0; i < (l < L ? 7 : 1); i++) {
                 int out = l < L ? shape[i][0] : VOCAB, in = l < L ? shape[i][1] : D;
-                gemm_invariant(y, x, (WeightRef){w + off * es, t, group}, 1, in, out);
+                gemm_invariant(y, x, weight_ref(w + off * es, t, group), 1, in, out);
                 off += (size_t)out * in;
             }
     }
@@ -189,14 +189,14 @@ int main(int argc, char **argv)
     double best = 1e30;
     for (int rep = 0; rep < 20; rep++) {
         double t0 = now_s();
-        openblas->matmul(y, x, (WeightRef){w, DTYPE_F32, 0}, M, K, N);
+        openblas->matmul(y, x, weight_ref(w, DTYPE_F32, 0), M, K, N);
         double dt = now_s() - t0;
         if (dt < best) best = dt;
     }
     printf("sgemm_gflops %.1f  # M %d K %d N %d\n", gflops(M, K, N, best), M, K, N);
     backend_cpu_set_gemm("invariant");
     for (int b = 0; b < 2; b++) {
-        WeightRef wr = b ? (WeightRef){w16, DTYPE_BF16, 0} : (WeightRef){w, DTYPE_F32, 0};
+        WeightRef wr = b ? weight_ref(w16, DTYPE_BF16, 0) : weight_ref(w, DTYPE_F32, 0);
         best = 1e30;
         for (int rep = 0; rep < 20; rep++) {
             double t0 = now_s();
