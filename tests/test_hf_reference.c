@@ -19,7 +19,7 @@
 static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/linear",
                               "hf/yarn",          "hf/mistral_window",  "hf/qwen2_bias",
                               "hf/qwen3_qk_norm", "hf/mlp_bias",        "deepseek/v3_yarn",
-                              "deepseek/v2_softmax"};
+                              "deepseek/v2_softmax", "deepseek/v3_fp8"};
 
 /* One request of the prompt at one rank: its logits at every position
  * ((n + max_tokens) x vocab, malloc'ed) and its result. */
