@@ -1,8 +1,9 @@
-/* The stored weight formats' elements to fp32, exactly, in one definition
- * for the host, the CPU kernels and the CUDA kernels. */
+/* The stored formats' elements to fp32 (exactly) and back (rounded), in
+ * one definition for the host, the CPU kernels and the CUDA kernels. */
 #ifndef DCP_QUANT_H
 #define DCP_QUANT_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -29,6 +30,29 @@ DCP_QUANT_FN float f8e4m3_to_f32(uint8_t b)
         memcpy(&f, &u, sizeof f);
     }
     return b & 0x80 ? -f : f;
+}
+
+/* x to FP8 E4M3, rounded to nearest even, saturating at +-448 (the
+ * largest finite value, as vLLM's FP8 quantization clamps); NaN stays NaN.
+ * Normal results: the fp32 mantissa rounded from 23 to 3 bits and the
+ * exponent rebiased (a carry moves to the next binade by itself);
+ * magnitudes under 2^-6: E4M3's subnormals, multiples of 2^-9. */
+DCP_QUANT_FN uint8_t f32_to_f8e4m3(float x)
+{
+    uint32_t u, a;
+    memcpy(&u, &x, sizeof u);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7f; /* NaN */
+    if (a >= 0x43e00000u) return sign | 0x7e; /* 448 and above (infinity too) */
+    if (a < 0x3c800000u) { /* below 2^-6: m / 8 * 2^-6, m = |x| * 2^9 rounded to even; 8 is 2^-6's code */
+        float f;
+        memcpy(&f, &a, sizeof f);
+        return sign | (uint8_t)rintf(f * 512.0f);
+    }
+    a += 0x7ffffu + ((a >> 20) & 1); /* to nearest, ties to the even mantissa */
+    uint32_t code = (a >> 20) - ((127u - 7u) << 3);
+    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
 }
 
 #endif

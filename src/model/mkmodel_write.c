@@ -9,6 +9,7 @@
 
 #include "arch.h"
 #include "model.h"
+#include "quant.h"
 #include "util.h"
 
 static int write_all(FILE *f, const void *p, size_t n, const char *path)
@@ -173,21 +174,6 @@ static void mla_values(const ModelSpec *s, const char *name, int rows, int cols,
     }
 }
 
-/* the nearest FP8 E4M3 value of x in [-448, 448] (round to nearest even) */
-static unsigned char f32_to_e4m3(float x)
-{
-    unsigned char sign = x < 0 ? 0x80 : 0;
-    float a = fabsf(x), best = 0;
-    unsigned char code = 0;
-    for (int c = 0; c < 0x7F; c++) { /* the 127 finite magnitudes, small tables beat bit tricks here */
-        int e = (c >> 3) & 15, m = c & 7;
-        float v = e == 0 ? ldexpf(m / 8.0f, -6) : ldexpf(1.0f + m / 8.0f, e - 7);
-        float d = fabsf(v - a), bd = fabsf(best - a);
-        if (d < bd || (d == bd && !(c & 1))) best = v, code = (unsigned char)c;
-    }
-    return sign | code;
-}
-
 typedef struct {
     char name[160];
     int rows, cols; /* rows 0: a vector */
@@ -269,7 +255,7 @@ static int write_mla(const ModelSpec *s, const char *dir)
             for (int r = 0; r < t[i].rows; r++)
                 for (int q = 0; q < t[i].cols; q++)
                     q8[(size_t)r * t[i].cols + q] =
-                        f32_to_e4m3(v[(size_t)r * t[i].cols + q] / scales[(r / B) * bc + q / B]);
+                        f32_to_f8e4m3(v[(size_t)r * t[i].cols + q] / scales[(r / B) * bc + q / B]);
             rc = write_all(f, q8, cnt, path);
             free(q8);
         }
