@@ -390,12 +390,14 @@ static void cuda_embedding(float *x, const float *table, const int *tokens, int 
     cuda_gather_rows(x, table, tokens, T, dim);
 }
 
-// KV cache rows: fp32, or bf16 (--kv-cache-dtype bfloat16) rounded to
-// nearest even as the CPU backend rounds them
+// KV cache rows: fp32, bf16 (--kv-cache-dtype bfloat16) or FP8 E4M3
+// (--kv-cache-dtype fp8), rounded as the CPU backend rounds them
 __device__ static inline float kv_load(const float *p) { return *p; }
 __device__ static inline float kv_load(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ static inline float kv_load(const uint8_t *p) { return f8e4m3_to_f32(*p); }
 __device__ static inline void kv_store(float *p, float v) { *p = v; }
 __device__ static inline void kv_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ static inline void kv_store(uint8_t *p, float v) { *p = f32_to_f8e4m3(v); }
 
 // a block's rows KV head by KV head, as kv_pool_offset (backend.h) lays them
 template <typename KV>
@@ -415,7 +417,10 @@ static void cuda_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const floa
                           int T, int kvd, int kv_heads, int block_size)
 {
     if (!T) return;
-    if (kv_dtype == DTYPE_BF16)
+    if (kv_dtype == DTYPE_F8_E4M3)
+        DCP_LAUNCH(k_kv_write<uint8_t>, T, 128, 0, stream, (uint8_t *)k_pool, (uint8_t *)v_pool, k, v, slots, kvd,
+                   kv_heads, block_size);
+    else if (kv_dtype == DTYPE_BF16)
         DCP_LAUNCH(k_kv_write<__nv_bfloat16>, T, 128, 0, stream, (__nv_bfloat16 *)k_pool, (__nv_bfloat16 *)v_pool, k,
                    v, slots, kvd, kv_heads, block_size);
     else
@@ -424,16 +429,20 @@ static void cuda_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const floa
     DCP_CHECK_LAUNCH(stream);
 }
 
-// x rounded in place to the values a bf16 cache holds
-__global__ void k_round_bf16(float *x, size_t n)
+// x rounded in place to the values a cache of KV's type holds
+template <typename KV>
+__global__ void k_round_kv(float *x, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+    KV held;
+    if (i < n) kv_store(&held, x[i]), x[i] = kv_load(&held);
 }
 
-static void cuda_round_bf16(float *x, size_t n)
+static void cuda_round_kv(float *x, size_t n, DType t)
 {
-    if (n) DCP_LAUNCH(k_round_bf16, blocks_for(n, 256), 256, 0, stream, x, n);
+    if (!n || t == DTYPE_F32) return;
+    if (t == DTYPE_F8_E4M3) DCP_LAUNCH(k_round_kv<uint8_t>, blocks_for(n, 256), 256, 0, stream, x, n);
+    else DCP_LAUNCH(k_round_kv<__nv_bfloat16>, blocks_for(n, 256), 256, 0, stream, x, n);
     DCP_CHECK_LAUNCH(stream);
 }
 
@@ -704,6 +713,7 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
 
 DCP_STATIC_SHARED(k_attention<float>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
 DCP_STATIC_SHARED(k_attention<__nv_bfloat16>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
+DCP_STATIC_SHARED(k_attention<uint8_t>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
 
 // Latent attention (MLA: one KV head, the values the first v_dim floats of
 // the key rows, paged or contiguous), as FlashMLA shapes it: a block serves up to LAT_HEADS heads
@@ -794,6 +804,7 @@ __global__ void k_latent_attention(float *out, size_t out_stride, float *lse, si
 #define LAT_SHARED (sizeof(float) * ((LAT_HEADS + LAT_KEYS) * LAT_ROW + LAT_HEADS * LAT_KEYS + ATT_THREADS + 3 * LAT_HEADS))
 DCP_STATIC_SHARED(k_latent_attention<float>, LAT_SHARED);
 DCP_STATIC_SHARED(k_latent_attention<__nv_bfloat16>, LAT_SHARED);
+DCP_STATIC_SHARED(k_latent_attention<uint8_t>, LAT_SHARED);
 
 // ---- LSE merges (docs/design.md, "Same bits at any layout") ------------
 
@@ -863,6 +874,27 @@ static void attention_metadata(const AttnBatch *a, const int **n_keys, const int
     *tables = a->blocks ? d_tables : NULL;
 }
 
+// The attention kernel for a's shape, over a cache of KV's type: the
+// latent kernel for one KV head whose keys are its values (MLA), else the
+// general one
+template <typename KV>
+static void attention_kernels(const AttnBatch *a, float *out, size_t out_stride, float *lse, size_t lse_stride,
+                              const int *row0, const int *n_keys, const int *key0, const int *const *tables, int rows,
+                              int Dv, int G, int run)
+{
+    if (a->n_kv_heads == 1 && a->k == a->v && a->kv_stride == a->head_dim && a->head_dim <= LAT_MAX_D &&
+        Dv <= a->head_dim) {
+        dim3 grid(a->T * ((a->n_heads + LAT_HEADS - 1) / LAT_HEADS), G);
+        DCP_LAUNCH(k_latent_attention<KV>, grid, ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride, a->q,
+                   (const KV *)a->k, row0, n_keys, key0, tables, a->block_size, a->n_heads, a->head_dim, Dv, a->scale,
+                   G, run);
+    } else {
+        DCP_LAUNCH(k_attention<KV>, dim3(rows, G), ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride, a->q,
+                   (const KV *)a->k, (const KV *)a->v, row0, n_keys, key0, tables, a->block_size, a->n_heads,
+                   a->n_heads / a->n_kv_heads, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
+    }
+}
+
 static void cuda_attention(const AttnBatch *a)
 {
     if (!a->T) return;
@@ -883,27 +915,13 @@ static void cuda_attention(const AttnBatch *a)
         out = d_shard_parts, lse = d_shard_parts + Dv;
         out_stride = lse_stride = (size_t)Dv + 1;
     }
-    int bf16 = a->kv_dtype == DTYPE_BF16, group = a->n_heads / a->n_kv_heads;
-    if (a->n_kv_heads == 1 && a->k == a->v && a->kv_stride == a->head_dim && a->head_dim <= LAT_MAX_D &&
-        Dv <= a->head_dim) {
-        dim3 grid(a->T * ((a->n_heads + LAT_HEADS - 1) / LAT_HEADS), G);
-        if (bf16)
-            DCP_LAUNCH(k_latent_attention<__nv_bfloat16>, grid, ATT_THREADS, 0, stream, out, out_stride, lse,
-                       lse_stride, a->q, (const __nv_bfloat16 *)a->k, row0, n_keys, key0, tables, a->block_size,
-                       a->n_heads, a->head_dim, Dv, a->scale, G, run);
-        else
-            DCP_LAUNCH(k_latent_attention<float>, grid, ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride,
-                       a->q, (const float *)a->k, row0, n_keys, key0, tables, a->block_size, a->n_heads, a->head_dim,
-                       Dv, a->scale, G, run);
-    } else if (bf16) {
-        DCP_LAUNCH(k_attention<__nv_bfloat16>, dim3(rows, G), ATT_THREADS, 0, stream, out, out_stride, lse,
-                   lse_stride, a->q, (const __nv_bfloat16 *)a->k, (const __nv_bfloat16 *)a->v, row0, n_keys, key0,
-                   tables, a->block_size, a->n_heads, group, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
-    } else {
-        DCP_LAUNCH(k_attention<float>, dim3(rows, G), ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride,
-                   a->q, (const float *)a->k, (const float *)a->v, row0, n_keys, key0, tables, a->block_size,
-                   a->n_heads, group, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
-    }
+    if (a->kv_dtype == DTYPE_F8_E4M3)
+        attention_kernels<uint8_t>(a, out, out_stride, lse, lse_stride, row0, n_keys, key0, tables, rows, Dv, G, run);
+    else if (a->kv_dtype == DTYPE_BF16)
+        attention_kernels<__nv_bfloat16>(a, out, out_stride, lse, lse_stride, row0, n_keys, key0, tables, rows, Dv, G,
+                                         run);
+    else
+        attention_kernels<float>(a, out, out_stride, lse, lse_stride, row0, n_keys, key0, tables, rows, Dv, G, run);
     DCP_CHECK_LAUNCH(stream);
     if (G == 1) return;
     size_t blk = (size_t)rows * (Dv + 1);
@@ -994,8 +1012,8 @@ extern "C" const Backend *backend_cuda(void)
     b.embedding = cuda_embedding;
     b.gather_rows = cuda_gather_rows;
     b.kv_write = cuda_kv_write;
-    b.kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16;
-    b.round_bf16 = cuda_round_bf16;
+    b.kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16 | 1u << DTYPE_F8_E4M3;
+    b.round_kv = cuda_round_kv;
     b.strided_copy = cuda_strided_copy;
     b.matmul_batched = cuda_matmul_batched;
     b.moe_route = cuda_moe_route;

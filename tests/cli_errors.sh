@@ -54,7 +54,7 @@ else
     expect_error no_cuda 2 "--backend cuda: this dcpinfer was built without CUDA" --backend cuda "$P"
 fi
 expect_error dtype_unknown 2 "--dtype float16: choose auto, float32 or bfloat16" --dtype float16 "$P"
-expect_error kv_dtype_unknown 2 "--kv-cache-dtype fp8: choose auto, float32 or bfloat16" --kv-cache-dtype fp8 "$P"
+expect_error kv_dtype_unknown 2 "--kv-cache-dtype fp16: choose auto, float32, bfloat16 or fp8 (fp8_e4m3)" --kv-cache-dtype fp16 "$P"
 expect_error cpu_isa_unknown 2 "--cpu-isa sse9: choose auto, generic, avx2 or avx512" --cpu-isa sse9 "$P"
 grep -q avx512f /proc/cpuinfo ||
     expect_error cpu_isa_missing 2 "--cpu-isa avx512: this CPU does not have it (best: " --cpu-isa avx512 "$P"

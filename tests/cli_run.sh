@@ -31,24 +31,34 @@ for opt in --model --tokenizer --max-tokens --temperature --top-p --seed --max-m
 done
 if [ -z "$missing" ]; then pass "--help documents every option"; else fail "--help lacks:$missing"; fi
 
-# --kv-cache-dtype bfloat16: the same memory holds twice the positions, and
-# the KV bytes reported are 2 bytes per element: the default model has 4
-# layers, 2 KV heads of 16, so K and V take 4 x 2 x 32 x 2 bytes = 512 per
-# position (1024 in fp32); x and y hold 3 + 12 and 1 + 5 positions, whose
-# 16-position blocks are written as far as the tokens go
+# --kv-cache-dtype bfloat16 and fp8: the same memory holds twice and four
+# times the positions, and the KV bytes reported are 2 and 1 bytes per
+# element: the default model has 4 layers, 2 KV heads of 16, so K and V
+# take 4 x 2 x 32 x 2 bytes = 512 per position in bf16 (1024 in fp32, 256
+# in fp8); x and y hold 3 + 12 and 1 + 5 positions, whose 16-position
+# blocks are written as far as the tokens go
 checks=$((checks + 1))
-for kv in float32 bfloat16; do
+for kv in float32 bfloat16 fp8; do
     run_dcp kv$kv --kv-cache-memory 1M --kv-cache-dtype $kv --output "$WORK/kv$kv.h5" "$P"
 done
 size32=$(sed -n 's/^# KV cache size: \([0-9]*\) tokens.*/\1/p' "$WORK/kvfloat32.out")
 size16=$(sed -n 's/^# KV cache size: \([0-9]*\) tokens.*/\1/p' "$WORK/kvbfloat16.out")
+size8=$(sed -n 's/^# KV cache size: \([0-9]*\) tokens.*/\1/p' "$WORK/kvfp8.out")
 peak32=$(h5dump -d /memory/kv_bytes_peak "$WORK/kvfloat32.h5" 2>/dev/null | sed -n 's/.*(0): *//p')
 peak16=$(h5dump -d /memory/kv_bytes_peak "$WORK/kvbfloat16.h5" 2>/dev/null | sed -n 's/.*(0): *//p')
+peak8=$(h5dump -d /memory/kv_bytes_peak "$WORK/kvfp8.h5" 2>/dev/null | sed -n 's/.*(0): *//p')
 if [ -n "$size32" ] && [ "$size16" = $((2 * size32)) ] && [ -n "$peak32" ] && [ "$peak16" = $((peak32 / 2)) ] &&
     [ $((peak32 % 1024)) = 0 ]; then
     pass "bf16 KV cache: $size16 positions in 1M (fp32 $size32), peak $peak16 bytes (fp32 $peak32)"
 else
     fail "bf16 KV cache: positions $size16 vs $size32, peak bytes $peak16 vs $peak32"
+fi
+checks=$((checks + 1))
+if [ -n "$size16" ] && [ "$size8" = $((2 * size16)) ] && [ -n "$peak16" ] && [ "$peak8" = $((peak16 / 2)) ] &&
+    h5dump -A "$WORK/kvfp8.h5" 2>/dev/null | grep -q '"kv_cache_dtype":"fp8-e4m3"'; then
+    pass "fp8 KV cache: $size8 positions in 1M (bf16 $size16), peak $peak8 bytes (bf16 $peak16)"
+else
+    fail "fp8 KV cache: positions $size8 vs $size16, peak bytes $peak8 vs $peak16"
 fi
 
 # --cpu-isa: every instruction set this CPU has gives the portable

@@ -7,7 +7,8 @@
 # cache; an MQA model (1 KV head) at tp 2 dcp 2 gives the tokens of the
 # CPU on one rank, and so do the DeepSeek-V3 model at tp 2 dcp 2, tp 8
 # dcp 8 and tp 4 dcp 4 (both merges, both MPI buffer modes; one run with
-# every launch checked, DCPINFER_CUDA_SYNC=1) and the DeepSeek-V2 model.
+# every launch checked, DCPINFER_CUDA_SYNC=1), the FP8 DeepSeek-V3 model
+# with an FP8 latent cache, and the DeepSeek-V2 model.
 # Skips without a GPU. tests/stories_layouts.sh runs the same layouts on the CPU backend in
 # every suite, so that a layout the model refuses cannot hide here.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
@@ -72,6 +73,10 @@ run_dcp ds-cpu-bf16 --model "$DS" --kv-cache-dtype bfloat16 --output "$WORK/ds-c
 export DCPINFER_CUDA_SYNC=1
 run_layouts "$WORK/ds-cpu-bf16.h5" "--model $DS --kv-cache-dtype bfloat16" "-tp 2 -dcp 2"
 unset DCPINFER_CUDA_SYNC
+# FP8 weights as stored (block-scaled) with an FP8 latent cache
+DS8=$SRC/tests/data/deepseek/v3_fp8
+run_dcp ds8-cpu --model "$DS8" --kv-cache-dtype fp8 --output "$WORK/ds8-cpu.h5" "$P"
+run_layouts "$WORK/ds8-cpu.h5" "--model $DS8 --kv-cache-dtype fp8" "" "-tp 4 -dcp 4"
 # DeepSeek-V2 (softmax routing, no q_lora_rank)
 DS=$SRC/tests/data/deepseek/v2_softmax
 printf '{"id": "d2", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0}\n' "$(tr ' ' ',' <"$DS/prompt.txt" | tr -d '\n' | sed 's/,$//')" >"$P"

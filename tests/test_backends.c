@@ -5,6 +5,7 @@
 #include "engine.h"
 #include "generate.h"
 #include "moe.h"
+#include "quant.h"
 #include "testutil.h"
 
 static const Backend *cpu, *gpu;
@@ -435,7 +436,8 @@ static void moe_ops(uint64_t *st)
 /* One attention batch as models run it: T tokens of H query heads over
  * KVH KV heads of D floats (values DV wide; latent: keys only, the values
  * the first DV floats of each row, as MLA's cache), paged in blocks of B
- * rows or contiguous, over canonical key shards, in an fp32 or bf16 cache. */
+ * rows or contiguous, over canonical key shards, in an fp32, bf16 or FP8
+ * cache. */
 typedef struct {
     const char *name;
     int T, H, KVH, D, DV, latent;
@@ -462,6 +464,10 @@ static const Shape shapes[] = {
     {"mla 576/512 20 heads", 3, 20, 1, 576, 512, 1, 257, 0, 16, 2, 16, DTYPE_BF16, 0},
     {"latent 192/128 bf16", 7, 16, 1, 192, 128, 1, 2000, 0, 16, 2, 1, DTYPE_BF16, 0},
     {"mla fresh prompt rows", 256, 16, 1, 576, 512, 1, 256, 1, 0, 8, 16, DTYPE_F32, 0},
+    {"llama3 128 gqa4 fp8 shards", 3, 32, 8, 128, 0, 0, 2000, 0, 16, 4, 16, DTYPE_F8_E4M3, 0},
+    {"64 gqa4 fp8 window prefill", 300, 8, 2, 64, 0, 0, 400, 1, 16, 2, 1, DTYPE_F8_E4M3, 50},
+    {"mla 576/512 fp8 shards", 4, 16, 1, 576, 512, 1, 3000, 0, 64, 8, 16, DTYPE_F8_E4M3, 0},
+    {"mla fp8 rows", 5, 16, 1, 576, 512, 1, 300, 0, 0, 2, 1, DTYPE_F8_E4M3, 0},
 };
 
 /* rows (n, width) of kv as a cache of type t holds them */
@@ -470,6 +476,11 @@ static void *as_cache(const float *x, size_t n, DType t)
     if (t == DTYPE_F32) {
         float *c = xmalloc(sizeof(float) * n);
         memcpy(c, x, sizeof(float) * n);
+        return c;
+    }
+    if (t == DTYPE_F8_E4M3) {
+        uint8_t *c = xmalloc(n);
+        for (size_t i = 0; i < n; i++) c[i] = f32_to_f8e4m3(x[i]);
         return c;
     }
     uint16_t *c = xmalloc(sizeof(uint16_t) * n);

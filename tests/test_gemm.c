@@ -256,30 +256,44 @@ static void attention_row(int n, int D, int B, uint64_t *st)
                   n, D, isa_names[i]);
         }
     }
-    /* six query heads on the three KV heads (two each) in one call, fp32
-     * and bf16 caches: each head exactly as alone, on every ISA */
+    /* six query heads on the three KV heads (two each) in one call, fp32,
+     * bf16 and FP8 caches: each head exactly as alone, on every ISA; and an
+     * FP8 cache gives exactly the fp32 cache of its widened values */
     uint16_t *k16 = xmalloc(2 * rows * stride), *v16 = xmalloc(2 * rows * stride);
-    for (size_t i = 0; i < rows * stride; i++) k16[i] = to_bf16(k[i]), v16[i] = to_bf16(v[i]);
+    uint8_t *k8 = xmalloc(rows * stride), *v8 = xmalloc(rows * stride);
+    float *kw = xmalloc(sizeof(float) * rows * stride), *vw = xmalloc(sizeof(float) * rows * stride);
+    for (size_t i = 0; i < rows * stride; i++) {
+        k16[i] = to_bf16(k[i]), v16[i] = to_bf16(v[i]);
+        k8[i] = f32_to_f8e4m3(k[i]), v8[i] = f32_to_f8e4m3(v[i]);
+        kw[i] = e4m3_ref(k8[i]), vw[i] = e4m3_ref(v8[i]);
+    }
     float *all = xmalloc(sizeof(float) * 6 * D), *one = xmalloc(sizeof(float) * D), lse6[6];
+    float *wide = xmalloc(sizeof(float) * 6 * D), lsew[6];
+    static const char *kt_names[] = {"fp32", "bf16", "fp8"};
     for (int i = 0; i < 3; i++) {
         if (cpu_set_isa(isa_names[i])) continue;
-        for (int bf = 0; bf < 2; bf++) {
-            DType kt = bf ? DTYPE_BF16 : DTYPE_F32;
-            const void *kk = bf ? (const void *)k16 : k, *vv = bf ? (const void *)v16 : v;
+        for (int c = 0; c < 3; c++) {
+            DType kt = c == 1 ? DTYPE_BF16 : c == 2 ? DTYPE_F8_E4M3 : DTYPE_F32;
+            const void *kk = c == 1 ? (const void *)k16 : c == 2 ? (const void *)k8 : k;
+            const void *vv = c == 1 ? (const void *)v16 : c == 2 ? (const void *)v8 : v;
             attend_row(kt, all, lse6, q, kk, vv, table, B, stride, j0, n, D, 6, 2, scale, score);
             int differ = 0;
             for (int h = 0; h < 6; h++) {
-                size_t e = (size_t)(h / 2) * D * (bf ? 2 : 4);
+                size_t e = (size_t)(h / 2) * D * dtype_bytes(kt);
                 attend_row(kt, one, &lse, q + (size_t)h * D, (const char *)kk + e, (const char *)vv + e, table, B,
                            stride, j0, n, D, 1, 1, scale, score);
                 differ += memcmp(one, all + (size_t)h * D, sizeof(float) * D) || lse != lse6[h];
             }
             CHECK(!differ, "attention n %d D %d, %s %s: %d of 6 heads differ from alone", n, D, isa_names[i],
-                  bf ? "bf16" : "fp32", differ);
+                  kt_names[c], differ);
+            if (kt != DTYPE_F8_E4M3) continue;
+            attend_row(DTYPE_F32, wide, lsew, q, kw, vw, table, B, stride, j0, n, D, 6, 2, scale, score);
+            CHECK(!memcmp(wide, all, sizeof(float) * 6 * D) && !memcmp(lsew, lse6, sizeof lse6),
+                  "attention n %d D %d, %s: the FP8 cache differs from its widened fp32 twin", n, D, isa_names[i]);
         }
     }
     CHECK(!cpu_set_isa("auto"), "auto");
-    free(k16), free(v16), free(all), free(one);
+    free(k16), free(v16), free(k8), free(v8), free(kw), free(vw), free(all), free(one), free(wide);
     free(table), free(k), free(v), free(q), free(score), free(ref), free(out), free(s);
 }
 
@@ -327,6 +341,28 @@ int main(int argc, char **argv)
         wrong += isnan(r) ? !isnan(a) : memcmp(&a, &r, sizeof a) != 0;
     }
     CHECK(!wrong, "f8e4m3_to_f32: %d of 256 bytes differ from the E4M3 definition", wrong);
+    /* and back: the nearest of the 253 finite values (ties to the even
+     * code), saturating at 448, for every value, every midpoint between
+     * neighbours and a floats either side of it, and random floats */
+    wrong = 0;
+    int tried = 0;
+    for (int i = 0; i < 200000 + 6 * 0x7e; i++, tried++) {
+        float x;
+        if (i < 6 * 0x7e) {
+            float a = e4m3_ref((uint8_t)(i / 6)), b = e4m3_ref((uint8_t)(i / 6 + 1)), mid = (a + b) / 2;
+            float xs[6] = {a, b, mid, nextafterf(mid, 0), nextafterf(mid, 1e9f), -mid};
+            x = xs[i % 6];
+        } else {
+            x = ldexpf(frand(&st), 12 - (int)(splitmix64(&st) % 30));
+        }
+        uint8_t best = 0;
+        for (int c = 1; c < 0x7f; c++) { /* the nearest magnitude, ties to the even code */
+            float d = fabsf(e4m3_ref((uint8_t)c) - fabsf(x)), bd = fabsf(e4m3_ref(best) - fabsf(x));
+            if (d < bd || (d == bd && !(c & 1))) best = (uint8_t)c;
+        }
+        wrong += f32_to_f8e4m3(x) != (uint8_t)((x < 0 ? 0x80 : 0) | best);
+    }
+    CHECK(!wrong, "f32_to_f8e4m3: %d of %d values not the nearest E4M3", wrong, tried);
     fp8_shape(1, 48, 70, 4, &st);
     fp8_shape(7, 96, 33, 8, &st);
     fp8_shape(1, 256, 200, 16, &st);

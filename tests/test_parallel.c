@@ -212,6 +212,33 @@ static const char *merge_name(MergeBackend m) { return m == MERGE_A2A ? "a2a" : 
 /* a bf16 KV cache against the fp32 one on stories260K (logits span about
  * +-15), over the positions before the first differing greedy token */
 #define BF16_KV_TOL 0.3
+/* an FP8 E4M3 cache against the bf16 one, the same way: E4M3 keeps 3
+ * mantissa bits to bf16's 7, so each K and V element moves by up to 2^-4
+ * of itself instead of 2^-8, 16 times as far, and the bound is 16 x
+ * BF16_KV_TOL */
+#define FP8_KV_TOL (16 * BF16_KV_TOL)
+
+/* The largest |logit| difference between two one-rank runs of rs with
+ * different KV caches, over each request's positions up to its first
+ * differing greedy token (the positions that saw the same inputs), printed
+ * with the count of greedy tokens that agree. */
+static double kv_cache_distance(const char *label, const char *against, const RequestSet *rs, const Reference *a,
+                                const Reference *b)
+{
+    double worst = 0;
+    int same = 0, total = 0;
+    for (int i = 0; i < rs->n; i++) {
+        int n = a->res[i].n, agree = 0;
+        while (agree < n && a->res[i].tokens[agree] == b->res[i].tokens[agree]) agree++;
+        same += agree, total += n;
+        for (size_t x = 0; x < (size_t)(rs->r[i].n_prompt + (agree < n ? agree : n - 1)) * 512; x++)
+            worst = fmax(worst, fabs(a->cap.logits[i][x] - b->cap.logits[i][x]));
+    }
+    if (rank_of_world() == 0)
+        fprintf(stderr, "%-44s max |logit - %s KV| = %.2g, greedy tokens as %s: %d of %d\n", label, against, worst,
+                against, same, total);
+    return worst;
+}
 
 /* stories260K (8 query / 4 KV heads), REFERENCE-llama2c.txt cases 1 and 2 */
 static void stories_layouts(void)
@@ -253,20 +280,15 @@ static void stories_layouts(void)
      * of K and V to 8 mantissa bits; DCP shards and merges it as it does
      * fp32 (against one rank with the same cache) */
     Reference ref16 = reference_run_kv(path, &rs, DTYPE_BF16);
-    double worst = 0;
-    int same = 0, total = 0;
-    for (int i = 0; i < rs.n; i++) {
-        int n = ref16.res[i].n, agree = 0; /* positions up to the first differing token see the same inputs */
-        while (agree < n && ref16.res[i].tokens[agree] == ref.res[i].tokens[agree]) agree++;
-        same += agree, total += n;
-        for (size_t x = 0; x < (size_t)(rs.r[i].n_prompt + (agree < n ? agree : n - 1)) * 512; x++)
-            worst = fmax(worst, fabs(ref16.cap.logits[i][x] - ref.cap.logits[i][x]));
-    }
-    if (rank_of_world() == 0)
-        fprintf(stderr, "%-44s max |logit - fp32 KV| = %.2g, greedy tokens as fp32: %d of %d\n",
-                "stories260K bf16 KV, one rank", worst, same, total);
+    double worst = kv_cache_distance("stories260K bf16 KV, one rank", "fp32", &rs, &ref16, &ref);
     CHECK(worst <= BF16_KV_TOL, "bf16 KV cache: logits differ from the fp32 cache's by %g (tolerance %g)", worst,
           BF16_KV_TOL);
+    /* an FP8 KV cache against the bf16 one: FP8_KV_TOL */
+    Reference ref8 = reference_run_kv(path, &rs, DTYPE_F8_E4M3);
+    worst = kv_cache_distance("stories260K fp8 KV, one rank", "bf16", &rs, &ref8, &ref16);
+    CHECK(worst <= FP8_KV_TOL, "fp8 KV cache: logits differ from the bf16 cache's by %g (tolerance %g)", worst,
+          FP8_KV_TOL);
+    free_reference(&ref8, rs.n);
     /* Across layouts the fp32 K and V differ in the last bits (the TP sums'
      * order), and a last-bit difference at a bf16 rounding boundary is a
      * bf16 step (2^-8): measured 0.023 at tp 8 dcp 2 (0.0016 of the row's
@@ -660,6 +682,17 @@ static void deepseek_layouts(void)
                 fprintf(stderr, "deepseek v3_yarn: latent rows held at dcp 8: %lld (x8 = %lld; dcp 1: %lld), "
                                 "capacity %lld vs %lld positions\n",
                         eight.kv_peak, eight.kv_peak * 8, one.kv_peak, eight.capacity, one.capacity);
+            /* an FP8 latent cache, sharded by DCP at the canonical layouts:
+             * the same bits as one rank with the same cache */
+            Reference ref8 = reference_run_kv(dir, &rs, DTYPE_F8_E4M3);
+            for (int mb = 0; mb < 2; mb++)
+                run_layout(mb ? "deepseek v3_yarn: fp8 KV tp 8 dcp 8 a2a" : "deepseek v3_yarn: fp8 KV tp 4 dcp 4 ag_rs",
+                           dir, &rs, &ref8,
+                           (Layout){.np = mb ? 8 : 4, .tp = mb ? 8 : 4, .dcp = mb ? 8 : 4, .I = 1,
+                                    .merge = (MergeBackend)mb, .budget = 16, .kv_dtype = DTYPE_F8_E4M3,
+                                    .rel_tol = 1e-4},
+                           NULL);
+            free_reference(&ref8, rs.n);
             /* a KV budget below what the four requests need together */
             size_t per_position = kv_bytes_per_position(3, 1, 40, sizeof(float)) / 2;
             LayoutRun tight = {0};

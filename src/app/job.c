@@ -469,6 +469,12 @@ static int read_inputs(Run *r)
     return EXIT_OK;
 }
 
+/* The KV cache's element type for --kv-cache-dtype */
+static DType kv_dtype_of(const char *name)
+{
+    return !strcmp(name, "bfloat16") ? DTYPE_BF16 : !strncmp(name, "fp8", 3) ? DTYPE_F8_E4M3 : DTYPE_F32;
+}
+
 /* Everything this run's tokens and texts depend on (identity.h). */
 static int make_identity(Run *r)
 {
@@ -492,7 +498,7 @@ static int make_identity(Run *r)
     else identity_set(id, ID_tokenizer, "none");
     identity_set(id, ID_prompts, "%016llx", (unsigned long long)r->prompts_hash);
     identity_set(id, ID_dtype, "%s", gemm == DTYPE_BF16 ? "bfloat16" : "float32");
-    identity_set(id, ID_kv_cache_dtype, "%s", strcmp(o->kv_cache_dtype, "bfloat16") ? "float32" : "bfloat16");
+    identity_set(id, ID_kv_cache_dtype, "%s", dtype_name(kv_dtype_of(o->kv_cache_dtype)));
     identity_set(id, ID_backend, "%s", r->be->name);
     identity_set(id, ID_cpu_gemm, "%s", r->be->host_memory ? o->cpu_gemm : "-");
     identity_set(id, ID_max_model_len, "%d", r->max_model_len);
@@ -639,7 +645,7 @@ static void generate_all(Run *r, Generated *g)
     Engine eng;
     EngineOptions eo = {strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, o->kv_cache_memory,
                         o->block_size, r->mpi_device, 0,
-                        strcmp(o->kv_cache_dtype, "bfloat16") ? DTYPE_F32 : DTYPE_BF16};
+                        kv_dtype_of(o->kv_cache_dtype)};
     engine_init(&eng, &r->model, r->be, topo, &eo, &r->tm, &g->comm);
     g->capacity = engine_kv_capacity(&eng);
     if (r->rank == 0 && !o->quiet)

@@ -116,9 +116,10 @@ void options_usage(FILE *f)
             "\n"
             "KV cache:\n"
             "  --kv-cache-memory BYTES  K/V memory per rank, e.g. 512M or 2G (default 1G)\n"
-            "  --kv-cache-dtype T       auto (float32), float32, or bfloat16: half the bytes per\n"
-            "                           position, twice the positions in the same memory;\n"
-            "                           attention still accumulates in fp32 (cpu backend)\n"
+            "  --kv-cache-dtype T       auto (float32), float32, bfloat16 (half the bytes per\n"
+            "                           position, twice the positions in the same memory) or\n"
+            "                           fp8 (FP8 E4M3, scale 1 as vLLM's default: a quarter);\n"
+            "                           attention still accumulates in fp32\n"
             "  --block-size B           positions per KV block per rank (default 16); a block id\n"
             "                           spans B x dcp positions of the DCP group\n"
             "\n"
@@ -218,8 +219,9 @@ int options_parse(Options *o, int argc, char **argv, int print)
             break;
         case OPT_KV_DTYPE:
             o->kv_cache_dtype = optarg;
-            if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16"))
-                rc = dcp_fail("--kv-cache-dtype %s: choose auto, float32 or bfloat16", optarg);
+            if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16") &&
+                strcmp(optarg, "fp8") && strcmp(optarg, "fp8_e4m3"))
+                rc = dcp_fail("--kv-cache-dtype %s: choose auto, float32, bfloat16 or fp8 (fp8_e4m3)", optarg);
             break;
         case OPT_MPI_DEVICE_BUFFERS:
             o->mpi_device_buffers = optarg;

@@ -32,7 +32,7 @@ typedef struct {
     int block_size;          /* positions per KV block per rank */
     const char *mpi_device_buffers; /* auto | yes | no */
     const char *dtype;               /* auto | float32 | bfloat16: GEMM weights */
-    const char *kv_cache_dtype;      /* auto (float32) | float32 | bfloat16 */
+    const char *kv_cache_dtype;      /* auto (float32) | float32 | bfloat16 | fp8 | fp8_e4m3 */
     int resume;            /* reuse the journal of an earlier run of the same output */
     int journal;           /* record finished requests as they finish (default on) */
     double step_timeout;   /* seconds without a finished step before the job ends; 0: off */

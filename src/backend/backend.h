@@ -168,15 +168,16 @@ typedef struct Backend {
     /* the slot mapping: for t with slots[t] >= 0, row slots[t] of one
      * layer's k_pool/v_pool (rows of kvd elements of kv_dtype, kv_heads KV
      * heads, blocks of block_size rows laid out as kv_pool_offset says)
-     * receives k[t]/v[t] (rounded to nearest even for bf16); v_pool NULL:
-     * keys only */
+     * receives k[t]/v[t] (rounded to nearest even for bf16; for FP8 E4M3
+     * also, saturating at +-448: f32_to_f8e4m3, a per-tensor scale of 1 as
+     * vLLM's default); v_pool NULL: keys only */
     void (*kv_write)(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots, int T,
                      int kvd, int kv_heads, int block_size);
     /* the KV cache types the backend stores: 1 << DTYPE_F32 | ...; and
-     * x (n) rounded in place to the values a bf16 cache holds (NULL where
-     * the backend has no bf16 cache) */
+     * x (n) rounded in place to the values a cache of type t (bf16 or FP8)
+     * holds */
     unsigned kv_dtypes;
-    void (*round_bf16)(float *x, size_t n);
+    void (*round_kv)(float *x, size_t n, DType t);
     void (*attention)(const AttnBatch *a);
     /* a's rows become the merges of two partial attentions over disjoint
      * keys, a's and b's: rows of stride floats, head_dim output values

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "moe_route.h"
 #include "kernels_cpu.h"
+#include "quant.h"
 #include "util.h"
 
 static int use_openblas;
@@ -236,15 +237,25 @@ static void cpu_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float
                 if (v_pool) memcpy((float *)v_pool + at, v + from, sizeof(float) * hd);
                 continue;
             }
+            if (kv_dtype == DTYPE_F8_E4M3) {
+                for (size_t i = 0; i < hd; i++) {
+                    ((uint8_t *)k_pool)[at + i] = f32_to_f8e4m3(k[from + i]);
+                    if (v_pool) ((uint8_t *)v_pool)[at + i] = f32_to_f8e4m3(v[from + i]);
+                }
+                continue;
+            }
             f32_to_bf16_n((uint16_t *)k_pool + at, k + from, hd);
             if (v_pool) f32_to_bf16_n((uint16_t *)v_pool + at, v + from, hd);
         }
     }
 }
 
-static void cpu_round_bf16(float *x, size_t n)
+static void cpu_round_kv(float *x, size_t n, DType t)
 {
-    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    if (t == DTYPE_F8_E4M3)
+        for (size_t i = 0; i < n; i++) x[i] = f8e4m3_to_f32(f32_to_f8e4m3(x[i]));
+    else if (t == DTYPE_BF16)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
 static void cpu_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width)
@@ -535,8 +546,8 @@ static const Backend cpu = {
     .synchronize = cpu_synchronize,
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,
-    .kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16,
-    .round_bf16 = cpu_round_bf16,
+    .kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_BF16 | 1u << DTYPE_F8_E4M3,
+    .round_kv = cpu_round_kv,
     .strided_copy = cpu_strided_copy,
     .matmul_batched = cpu_matmul_batched,
     .moe_route = cpu_moe_route,

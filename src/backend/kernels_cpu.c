@@ -36,6 +36,7 @@ static inline float bf16_bits_to_f32(uint16_t h)
 }
 #define W2F_F32(w) (w)
 #define W2F_BF16(w) bf16_bits_to_f32(w)
+#define W2F_F8(w) f8e4m3_to_f32(w)
 
 /* attention reads this many keys' rows through before it computes on
  * them, where it reads whole rows (kernels_cpu.inc); where it reads a part
@@ -168,6 +169,12 @@ static inline VGen gen_loadw_bf16(const uint16_t *p)
     for (int i = 0; i < 16; i++) v.l[i] = bf16_bits_to_f32(p[i]);
     return v;
 }
+static inline VGen gen_loadw_f8(const uint8_t *p)
+{
+    VGen v;
+    for (int i = 0; i < 16; i++) v.l[i] = f8e4m3_to_f32(p[i]);
+    return v;
+}
 static inline VGen gen_fma(VGen a, VGen b, VGen c)
 {
     for (int i = 0; i < 16; i++) c.l[i] = fmaf(a.l[i], b.l[i], c.l[i]);
@@ -243,6 +250,15 @@ static inline void gen_trees16(const VGen *a, float *s)
 #define W2F W2F_BF16
 #define v_loadw gen_loadw_bf16
 #include "kernels_cpu.inc"
+/* an FP8 KV cache's keys and values (--kv-cache-dtype fp8): its attention
+ * is used, its GEMM kernels are not (FP8 weights carry scales: dequant_f8) */
+#undef TGT
+#define TGT __attribute__((unused))
+#define SFX(name) gen_f8_##name
+#define WT uint8_t
+#define W2F W2F_F8
+#define v_loadw gen_loadw_f8
+#include "kernels_cpu.inc"
 #include "kernels_cpu_end.inc"
 
 /* ---- AVX2 + FMA: 16 lanes in two 8-lane halves ------------------------ */
@@ -258,6 +274,16 @@ TGT_AVX2 static inline __m256 avx2_widen8(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
 TGT_AVX2 static inline V2 avx2_loadw_bf16(const uint16_t *p) { return (V2){avx2_widen8(p), avx2_widen8(p + 8)}; }
+/* eight FP8 E4M3 bytes to fp32: f8e4m3_to_f32's operations lane by lane */
+TGT_AVX2 static inline __m256 avx2_widen8_f8(const uint8_t *p)
+{
+    const __m256i mag = _mm256_set1_epi32(0x7f), sign = _mm256_set1_epi32(0x80);
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), e = _mm256_and_si256(b, mag);
+    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e, 20)), _mm256_set1_ps(0x1p120f));
+    f = _mm256_blendv_ps(f, _mm256_set1_ps(__builtin_nanf("")), _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, mag)));
+    return _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, sign), 24)));
+}
+TGT_AVX2 static inline V2 avx2_loadw_f8(const uint8_t *p) { return (V2){avx2_widen8_f8(p), avx2_widen8_f8(p + 8)}; }
 TGT_AVX2 static inline V2 avx2_fma(V2 a, V2 b, V2 c)
 {
     return (V2){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
@@ -782,6 +808,13 @@ AVX2_PAIRS_PANEL(avx2_bf16_pairs, uint16_t, avx2_widen8, avx2_bf16_dot_finish)
 #define TILE_M 6
 
 #include "kernels_cpu.inc"
+#undef TGT
+#define TGT TGT_AVX2 __attribute__((unused))
+#define SFX(name) avx2_f8_##name
+#define WT uint8_t
+#define W2F W2F_F8
+#define v_loadw avx2_loadw_f8
+#include "kernels_cpu.inc"
 #include "kernels_cpu_end.inc"
 
 /* ---- AVX-512: 16 lanes in one register ------------------------------- */
@@ -790,6 +823,15 @@ TGT_AVX512 static inline __m512 avx512_loadw_bf16(const uint16_t *p)
 {
     __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+/* sixteen FP8 E4M3 bytes to fp32: f8e4m3_to_f32's operations lane by lane */
+TGT_AVX512 static inline __m512 avx512_loadw_f8(const uint8_t *p)
+{
+    const __m512i mag = _mm512_set1_epi32(0x7f), sign = _mm512_set1_epi32(0x80);
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), e = _mm512_and_si512(b, mag);
+    __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(e, 20)), _mm512_set1_ps(0x1p120f));
+    f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(e, mag), _mm512_set1_ps(__builtin_nanf("")));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), _mm512_slli_epi32(_mm512_and_si512(b, sign), 24)));
 }
 TGT_AVX512 static inline float avx512_tree(__m512 a)
 {
@@ -978,6 +1020,13 @@ AVX512_PANEL(avx512_bf16_panel, uint16_t, avx2_bf16_pairs)
 #define GEMV_ROWS avx512_bf16_gemv_rows
 #define TILE_M 6
 #include "kernels_cpu.inc"
+#undef TGT
+#define TGT TGT_AVX512 __attribute__((unused))
+#define SFX(name) avx512_f8_##name
+#define WT uint8_t
+#define W2F W2F_F8
+#define v_loadw avx512_loadw_f8
+#include "kernels_cpu.inc"
 #include "kernels_cpu_end.inc"
 
 /* ---- quantized weights ------------------------------------------------ */
@@ -991,22 +1040,14 @@ static void gen_dequant_f8(float *m, const uint8_t *q, const float *scale, size_
 {
     for (size_t i = 0; i < n; i++) m[i] = f8e4m3_to_f32(q[i]) * scale[i / (size_t)qcols];
 }
-/* f8e4m3_to_f32's operations, 8 lanes at a time */
 TGT_AVX2 static void avx2_dequant_f8(float *m, const uint8_t *q, const float *scale, size_t n, int qcols)
 {
     if (qcols % 8) { /* runs narrower than a vector: one element at a time */
         gen_dequant_f8(m, q, scale, n, qcols);
         return;
     }
-    const __m256i mag = _mm256_set1_epi32(0x7f), sign = _mm256_set1_epi32(0x80);
-    const __m256 two120 = _mm256_set1_ps(0x1p120f), nan = _mm256_set1_ps(__builtin_nanf(""));
-    for (size_t i = 0; i < n; i += 8) {
-        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))), e = _mm256_and_si256(b, mag);
-        __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e, 20)), two120);
-        f = _mm256_blendv_ps(f, nan, _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, mag)));
-        f = _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(b, sign), 24)));
-        _mm256_storeu_ps(m + i, _mm256_mul_ps(f, _mm256_set1_ps(scale[i / (size_t)qcols])));
-    }
+    for (size_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(m + i, _mm256_mul_ps(avx2_widen8_f8(q + i), _mm256_set1_ps(scale[i / (size_t)qcols])));
 }
 TGT_AVX512 static void avx512_dequant_f8(float *m, const uint8_t *q, const float *scale, size_t n, int qcols)
 {
@@ -1014,15 +1055,8 @@ TGT_AVX512 static void avx512_dequant_f8(float *m, const uint8_t *q, const float
         avx2_dequant_f8(m, q, scale, n, qcols);
         return;
     }
-    const __m512i mag = _mm512_set1_epi32(0x7f), sign = _mm512_set1_epi32(0x80);
-    const __m512 two120 = _mm512_set1_ps(0x1p120f), nan = _mm512_set1_ps(__builtin_nanf(""));
-    for (size_t i = 0; i < n; i += 16) {
-        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i))), e = _mm512_and_si512(b, mag);
-        __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(e, 20)), two120);
-        f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(e, mag), nan);
-        f = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), _mm512_slli_epi32(_mm512_and_si512(b, sign), 24)));
-        _mm512_storeu_ps(m + i, _mm512_mul_ps(f, _mm512_set1_ps(scale[i / (size_t)qcols])));
-    }
+    for (size_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(m + i, _mm512_mul_ps(avx512_loadw_f8(q + i), _mm512_set1_ps(scale[i / (size_t)qcols])));
 }
 typedef void (*DequantFn)(float *m, const uint8_t *q, const float *scale, size_t n, int qcols);
 
@@ -1038,7 +1072,7 @@ typedef void (*BlockFn)(float *y, const float *x, const float *xpack, void *wpac
 static const struct {
     const char *name;
     BlockFn f32, bf16;
-    AttendFn attend_f32, attend_bf16;
+    AttendFn attend_f32, attend_bf16, attend_f8;
     DequantFn dequant_f8;
     int tile_m; /* rows per prefill tile */
     /* one tile packed for its panel (tile_floats(K) floats), the weight
@@ -1049,11 +1083,11 @@ static const struct {
     int (*block_rows)(int K, size_t esize);
     size_t (*block_floats)(int n, int K);
 } isas[] = {
-    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, gen_dequant_f8, 3, NULL, NULL, NULL,
+    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, gen_f8_attend, gen_dequant_f8, 3, NULL, NULL, NULL,
      NULL},
-    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, avx2_dequant_f8, 6, avx2_pack_tile,
+    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, avx2_f8_attend, avx2_dequant_f8, 6, avx2_pack_tile,
      avx2_tile_floats, avx2_block_rows, avx2_block_floats},
-    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, avx512_dequant_f8, 6,
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, avx512_f8_attend, avx512_dequant_f8, 6,
      avx2_pack_tile, avx2_tile_floats, avx2_block_rows, avx2_block_floats},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
@@ -1096,7 +1130,7 @@ const char *cpu_isa(void)
 AttendFn cpu_attend(DType kv)
 {
     if (isa == ISA_AUTO) isa = best_isa();
-    return kv == DTYPE_BF16 ? isas[isa].attend_bf16 : isas[isa].attend_f32;
+    return kv == DTYPE_BF16 ? isas[isa].attend_bf16 : kv == DTYPE_F8_E4M3 ? isas[isa].attend_f8 : isas[isa].attend_f32;
 }
 
 int cpu_weight_group(DType t)

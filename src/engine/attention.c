@@ -260,10 +260,10 @@ void attention_layer(Attention *a, int layer, int sliding, const float *q, float
         /* Every chunk starts its sequence, so every rank holds all of its
          * keys in the step's rows: each attends its own heads to them by
          * all the key shards, the whole tree here and no partial to send.
-         * A bf16 cache's keys are read as it holds them. */
-        if (a->kv_dtype == DTYPE_BF16) {
-            be->round_bf16(k, (size_t)T * kv_row);
-            if (v) be->round_bf16(v, (size_t)T * kv_row);
+         * A bf16 or FP8 cache's keys are read as it holds them. */
+        if (a->kv_dtype != DTYPE_F32) {
+            be->round_kv(k, (size_t)T * kv_row, a->kv_dtype);
+            if (v) be->round_kv(v, (size_t)T * kv_row, a->kv_dtype);
         }
         AttnBatch ab = {.T = T, .n_heads = sh->q_heads, .n_kv_heads = sh->kv_heads, .head_dim = sh->head_dim,
                         .scale = sh->scale, .q = q, .out = out, .lse = lse, .k = k, .v = v ? v : k,
