@@ -117,8 +117,9 @@ static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
 {
     if (dtype_quantized(host.dtype)) { // as stored, with its scales: --dtype never widens it
         WeightRef w = host;
-        void *d = cuda_alloc(dtype_bytes(host.dtype) * (n ? n : 1));
-        upload_weights(d, host.data, dtype_bytes(host.dtype) * n);
+        size_t bytes = dtype_data_bytes(host.dtype, n);
+        void *d = cuda_alloc(bytes ? bytes : 1);
+        upload_weights(d, host.data, bytes);
         size_t ns = n / (size_t)host.qcols;
         float *s = (float *)cuda_alloc(sizeof(float) * (ns ? ns : 1));
         upload_weights(s, host.scale, sizeof(float) * ns);
@@ -215,13 +216,33 @@ static const __nv_bfloat16 *activations_bf16(const float *x, size_t n)
     return x_bf16;
 }
 
-// n elements of a quantized matrix widened to fp32: the stored element's
-// value times its run's scale, rounded once (quant.h; the CPU's
-// dequant_f8), so the GEMM that follows reads the dequantized twin's values
-__global__ void k_dequant_f8(float *m, const uint8_t *q, const float *scale, int qcols, size_t n)
+// element i of a weight stack: as stored, or a quantized element times its
+// run's scale (quant.h: weight_value's arithmetic)
+struct Int4 { // compressed-tensors' packed INT4: element i in byte i / 2
+    uint8_t b;
+};
+__device__ static inline float w_load(const float *w, const float *, int, int, size_t i) { return w[i]; }
+__device__ static inline float w_load(const __nv_bfloat16 *w, const float *, int, int, size_t i)
+{
+    return __bfloat162float(w[i]);
+}
+__device__ static inline float w_load(const uint8_t *w, const float *scale, int qcols, int qflags, size_t i)
+{
+    return scaled_value(f8e4m3_to_f32(w[i]), scale[i / (size_t)qcols], qflags & QF_ROUND_BF16);
+}
+__device__ static inline float w_load(const Int4 *w, const float *scale, int qcols, int qflags, size_t i)
+{
+    return scaled_value(i4_value((const uint8_t *)w, i), scale[i / (size_t)qcols], qflags & QF_ROUND_BF16);
+}
+
+// n elements of a quantized matrix widened to fp32: weight_value's
+// arithmetic (w_load), so that the GEMM that follows reads the dequantized
+// twin's values
+template <typename W>
+__global__ void k_dequant(float *m, const W *q, const float *scale, int qcols, int qflags, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) m[i] = __fmul_rn(f8e4m3_to_f32(q[i]), scale[i / (size_t)qcols]);
+    if (i < n) m[i] = w_load(q, scale, qcols, qflags, i);
 }
 
 // A quantized matrix's values in fp32, in a scratch buffer grown on demand
@@ -232,7 +253,12 @@ static const float *dequantized(WeightRef w, size_t n)
         w_f32_cap = n;
         w_f32 = (float *)cuda_alloc(sizeof(float) * n);
     }
-    DCP_LAUNCH(k_dequant_f8, blocks_for(n, 256), 256, 0, stream, w_f32, (const uint8_t *)w.data, w.scale, w.qcols, n);
+    if (w.dtype == DTYPE_I4)
+        DCP_LAUNCH(k_dequant<Int4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Int4 *)w.data, w.scale, w.qcols,
+                   w.qflags, n);
+    else
+        DCP_LAUNCH(k_dequant<uint8_t>, blocks_for(n, 256), 256, 0, stream, w_f32, (const uint8_t *)w.data, w.scale,
+                   w.qcols, w.qflags, n);
     DCP_CHECK_LAUNCH(stream);
     return w_f32;
 }
@@ -516,18 +542,6 @@ static void cuda_moe_route(const MoeRouting *r, const float *logits, const float
     DCP_CHECK_LAUNCH(stream);
 }
 
-// element i of a weight stack: as stored, or a quantized element times its
-// run's scale (quant.h)
-__device__ static inline float w_load(const float *w, const float *, int, size_t i) { return w[i]; }
-__device__ static inline float w_load(const __nv_bfloat16 *w, const float *, int, size_t i)
-{
-    return __bfloat162float(w[i]);
-}
-__device__ static inline float w_load(const uint8_t *w, const float *scale, int qcols, size_t i)
-{
-    return __fmul_rn(f8e4m3_to_f32(w[i]), scale[i / (size_t)qcols]);
-}
-
 // The grouped GEMM of the experts (backend.h, moe_matmul). The grid covers
 // the worst case of row tiles, pairs / MM_BM + experts (each expert adds at
 // most one partial tile); block x finds its expert and tile from start[]
@@ -542,7 +556,7 @@ __device__ static inline float w_load(const uint8_t *w, const float *scale, int 
 static_assert(MM_THREADS == (MM_BM / 2) * (MM_BN / 4) && MM_BM / 2 == 16 && MM_BN / 4 == 16, "k_moe_matmul's thread grid");
 template <typename W>
 __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
-                             const W *w, const float *scale, int qcols, size_t w_step, int in, int out)
+                             const W *w, const float *scale, int qcols, int qflags, size_t w_step, int in, int out)
 {
     __shared__ float xs[MM_BM][MM_BK + 1], ws[MM_BN][MM_BK + 1];
     int b = blockIdx.x, e = 0;
@@ -563,7 +577,8 @@ __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows,
         }
         for (int i = threadIdx.x; i < MM_BN * MM_BK; i += blockDim.x) {
             int n = i / MM_BK, k = i % MM_BK;
-            ws[n][k] = n0 + n < out && k0 + k < in ? w_load(w, scale, qcols, we + (size_t)(n0 + n) * in + k0 + k) : 0.0f;
+            ws[n][k] = n0 + n < out && k0 + k < in ? w_load(w, scale, qcols, qflags, we + (size_t)(n0 + n) * in + k0 + k)
+                                                   : 0.0f;
         }
         __syncthreads();
         for (int k = 0; k < MM_BK; k++)
@@ -584,6 +599,7 @@ __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows,
 DCP_STATIC_SHARED(k_moe_matmul<float>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 DCP_STATIC_SHARED(k_moe_matmul<__nv_bfloat16>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 DCP_STATIC_SHARED(k_moe_matmul<uint8_t>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
+DCP_STATIC_SHARED(k_moe_matmul<Int4>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 
 static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
                             int pairs, WeightRef w, size_t w_step, int in, int out)
@@ -591,15 +607,18 @@ static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, 
     if (!pairs || !out) return;
     counts.moe_matmuls++;
     dim3 grid(pairs / MM_BM + experts, blocks_for(out, MM_BN));
-    if (w.dtype == DTYPE_F8_E4M3)
+    if (w.dtype == DTYPE_I4)
+        DCP_LAUNCH(k_moe_matmul<Int4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
+                   (const Int4 *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
+    else if (w.dtype == DTYPE_F8_E4M3)
         DCP_LAUNCH(k_moe_matmul<uint8_t>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const uint8_t *)w.data, w.scale, w.qcols, w_step, in, out);
+                   (const uint8_t *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
     else if (w.dtype == DTYPE_BF16)
         DCP_LAUNCH(k_moe_matmul<__nv_bfloat16>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const __nv_bfloat16 *)w.data, w.scale, w.qcols, w_step, in, out);
+                   (const __nv_bfloat16 *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
     else
         DCP_LAUNCH(k_moe_matmul<float>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts, (const float *)w.data,
-                   w.scale, w.qcols, w_step, in, out);
+                   w.scale, w.qcols, w.qflags, w_step, in, out);
     DCP_CHECK_LAUNCH(stream);
 }
 

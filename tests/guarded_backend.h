@@ -71,8 +71,8 @@ static const float *g_weights(const float *host, size_t n)
 }
 static WeightRef g_gemm_weights(WeightRef host, size_t n)
 {
-    void *d = g_alloc(dtype_bytes(host.dtype) * n);
-    g_copy(d, host.data, dtype_bytes(host.dtype) * n);
+    void *d = g_alloc(dtype_data_bytes(host.dtype, n));
+    g_copy(d, host.data, dtype_data_bytes(host.dtype, n));
     WeightRef w = host;
     w.data = d;
     if (host.scale) { /* a quantized matrix's scales travel with it */

@@ -24,9 +24,10 @@ static void *on_gpu(const void *host, size_t bytes)
     return d;
 }
 
-/* A random block-scaled FP8 matrix of n elements, runs of qcols per
- * scale (WeightRef; no NaN bytes), on the host: free q.data, q.scale. */
-static WeightRef rnd_fp8(size_t n, int qcols, uint64_t *st)
+/* A random quantized matrix of n elements on the host, runs of qcols per
+ * scale: FP8 (no NaN bytes), or INT4 with bf16 scales whose products are
+ * rounded to bf16 (compressed-tensors' W4A16); free q.data, q.scale. */
+static WeightRef rnd_quant(DType t, size_t n, int qcols, uint64_t *st)
 {
     uint8_t *q = xmalloc(n);
     float *scale = xmalloc(sizeof(float) * (n / qcols + 1));
@@ -34,8 +35,10 @@ static WeightRef rnd_fp8(size_t n, int qcols, uint64_t *st)
         q[i] = (uint8_t)splitmix64(st);
         if ((q[i] & 0x7f) == 0x7f) q[i] ^= 1;
     }
-    for (size_t i = 0; i < n / qcols; i++) scale[i] = ldexpf(1.0f, -6 - (int)(splitmix64(st) % 4));
-    WeightRef w = {q, DTYPE_F8_E4M3, 0, scale, qcols};
+    for (size_t i = 0; i < n / qcols; i++)
+        scale[i] = ldexpf(t == DTYPE_I4 ? 1.0f + (float)(splitmix64(st) % 128) / 128 : 1.0f,
+                          -6 - (int)(splitmix64(st) % 4));
+    WeightRef w = {q, t, 0, scale, qcols, t == DTYPE_I4 ? QF_ROUND_BF16 : 0};
     return w;
 }
 static void release_matrix(WeightRef w)
@@ -386,13 +389,16 @@ static void moe_ops(uint64_t *st)
         }
         gpu->set_gemm_dtype("float32");
         int cin = MH / 2; /* the second of two chunks of the pairs' hidden rows y (P, MH) */
-        { /* an FP8 stack: gathered rows, and the second K chunk (scales stepped with weight_at) */
-            WeightRef q = rnd_fp8((size_t)E * MH * DIM, 4, st), dq = gpu->gemm_weights(q, (size_t)E * MH * DIM);
+        for (int i4 = 0; i4 < 2; i4++) { /* FP8 and INT4 stacks: gathered rows, and the second K chunk
+                                            (scales stepped with weight_at) */
+            const char *tn = i4 ? "int4" : "fp8";
+            WeightRef q = rnd_quant(i4 ? DTYPE_I4 : DTYPE_F8_E4M3, (size_t)E * MH * DIM, 4, st),
+                      dq = gpu->gemm_weights(q, (size_t)E * MH * DIM);
             float *yq = xmalloc(sizeof(float) * P * DIM);
             cpu->moe_matmul(yq, x, DIM, rows, start, E, P, q, (size_t)MH * DIM, DIM, MH);
             gpu->moe_matmul(dy, dx, DIM, drows, dstart, E, P, dq, (size_t)MH * DIM, DIM, MH);
             float *g = back(dy, (size_t)P * MH);
-            snprintf(name, sizeof name, "moe_matmul fp8 %s", cases[k].name);
+            snprintf(name, sizeof name, "moe_matmul %s %s", tn, cases[k].name);
             EXPECT_CLOSE(name, g, yq, (size_t)P * MH, 1e-5);
             free(g);
             size_t half = (size_t)DIM * cin;
@@ -400,7 +406,7 @@ static void moe_ops(uint64_t *st)
             cpu->moe_matmul(y2, yq + cin, MH, NULL, start, E, P, weight_at(q, half), (size_t)MH * DIM, cin, DIM);
             gpu->moe_matmul(dy2, dy + cin, MH, NULL, dstart, E, P, weight_at(dq, half), (size_t)MH * DIM, cin, DIM);
             g = back(dy2, (size_t)P * DIM);
-            snprintf(name, sizeof name, "moe_matmul fp8 chunk %s", cases[k].name);
+            snprintf(name, sizeof name, "moe_matmul %s chunk %s", tn, cases[k].name);
             EXPECT_CLOSE(name, g, y2, (size_t)P * DIM, 1e-5);
             free(g), free(yq);
             release_matrix(dq);
@@ -619,18 +625,26 @@ static void wide_ops(uint64_t *st)
         gpu->release_weights(dwm.data);
     }
     gpu->set_gemm_dtype("float32");
-    /* FP8 as stored, DeepSeek's 128-column scale runs, prefill and decode */
-    WeightRef q = rnd_fp8((size_t)OUT * IN, 128, st), dq = gpu->gemm_weights(q, (size_t)OUT * IN);
-    CHECK(dq.dtype == DTYPE_F8_E4M3 && dq.scale && dq.qcols == 128, "FP8 weights changed type on the device");
-    for (int t = T; t >= 1; t -= T - 1) {
-        cpu->matmul(y, x, q, t, IN, OUT);
-        gpu->matmul(dy, dx, dq, t, IN, OUT);
-        g = back(dy, (size_t)t * OUT);
-        EXPECT_CLOSE(t > 1 ? "matmul 2048x576 fp8" : "matmul 2048x576 fp8, one row", g, y, (size_t)t * OUT, 1e-4);
-        free(g);
+    /* FP8 as stored (DeepSeek's 128-column scale runs) and INT4 (groups of
+     * 32, Kimi K2's experts), prefill and decode */
+    for (int i4 = 0; i4 < 2; i4++) {
+        DType t = i4 ? DTYPE_I4 : DTYPE_F8_E4M3;
+        int run = i4 ? 32 : 128;
+        WeightRef q = rnd_quant(t, (size_t)OUT * IN, run, st), dq = gpu->gemm_weights(q, (size_t)OUT * IN);
+        CHECK(dq.dtype == t && dq.scale && dq.qcols == run && dq.qflags == q.qflags,
+              "quantized weights changed type on the device");
+        for (int tk = T; tk >= 1; tk -= T - 1) {
+            char name[64];
+            cpu->matmul(y, x, q, tk, IN, OUT);
+            gpu->matmul(dy, dx, dq, tk, IN, OUT);
+            g = back(dy, (size_t)tk * OUT);
+            snprintf(name, sizeof name, "matmul 2048x576 %s%s", i4 ? "int4" : "fp8", tk > 1 ? "" : ", one row");
+            EXPECT_CLOSE(name, g, y, (size_t)tk * OUT, 1e-4);
+            free(g);
+        }
+        release_matrix(dq);
+        free((void *)q.data), free((void *)q.scale);
     }
-    release_matrix(dq);
-    free((void *)q.data), free((void *)q.scale);
     void *bufs[] = {dx, dw, dy, dpos};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
     free(x), free(w), free(y), free(wm);

@@ -66,7 +66,7 @@ static void fp8_shape(int T, int K, int N, int qcols, uint64_t *st)
         q[i] = b;
         twin[i] = e4m3_ref(b) * scale[i / qcols];
     }
-    WeightRef wq = {q, DTYPE_F8_E4M3, 0, scale, qcols};
+    WeightRef wq = {q, DTYPE_F8_E4M3, 0, scale, qcols, 0};
     float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny);
     CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
     omp_set_num_threads(1);
@@ -86,6 +86,48 @@ static void fp8_shape(int T, int K, int N, int qcols, uint64_t *st)
         int h = N / 2;
         gemm_invariant(y, x, weight_at(wq, (size_t)h * K), 1, K, N - h);
         CHECK(!memcmp(y, ref + h, sizeof(float) * (N - h)), "fp8 K %d N %d: %s, rows from %d differ", K, N,
+              isa_names[i], h);
+    }
+    CHECK(!cpu_set_isa("auto"), "auto");
+    free(x), free(twin), free(q), free(scale), free(ref), free(y);
+}
+
+/* compressed-tensors' packed INT4 (two per byte, low nibble first, value
+ * + 8) with bf16 scales per run of qcols: the value (q - 8) * scale
+ * rounded to bf16, as compressed-tensors dequantizes in the scale's type;
+ * exactly the fp32 product of that twin, as fp8_shape. */
+static void i4_shape(int T, int K, int N, int qcols, uint64_t *st)
+{
+    float *x = xmalloc(sizeof(float) * T * K), *twin = xmalloc(sizeof(float) * N * K);
+    uint8_t *q = xcalloc((size_t)N * K / 2 + 1, 1);
+    size_t ns = (size_t)N * K / qcols, ny = (size_t)T * N;
+    float *scale = xmalloc(sizeof(float) * ns);
+    for (int i = 0; i < T * K; i++) x[i] = frand(st);
+    for (size_t i = 0; i < ns; i++) scale[i] = from_bf16(to_bf16(ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 8))));
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        int v = (int)(splitmix64(st) % 16);
+        q[i / 2] |= (uint8_t)(v << (4 * (i % 2)));
+        twin[i] = from_bf16(to_bf16((float)(v - 8) * scale[i / qcols]));
+    }
+    WeightRef wq = {q, DTYPE_I4, 0, scale, qcols, QF_ROUND_BF16};
+    float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny);
+    CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
+    omp_set_num_threads(1);
+    gemm_invariant(ref, x, weight_ref(twin, DTYPE_F32, 0), T, K, N);
+    for (int i = 0; i < 3; i++) {
+        if (cpu_set_isa(isa_names[i])) continue;
+        for (int threads = 1; threads <= 2; threads++) {
+            omp_set_num_threads(threads);
+            gemm_invariant(y, x, wq, T, K, N);
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "int4 T %d K %d N %d qcols %d: %s, %d threads differs from "
+                  "the dequantized twin", T, K, N, qcols, isa_names[i], threads);
+            rows_alone(y, x, wq, T, K, N);
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "int4 T %d K %d N %d qcols %d: %s, rows alone differ", T, K,
+                  N, qcols, isa_names[i]);
+        }
+        int h = N / 2;
+        gemm_invariant(y, x, weight_at(wq, (size_t)h * K), 1, K, N - h);
+        CHECK(!memcmp(y, ref + h, sizeof(float) * (N - h)), "int4 K %d N %d: %s, rows from %d differ", K, N,
               isa_names[i], h);
     }
     CHECK(!cpu_set_isa("auto"), "auto");
@@ -368,6 +410,12 @@ int main(int argc, char **argv)
     fp8_shape(1, 256, 200, 16, &st);
     fp8_shape(20, 768, 300, 128, &st);
     fp8_shape(406, 2048, 40, 128, &st);
+    /* INT4 W4A16, groups of 32 as Kimi K2's experts (and narrower runs) */
+    i4_shape(1, 64, 50, 4, &st);
+    i4_shape(3, 96, 40, 8, &st);
+    i4_shape(1, 256, 200, 32, &st);
+    i4_shape(20, 768, 300, 32, &st);
+    i4_shape(406, 2048, 40, 32, &st);
     /* head sizes around the 16- and 64-lane groups, key counts around 4 */
     static const int Ds[] = {8, 16, 40, 64, 128, 200};
     static const int ns[] = {1, 3, 4, 9, 100, 1000};

@@ -251,7 +251,7 @@ static inline void gen_trees16(const VGen *a, float *s)
 #define v_loadw gen_loadw_bf16
 #include "kernels_cpu.inc"
 /* an FP8 KV cache's keys and values (--kv-cache-dtype fp8): its attention
- * is used, its GEMM kernels are not (FP8 weights carry scales: dequant_f8) */
+ * is used, its GEMM kernels are not (FP8 weights carry scales: gen_dequant) */
 #undef TGT
 #define TGT __attribute__((unused))
 #define SFX(name) gen_f8_##name
@@ -1030,35 +1030,82 @@ AVX512_PANEL(avx512_bf16_panel, uint16_t, avx2_bf16_pairs)
 #include "kernels_cpu_end.inc"
 
 /* ---- quantized weights ------------------------------------------------ */
-/* n elements of a quantized matrix (from an element whose index is a
- * multiple of qcols, scale its run's scale) widened to fp32: each the
- * stored element's exact value (f8e4m3_to_f32) times its run's scale,
- * rounded once, the same bits on every instruction set. The GEMMs then
- * run the fp32 kernels on these values (gemm_invariant), so a quantized
- * matrix gives exactly the fp32 result of its dequantized twin. */
-static void gen_dequant_f8(float *m, const uint8_t *q, const float *scale, size_t n, int qcols)
+/* n elements of a quantized matrix from element e0 (a multiple of qcols)
+ * widened to fp32: each weight_value, the stored element's exact value
+ * times its run's scale, rounded once (and to bf16 where QF_ROUND_BF16
+ * says), the same bits on every instruction set. The GEMMs then run the
+ * fp32 kernels on these values (gemm_invariant), so a quantized matrix
+ * gives exactly the fp32 result of its dequantized twin. */
+static void gen_dequant(float *m, WeightRef w, size_t e0, size_t n)
 {
-    for (size_t i = 0; i < n; i++) m[i] = f8e4m3_to_f32(q[i]) * scale[i / (size_t)qcols];
+    for (size_t i = 0; i < n; i++) m[i] = weight_value(w, e0 + i);
 }
-TGT_AVX2 static void avx2_dequant_f8(float *m, const uint8_t *q, const float *scale, size_t n, int qcols)
+/* bf16 rounding of finite lanes (scaled_value) */
+TGT_AVX2 static inline __m256 avx2_round_bf16(__m256 x)
 {
-    if (qcols % 8) { /* runs narrower than a vector: one element at a time */
-        gen_dequant_f8(m, q, scale, n, qcols);
+    __m256i u = _mm256_castps_si256(x);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+}
+/* eight INT4 elements from byte p (the low nibble first) as floats, -8 .. 7 */
+TGT_AVX2 static inline __m256 avx2_widen8_i4(const uint8_t *p)
+{
+    uint32_t b;
+    memcpy(&b, p, 4);
+    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32((int)b), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
+    return _mm256_cvtepi32_ps(v);
+}
+TGT_AVX2 static void avx2_dequant(float *m, WeightRef w, size_t e0, size_t n)
+{
+    if (w.qcols % 8) { /* runs narrower than a vector: one element at a time */
+        gen_dequant(m, w, e0, n);
         return;
     }
-    for (size_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(m + i, _mm256_mul_ps(avx2_widen8_f8(q + i), _mm256_set1_ps(scale[i / (size_t)qcols])));
+    const uint8_t *q = w.data;
+    const float *scale = w.scale + e0 / (size_t)w.qcols;
+    int i4 = w.dtype == DTYPE_I4, bf = w.qflags & QF_ROUND_BF16;
+    for (size_t i = 0; i < n; i += 8) {
+        __m256 v = i4 ? avx2_widen8_i4(q + (e0 + i) / 2) : avx2_widen8_f8(q + e0 + i);
+        v = _mm256_mul_ps(v, _mm256_set1_ps(scale[i / (size_t)w.qcols]));
+        _mm256_storeu_ps(m + i, bf ? avx2_round_bf16(v) : v);
+    }
 }
-TGT_AVX512 static void avx512_dequant_f8(float *m, const uint8_t *q, const float *scale, size_t n, int qcols)
+TGT_AVX512 static inline __m512 avx512_round_bf16(__m512 x)
 {
-    if (qcols % 16) {
-        avx2_dequant_f8(m, q, scale, n, qcols);
+    __m512i u = _mm512_castps_si512(x);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
+/* sixteen INT4 elements from byte p as floats, -8 .. 7 */
+TGT_AVX512 static inline __m512 avx512_widen16_i4(const uint8_t *p)
+{
+    uint64_t b;
+    memcpy(&b, p, 8);
+    __m512i lo = _mm512_set1_epi32((int)(uint32_t)b), hi = _mm512_set1_epi32((int)(uint32_t)(b >> 32));
+    __m512i v = _mm512_mask_blend_epi32(0xff00, lo, hi);
+    v = _mm512_srlv_epi32(v, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28));
+    v = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(15)), _mm512_set1_epi32(8));
+    return _mm512_cvtepi32_ps(v);
+}
+TGT_AVX512 static void avx512_dequant(float *m, WeightRef w, size_t e0, size_t n)
+{
+    if (w.qcols % 16) {
+        avx2_dequant(m, w, e0, n);
         return;
     }
-    for (size_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(m + i, _mm512_mul_ps(avx512_loadw_f8(q + i), _mm512_set1_ps(scale[i / (size_t)qcols])));
+    const uint8_t *q = w.data;
+    const float *scale = w.scale + e0 / (size_t)w.qcols;
+    int i4 = w.dtype == DTYPE_I4, bf = w.qflags & QF_ROUND_BF16;
+    for (size_t i = 0; i < n; i += 16) {
+        __m512 v = i4 ? avx512_widen16_i4(q + (e0 + i) / 2) : avx512_loadw_f8(q + e0 + i);
+        v = _mm512_mul_ps(v, _mm512_set1_ps(scale[i / (size_t)w.qcols]));
+        _mm512_storeu_ps(m + i, bf ? avx512_round_bf16(v) : v);
+    }
 }
-typedef void (*DequantFn)(float *m, const uint8_t *q, const float *scale, size_t n, int qcols);
+typedef void (*DequantFn)(float *m, WeightRef w, size_t e0, size_t n);
 
 /* ---- dispatch ---------------------------------------------------------- */
 /* Rows past the last whole tile: up to GEMV_LEFT of them go to the GEMV
@@ -1073,7 +1120,7 @@ static const struct {
     const char *name;
     BlockFn f32, bf16;
     AttendFn attend_f32, attend_bf16, attend_f8;
-    DequantFn dequant_f8;
+    DequantFn dequant;
     int tile_m; /* rows per prefill tile */
     /* one tile packed for its panel (tile_floats(K) floats), the weight
      * rows per block, and the floats of a block of n packed weight rows;
@@ -1083,11 +1130,11 @@ static const struct {
     int (*block_rows)(int K, size_t esize);
     size_t (*block_floats)(int n, int K);
 } isas[] = {
-    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, gen_f8_attend, gen_dequant_f8, 3, NULL, NULL, NULL,
+    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, gen_f8_attend, gen_dequant, 3, NULL, NULL, NULL,
      NULL},
-    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, avx2_f8_attend, avx2_dequant_f8, 6, avx2_pack_tile,
+    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, avx2_f8_attend, avx2_dequant, 6, avx2_pack_tile,
      avx2_tile_floats, avx2_block_rows, avx2_block_floats},
-    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, avx512_f8_attend, avx512_dequant_f8, 6,
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, avx512_f8_attend, avx512_dequant, 6,
      avx2_pack_tile, avx2_tile_floats, avx2_block_rows, avx2_block_floats},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
@@ -1164,7 +1211,7 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
     }
     int G = w.group, align = G ? 48 : 16; /* row splits: whole panels of 16, and whole groups */
     /* a quantized matrix: each block of rows widened to fp32 just before
-     * the fp32 kernels read it (gen_dequant_f8) */
+     * the fp32 kernels read it (gen_dequant) */
     int quant = dtype_quantized(w.dtype);
     size_t wbytes = quant ? sizeof(float) : dtype_bytes(w.dtype);
     BlockFn f = w.dtype == DTYPE_BF16 ? isas[isa].bf16 : isas[isa].f32;
@@ -1239,9 +1286,7 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
                 /* rows n0 .. n1-1 widened, read as rows 0 .. n1-n0-1 of
                  * outputs yt + n0 (the kernels step output rows by out) */
                 float *wq = deq_buf + (size_t)nb * in * me;
-                size_t e0 = (size_t)n0 * in;
-                isas[isa].dequant_f8(wq, (const uint8_t *)w.data + e0, w.scale + e0 / (size_t)w.qcols,
-                                     (size_t)(n1 - n0) * in, w.qcols);
+                isas[isa].dequant(wq, w, (size_t)n0 * in, (size_t)(n1 - n0) * in);
                 f(yt + n0, xt, xp, wp, wq, rows, tiles, in, out, 0, n1 - n0, 0);
             }
             if (packing && t0 + tb < T) {

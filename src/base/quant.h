@@ -32,6 +32,29 @@ DCP_QUANT_FN float f8e4m3_to_f32(uint8_t b)
     return b & 0x80 ? -f : f;
 }
 
+/* Element i of compressed-tensors' packed INT4 (two per byte, the low
+ * nibble first, each the value plus 8): -8 .. 7 */
+DCP_QUANT_FN float i4_value(const uint8_t *p, size_t i)
+{
+    return (float)((int)((p[i / 2] >> (4 * (i % 2))) & 15) - 8);
+}
+
+/* A quantized element's value v times its scale s, rounded once to fp32,
+ * then to bf16 (nearest even) when round_bf16: what a checkpoint whose
+ * scales are bf16 dequantizes to (compressed-tensors multiplies in the
+ * scale's type). Products of finite values only. */
+DCP_QUANT_FN float scaled_value(float v, float s, int round_bf16)
+{
+    float x = v * s;
+    if (round_bf16) {
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        u = (u + 0x7fffu + ((u >> 16) & 1)) & 0xffff0000u;
+        memcpy(&x, &u, sizeof x);
+    }
+    return x;
+}
+
 /* x to FP8 E4M3, rounded to nearest even, saturating at +-448 (the
  * largest finite value, as vLLM's FP8 quantization clamps); NaN stays NaN.
  * Normal results: the fp32 mantissa rounded from 23 to 3 bits and the

@@ -21,7 +21,7 @@
 static const struct {
     const char *name;
     size_t size;
-} st_dtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}};
+} st_dtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}, {"I32", 4}, {"I64", 8}, {"U8", 1}, {"I8", 1}};
 
 static int dtype_parse(const char *s, StDtype *d, size_t *size)
 {
@@ -344,10 +344,66 @@ int st_read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, i
     return 0;
 }
 
+int st_read_i4_packed(const StTensor *packed, const StTensor *scale, const StTensor *shape, int group, int64_t row0,
+                      int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst, float *scale_dst)
+{
+    int64_t rows = packed->ndim == 2 ? packed->shape[0] : 0, cols = packed->ndim == 2 ? packed->shape[1] * 8 : 0;
+    if (shape) { /* weight_shape: the matrix's own shape, which the packing rounds up to 8 columns */
+        int64_t s[2] = {0, 0};
+        for (int i = 0; i < 2 && shape->ndim == 1 && shape->shape[0] == 2; i++) {
+            if (shape->dtype == ST_I64) memcpy(&s[i], shape->data + 8 * i, 8);
+            else if (shape->dtype == ST_I32) {
+                int32_t v;
+                memcpy(&v, shape->data + 4 * i, 4);
+                s[i] = v;
+            }
+        }
+        if (s[0] != rows || s[1] != cols)
+            return dcp_fail("%s: tensor '%s': weight_shape [%lld, %lld] is not that of its packing [%lld, %lld / 8]",
+                            packed->file, shape->name, (long long)s[0], (long long)s[1], (long long)rows,
+                            (long long)cols);
+    }
+    if (packed->dtype != ST_I32 || packed->ndim != 2 || !scale || scale->ndim != 2 || scale->shape[0] != rows ||
+        group <= 0 || cols % group || scale->shape[1] != cols / group || (scale->dtype != ST_BF16 && scale->dtype != ST_F32))
+        return dcp_fail("%s: tensor '%s': INT4 needs an I32 weight_packed [rows, cols / 8] and a BF16 or F32 "
+                        "weight_scale [rows, cols / %d]",
+                        packed->file, packed->name, group);
+    if (qcols <= 0 || group % qcols || col0 % qcols || ncols % qcols || row0 < 0 || col0 < 0 || row0 + nrows > rows ||
+        col0 + ncols > cols)
+        return dcp_fail("%s: tensor '%s': slice [%lld+%lld, %lld+%lld] in runs of %d outside its shape or its groups "
+                        "of %d",
+                        packed->file, packed->name, (long long)row0, (long long)nrows, (long long)col0,
+                        (long long)ncols, qcols, group);
+    size_t gs = (size_t)(cols / group);
+    float *srow = xmalloc(sizeof(float) * gs);
+    for (int64_t r = 0; r < nrows; r++) {
+        const unsigned char *from = packed->data + (size_t)(row0 + r) * (size_t)(cols / 2);
+        size_t at = (size_t)(r * ncols); /* this row's first element in dst */
+        if (col0 % 2 == 0 && at % 2 == 0)
+            memcpy(dst + at / 2, from + col0 / 2, (size_t)(ncols + 1) / 2);
+        else /* a run of odd width: nibble by nibble */
+            for (int64_t c = 0; c < ncols; c++) {
+                int64_t j = col0 + c;
+                unsigned v = (from[j / 2] >> (4 * (j % 2))) & 15, i = (unsigned)((at + c) % 2);
+                uint8_t *b = dst + (at + c) / 2;
+                *b = (uint8_t)((*b & (i ? 0x0f : 0xf0)) | v << (4 * i));
+            }
+        if (st_read_f32(scale, row0 + r, 1, 0, (int64_t)gs, srow)) {
+            free(srow);
+            return -1;
+        }
+        for (int64_t c = 0; c < ncols; c += qcols) scale_dst[(at + c) / qcols] = srow[(col0 + c) / group];
+    }
+    free(srow);
+    st_release(packed);
+    return 0;
+}
+
 int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, float *dst)
 {
-    if (t->dtype == ST_F8_E4M3)
-        return dcp_fail("%s: tensor '%s' is FP8, which needs the model's quantization_config", t->file, t->name);
+    if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
+        return dcp_fail("%s: tensor '%s' is %s, which needs the model's quantization_config", t->file, t->name,
+                        st_dtype_name(t->dtype));
     int64_t rows = t->ndim == 1 ? 1 : t->shape[0];
     int64_t cols = t->ndim == 1 ? t->shape[0] : t->shape[1];
     if (t->ndim > 2 || row0 < 0 || col0 < 0 || row0 + nrows > rows || col0 + ncols > cols)
@@ -360,7 +416,7 @@ int st_read_f32(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, in
         case ST_F32:
             memcpy(out, t->data + first * 4, (size_t)ncols * 4); /* memcpy: data may be unaligned */
             break;
-        case ST_F8_E4M3:
+        default:
             break; /* refused above */
         case ST_BF16:
         case ST_F16:

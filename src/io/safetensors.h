@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ST_F32, ST_F16, ST_BF16, ST_F8_E4M3 } StDtype;
+typedef enum { ST_F32, ST_F16, ST_BF16, ST_F8_E4M3, ST_I32, ST_I64, ST_U8, ST_I8 } StDtype;
 /* as a checkpoint's header names it: "F32", ... */
 const char *st_dtype_name(StDtype d);
 
@@ -64,6 +64,15 @@ int st_read_f32_scaled(const StTensor *t, const StTensor *scale_inv, int block_r
  * row's block's scale; WeightRef). qcols must divide block_cols, col0 and
  * ncols, so that no run of qcols crosses a block. */
 int st_read_f8_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
+                      int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst, float *scale_dst);
+/* A slice of a compressed-tensors pack-quantized INT4 matrix (rows x cols
+ * of weight_shape): packed (I32, [rows, cols / 8], eight 4-bit values per
+ * word from its low bits up, each the value plus 8) and scale (BF16 or
+ * F32, [rows, cols / group]). dst gets the slice's values two per byte,
+ * as stored (element i's nibble in byte i / 2, low first; value + 8), and
+ * scale_dst one fp32 scale per qcols columns of each row, in order. qcols
+ * must divide group, col0 and ncols. */
+int st_read_i4_packed(const StTensor *packed, const StTensor *scale, const StTensor *shape, int group, int64_t row0,
                       int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst, float *scale_dst);
 
 #endif

@@ -73,13 +73,15 @@ int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf,
 
 const char *dtype_name(DType t)
 {
-    static const char *const names[] = {"float32", "bfloat16", "fp8-e4m3"};
+    static const char *const names[] = {"float32", "bfloat16", "fp8-e4m3", "int4"};
     return names[t];
 }
 
 float weight_value(WeightRef w, size_t i)
 {
-    return f8e4m3_to_f32(((const uint8_t *)w.data)[i]) * w.scale[i / (size_t)w.qcols];
+    const uint8_t *p = w.data;
+    float v = w.dtype == DTYPE_I4 ? i4_value(p, i) : f8e4m3_to_f32(p[i]);
+    return scaled_value(v, w.scale[i / (size_t)w.qcols], w.qflags & QF_ROUND_BF16);
 }
 
 /* ---- config readers ---------------------------------------------------- */

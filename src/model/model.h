@@ -28,14 +28,23 @@ typedef struct {
     int k_chunks, chunks, key_shards;
 } Shard;
 
-/* Element types of weight storage. DTYPE_F8_E4M3: FP8 E4M3 with a scale
- * per run of columns (WeightRef.scale), a matrix's value being the
- * element's value times its scale in fp32 (exactly what a block-scaled
- * checkpoint's dequantization gives: f8_weight). */
-typedef enum { DTYPE_F32, DTYPE_BF16, DTYPE_F8_E4M3 } DType;
+/* Element types of weight storage. The quantized ones (dtype_quantized)
+ * come with a scale per run of columns (WeightRef.scale), a matrix's value
+ * being the element's value times its scale in fp32, rounded to bf16 where
+ * the checkpoint's scales are bf16 (WeightRef.qflags): exactly what the
+ * checkpoint's own dequantization gives.
+ *   DTYPE_F8_E4M3  FP8 E4M3 (block-scaled: f8e4m3_to_f32)
+ *   DTYPE_I4       signed 4-bit integers, two per byte, element i in
+ *                  byte i / 2 (the low nibble first), stored plus 8 as
+ *                  compressed-tensors packs them (i4_value) */
+typedef enum { DTYPE_F32, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_I4 } DType;
 
-static inline size_t dtype_bytes(DType t) { return t == DTYPE_BF16 ? 2 : t == DTYPE_F8_E4M3 ? 1 : 4; }
-static inline int dtype_quantized(DType t) { return t == DTYPE_F8_E4M3; }
+static inline size_t dtype_bits(DType t) { return t == DTYPE_I4 ? 4 : t == DTYPE_BF16 ? 16 : t == DTYPE_F8_E4M3 ? 8 : 32; }
+/* bytes per element of a type of whole bytes (not DTYPE_I4) */
+static inline size_t dtype_bytes(DType t) { return dtype_bits(t) / 8; }
+/* the bytes of n elements (n even for DTYPE_I4) */
+static inline size_t dtype_data_bytes(DType t, size_t n) { return n * dtype_bits(t) / 8; }
+static inline int dtype_quantized(DType t) { return t == DTYPE_F8_E4M3 || t == DTYPE_I4; }
 const char *dtype_name(DType t);
 
 /* A weight matrix as a backend stores it for matmul: data in backend memory,
@@ -64,26 +73,28 @@ typedef struct {
     int group; /* 0: row after row; G: rows in groups of G */
     const float *scale; /* quantized: one per qcols elements, in order */
     int qcols;
+    int qflags;         /* QF_ROUND_BF16: each value rounded to bf16 */
 } WeightRef;
+enum { QF_ROUND_BF16 = 1 };
 
 /* an unquantized matrix */
 static inline WeightRef weight_ref(const void *data, DType dtype, int group)
 {
-    WeightRef w = {data, dtype, group, NULL, 0};
+    WeightRef w = {data, dtype, group, NULL, 0, 0};
     return w;
 }
 
 static inline WeightRef weight_at(WeightRef w, size_t elements)
 {
     WeightRef r = w;
-    r.data = (const char *)w.data + elements * dtype_bytes(w.dtype);
+    r.data = (const char *)w.data + dtype_data_bytes(w.dtype, elements);
     if (w.scale) r.scale = w.scale + elements / (size_t)w.qcols;
     return r;
 }
 /* The bytes a matrix of n elements takes: its elements and its scales. */
 static inline size_t weight_bytes(WeightRef w, size_t n)
 {
-    return n * dtype_bytes(w.dtype) + (w.scale ? n / (size_t)w.qcols * sizeof(float) : 0);
+    return dtype_data_bytes(w.dtype, n) + (w.scale ? n / (size_t)w.qcols * sizeof(float) : 0);
 }
 /* Element i of a quantized matrix's values (dtype_quantized): the stored
  * element times its scale, in fp32, as the kernels widen it. */
