@@ -19,7 +19,7 @@
 static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/linear",
                               "hf/yarn",          "hf/mistral_window",  "hf/qwen2_bias",
                               "hf/qwen3_qk_norm", "hf/mlp_bias",        "deepseek/v3_yarn",
-                              "deepseek/v2_softmax", "deepseek/v3_fp8"};
+                              "deepseek/v2_softmax", "deepseek/v3_fp8", "deepseek/v3_int4"};
 
 /* One request of the prompt at one rank: its logits at every position
  * ((n + max_tokens) x vocab, malloc'ed) and its result. */
@@ -58,59 +58,54 @@ static float *prompt_logits(const char *dir, int *n_out, int *vocab_out)
     return logits;
 }
 
-/* A block-scaled FP8 checkpoint (F8_E4M3 with weight_scale_inv) gives the
- * logits of its dequantized float32 twin. */
-static void fp8_twin(const char *src)
+/* A quantized checkpoint gives exactly the logits of its dequantized
+ * float32 twin, and holds its matrices as stored: every matrix the GEMMs
+ * read that the checkpoint quantizes takes its stored bits per element
+ * (FP8 8, INT4 4) and a 4-byte scale per run of gcd(block or group, its K
+ * chunk's columns) columns, against the twin's 4 bytes. */
+static void quant_twin(const char *src, const char *name, DType t, int block)
 {
-    char fp8[4096], twin[4096], file[4200];
-    snprintf(fp8, sizeof fp8, "%s/tests/data/deepseek/v3_fp8", src);
-    snprintf(twin, sizeof twin, "%s/tests/data/deepseek/v3_fp8_twin", src);
-    snprintf(file, sizeof file, "%s/model.safetensors", fp8);
-    StFile f;
-    int n_f8 = 0;
-    if (CHECK_OK(st_open(&f, file) == 0, "%s: %s", file, dcp_error())) {
-        for (int i = 0; i < f.n; i++) n_f8 += f.tensors[i].dtype == ST_F8_E4M3;
-        st_close(&f);
-    }
-    CHECK(n_f8 > 0, "%s holds no FP8 tensor", file);
-    /* kept in FP8: every matrix the GEMMs read that the checkpoint stores
-     * in FP8 takes a byte per element and a 4-byte scale per run of
-     * gcd(16, its K chunk's columns) columns, against the twin's 4 bytes */
-    Model q, t;
-    if (CHECK_OK(model_load(&q, fp8, 1, 0) == 0 && model_load(&t, twin, 1, 0) == 0, "%s", dcp_error())) {
+    char dir[4096], twin[4200];
+    snprintf(dir, sizeof dir, "%s/tests/data/deepseek/%s", src, name);
+    snprintf(twin, sizeof twin, "%s_twin", dir);
+    Model q, w;
+    if (CHECK_OK(model_load(&q, dir, 1, 0) == 0 && model_load(&w, twin, 1, 0) == 0, "%s", dcp_error())) {
         MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(&q.cfg));
         StCheckpoint ck;
-        long long want = (long long)t.w.bytes, kept = 0, unkept = 0;
-        CHECK(st_checkpoint_open(&ck, fp8) == 0, "%s", dcp_error());
+        long long want = (long long)w.w.bytes, kept = 0, unkept = 0;
+        CHECK(st_checkpoint_open(&ck, dir) == 0, "%s", dcp_error());
         for (int l = 0; l < q.cfg.n_layers; l++) {
             int n = mla_tensors(&q.cfg, &q.shard, l, &q.w.mla[l], mt);
             for (int i = 0; i < n; i++) {
-                if (!mt[i].mat || st_find(&ck, mt[i].name)->dtype != ST_F8_E4M3) continue;
+                char packed[160];
+                snprintf(packed, sizeof packed, "%.*s.weight_packed", (int)strlen(mt[i].name) - 7, mt[i].name);
+                const StTensor *st = st_find(&ck, mt[i].name);
+                int stored = st ? st->dtype == ST_F8_E4M3 : st_find(&ck, packed) != NULL;
+                if (!mt[i].mat || !stored) continue;
                 long long e = (long long)mt[i].nrows * mt[i].ncols;
-                int run = 16, cc = mt[i].ncols / mt[i].chunks;
-                while (cc % run) run /= 2; /* gcd(16, cc) */
-                want += e + 4 * e / run - 4 * e;
-                kept += mt[i].mat->dtype == DTYPE_F8_E4M3;
-                unkept += mt[i].mat->dtype != DTYPE_F8_E4M3;
+                int run = block, cc = mt[i].ncols / mt[i].chunks;
+                while (cc % run) run /= 2; /* gcd(block, cc): both powers of two here */
+                want += e * (long long)dtype_bits(t) / 8 + 4 * e / run - 4 * e;
+                kept += mt[i].mat->dtype == t;
+                unkept += mt[i].mat->dtype != t;
             }
         }
         st_checkpoint_close(&ck);
-        fprintf(stderr, "deepseek/v3_fp8      weights %zu bytes in FP8 (%lld matrices), %zu as float32 twin\n", q.w.bytes,
-                kept, t.w.bytes);
-        CHECK(kept > 0 && !unkept, "%lld FP8 matrices widened on loading", unkept);
-        CHECK((long long)q.w.bytes == want, "FP8 weights take %zu bytes, the formula says %lld", q.w.bytes, want);
+        fprintf(stderr, "deepseek/%-11s weights %zu bytes as stored (%lld %s matrices), %zu as the float32 twin\n",
+                name, q.w.bytes, kept, dtype_name(t), w.w.bytes);
+        CHECK(kept > 0 && !unkept, "%s: %lld quantized matrices widened on loading", name, unkept);
+        CHECK((long long)q.w.bytes == want, "%s: weights take %zu bytes, the formula says %lld", name, q.w.bytes, want);
         free(mt);
         model_free(&q);
-        model_free(&t);
+        model_free(&w);
     }
     int n1, n2, v1, v2;
-    float *a = prompt_logits(fp8, &n1, &v1), *b = prompt_logits(twin, &n2, &v2);
-    if (a && b && CHECK_OK(n1 == n2 && v1 == v2, "FP8 and twin differ in shape")) {
+    float *a = prompt_logits(dir, &n1, &v1), *b = prompt_logits(twin, &n2, &v2);
+    if (a && b && CHECK_OK(n1 == n2 && v1 == v2, "%s and twin differ in shape", name)) {
         double worst = 0;
         for (size_t i = 0; i < (size_t)n1 * v1; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
-        fprintf(stderr, "deepseek/v3_fp8      %d FP8 matrices: max |logit - float32 twin's| = %.2g over %d positions\n",
-                n_f8, worst, n1);
-        CHECK(worst == 0, "FP8 logits differ from the dequantized twin's by %g", worst);
+        fprintf(stderr, "deepseek/%-11s max |logit - float32 twin's| = %.2g over %d positions\n", name, worst, n1);
+        CHECK(worst == 0, "%s logits differ from the dequantized twin's by %g", name, worst);
     }
     free(a);
     free(b);
@@ -158,7 +153,8 @@ int main(int argc, char **argv)
         free(ref);
         model_free(&m);
     }
-    fp8_twin(src);
+    quant_twin(src, "v3_fp8", DTYPE_F8_E4M3, 16);
+    quant_twin(src, "v3_int4", DTYPE_I4, 32);
     MPI_Finalize();
     return test_finish("test_hf_reference");
 }

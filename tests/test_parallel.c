@@ -714,6 +714,17 @@ static void deepseek_layouts(void)
             run_layout("deepseek v3_fp8: tp 8 dcp 8 against its float32 twin", fp8, &rs, &tref,
                        (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .budget = 16, .rel_tol = 1e-4}, NULL);
             free_reference(&tref, rs.n);
+            /* INT4 W4A16 experts (compressed-tensors), the same way */
+            snprintf(fp8, sizeof fp8, "%s/tests/data/deepseek/v3_int4", src);
+            snprintf(twin, sizeof twin, "%s/tests/data/deepseek/v3_int4_twin", src);
+            tref = reference_run(twin, &rs);
+            run_layout("deepseek v3_int4: tp 4 dcp 4 against its float32 twin", fp8, &rs, &tref,
+                       (Layout){.np = 4, .tp = 4, .dcp = 4, .I = 1, .budget = 16, .rel_tol = 1e-4}, NULL);
+            run_layout("deepseek v3_int4: tp 8 dcp 8 against its float32 twin", fp8, &rs, &tref,
+                       (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .merge = MERGE_A2A, .budget = 16,
+                                .rel_tol = 1e-4},
+                       NULL);
+            free_reference(&tref, rs.n);
         }
         free_reference(&ref, rs.n);
         requests_free(&rs);

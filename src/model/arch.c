@@ -1,7 +1,9 @@
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include "arch.h"
 
 #include <jansson.h>
 #include <math.h>
+#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +112,69 @@ static int get_choice(json_t *o, const char *key, const char *const *choices, co
 }
 
 /* Reads and checks a DeepSeek-V2/V3 config (docs/models.md) into c. */
+/* quantization_config: block-scaled FP8 (DeepSeek-V3's own), or
+ * compressed-tensors' pack-quantized INT4 W4A16 (Kimi K2's experts: one
+ * config group of symmetric 4-bit integers in groups along the input,
+ * activations unquantized). Anything else is refused by name. */
+static int read_quantization(json_t *q, MlaConfig *m, const char *path)
+{
+    const char *qm = json_string_value(json_object_get(q, "quant_method"));
+    if (qm && !strcmp(qm, "compressed-tensors")) {
+        json_t *groups = json_object_get(q, "config_groups"), *kv = json_object_get(q, "kv_cache_scheme");
+        const char *fmt = json_string_value(json_object_get(q, "format"));
+        if (!json_is_object(groups) || json_object_size(groups) != 1)
+            return dcp_fail("%s: quantization_config: compressed-tensors with %zu config_groups; dcpinfer reads one",
+                            path, json_is_object(groups) ? json_object_size(groups) : (size_t)0);
+        json_t *g = json_object_iter_value(json_object_iter(groups)), *w = json_object_get(g, "weights");
+        const char *gfmt = json_string_value(json_object_get(g, "format"));
+        if (gfmt) fmt = gfmt;
+        json_t *ia = json_object_get(g, "input_activations");
+        const char *type = json_string_value(json_object_get(w, "type"));
+        const char *strategy = json_string_value(json_object_get(w, "strategy"));
+        json_t *bits = json_object_get(w, "num_bits"), *gs = json_object_get(w, "group_size");
+        json_t *sym = json_object_get(w, "symmetric");
+        if (!fmt || strcmp(fmt, "pack-quantized"))
+            return dcp_fail("%s: quantization_config: compressed-tensors format \"%s\" is not supported "
+                            "(pack-quantized INT4 only)",
+                            path, fmt ? fmt : "(none)");
+        if (!json_is_object(w) || !type || strcmp(type, "int") || json_integer_value(bits) != 4 || !strategy ||
+            strcmp(strategy, "group") || !json_is_integer(gs) || json_integer_value(gs) < 1 ||
+            json_integer_value(gs) > 1 << 20)
+            return dcp_fail("%s: quantization_config: pack-quantized weights must be 4-bit ints in groups "
+                            "(type int, num_bits 4, strategy group, group_size > 0)",
+                            path);
+        if (json_is_false(sym))
+            return dcp_fail("%s: quantization_config: asymmetric INT4 (weight_zero_point) is not supported "
+                            "(symmetric only)",
+                            path);
+        if (ia && !json_is_null(ia))
+            return dcp_fail("%s: quantization_config: quantized input activations are not supported (W4A16: "
+                            "input_activations null)",
+                            path);
+        if (kv && !json_is_null(kv))
+            return dcp_fail("%s: quantization_config: kv_cache_scheme is not supported (use --kv-cache-dtype fp8)",
+                            path);
+        m->int4_group = (int)json_integer_value(gs);
+        return 0;
+    }
+    const char *fmt = json_string_value(json_object_get(q, "fmt"));
+    json_t *bs = json_object_get(q, "weight_block_size");
+    if (!qm || strcmp(qm, "fp8"))
+        return dcp_fail("%s: quantization_config %s is not supported (block-scaled fp8, or compressed-tensors "
+                        "pack-quantized INT4)",
+                        path, qm ? qm : "(no quant_method)");
+    if (fmt && strcmp(fmt, "e4m3"))
+        return dcp_fail("%s: quantization_config fmt \"%s\" is not supported (e4m3 only)", path, fmt);
+    if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) ||
+        !json_is_integer(json_array_get(bs, 1)) || json_integer_value(json_array_get(bs, 0)) <= 0 ||
+        json_integer_value(json_array_get(bs, 1)) <= 0 || json_integer_value(json_array_get(bs, 0)) > 1 << 20 ||
+        json_integer_value(json_array_get(bs, 1)) > 1 << 20)
+        return dcp_fail("%s: quantization_config fp8 needs \"weight_block_size\": [rows, cols], positive", path);
+    m->fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
+    m->fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
+    return 0;
+}
+
 static int read_deepseek(json_t *root, const char *arch, int v3, const char *path, Config *cp)
 {
     Config c = *cp;
@@ -193,24 +258,7 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
     if (act && strcmp(act, "silu")) return dcp_fail("%s: hidden_act %s is not supported (silu only)", path, act);
     json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q)) {
-        /* block-scaled FP8 (DeepSeek-V3's own): dequantized while loading */
-        const char *qm = json_string_value(json_object_get(q, "quant_method"));
-        const char *fmt = json_string_value(json_object_get(q, "fmt"));
-        json_t *bs = json_object_get(q, "weight_block_size");
-        if (!qm || strcmp(qm, "fp8"))
-            return dcp_fail("%s: quantization_config %s is not supported (fp8 with weight_block_size only)", path,
-                            qm ? qm : "(no quant_method)");
-        if (fmt && strcmp(fmt, "e4m3"))
-            return dcp_fail("%s: quantization_config fmt \"%s\" is not supported (e4m3 only)", path, fmt);
-        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) ||
-            !json_is_integer(json_array_get(bs, 1)) || json_integer_value(json_array_get(bs, 0)) <= 0 ||
-            json_integer_value(json_array_get(bs, 1)) <= 0 || json_integer_value(json_array_get(bs, 0)) > 1 << 20 ||
-            json_integer_value(json_array_get(bs, 1)) > 1 << 20)
-            return dcp_fail("%s: quantization_config fp8 needs \"weight_block_size\": [rows, cols], positive", path);
-        m.fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
-        m.fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
-    }
+    if (q && !json_is_null(q) && read_quantization(q, &m, path)) return -1;
     if (get_int(root, "bos_token_id", &c.bos_id, path) || get_float(root, "rms_norm_eps", &c.norm_eps, path) ||
         get_bool(root, "tie_word_embeddings", &c.tied_embeddings, path))
         return -1;
@@ -467,4 +515,96 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
 out:
     json_decref(root);
     return rc;
+}
+
+/* ---- compressed-tensors: which matrices are quantized ------------------ */
+
+struct QuantRules {
+    int n[2];            /* entries of targets [0] and ignore [1] */
+    char **name[2];      /* a module or class name, or NULL for a pattern */
+    pcre2_code **re[2];  /* the pattern of a "re:" entry */
+};
+
+QuantRules *quant_rules_read(const char *config_path)
+{
+    char *text;
+    size_t len;
+    if (read_file(config_path, &text, &len)) return NULL;
+    json_error_t err;
+    json_t *root = json_loadb(text, len, 0, &err);
+    free(text);
+    json_t *q = json_object_get(root, "quantization_config"), *g = json_object_get(q, "config_groups");
+    json_t *lists[2] = {json_object_get(json_object_iter_value(json_object_iter(g)), "targets"),
+                        json_object_get(q, "ignore")};
+    QuantRules *r = xcalloc(1, sizeof *r);
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        if (lists[k] && !json_is_null(lists[k]) && !json_is_array(lists[k])) {
+            rc = dcp_fail("%s: quantization_config %s must be a list of names", config_path, k ? "ignore" : "targets");
+            break;
+        }
+        r->n[k] = (int)json_array_size(lists[k]);
+        r->name[k] = xcalloc((size_t)r->n[k] + 1, sizeof(char *));
+        r->re[k] = xcalloc((size_t)r->n[k] + 1, sizeof(pcre2_code *));
+        for (int i = 0; i < r->n[k] && !rc; i++) {
+            const char *e = json_string_value(json_array_get(lists[k], (size_t)i));
+            if (!e) {
+                rc = dcp_fail("%s: quantization_config %s[%d] is not a string", config_path, k ? "ignore" : "targets", i);
+                break;
+            }
+            if (strncmp(e, "re:", 3)) {
+                r->name[k][i] = xstrdup(e);
+                continue;
+            }
+            int code;
+            PCRE2_SIZE off;
+            r->re[k][i] = pcre2_compile((PCRE2_SPTR)(e + 3), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED, &code, &off, NULL);
+            if (!r->re[k][i]) {
+                PCRE2_UCHAR msg[160];
+                pcre2_get_error_message(code, msg, sizeof msg);
+                rc = dcp_fail("%s: quantization_config pattern \"%s\": %s at offset %zu", config_path, e,
+                              (const char *)msg, (size_t)off);
+            }
+        }
+    }
+    json_decref(root);
+    if (rc) {
+        quant_rules_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static int rule_matches(const QuantRules *r, int k, const char *module, int linear)
+{
+    for (int i = 0; i < r->n[k]; i++) {
+        if (r->name[k][i] && (!strcmp(r->name[k][i], module) || (linear && !strcmp(r->name[k][i], "Linear"))))
+            return 1;
+        if (r->re[k][i]) {
+            pcre2_match_data *md = pcre2_match_data_create_from_pattern(r->re[k][i], NULL);
+            int hit = pcre2_match(r->re[k][i], (PCRE2_SPTR)module, PCRE2_ZERO_TERMINATED, 0, 0, md, NULL) >= 0;
+            pcre2_match_data_free(md);
+            if (hit) return 1;
+        }
+    }
+    return 0;
+}
+
+int quant_rules_quantized(const QuantRules *r, const char *module, int linear)
+{
+    return rule_matches(r, 0, module, linear) && !rule_matches(r, 1, module, linear);
+}
+
+void quant_rules_free(QuantRules *r)
+{
+    if (!r) return;
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < r->n[k]; i++) {
+            free(r->name[k] ? r->name[k][i] : NULL);
+            if (r->re[k] && r->re[k][i]) pcre2_code_free(r->re[k][i]);
+        }
+        free(r->name[k]);
+        free(r->re[k]);
+    }
+    free(r);
 }

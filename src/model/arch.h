@@ -56,4 +56,17 @@ LayerFamily arch_family(const Config *c);
 /* "LlamaForCausalLM, MistralForCausalLM, ...", for messages and --help. */
 const char *arch_supported_list(void);
 
+/* Which matrices a compressed-tensors checkpoint quantizes: the targets
+ * and ignore lists of its config.json's quantization_config, each entry a
+ * module name, a class ("Linear": every matrix a layer multiplies by, and
+ * the LM head) or "re:" and a regular expression matched from the start
+ * of the name (as compressed-tensors does, with Python's re.match). */
+typedef struct QuantRules QuantRules;
+/* NULL with dcp_error() on a bad list or pattern */
+QuantRules *quant_rules_read(const char *config_path);
+/* 1 when module (a tensor's name less ".weight"), a Linear when linear,
+ * is quantized: matched by a target and by no ignore entry */
+int quant_rules_quantized(const QuantRules *r, const char *module, int linear);
+void quant_rules_free(QuantRules *r);
+
 #endif

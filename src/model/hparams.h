@@ -41,6 +41,8 @@ typedef struct {
     int mtp_layers;                /* num_nextn_predict_layers: multi-token-prediction layers, skipped */
     float softmax_scale;           /* qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 */
     int fp8_block[2];              /* block-scaled FP8 weights (quantization_config): block rows, cols; 0: none */
+    int int4_group;                /* compressed-tensors pack-quantized INT4 (W4A16, symmetric): columns per
+                                      scale; which matrices: its targets and ignore (model_check_checkpoint) */
 } MlaConfig;
 /* 1 when layer l of an MLA model is a mixture of experts */
 #define MLA_MOE_LAYER(c, l)                                                                                       \

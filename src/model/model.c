@@ -359,21 +359,68 @@ int model_check_checkpoint(const char *path, const Config *c)
     if (st_checkpoint_open(&ck, path)) return -1;
     /* every tensor the config implies, with its shape */
     int n_names = 0, rc = 0;
-    size_t per_layer = c->mla ? 2 * (size_t)mla_max_tensors(c) : T_COUNT; /* MLA: and FP8 scales */
-    char (*names)[128] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
+    size_t per_layer = c->mla ? 3 * (size_t)mla_max_tensors(c) : T_COUNT; /* MLA: and quantization's */
+    char (*names)[160] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
     MlaTensor *mt = c->mla ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
+    QuantRules *rules = NULL;
+    if (c->mla && c->m.int4_group) {
+        char cfg[4200];
+        snprintf(cfg, sizeof cfg, "%s/config.json", path);
+        if (!(rules = quant_rules_read(cfg))) rc = -1;
+    }
     for (int l = 0; c->mla && l < c->n_layers && !rc; l++) {
         int n = mla_tensors(c, NULL, l, NULL, mt);
         for (int i = 0; i < n && !rc; i++) {
-            strcpy(names[n_names++], mt[i].name);
             const StTensor *t = st_find(&ck, mt[i].name);
             int vector = mt[i].rows == 0;
+            /* compressed-tensors INT4: module.weight_packed, _scale, _shape
+             * in place of module.weight, where the config's targets and
+             * ignore say (Linear: every matrix but the router) */
+            char module[128], packed[144];
+            snprintf(module, sizeof module, "%.*s", (int)strlen(mt[i].name) - 7, mt[i].name); /* less ".weight" */
+            snprintf(packed, sizeof packed, "%s.weight_packed", module);
+            int linear = !vector && !strstr(mt[i].name, "mlp.gate.weight");
+            if (rules && linear && quant_rules_quantized(rules, module, 1)) {
+                static const char *const parts[] = {"weight_packed", "weight_scale", "weight_shape"};
+                const StTensor *p[3];
+                for (int k = 0; k < 3; k++) {
+                    snprintf(names[n_names], sizeof *names, "%s.%s", module, parts[k]);
+                    p[k] = st_find(&ck, names[n_names++]);
+                }
+                int G = c->m.int4_group, cols = mt[i].cols;
+                if (!p[0] || !p[1] || !p[2])
+                    rc = dcp_fail("%s: tensor '%s.%s' not found: config.json's quantization_config quantizes '%s' "
+                                  "(INT4)",
+                                  path, module, parts[!p[0] ? 0 : !p[1] ? 1 : 2], module);
+                else if (cols % G || cols % 8)
+                    rc = dcp_fail("%s: '%s' has %d columns, not a whole number of INT4 groups of %d", path, module,
+                                  cols, G);
+                else if (p[0]->dtype != ST_I32 || p[0]->ndim != 2 || p[0]->shape[0] != mt[i].rows ||
+                         p[0]->shape[1] != cols / 8)
+                    rc = dcp_fail("%s: tensor '%s' is %s [%lld, %lld], config.json implies I32 [%d, %d]", path,
+                                  packed, st_dtype_name(p[0]->dtype), (long long)p[0]->shape[0],
+                                  p[0]->ndim > 1 ? (long long)p[0]->shape[1] : 0LL, mt[i].rows, cols / 8);
+                else if ((p[1]->dtype != ST_BF16 && p[1]->dtype != ST_F32) || p[1]->ndim != 2 ||
+                         p[1]->shape[0] != mt[i].rows || p[1]->shape[1] != cols / G)
+                    rc = dcp_fail("%s: tensor '%s.weight_scale' is %s [%lld, %lld], config.json implies BF16 or F32 "
+                                  "[%d, %d]",
+                                  path, module, st_dtype_name(p[1]->dtype), (long long)p[1]->shape[0],
+                                  p[1]->ndim > 1 ? (long long)p[1]->shape[1] : 0LL, mt[i].rows, cols / G);
+                continue;
+            }
+            if (!t && st_find(&ck, packed)) {
+                rc = dcp_fail("%s: tensor '%s' is INT4, but config.json's quantization_config does not quantize "
+                              "'%s' (its targets and ignore)",
+                              path, packed, module);
+                break;
+            }
+            strcpy(names[n_names++], mt[i].name);
             if (t && t->dtype == ST_F8_E4M3) { /* its block scales come with it */
                 char sc[160];
                 snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
                 strcpy(names[n_names++], sc);
                 if (!c->m.fp8_block[0])
-                    rc = dcp_fail("%s: tensor '%s' is FP8, but config.json has no quantization_config", path,
+                    rc = dcp_fail("%s: tensor '%s' is FP8, but config.json has no fp8 quantization_config", path,
                                   mt[i].name);
                 else if (!st_find(&ck, sc))
                     rc = dcp_fail("%s: FP8 tensor '%s' has no '%s'", path, mt[i].name, sc);
@@ -385,8 +432,16 @@ int model_check_checkpoint(const char *path, const Config *c)
                 rc = dcp_fail("%s: tensor '%s' has %d dimension(s) [%lld, ...], config.json implies [%d%s%d]", path,
                               mt[i].name, t->ndim, (long long)t->shape[0], vector ? mt[i].cols : mt[i].rows,
                               vector ? "" : ", ", vector ? 0 : mt[i].cols);
+            else if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F8_E4M3)
+                rc = dcp_fail("%s: tensor '%s' is %s, which config.json's quantization_config does not account for",
+                              path, mt[i].name, st_dtype_name(t->dtype));
         }
     }
+    if (!rc && rules && quant_rules_quantized(rules, "lm_head", 1) && !c->tied_embeddings)
+        rc = dcp_fail("%s: quantization_config quantizes lm_head, which dcpinfer does not read quantized (add it to "
+                      "ignore)",
+                      path);
+    quant_rules_free(rules);
     free(mt);
     for (int k = 0; k < T_COUNT && !rc; k++) {
         if (!tensor_present(c, (TensorKind)k)) continue;
@@ -659,6 +714,32 @@ int weight_group_rows(void *m, int rows, int cols, size_t esize, int G)
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
+/* the weight_shape tensor of an INT4 matrix */
+static const StTensor *i4_shape(Source *src, const MlaTensor *mt)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%.*s.weight_shape", (int)strlen(mt->name) - 7, mt->name);
+    return st_find(&src->ck, name);
+}
+
+/* This rank's slice of an INT4 matrix read as fp32 (kv_b_proj, which the
+ * attention folds in at load): its stored form, then each value */
+static int read_i4_as_f32(Source *src, Model *m, const MlaTensor *mt, const StTensor *t, float *to)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%.*s.weight_scale", (int)strlen(mt->name) - 7, mt->name);
+    const StTensor *scale = st_find(&src->ck, name);
+    int G = m->cfg.m.int4_group, qcols = gcd(gcd(G, mt->ncols), mt->col0);
+    size_t n = (size_t)mt->nrows * mt->ncols;
+    uint8_t *q = xcalloc(n / 2 + 1, 1);
+    float *s = xmalloc(sizeof(float) * (n / (size_t)qcols + 1));
+    int rc = st_read_i4_packed(t, scale, i4_shape(src, mt), G, mt->row0, mt->nrows, mt->col0, mt->ncols, qcols, q, s);
+    WeightRef w = {q, DTYPE_I4, 0, s, qcols, scale && scale->dtype == ST_BF16 ? QF_ROUND_BF16 : 0};
+    for (size_t i = 0; i < n && !rc; i++) to[i] = weight_value(w, i);
+    free(q), free(s);
+    return rc;
+}
+
 /* One matrix of an MLA layer (an expert: its place in its kind's stack)
  * into this rank's storage, in the checkpoint's type: block-scaled FP8 as
  * stored with its scales (WeightRef), anything else as fp32. A K-chunked
@@ -667,22 +748,25 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
 {
     const Config *c = &m->cfg;
     WeightRef *w = mt->mat;
-    int fp8 = t->dtype == ST_F8_E4M3, cc = mt->ncols / mt->chunks;
-    /* the runs that share a scale: the block's columns, or fewer where this
-     * rank's columns or their K chunks start inside a block (each run then
-     * repeats its block's scale) */
-    int qcols = fp8 ? gcd(gcd(c->m.fp8_block[1], cc), mt->col0) : 0;
-    DType want = fp8 ? DTYPE_F8_E4M3 : DTYPE_F32;
+    int fp8 = t->dtype == ST_F8_E4M3, i4 = t->dtype == ST_I32, cc = mt->ncols / mt->chunks;
+    char sc[160];
+    snprintf(sc, sizeof sc, "%.*s.weight_scale", (int)strlen(mt->name) - 7, mt->name);
+    const StTensor *i4_scale = i4 ? st_find(&src->ck, sc) : NULL;
+    /* the runs that share a scale: the block's (group's) columns, or fewer
+     * where this rank's columns or their K chunks start inside one (each
+     * run then repeats its scale) */
+    int qcols = fp8 || i4 ? gcd(gcd(fp8 ? c->m.fp8_block[1] : c->m.int4_group, cc), mt->col0) : 0;
+    int qflags = i4_scale && i4_scale->dtype == ST_BF16 ? QF_ROUND_BF16 : 0;
+    DType want = fp8 ? DTYPE_F8_E4M3 : i4 ? DTYPE_I4 : DTYPE_F32;
     if (!w->data) { /* the first of its stack: the stack's storage */
-        size_t esize = dtype_bytes(want);
-        *w = (WeightRef){.data = owned_alloc(&m->w, mt->mat_n * esize), .dtype = want, .qcols = qcols};
-        if (fp8) w->scale = owned_alloc(&m->w, mt->mat_n / (size_t)qcols * sizeof(float));
-    } else if (w->dtype != want || w->qcols != qcols) {
+        *w = (WeightRef){.data = owned_alloc(&m->w, dtype_data_bytes(want, mt->mat_n)), .dtype = want,
+                         .qcols = qcols, .qflags = qflags};
+        if (fp8 || i4) w->scale = owned_alloc(&m->w, mt->mat_n / (size_t)qcols * sizeof(float));
+    } else if (w->dtype != want || w->qcols != qcols || w->qflags != qflags) {
         return dcp_fail("%s: tensor '%s' is %s, unlike the other experts of its layer: their matrices must share one "
                         "format",
                         src->path, mt->name, st_dtype_name(t->dtype));
     }
-    char sc[160];
     snprintf(sc, sizeof sc, "%s_scale_inv", mt->name);
     size_t chunk = (size_t)mt->nrows * cc;
     for (int ch = 0; ch < mt->chunks; ch++) {
@@ -691,6 +775,9 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
         if (fp8)
             rc = st_read_f8_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt->row0,
                                    mt->nrows, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale);
+        else if (i4)
+            rc = st_read_i4_packed(t, i4_scale, i4_shape(src, mt), c->m.int4_group, mt->row0, mt->nrows, col0, cc,
+                                   qcols, (uint8_t *)to.data, (float *)to.scale);
         else
             rc = st_read_f32(t, mt->row0, mt->nrows, col0, cc, (float *)to.data);
         if (rc) return -1;
@@ -710,7 +797,9 @@ static int load_mla(Source *src, Model *m)
         int n = mla_tensors(c, &m->shard, l, &w->mla[l], mt);
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&src->ck, mt[i].name);
-            if (!t) {
+            char packed[160];
+            snprintf(packed, sizeof packed, "%.*s.weight_packed", (int)strlen(mt[i].name) - 7, mt[i].name);
+            if (!t && !(t = st_find(&src->ck, packed))) {
                 rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
                 break;
             }
@@ -724,6 +813,8 @@ static int load_mla(Source *src, Model *m)
             if (t->dtype == ST_F8_E4M3) /* kv_b: dequantized here, this rank's slice only */
                 rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt[i].row0,
                                         mt[i].nrows, mt[i].col0, mt[i].ncols, to);
+            else if (t->dtype == ST_I32) /* an INT4 kv_b: the same, through its stored form */
+                rc = read_i4_as_f32(src, m, &mt[i], t, to);
             else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, to);
         }
     }
@@ -731,11 +822,13 @@ static int load_mla(Source *src, Model *m)
     return rc;
 }
 
-/* "fp8-e4m3 128x128 blocks" or the type's name */
+/* "fp8-e4m3 128x128 blocks", "int4-w4a16 g32 (bf16 scales)" or the type's name */
 static void format_name(const Config *c, WeightRef w, char *buf, size_t n)
 {
     if (w.dtype == DTYPE_F8_E4M3)
         snprintf(buf, n, "%s %dx%d blocks", dtype_name(w.dtype), c->m.fp8_block[0], c->m.fp8_block[1]);
+    else if (w.dtype == DTYPE_I4)
+        snprintf(buf, n, "int4-w4a16 g%d%s", c->m.int4_group, w.qflags & QF_ROUND_BF16 ? " (bf16 scales)" : "");
     else snprintf(buf, n, "%s", dtype_name(w.dtype));
 }
 

@@ -2,6 +2,16 @@
 """Reference logits and greedy tokens for the quantized test checkpoints
 (not run by the test suite).
 
+v3_int4 is tests/data/deepseek/v3_yarn with its routed experts in
+compressed-tensors' pack-quantized INT4 W4A16 (symmetric, groups of
+GROUP along the input, bf16 scales), the other matrices as they were, as
+Kimi K2-Thinking/K2.5/K2.6 ship: written by the compressed-tensors package
+itself (calculate_qparams for the scales, PackedQuantizationCompressor for
+the packing, QuantizationConfig for config.json), and v3_int4_twin holds
+what compressed-tensors decompresses it to, as float32. transformers runs
+the twin for the reference (logits.f32, greedy.txt beside the INT4
+checkpoint).
+
 tests/data/deepseek/v3_fp8 is block-scaled FP8 (F8_E4M3 layer matrices
 with a float32 weight_scale_inv per 16 x 16 block; made by
 make_deepseek_refs.py) and v3_fp8_twin its dequantized float32 twin. This
@@ -49,10 +59,59 @@ def reference(model, out):
           f"{np.min(gaps[:, -1] - gaps[:, -2]):.2e}, greedy {greedy[:8]}...")
 
 
+GROUP = 32
+# Kimi K2's ignore list: attention, shared experts, dense layers, the LM head
+IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]
+
+
+def make_int4(src, out, twin):
+    import json
+    import re
+    import shutil
+    import compressed_tensors
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from safetensors.torch import load_file, save_file
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=GROUP)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    w = load_file(os.path.join(src, "model.safetensors"))
+    q, t, n = {}, {}, 0
+    for name, x in w.items():
+        module = name[:-len(".weight")] if name.endswith(".weight") else None
+        linear = module and x.dim() == 2 and not name.endswith("mlp.gate.weight") and name.startswith("model.layers.")
+        if not linear or any(re.match(p[3:], module) if p.startswith("re:") else p == module for p in IGNORE):
+            q[name] = t[name] = x
+            continue
+        xb = x.to(torch.bfloat16)  # the checkpoint's own type: the scales take it
+        g = xb.float().reshape(x.shape[0], -1, GROUP)
+        scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
+        sd = PackedQuantizationCompressor.compress({"weight": xb, "weight_scale": scale.to(torch.bfloat16),
+                                                    "weight_zero_point": zp}, scheme)
+        for k, v in sd.items():
+            q[f"{module}.{k}"] = v.contiguous()
+        t[name] = PackedQuantizationCompressor.decompress(dict(sd), scheme)["weight"].float().contiguous()
+        n += 1
+    for d, tensors in ((out, q), (twin, t)):
+        os.makedirs(d, exist_ok=True)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+        shutil.copy(os.path.join(src, "prompt.txt"), d)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    json.dump(cfg, open(os.path.join(twin, "config.json"), "w"), indent=2)
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, quant_method="compressed-tensors",
+                            format="pack-quantized", ignore=IGNORE, quantization_status="compressed")
+    cfg["quantization_config"] = qc.model_dump(exclude_none=True, mode="json")
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    print(f"{out}: {n} INT4 matrices, groups of {GROUP}, compressed-tensors {compressed_tensors.__version__}")
+
+
 def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     fp8, twin = os.path.join(DATA, "v3_fp8"), os.path.join(DATA, "v3_fp8_twin")
     reference(load(twin), fp8)
+    i4, twin = os.path.join(DATA, "v3_int4"), os.path.join(DATA, "v3_int4_twin")
+    make_int4(os.path.join(DATA, "v3_yarn"), i4, twin)
+    reference(load(twin), i4)
 
 
 if __name__ == "__main__":
