@@ -1,32 +1,39 @@
 #!/bin/sh
 # A model whose weights are mostly FP8 (block-scaled in 128 x 128 blocks,
-# about 166 MiB as stored) is held near its stored size: each rank's peak
-# resident memory is at most 1.3 x the stored bytes it holds, plus its KV
-# cache and a fixed 100 MiB, at one rank and at -tp 2 (each rank half of
-# the file, less the few whole tensors every rank holds: the bound is the
-# stricter for it).
+# about 166 MiB as stored), and one whose experts are INT4 (groups of 32,
+# bf16 scales; about 386 MiB, 84% of it the experts), are held near their
+# stored size: each rank's peak resident memory is at most 1.3 x the
+# stored bytes it holds, plus its KV cache and a fixed 100 MiB, at one rank
+# and at -tp 2 (each rank half of the file, less the few whole tensors
+# every rank holds: the bound is the stricter for it).
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
-"$MKMODEL" --out "$WORK/m" --arch deepseek_v3 --layers 4 --dim 1024 --heads 8 --hidden 2048 --vocab 512 --experts 16 \
+"$MKMODEL" --out "$WORK/fp8" --arch deepseek_v3 --layers 4 --dim 1024 --heads 8 --hidden 2048 --vocab 512 --experts 16 \
     --moe-hidden 1024 --experts-per-token 2 --first-dense 1 --kv-lora-rank 128 --q-lora-rank 256 --norm-topk-prob \
-    --fp8-block 128 >/dev/null || { echo "FAIL: dcpinfer-mkmodel could not write the model" >&2; exit 1; }
-stored=$(stat -c %s "$WORK/m/model.safetensors")
+    --quant fp8-block >/dev/null &&
+    "$MKMODEL" --out "$WORK/int4" --arch deepseek_v3 --layers 4 --dim 1024 --heads 8 --hidden 1024 --vocab 512 \
+        --experts 64 --moe-hidden 1024 --experts-per-token 2 --first-dense 1 --kv-lora-rank 128 --q-lora-rank 256 \
+        --norm-topk-prob --quant int4-w4a16 >/dev/null || { echo "FAIL: dcpinfer-mkmodel could not write the models" >&2; exit 1; }
 printf '{"id": "a", "prompt_token_ids": [5, 17, 200, 31, 9, 77, 140, 3, 62, 250, 18, 99], "max_tokens": 16}\n' >"$WORK/p.jsonl"
-for tp in 1 2; do
-    checks=$((checks + 1))
-    NP=$tp run_dcp "tp$tp" --model "$WORK/m" -tp $tp --output "$WORK/tp$tp.jsonl" "$WORK/p.jsonl"
-    # "# memory per rank (most of any rank): weights W MiB, KV at most K MiB, peak resident P MiB"
-    line=$(grep '^# memory per rank' "$WORK/tp$tp.out")
-    verdict=$(echo "$line" | awk -v s="$stored" -v tp="$tp" '{
-        for (i = 1; i <= NF; i++) { if ($i == "weights") w = $(i + 1); if ($i == "most" && $(i - 1) == "at") k = $(i + 1);
-                                    if ($i == "resident") p = $(i + 1) }
-        per = s / tp / 1048576; bound = 1.3 * per + k + 100
-        printf "%s peak %.1f MiB, bound %.1f MiB (stored %.1f MiB per rank, held %.1f MiB: x%.3f)\n",
-               (p > 0 && w > 0 && p <= bound) ? "ok" : "over", p, bound, per, w, w / per }')
-    if [ "$(cat "$WORK/tp$tp.rc")" = 0 ] && grep -q '^# weights: .*experts fp8-e4m3 128x128 blocks' "$WORK/tp$tp.out" &&
-        [ "${verdict%% *}" = ok ]; then
-        pass "-tp $tp: ${verdict#ok }"
-    else
-        fail "-tp $tp: exit $(cat "$WORK/tp$tp.rc"): ${verdict:-no memory line}"; cat "$WORK/tp$tp.err" "$WORK/tp$tp.out" >&2
-    fi
+for m in fp8 int4; do
+    stored=$(stat -c %s "$WORK/$m/model.safetensors")
+    [ $m = fp8 ] && kind='experts fp8-e4m3 128x128 blocks' || kind='experts int4-w4a16 g32'
+    for tp in 1 2; do
+        checks=$((checks + 1))
+        NP=$tp run_dcp "$m$tp" --model "$WORK/$m" -tp $tp --output "$WORK/$m$tp.jsonl" "$WORK/p.jsonl"
+        # "# memory per rank (most of any rank): weights W MiB, KV at most K MiB, peak resident P MiB"
+        line=$(grep '^# memory per rank' "$WORK/$m$tp.out")
+        verdict=$(echo "$line" | awk -v s="$stored" -v tp="$tp" '{
+            for (i = 1; i <= NF; i++) { if ($i == "weights") w = $(i + 1); if ($i == "most" && $(i - 1) == "at") k = $(i + 1);
+                                        if ($i == "resident") p = $(i + 1) }
+            per = s / tp / 1048576; bound = 1.3 * per + k + 100
+            printf "%s peak %.1f MiB, bound %.1f MiB (stored %.1f MiB per rank, held %.1f MiB: x%.3f)\n",
+                   (p > 0 && w > 0 && p <= bound) ? "ok" : "over", p, bound, per, w, w / per }')
+        if [ "$(cat "$WORK/$m$tp.rc")" = 0 ] && grep -q "^# weights: .*$kind" "$WORK/$m$tp.out" &&
+            [ "${verdict%% *}" = ok ]; then
+            pass "$m -tp $tp: ${verdict#ok }"
+        else
+            fail "$m -tp $tp: exit $(cat "$WORK/$m$tp.rc"): ${verdict:-no memory line}"; cat "$WORK/$m$tp.err" "$WORK/$m$tp.out" >&2
+        fi
+    done
 done
 finish

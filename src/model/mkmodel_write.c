@@ -174,49 +174,114 @@ static void mla_values(const ModelSpec *s, const char *name, int rows, int cols,
     }
 }
 
+/* How a tensor of a DeepSeek file is stored: float32, FP8 with its block
+ * scales after it, or compressed-tensors INT4 (weight_packed, then its
+ * weight_scale and weight_shape) */
+typedef enum { NT_F32, NT_F8, NT_F8_SCALE, NT_I4, NT_I4_SCALE, NT_I4_SHAPE } NtKind;
 typedef struct {
     char name[160];
-    int rows, cols; /* rows 0: a vector */
-    int fp8;        /* stored F8_E4M3, with a "_scale_inv" tensor after it */
-    int scale_of;   /* >= 0: this is the scale tensor of entry scale_of */
+    int rows, cols; /* rows 0: a vector; the shape as stored */
+    NtKind kind;
 } NamedTensor;
+
+static const struct {
+    const char *dtype;
+    int bits;
+} nt_types[] = {{"F32", 32}, {"F8_E4M3", 8}, {"F32", 32}, {"I32", 32}, {"BF16", 16}, {"I64", 64}};
+
+/* the routed experts, which --quant int4-w4a16 quantizes (Kimi K2's
+ * choice: attention, shared experts, dense layers and the LM head stay) */
+static int routed_expert(const char *name) { return strstr(name, ".mlp.experts.") != NULL; }
+
+/* An FP8 matrix (v: rows x cols): each B x B block's scale max |w| / 448
+ * (scales: its blocks), each value w / scale rounded to E4M3 (q8) */
+static void quantize_f8(const float *v, int rows, int cols, int B, float *scales, uint8_t *q8)
+{
+    int bc = (cols + B - 1) / B;
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < cols; q++) {
+            float *sc = &scales[(r / B) * bc + q / B];
+            *sc = fmaxf(*sc, fabsf(v[(size_t)r * cols + q]));
+        }
+    for (int b = 0; b < (rows + B - 1) / B * bc; b++) scales[b] = fmaxf(scales[b], 1e-12f) / 448.0f;
+    for (int r = 0; r < rows; r++)
+        for (int q = 0; q < cols; q++)
+            q8[(size_t)r * cols + q] = f32_to_f8e4m3(v[(size_t)r * cols + q] / scales[(r / B) * bc + q / B]);
+}
+
+/* An INT4 matrix as compressed-tensors' symmetric W4A16 packs it: each
+ * group of G columns' scale max |w| / 7.5 in bf16 (calculate_qparams'
+ * rule for -8 .. 7), each value w / scale rounded to even and clamped to
+ * -8 .. 7, stored plus 8, eight to an int32 from its low bits */
+static void quantize_i4(const float *v, int rows, int cols, int G, uint16_t *scales, uint8_t *packed)
+{
+    memset(packed, 0, (size_t)rows * cols / 2);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < cols / G; g++) {
+            const float *w = v + (size_t)r * cols + (size_t)g * G;
+            float m = 0;
+            for (int i = 0; i < G; i++) m = fmaxf(m, fabsf(w[i]));
+            uint16_t sb = f32_to_bf16(fmaxf(m, 1e-12f) / 7.5f);
+            float sc = bf16_to_f32(sb);
+            scales[(size_t)r * (cols / G) + g] = sb;
+            for (int i = 0; i < G; i++) {
+                float q = rintf(w[i] / sc);
+                int n = (int)(q < -8 ? -8 : q > 7 ? 7 : q) + 8;
+                size_t at = (size_t)r * cols + (size_t)g * G + i;
+                packed[at / 2] |= (uint8_t)(n << (4 * (at % 2)));
+            }
+        }
+}
 
 static int write_mla(const ModelSpec *s, const char *dir)
 {
     Config c;
     mkmodel_config(s, &c);
     MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(&c));
-    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(2 * mla_max_tensors(&c) * c.n_layers + 8));
-    int n = 0, B = s->fp8_block;
-    t[n++] = (NamedTensor){"model.embed_tokens.weight", c.vocab_size, c.dim, 0, -1};
+    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(3 * mla_max_tensors(&c) * c.n_layers + 8));
+    int n = 0, B = s->fp8_block, G = s->int4_group;
+    t[n++] = (NamedTensor){"model.embed_tokens.weight", c.vocab_size, c.dim, NT_F32};
     for (int l = 0; l < c.n_layers; l++) {
         int k = mla_tensors(&c, NULL, l, NULL, mt);
         for (int i = 0; i < k; i++) {
-            NamedTensor x = {"", mt[i].rows, mt[i].cols, B && mt[i].rows && !strstr(mt[i].name, "mlp.gate.weight"), -1};
+            int matrix = mt[i].rows && !strstr(mt[i].name, "mlp.gate.weight");
+            NamedTensor x = {"", mt[i].rows, mt[i].cols, NT_F32};
             snprintf(x.name, sizeof x.name, "%s", mt[i].name);
+            if (G && matrix && routed_expert(mt[i].name)) { /* module.weight_packed, _scale, _shape */
+                const char *module = x.name;
+                int len = (int)strlen(module) - 7;
+                t[n] = (NamedTensor){"", x.rows, x.cols / 8, NT_I4};
+                snprintf(t[n++].name, sizeof x.name, "%.*s.weight_packed", len, module);
+                t[n] = (NamedTensor){"", x.rows, x.cols / G, NT_I4_SCALE};
+                snprintf(t[n++].name, sizeof x.name, "%.*s.weight_scale", len, module);
+                t[n] = (NamedTensor){"", 0, 2, NT_I4_SHAPE};
+                snprintf(t[n++].name, sizeof x.name, "%.*s.weight_shape", len, module);
+                continue;
+            }
+            if (B && matrix) x.kind = NT_F8;
             t[n++] = x;
-            if (x.fp8) {
-                NamedTensor sc = {"", (x.rows + B - 1) / B, (x.cols + B - 1) / B, 0, n - 1};
+            if (x.kind == NT_F8) {
+                NamedTensor sc = {"", (x.rows + B - 1) / B, (x.cols + B - 1) / B, NT_F8_SCALE};
                 snprintf(sc.name, sizeof sc.name, "%s_scale_inv", x.name);
                 t[n++] = sc;
             }
         }
     }
-    t[n++] = (NamedTensor){"model.norm.weight", 0, c.dim, 0, -1};
-    if (!s->tied) t[n++] = (NamedTensor){"lm_head.weight", c.vocab_size, c.dim, 0, -1};
+    t[n++] = (NamedTensor){"model.norm.weight", 0, c.dim, NT_F32};
+    if (!s->tied) t[n++] = (NamedTensor){"lm_head.weight", c.vocab_size, c.dim, NT_F32};
     free(mt);
     /* header, then the data */
     size_t cap = 256 + (size_t)n * 256, len = 0, off = 0;
     char *hdr = xmalloc(cap);
     len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < n; i++) {
-        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols, bytes = cnt * (t[i].fp8 ? 1 : 4);
+        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols, bytes = cnt * nt_types[t[i].kind].bits / 8;
         if (t[i].rows)
             len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
-                            t[i].name, t[i].fp8 ? "F8_E4M3" : "F32", t[i].rows, t[i].cols, off, off + bytes);
+                            t[i].name, nt_types[t[i].kind].dtype, t[i].rows, t[i].cols, off, off + bytes);
         else
-            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
-                            t[i].name, t[i].cols, off, off + bytes);
+            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
+                            t[i].name, nt_types[t[i].kind].dtype, t[i].cols, off, off + bytes);
         off += bytes;
     }
     len += snprintf(hdr + len, cap - len, "}");
@@ -229,35 +294,41 @@ static int write_mla(const ModelSpec *s, const char *dir)
     for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)((uint64_t)len >> (8 * i));
     rc = rc || write_all(f, lenb, 8, path) || write_all(f, hdr, len, path);
     free(hdr);
-    float *scales = NULL;
+    void *scales = NULL; /* a matrix's scales, written as the entry after it */
     for (int i = 0; i < n && !rc; i++) {
-        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols;
-        if (t[i].scale_of >= 0) { /* written with its matrix */
-            rc = write_all(f, scales, cnt * 4, path);
+        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols, bytes = cnt * nt_types[t[i].kind].bits / 8;
+        if (t[i].kind == NT_F8_SCALE || t[i].kind == NT_I4_SCALE) {
+            rc = write_all(f, scales, bytes, path);
             free(scales);
             scales = NULL;
             continue;
         }
-        float *v = xmalloc(cnt * 4);
-        mla_values(s, t[i].name, t[i].rows, t[i].cols, v);
-        if (!t[i].fp8) {
-            rc = write_all(f, v, cnt * 4, path);
-        } else { /* per block: scale = max |w| / 448, stored value w / scale */
-            int br = (t[i].rows + B - 1) / B, bc = (t[i].cols + B - 1) / B;
-            scales = xcalloc((size_t)br * bc, sizeof(float));
-            for (int r = 0; r < t[i].rows; r++)
-                for (int q = 0; q < t[i].cols; q++) {
-                    float *sc = &scales[(r / B) * bc + q / B];
-                    *sc = fmaxf(*sc, fabsf(v[(size_t)r * t[i].cols + q]));
-                }
-            for (int b = 0; b < br * bc; b++) scales[b] = fmaxf(scales[b], 1e-12f) / 448.0f;
-            unsigned char *q8 = xmalloc(cnt);
-            for (int r = 0; r < t[i].rows; r++)
-                for (int q = 0; q < t[i].cols; q++)
-                    q8[(size_t)r * t[i].cols + q] =
-                        f32_to_f8e4m3(v[(size_t)r * t[i].cols + q] / scales[(r / B) * bc + q / B]);
-            rc = write_all(f, q8, cnt, path);
-            free(q8);
+        if (t[i].kind == NT_I4_SHAPE) { /* the matrix's own shape: that of two entries before */
+            int64_t shape[2] = {t[i - 2].rows, (int64_t)t[i - 2].cols * 8};
+            rc = write_all(f, shape, sizeof shape, path);
+            continue;
+        }
+        /* the matrix's values, by its name as a float32 model would have them */
+        char name[160];
+        int rows = t[i].rows, cols = t[i].kind == NT_I4 ? t[i].cols * 8 : t[i].cols;
+        if (t[i].kind == NT_I4) snprintf(name, sizeof name, "%.*s.weight", (int)strlen(t[i].name) - 14, t[i].name);
+        else snprintf(name, sizeof name, "%s", t[i].name);
+        size_t vals = (size_t)(rows ? rows : 1) * cols;
+        float *v = xmalloc(vals * 4);
+        mla_values(s, name, rows, cols, v);
+        if (t[i].kind == NT_F32) {
+            rc = write_all(f, v, bytes, path);
+        } else {
+            uint8_t *q = xmalloc(bytes);
+            if (t[i].kind == NT_F8) {
+                scales = xcalloc((size_t)((rows + B - 1) / B) * ((cols + B - 1) / B), sizeof(float));
+                quantize_f8(v, rows, cols, B, scales, q);
+            } else {
+                scales = xmalloc(sizeof(uint16_t) * (size_t)rows * (cols / G));
+                quantize_i4(v, rows, cols, G, scales, q);
+            }
+            rc = write_all(f, q, bytes, path);
+            free(q);
         }
         free(v);
     }
@@ -298,6 +369,13 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
         fprintf(f, "  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
                    "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]},\n",
                 s->fp8_block, s->fp8_block);
+    if (s->int4_group) /* as compressed-tensors writes it, with Kimi K2's ignore list */
+        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+                   "\"pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
+                   "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, "
+                   "\"group_size\": %d, \"strategy\": \"group\", \"dynamic\": false}}}, \"ignore\": [\"lm_head\", "
+                   "\"re:.*self_attn.*\", \"re:.*shared_experts.*\", \"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n",
+                s->int4_group);
     write_rope(f, s);
     fprintf(f, "  \"attention_bias\": false,\n");
     return finish_config(f, path, s, eos, "1e-06");
@@ -307,7 +385,7 @@ int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
 {
     if (mkmodel_check_spec(s)) return -1;
     if (arch_table[s->arch].mla) {
-        if (bf16 || shards > 1) return dcp_fail("DeepSeek models are written as one float32 (or --fp8-block) file");
+        if (bf16 || shards > 1) return dcp_fail("DeepSeek models are written as one float32 (or --quant) file");
         if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
         return write_mla_config(s, dir) || write_mla(s, dir) ? -1 : 0;
     }

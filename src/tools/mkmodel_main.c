@@ -48,7 +48,12 @@ static void usage(FILE *f)
             "  --experts N, --shared-experts N, --experts-per-token N, --moe-hidden N,\n"
             "  --first-dense N, --n-group N, --topk-group N, --routed-scale X, --norm-topk-prob\n"
             "                    experts (defaults 8, 1, 2, 32, 0; V3 4 groups keeping 2, scale 2.5)\n"
-            "  --fp8-block N     layer matrices as block-scaled FP8 (F8_E4M3, N x N blocks)\n"
+            "  --quant Q         fp8-block: layer matrices as block-scaled FP8 (F8_E4M3 with a\n"
+            "                    weight_scale_inv per block, as DeepSeek-V3); int4-w4a16: the routed\n"
+            "                    experts as compressed-tensors pack-quantized INT4, symmetric, bf16\n"
+            "                    scales per group (as Kimi K2.x)\n"
+            "  --fp8-block N     FP8 blocks of N x N (default 128; alone: --quant fp8-block)\n"
+            "  --quant-group N   INT4 columns per scale (default 32)\n"
             "Defaults are the model dcpinfer runs when no --model is given.\n");
 }
 
@@ -72,12 +77,15 @@ int main(int argc, char **argv)
         {"qk-rope-dim", 1, 0, 1003}, {"v-head-dim", 1, 0, 1004}, {"experts", 1, 0, 1005},
         {"shared-experts", 1, 0, 1006}, {"experts-per-token", 1, 0, 1007}, {"moe-hidden", 1, 0, 1008},
         {"first-dense", 1, 0, 1009}, {"n-group", 1, 0, 1010}, {"topk-group", 1, 0, 1011},
-        {"routed-scale", 1, 0, 1012}, {"norm-topk-prob", 0, 0, 1013}, {"fp8-block", 1, 0, 1014}, {0, 0, 0, 0}};
+        {"routed-scale", 1, 0, 1012}, {"norm-topk-prob", 0, 0, 1013}, {"fp8-block", 1, 0, 1014}, {"quant", 1, 0, 1015},
+        {"quant-group", 1, 0, 1016}, {0, 0, 0, 0}};
+    const char *quant = NULL;
+    int group = 32;
     int c, li = 0;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         char *end = NULL;
         long v = optarg ? strtol(optarg, &end, 10) : 0;
-        int numeric = (c < 256 && strchr("ldHkhvmsSeDOWN", c) != NULL) || (c >= 1000 && c <= 1011) || c == 1014;
+        int numeric = (c < 256 && strchr("ldHkhvmsSeDOWN", c) != NULL) || (c >= 1000 && c <= 1011) || c == 1014 || c == 1016;
         double x = optarg ? strtod(optarg, NULL) : 0;
         if (numeric && (!optarg[0] || *end)) {
             fprintf(stderr, "dcpinfer-mkmodel: --%s: '%s' is not an integer\n", opts[li].name, optarg);
@@ -150,6 +158,8 @@ int main(int argc, char **argv)
         case 1012: s.mla.routed_scaling_factor = (float)x; break;
         case 1013: s.mla.norm_topk_prob = 1; break;
         case 1014: s.fp8_block = (int)v; break;
+        case 1015: quant = optarg; break;
+        case 1016: group = (int)v; break;
         case 'N': s.max_window_layers = (int)v; break;
         case '?':
             if (optopt == 0 && !strcmp(argv[optind - 1], "--help")) {
@@ -165,6 +175,14 @@ int main(int argc, char **argv)
         return 2;
     }
     if (arch_table[s.arch].mla) mkmodel_mla_defaults(&s);
+    if (quant && !strcmp(quant, "fp8-block")) {
+        if (!s.fp8_block) s.fp8_block = 128;
+    } else if (quant && !strcmp(quant, "int4-w4a16")) {
+        s.int4_group = group;
+    } else if (quant) {
+        fprintf(stderr, "dcpinfer-mkmodel: --quant %s: choose fp8-block or int4-w4a16\n", quant);
+        return 2;
+    }
     int bf16 = !strcmp(dtype, "bf16");
     if (!bf16 && strcmp(dtype, "f32")) {
         fprintf(stderr, "dcpinfer-mkmodel: --dtype %s: choose f32 or bf16\n", dtype);

@@ -105,6 +105,51 @@ def make_int4(src, out, twin):
     print(f"{out}: {n} INT4 matrices, groups of {GROUP}, compressed-tensors {compressed_tensors.__version__}")
 
 
+def check_mkmodel_int4(build):
+    """dcpinfer-mkmodel --quant int4-w4a16 writes what compressed-tensors
+    reads: its float32 twin, made here by compressed-tensors'
+    decompression of every packed module, gives dcpinfer's prompt
+    log-probabilities and tokens of the INT4 folder exactly."""
+    import json
+    import subprocess
+    import tempfile
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from safetensors.torch import load_file, save_file
+    d = tempfile.mkdtemp()
+    i4, twin = os.path.join(d, "i4"), os.path.join(d, "twin")
+    subprocess.run([os.path.join(build, "dcpinfer-mkmodel"), "--out", i4, "--arch", "deepseek_v3", "--layers", "3",
+                    "--dim", "64", "--heads", "8", "--hidden", "96", "--vocab", "256", "--first-dense", "1",
+                    "--q-lora-rank", "24", "--norm-topk-prob", "--quant", "int4-w4a16"], check=True,
+                   stdout=subprocess.DEVNULL)
+    cfg = json.load(open(os.path.join(i4, "config.json")))
+    scheme = QuantizationScheme.model_validate(cfg["quantization_config"]["config_groups"]["group_0"])
+    w, t = load_file(os.path.join(i4, "model.safetensors")), {}
+    for name, x in w.items():
+        if name.endswith(".weight_packed"):
+            m = name[:-len(".weight_packed")]
+            sd = {k: w[f"{m}.{k}"] for k in ("weight_packed", "weight_scale", "weight_shape")}
+            t[m + ".weight"] = PackedQuantizationCompressor.decompress(sd, scheme)["weight"].float().contiguous()
+        elif not name.endswith((".weight_scale", ".weight_shape")):
+            t[name] = x
+    os.makedirs(twin)
+    save_file(t, os.path.join(twin, "model.safetensors"))
+    del cfg["quantization_config"]
+    json.dump(cfg, open(os.path.join(twin, "config.json"), "w"))
+    req = os.path.join(d, "p.jsonl")
+    with open(req, "w") as f:
+        f.write(json.dumps({"id": "x", "prompt_token_ids": list(range(3, 60)), "max_tokens": 16, "temperature": 0,
+                            "prompt_logprobs": 0}) + "\n")
+    out = {}
+    for m in (i4, twin):
+        subprocess.run([os.path.join(build, "dcpinfer"), "--model", m, "--output", m + ".jsonl", "--quiet", req],
+                       check=True, stdout=subprocess.DEVNULL)
+        out[m] = json.loads(open(m + ".jsonl").readline())
+    same = out[i4]["token_ids"] == out[twin]["token_ids"] and out[i4]["prompt_logprobs"] == out[twin]["prompt_logprobs"]
+    print(f"mkmodel --quant int4-w4a16: {sum(1 for k in w if k.endswith('_packed'))} packed modules; dcpinfer on it "
+          f"and on compressed-tensors' decompression of it: {'identical' if same else 'DIFFERENT'}")
+
+
 def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     fp8, twin = os.path.join(DATA, "v3_fp8"), os.path.join(DATA, "v3_fp8_twin")
@@ -116,3 +161,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    check_mkmodel_int4(os.path.join(TOP, "build"))
