@@ -1107,6 +1107,124 @@ TGT_AVX512 static void avx512_dequant(float *m, WeightRef w, size_t e0, size_t n
 }
 typedef void (*DequantFn)(float *m, WeightRef w, size_t e0, size_t n);
 
+/* Decode's GEMV on a quantized matrix, rows n0 .. n1-1 of y = x . w^T (K
+ * columns, a multiple of qcols, itself of the vector width): each weight
+ * widened in registers as the dequant functions widen it, then the fp32
+ * GEMV's 16 lane chains and tree, so the same bits as widening first and
+ * without the round trip through memory */
+TGT_AVX2 static void avx2_qgemv(float *y, const float *x, WeightRef w, int n0, int n1, int K)
+{
+    const uint8_t *q = w.data;
+    int i4 = w.dtype == DTYPE_I4, bf = w.qflags & QF_ROUND_BF16, Q = w.qcols;
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    for (int n = n0; n < n1; n++) {
+        size_t e0 = (size_t)n * K;
+        const float *sc = w.scale + e0 / (size_t)Q;
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        for (int g = 0; g < K; g += Q) {
+            __m256 s = _mm256_set1_ps(*sc++);
+            /* INT4: a run's 16 possible values (v - 8) x scale, rounded as
+             * avx2_dequant rounds them, looked up by each nibble */
+            __m256 t0 = _mm256_mul_ps(_mm256_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1), s);
+            __m256 t1 = _mm256_mul_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), s);
+            if (bf) t0 = avx2_round_bf16(t0), t1 = avx2_round_bf16(t1);
+            for (int k = g; k < g + Q; k += 16) {
+                size_t e = e0 + (size_t)k;
+                __m256 a, b;
+                if (i4) {
+                    uint32_t u[2];
+                    memcpy(u, q + e / 2, 8);
+                    __m256i ia = _mm256_srlv_epi32(_mm256_set1_epi32((int)u[0]), shifts);
+                    __m256i ib = _mm256_srlv_epi32(_mm256_set1_epi32((int)u[1]), shifts);
+                    /* bit 3 of the nibble (at bit 31 after the shift) picks the table half */
+                    a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, ia), _mm256_permutevar8x32_ps(t1, ia),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(ia, 28)));
+                    b = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, ib), _mm256_permutevar8x32_ps(t1, ib),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(ib, 28)));
+                } else {
+                    a = _mm256_mul_ps(avx2_widen8_f8(q + e), s), b = _mm256_mul_ps(avx2_widen8_f8(q + e + 8), s);
+                    if (bf) a = avx2_round_bf16(a), b = avx2_round_bf16(b);
+                }
+                lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), a, lo);
+                hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), b, hi);
+            }
+        }
+        y[n] = avx2_tree((V2){lo, hi});
+    }
+}
+/* R (<= 4) rows from row n, R independent chains so that the FMA latency
+ * is hidden; each row's chain is the single-row GEMV's */
+TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float *y, const float *x, WeightRef w, int n,
+                                                                          int K, int R)
+{
+    const uint8_t *q = w.data;
+    int i4 = w.dtype == DTYPE_I4, bf = w.qflags & QF_ROUND_BF16, Q = w.qcols;
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    size_t e0 = (size_t)n * K;
+    const float *sc = w.scale + e0 / (size_t)Q; /* row r's runs at sc + r * (K / Q) */
+    int runs = K / Q;
+    __m512 a[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();
+    for (int g = 0, k0 = 0; g < runs; g++, k0 += Q) {
+        /* INT4: each row's run has 16 possible values (v - 8) x scale,
+         * rounded as avx512_dequant rounds them, looked up by each nibble
+         * (the low 4 bits of each lane: the permute reads no more) */
+        __m512 s[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            s[r] = _mm512_set1_ps(sc[(size_t)r * runs + g]);
+            if (i4) {
+                s[r] = _mm512_mul_ps(levels, s[r]);
+                if (bf) s[r] = avx512_round_bf16(s[r]);
+            }
+        }
+        int k = k0;
+        if (i4) /* 32 at a time: 16 bytes split into their nibbles in order, widened, looked up */
+            for (; k + 32 <= k0 + Q; k += 32) {
+                __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+                const __m128i low4 = _mm_set1_epi8(15);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m128i b = _mm_loadu_si128((const __m128i *)(q + (e0 + (size_t)r * K + (size_t)k) / 2));
+                    __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
+                    __m512 v0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), s[r]);
+                    __m512 v1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), s[r]);
+                    a[r] = _mm512_fmadd_ps(x1, v1, _mm512_fmadd_ps(x0, v0, a[r]));
+                }
+            }
+        for (; k < k0 + Q; k += 16) {
+            __m512 xv = _mm512_loadu_ps(x + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                size_t e = e0 + (size_t)r * K + (size_t)k;
+                __m512 v;
+                if (i4) {
+                    uint64_t b;
+                    memcpy(&b, q + e / 2, 8);
+                    __m512i idx = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32((int)(uint32_t)b),
+                                                          _mm512_set1_epi32((int)(uint32_t)(b >> 32)));
+                    v = _mm512_permutexvar_ps(_mm512_srlv_epi32(idx, shifts), s[r]);
+                } else {
+                    v = _mm512_mul_ps(avx512_loadw_f8(q + e), s[r]);
+                    if (bf) v = avx512_round_bf16(v);
+                }
+                a[r] = _mm512_fmadd_ps(xv, v, a[r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) y[n + r] = avx512_tree(a[r]);
+}
+TGT_AVX512 static void avx512_qgemv(float *y, const float *x, WeightRef w, int n0, int n1, int K)
+{
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) avx512_qrows(y, x, w, n, K, 4);
+    for (; n < n1; n++) avx512_qrows(y, x, w, n, K, 1);
+}
+typedef void (*QGemvFn)(float *y, const float *x, WeightRef w, int n0, int n1, int K);
+
 /* ---- dispatch ---------------------------------------------------------- */
 /* Rows past the last whole tile: up to GEMV_LEFT of them go to the GEMV
  * block by block, more fill a last tile packed in part: two rows gained
@@ -1121,6 +1239,8 @@ static const struct {
     BlockFn f32, bf16;
     AttendFn attend_f32, attend_bf16, attend_f8;
     DequantFn dequant;
+    QGemvFn qgemv;         /* NULL: decode widens first too */
+    int qgemv_lanes;       /* the scale runs it takes: multiples of this */
     int tile_m; /* rows per prefill tile */
     /* one tile packed for its panel (tile_floats(K) floats), the weight
      * rows per block, and the floats of a block of n packed weight rows;
@@ -1130,11 +1250,11 @@ static const struct {
     int (*block_rows)(int K, size_t esize);
     size_t (*block_floats)(int n, int K);
 } isas[] = {
-    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, gen_f8_attend, gen_dequant, 3, NULL, NULL, NULL,
+    {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, gen_f8_attend, gen_dequant, NULL, 0, 3, NULL, NULL, NULL,
      NULL},
-    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, avx2_f8_attend, avx2_dequant, 6, avx2_pack_tile,
+    {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, avx2_f8_attend, avx2_dequant, avx2_qgemv, 16, 6, avx2_pack_tile,
      avx2_tile_floats, avx2_block_rows, avx2_block_floats},
-    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, avx512_f8_attend, avx512_dequant, 6,
+    {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, avx512_f8_attend, avx512_dequant, avx512_qgemv, 16, 6,
      avx2_pack_tile, avx2_tile_floats, avx2_block_rows, avx2_block_floats},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
@@ -1213,6 +1333,17 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
     /* a quantized matrix: each block of rows widened to fp32 just before
      * the fp32 kernels read it (gen_dequant) */
     int quant = dtype_quantized(w.dtype);
+    if (quant && T == 1 && isas[isa].qgemv && w.qcols % isas[isa].qgemv_lanes == 0) {
+        /* decode: each row's weights widened in registers */
+        int parallel1 = (long)in * out > 100000;
+#pragma omp parallel if (parallel1)
+        {
+            int nt = omp_get_num_threads(), me = omp_get_thread_num();
+            int r0 = (int)((long)out * me / nt), r1 = (int)((long)out * (me + 1) / nt);
+            isas[isa].qgemv(y, x, w, r0, r1, in);
+        }
+        return;
+    }
     size_t wbytes = quant ? sizeof(float) : dtype_bytes(w.dtype);
     BlockFn f = w.dtype == DTYPE_BF16 ? isas[isa].bf16 : isas[isa].f32;
     int tm = isas[isa].tile_m, parallel = (long)T * in * out > 100000;
