@@ -263,12 +263,55 @@ static const float *dequantized(WeightRef w, size_t n)
     return w_f32;
 }
 
+// Decode's product on a quantized matrix, up to QG_T rows of x: one block
+// per output row, its threads striding the row's elements (each widened as
+// w_load widens it) and summing in fp32, then a tree over the threads.
+// The matrix is read once, as stored, with no fp32 copy.
+#define QG_T 8
+#define QG_THREADS 128
+template <typename W>
+__global__ void k_qgemv(float *y, const float *x, const W *w, const float *scale, int qcols, int qflags, int T,
+                        int in, int out)
+{
+    __shared__ float red[QG_T][QG_THREADS];
+    int row = blockIdx.x, tid = threadIdx.x;
+    float acc[QG_T] = {0};
+    size_t base = (size_t)row * in;
+    for (int k = tid; k < in; k += QG_THREADS) {
+        float v = w_load(w, scale, qcols, qflags, base + k);
+#pragma unroll
+        for (int t = 0; t < QG_T; t++)
+            if (t < T) acc[t] = fmaf(x[(size_t)t * in + k], v, acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < QG_T; t++) red[t][tid] = acc[t];
+    __syncthreads();
+    for (int half = QG_THREADS / 2; half > 0; half /= 2) {
+        if (tid < half)
+            for (int t = 0; t < T; t++) red[t][tid] += red[t][tid + half];
+        __syncthreads();
+    }
+    if (tid < T) y[(size_t)tid * out + row] = red[tid][0];
+}
+DCP_STATIC_SHARED(k_qgemv<uint8_t>, sizeof(float) * QG_T * QG_THREADS);
+DCP_STATIC_SHARED(k_qgemv<Int4>, sizeof(float) * QG_T * QG_THREADS);
+
 static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
 {
     if (!T || !out) return;
     counts.matmuls++;
     const float one = 1.0f, zero = 0.0f;
-    if (dtype_quantized(w.dtype)) { // widened, then cuBLAS's fp32 GEMM
+    if (dtype_quantized(w.dtype) && T <= QG_T) { // decode: read as stored
+        if (w.dtype == DTYPE_I4)
+            DCP_LAUNCH(k_qgemv<Int4>, out, QG_THREADS, 0, stream, y, x, (const Int4 *)w.data, w.scale, w.qcols,
+                       w.qflags, T, in, out);
+        else
+            DCP_LAUNCH(k_qgemv<uint8_t>, out, QG_THREADS, 0, stream, y, x, (const uint8_t *)w.data, w.scale, w.qcols,
+                       w.qflags, T, in, out);
+        DCP_CHECK_LAUNCH(stream);
+        return;
+    }
+    if (dtype_quantized(w.dtype)) { // prefill: widened, then cuBLAS's fp32 GEMM
         const float *wf = dequantized(w, (size_t)out * in);
         DCP_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &one, wf, in, x, in, &zero, y, out));
         return;
