@@ -9,9 +9,15 @@
  *   gemm: the same shape through the batch-invariant GEMM (fp32 and bf16)
  *   with --gemv SECONDS, only a decode step's GEMVs (gemv_rate) against
  *     the read rate, in turn
+ *   with --qgemv SECONDS, decode GEMVs over DeepSeek-V3 expert-shaped
+ *     matrices (2048 x 7168, 2^28 weights in all) stored as fp32, bf16,
+ *     FP8 (a scale per 128 columns) and INT4 (groups of 32, bf16 scales),
+ *     in turn: each one's stored bytes per second and weights per second,
+ *     beside the read rate sustained just before
  * Usage: dcpinfer-bench-cpu [threads] [M K N]
  *        dcpinfer-bench-cpu --read SECONDS [threads]
- *        dcpinfer-bench-cpu --gemv SECONDS [threads] */
+ *        dcpinfer-bench-cpu --gemv SECONDS [threads]
+ *        dcpinfer-bench-cpu --qgemv SECONDS [threads] */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -98,6 +104,40 @@ static double gemv_rate(DType t, double seconds)
     return gbs;
 }
 
+/* Stored GB/s (and weights per second in *gws) of one-row products over
+ * 2^28 weights of type t in matrices of 2048 x 7168, every matrix in turn,
+ * for SECONDS: the decode of a DeepSeek-V3 expert's gate or up projection.
+ * Quantized types come with their scales (FP8: a scale per 128 columns;
+ * INT4: per 32, rounded to bf16), counted in the stored bytes. */
+static double qgemv_rate(DType t, double seconds, double *gws)
+{
+    enum { OUT = 2048, IN = 7168 };
+    size_t per = (size_t)OUT * IN, mats = ((size_t)1 << 28) / per, n = mats * per;
+    int qcols = t == DTYPE_I4 ? 32 : 128;
+    size_t bytes = dtype_data_bytes(t, n), nscale = dtype_quantized(t) ? n / (size_t)qcols : 0;
+    char *w = xmalloc_huge(bytes);
+    float *scale = nscale ? xmalloc_huge(nscale * sizeof(float)) : NULL;
+    uint64_t st = 5;
+    for (size_t i = 0; i < bytes; i++) w[i] = (char)(splitmix64(&st) & (t == DTYPE_F8_E4M3 ? 0x77 : 0x3f));
+    if (t == DTYPE_F32 || t == DTYPE_BF16) memset(w, 0x3c, bytes); /* small finite values */
+    for (size_t i = 0; i < nscale; i++) scale[i] = 1.0f / 64;
+    float x[IN], y[OUT];
+    for (int i = 0; i < IN; i++) x[i] = 1e-3f * (float)i;
+    int steps = 0;
+    double start = now_s();
+    for (; now_s() - start < seconds; steps++)
+        for (size_t m = 0; m < mats; m++) {
+            WeightRef r = {w + dtype_data_bytes(t, m * per), t, 0, scale ? scale + m * per / (size_t)qcols : NULL,
+                           scale ? qcols : 0, t == DTYPE_I4 ? QF_ROUND_BF16 : 0};
+            gemm_invariant(y, x, r, 1, IN, OUT);
+        }
+    double dt = now_s() - start;
+    *gws = (double)steps * n / dt / 1e9;
+    double gbs = (double)steps * (bytes + nscale * sizeof(float)) / dt / 1e9;
+    free(w), free(scale);
+    return gbs;
+}
+
 __attribute__((target("avx2,fma"))) static float fma_loop_avx2(long iters)
 {
     __m256 a[10], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
@@ -140,14 +180,15 @@ static double gflops(int M, int K, int N, double seconds) { return 2.0 * M * K *
 
 int main(int argc, char **argv)
 {
-    int gemv = argc > 2 && !strcmp(argv[1], "--gemv");
-    int timed = gemv || (argc > 2 && !strcmp(argv[1], "--read")); /* --read or --gemv SECONDS [threads] */
+    int gemv = argc > 2 && !strcmp(argv[1], "--gemv"), qgemv = argc > 2 && !strcmp(argv[1], "--qgemv");
+    int timed = gemv || qgemv || (argc > 2 && !strcmp(argv[1], "--read")); /* --read, --gemv or --qgemv SECONDS [threads] */
     double seconds = timed ? atof(argv[2]) : 0;
     int threads = timed ? (argc > 3 ? atoi(argv[3]) : omp_get_max_threads())
                         : (argc > 1 ? atoi(argv[1]) : omp_get_max_threads());
     int M = argc > 4 ? atoi(argv[2]) : 512, K = argc > 4 ? atoi(argv[3]) : 768, N = argc > 4 ? atoi(argv[4]) : 2048;
     if (threads < 1 || (timed ? seconds <= 0 : M < 1 || K < 1 || N < 1)) {
-        fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N] | --read SECONDS [threads] | --gemv SECONDS [threads]\n");
+        fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N] | --read SECONDS [threads] | --gemv SECONDS "
+                        "[threads] | --qgemv SECONDS [threads]\n");
         return 2;
     }
     backend_set_threads(threads);
@@ -159,6 +200,17 @@ int main(int argc, char **argv)
         for (int round = 0; round < 2; round++)
             printf("read_sustained_gbs %.2f  gemv_f32_gbs %.2f  gemv_bf16_gbs %.2f\n", read_bandwidth(threads, seconds),
                    gemv_rate(DTYPE_F32, seconds), gemv_rate(DTYPE_BF16, seconds));
+        return 0;
+    }
+    if (qgemv) { /* each type beside the read rate of the same minute */
+        static const struct {
+            DType t;
+            const char *name;
+        } types[] = {{DTYPE_F32, "f32"}, {DTYPE_BF16, "bf16"}, {DTYPE_F8_E4M3, "fp8"}, {DTYPE_I4, "int4"}};
+        for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+            double read = read_bandwidth(threads, seconds), gws, gbs = qgemv_rate(types[i].t, seconds, &gws);
+            printf("qgemv_%s read_sustained_gbs %.2f stored_gbs %.2f gweights_s %.2f\n", types[i].name, read, gbs, gws);
+        }
         return 0;
     }
     if (timed) {
