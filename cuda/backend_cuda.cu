@@ -234,6 +234,13 @@ __device__ static inline float w_load(const Int4 *w, const float *scale, int qco
 {
     return scaled_value(i4_value((const uint8_t *)w, i), scale[i / (size_t)qcols], qflags & QF_ROUND_BF16);
 }
+struct Fp4 { // NVFP4's E2M1 elements, packed as Int4
+    uint8_t b;
+};
+__device__ static inline float w_load(const Fp4 *w, const float *scale, int qcols, int qflags, size_t i)
+{
+    return scaled_value(fp4_value((const uint8_t *)w, i), scale[i / (size_t)qcols], qflags & QF_ROUND_BF16);
+}
 
 // n elements of a quantized matrix widened to fp32: weight_value's
 // arithmetic (w_load), so that the GEMM that follows reads the dequantized
@@ -255,6 +262,9 @@ static const float *dequantized(WeightRef w, size_t n)
     }
     if (w.dtype == DTYPE_I4)
         DCP_LAUNCH(k_dequant<Int4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Int4 *)w.data, w.scale, w.qcols,
+                   w.qflags, n);
+    else if (w.dtype == DTYPE_FP4)
+        DCP_LAUNCH(k_dequant<Fp4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Fp4 *)w.data, w.scale, w.qcols,
                    w.qflags, n);
     else
         DCP_LAUNCH(k_dequant<uint8_t>, blocks_for(n, 256), 256, 0, stream, w_f32, (const uint8_t *)w.data, w.scale,
@@ -295,6 +305,7 @@ __global__ void k_qgemv(float *y, const float *x, const W *w, const float *scale
 }
 DCP_STATIC_SHARED(k_qgemv<uint8_t>, sizeof(float) * QG_T * QG_THREADS);
 DCP_STATIC_SHARED(k_qgemv<Int4>, sizeof(float) * QG_T * QG_THREADS);
+DCP_STATIC_SHARED(k_qgemv<Fp4>, sizeof(float) * QG_T * QG_THREADS);
 
 static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
 {
@@ -304,6 +315,9 @@ static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, in
     if (dtype_quantized(w.dtype) && T <= QG_T) { // decode: read as stored
         if (w.dtype == DTYPE_I4)
             DCP_LAUNCH(k_qgemv<Int4>, out, QG_THREADS, 0, stream, y, x, (const Int4 *)w.data, w.scale, w.qcols,
+                       w.qflags, T, in, out);
+        else if (w.dtype == DTYPE_FP4)
+            DCP_LAUNCH(k_qgemv<Fp4>, out, QG_THREADS, 0, stream, y, x, (const Fp4 *)w.data, w.scale, w.qcols,
                        w.qflags, T, in, out);
         else
             DCP_LAUNCH(k_qgemv<uint8_t>, out, QG_THREADS, 0, stream, y, x, (const uint8_t *)w.data, w.scale, w.qcols,
@@ -643,6 +657,7 @@ DCP_STATIC_SHARED(k_moe_matmul<float>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK 
 DCP_STATIC_SHARED(k_moe_matmul<__nv_bfloat16>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 DCP_STATIC_SHARED(k_moe_matmul<uint8_t>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 DCP_STATIC_SHARED(k_moe_matmul<Int4>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
+DCP_STATIC_SHARED(k_moe_matmul<Fp4>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 
 static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
                             int pairs, WeightRef w, size_t w_step, int in, int out)
@@ -653,6 +668,9 @@ static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, 
     if (w.dtype == DTYPE_I4)
         DCP_LAUNCH(k_moe_matmul<Int4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
                    (const Int4 *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
+    else if (w.dtype == DTYPE_FP4)
+        DCP_LAUNCH(k_moe_matmul<Fp4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
+                   (const Fp4 *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
     else if (w.dtype == DTYPE_F8_E4M3)
         DCP_LAUNCH(k_moe_matmul<uint8_t>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
                    (const uint8_t *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);

@@ -95,21 +95,35 @@ static void fp8_shape(int T, int K, int N, int qcols, uint64_t *st)
 /* compressed-tensors' packed INT4 (two per byte, low nibble first, value
  * + 8) with bf16 scales per run of qcols: the value (q - 8) * scale
  * rounded to bf16, as compressed-tensors dequantizes in the scale's type;
- * exactly the fp32 product of that twin, as fp8_shape. */
-static void i4_shape(int T, int K, int N, int qcols, uint64_t *st)
+ * and NVFP4's E2M1 elements packed the same way (sign bit 3, magnitudes
+ * 0, 0.5, 1, 1.5, 2, 3, 4, 6) with fp32 scales (an FP8 scale over the
+ * global one), the product rounded to bf16 as well. Exactly the fp32
+ * product of that twin, as fp8_shape. */
+static void nibble_shape(DType t, int T, int K, int N, int qcols, uint64_t *st);
+static float nibble_ref(DType t, int v)
+{
+    static const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    return t == DTYPE_I4 ? (float)(v - 8) : v & 8 ? -e2m1[v & 7] : e2m1[v & 7];
+}
+static void i4_shape(int T, int K, int N, int qcols, uint64_t *st) { nibble_shape(DTYPE_I4, T, K, N, qcols, st); }
+static void fp4_shape(int T, int K, int N, int qcols, uint64_t *st) { nibble_shape(DTYPE_FP4, T, K, N, qcols, st); }
+static void nibble_shape(DType t, int T, int K, int N, int qcols, uint64_t *st)
 {
     float *x = xmalloc(sizeof(float) * T * K), *twin = xmalloc(sizeof(float) * N * K);
     uint8_t *q = xcalloc((size_t)N * K / 2 + 1, 1);
     size_t ns = (size_t)N * K / qcols, ny = (size_t)T * N;
     float *scale = xmalloc(sizeof(float) * ns);
     for (int i = 0; i < T * K; i++) x[i] = frand(st);
-    for (size_t i = 0; i < ns; i++) scale[i] = from_bf16(to_bf16(ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 8))));
+    for (size_t i = 0; i < ns; i++) /* bf16 for INT4; for FP4 an E4M3 value over a global scale */
+        scale[i] = t == DTYPE_I4 ? from_bf16(to_bf16(ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 8))))
+                                 : e4m3_ref((uint8_t)(splitmix64(st) % 0x7e)) / 437.5f;
     for (size_t i = 0; i < (size_t)N * K; i++) {
         int v = (int)(splitmix64(st) % 16);
         q[i / 2] |= (uint8_t)(v << (4 * (i % 2)));
-        twin[i] = from_bf16(to_bf16((float)(v - 8) * scale[i / qcols]));
+        twin[i] = from_bf16(to_bf16(nibble_ref(t, v) * scale[i / qcols]));
     }
-    WeightRef wq = {q, DTYPE_I4, 0, scale, qcols, QF_ROUND_BF16};
+    WeightRef wq = {q, t, 0, scale, qcols, QF_ROUND_BF16};
+    const char *tn = t == DTYPE_I4 ? "int4" : "fp4";
     float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny);
     CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
     omp_set_num_threads(1);
@@ -119,15 +133,15 @@ static void i4_shape(int T, int K, int N, int qcols, uint64_t *st)
         for (int threads = 1; threads <= 2; threads++) {
             omp_set_num_threads(threads);
             gemm_invariant(y, x, wq, T, K, N);
-            CHECK(!memcmp(y, ref, sizeof(float) * ny), "int4 T %d K %d N %d qcols %d: %s, %d threads differs from "
-                  "the dequantized twin", T, K, N, qcols, isa_names[i], threads);
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "%s T %d K %d N %d qcols %d: %s, %d threads differs from "
+                  "the dequantized twin", tn, T, K, N, qcols, isa_names[i], threads);
             rows_alone(y, x, wq, T, K, N);
-            CHECK(!memcmp(y, ref, sizeof(float) * ny), "int4 T %d K %d N %d qcols %d: %s, rows alone differ", T, K,
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "%s T %d K %d N %d qcols %d: %s, rows alone differ", tn, T, K,
                   N, qcols, isa_names[i]);
         }
         int h = N / 2;
         gemm_invariant(y, x, weight_at(wq, (size_t)h * K), 1, K, N - h);
-        CHECK(!memcmp(y, ref + h, sizeof(float) * (N - h)), "int4 K %d N %d: %s, rows from %d differ", K, N,
+        CHECK(!memcmp(y, ref + h, sizeof(float) * (N - h)), "%s K %d N %d: %s, rows from %d differ", tn, K, N,
               isa_names[i], h);
     }
     CHECK(!cpu_set_isa("auto"), "auto");
@@ -416,6 +430,11 @@ int main(int argc, char **argv)
     i4_shape(1, 256, 200, 32, &st);
     i4_shape(20, 768, 300, 32, &st);
     i4_shape(406, 2048, 40, 32, &st);
+    /* NVFP4 (W4A16): groups of 16 */
+    fp4_shape(1, 64, 50, 4, &st);
+    fp4_shape(1, 256, 200, 16, &st);
+    fp4_shape(5, 768, 300, 16, &st);
+    fp4_shape(406, 2048, 40, 16, &st);
     /* head sizes around the 16- and 64-lane groups, key counts around 4 */
     static const int Ds[] = {8, 16, 40, 64, 128, 200};
     static const int ns[] = {1, 3, 4, 9, 100, 1000};

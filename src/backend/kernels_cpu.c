@@ -1048,14 +1048,22 @@ TGT_AVX2 static inline __m256 avx2_round_bf16(__m256 x)
     u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
     return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
 }
-/* eight INT4 elements from byte p (the low nibble first) as floats, -8 .. 7 */
-TGT_AVX2 static inline __m256 avx2_widen8_i4(const uint8_t *p)
+/* The 16 values of a nibble type's elements, by nibble: INT4's v - 8
+ * (i4_value), FP4 E2M1's (fp4_value) */
+static const float nibble_levels[2][16] = {
+    {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7},
+    {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6}};
+static inline const float *levels_of(DType t) { return nibble_levels[t == DTYPE_FP4]; }
+/* eight nibble elements from byte p (the low nibble first) looked up in a
+ * table of their 16 values (t0: nibbles 0-7, t1: 8-15) */
+TGT_AVX2 static inline __m256 avx2_lookup8(const uint8_t *p, __m256 t0, __m256 t1)
 {
     uint32_t b;
     memcpy(&b, p, 4);
     __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32((int)b), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
-    return _mm256_cvtepi32_ps(v);
+    /* bit 3 of the nibble (at bit 31 after the shift) picks the table half */
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, v), _mm256_permutevar8x32_ps(t1, v),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
 }
 TGT_AVX2 static void avx2_dequant(float *m, WeightRef w, size_t e0, size_t n)
 {
@@ -1065,9 +1073,11 @@ TGT_AVX2 static void avx2_dequant(float *m, WeightRef w, size_t e0, size_t n)
     }
     const uint8_t *q = w.data;
     const float *scale = w.scale + e0 / (size_t)w.qcols;
-    int i4 = w.dtype == DTYPE_I4, bf = w.qflags & QF_ROUND_BF16;
+    int nib = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16;
+    const float *lv = levels_of(w.dtype);
+    __m256 t0 = _mm256_loadu_ps(lv), t1 = _mm256_loadu_ps(lv + 8);
     for (size_t i = 0; i < n; i += 8) {
-        __m256 v = i4 ? avx2_widen8_i4(q + (e0 + i) / 2) : avx2_widen8_f8(q + e0 + i);
+        __m256 v = nib ? avx2_lookup8(q + (e0 + i) / 2, t0, t1) : avx2_widen8_f8(q + e0 + i);
         v = _mm256_mul_ps(v, _mm256_set1_ps(scale[i / (size_t)w.qcols]));
         _mm256_storeu_ps(m + i, bf ? avx2_round_bf16(v) : v);
     }
@@ -1079,16 +1089,16 @@ TGT_AVX512 static inline __m512 avx512_round_bf16(__m512 x)
     u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
     return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
 }
-/* sixteen INT4 elements from byte p as floats, -8 .. 7 */
-TGT_AVX512 static inline __m512 avx512_widen16_i4(const uint8_t *p)
+/* sixteen nibble elements from byte p looked up in the table of their 16
+ * values (the permute reads each lane's low 4 bits, the nibble) */
+TGT_AVX512 static inline __m512 avx512_lookup16(const uint8_t *p, __m512 table)
 {
     uint64_t b;
     memcpy(&b, p, 8);
     __m512i lo = _mm512_set1_epi32((int)(uint32_t)b), hi = _mm512_set1_epi32((int)(uint32_t)(b >> 32));
     __m512i v = _mm512_mask_blend_epi32(0xff00, lo, hi);
     v = _mm512_srlv_epi32(v, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28));
-    v = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(15)), _mm512_set1_epi32(8));
-    return _mm512_cvtepi32_ps(v);
+    return _mm512_permutexvar_ps(v, table);
 }
 TGT_AVX512 static void avx512_dequant(float *m, WeightRef w, size_t e0, size_t n)
 {
@@ -1098,9 +1108,10 @@ TGT_AVX512 static void avx512_dequant(float *m, WeightRef w, size_t e0, size_t n
     }
     const uint8_t *q = w.data;
     const float *scale = w.scale + e0 / (size_t)w.qcols;
-    int i4 = w.dtype == DTYPE_I4, bf = w.qflags & QF_ROUND_BF16;
+    int nib = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16;
+    __m512 levels = _mm512_loadu_ps(levels_of(w.dtype));
     for (size_t i = 0; i < n; i += 16) {
-        __m512 v = i4 ? avx512_widen16_i4(q + (e0 + i) / 2) : avx512_loadw_f8(q + e0 + i);
+        __m512 v = nib ? avx512_lookup16(q + (e0 + i) / 2, levels) : avx512_loadw_f8(q + e0 + i);
         v = _mm512_mul_ps(v, _mm512_set1_ps(scale[i / (size_t)w.qcols]));
         _mm512_storeu_ps(m + i, bf ? avx512_round_bf16(v) : v);
     }
@@ -1115,32 +1126,25 @@ typedef void (*DequantFn)(float *m, WeightRef w, size_t e0, size_t n);
 TGT_AVX2 static void avx2_qgemv(float *y, const float *x, WeightRef w, int n0, int n1, int K)
 {
     const uint8_t *q = w.data;
-    int i4 = w.dtype == DTYPE_I4, bf = w.qflags & QF_ROUND_BF16, Q = w.qcols;
-    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    int nib = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16, Q = w.qcols;
+    const float *lv = levels_of(w.dtype);
+    __m256 l0 = _mm256_loadu_ps(lv), l1 = _mm256_loadu_ps(lv + 8);
     for (int n = n0; n < n1; n++) {
         size_t e0 = (size_t)n * K;
         const float *sc = w.scale + e0 / (size_t)Q;
         __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
         for (int g = 0; g < K; g += Q) {
             __m256 s = _mm256_set1_ps(*sc++);
-            /* INT4: a run's 16 possible values (v - 8) x scale, rounded as
-             * avx2_dequant rounds them, looked up by each nibble */
-            __m256 t0 = _mm256_mul_ps(_mm256_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1), s);
-            __m256 t1 = _mm256_mul_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), s);
+            /* a nibble type: the run's 16 possible values times the
+             * scale, rounded as avx2_dequant rounds them, looked up by
+             * each nibble */
+            __m256 t0 = _mm256_mul_ps(l0, s), t1 = _mm256_mul_ps(l1, s);
             if (bf) t0 = avx2_round_bf16(t0), t1 = avx2_round_bf16(t1);
             for (int k = g; k < g + Q; k += 16) {
                 size_t e = e0 + (size_t)k;
                 __m256 a, b;
-                if (i4) {
-                    uint32_t u[2];
-                    memcpy(u, q + e / 2, 8);
-                    __m256i ia = _mm256_srlv_epi32(_mm256_set1_epi32((int)u[0]), shifts);
-                    __m256i ib = _mm256_srlv_epi32(_mm256_set1_epi32((int)u[1]), shifts);
-                    /* bit 3 of the nibble (at bit 31 after the shift) picks the table half */
-                    a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, ia), _mm256_permutevar8x32_ps(t1, ia),
-                                         _mm256_castsi256_ps(_mm256_slli_epi32(ia, 28)));
-                    b = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, ib), _mm256_permutevar8x32_ps(t1, ib),
-                                         _mm256_castsi256_ps(_mm256_slli_epi32(ib, 28)));
+                if (nib) {
+                    a = avx2_lookup8(q + e / 2, t0, t1), b = avx2_lookup8(q + e / 2 + 4, t0, t1);
                 } else {
                     a = _mm256_mul_ps(avx2_widen8_f8(q + e), s), b = _mm256_mul_ps(avx2_widen8_f8(q + e + 8), s);
                     if (bf) a = avx2_round_bf16(a), b = avx2_round_bf16(b);
@@ -1158,9 +1162,8 @@ TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float 
                                                                           int K, int R)
 {
     const uint8_t *q = w.data;
-    int i4 = w.dtype == DTYPE_I4, bf = w.qflags & QF_ROUND_BF16, Q = w.qcols;
-    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    int i4 = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16, Q = w.qcols;
+    const __m512 levels = _mm512_loadu_ps(levels_of(w.dtype));
     size_t e0 = (size_t)n * K;
     const float *sc = w.scale + e0 / (size_t)Q; /* row r's runs at sc + r * (K / Q) */
     int runs = K / Q;
@@ -1168,9 +1171,9 @@ TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float 
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();
     for (int g = 0, k0 = 0; g < runs; g++, k0 += Q) {
-        /* INT4: each row's run has 16 possible values (v - 8) x scale,
-         * rounded as avx512_dequant rounds them, looked up by each nibble
-         * (the low 4 bits of each lane: the permute reads no more) */
+        /* a nibble type (INT4, FP4): each row's run has 16 possible
+         * values times its scale, rounded as avx512_dequant rounds them,
+         * looked up by each nibble */
         __m512 s[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -1201,11 +1204,7 @@ TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float 
                 size_t e = e0 + (size_t)r * K + (size_t)k;
                 __m512 v;
                 if (i4) {
-                    uint64_t b;
-                    memcpy(&b, q + e / 2, 8);
-                    __m512i idx = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32((int)(uint32_t)b),
-                                                          _mm512_set1_epi32((int)(uint32_t)(b >> 32)));
-                    v = _mm512_permutexvar_ps(_mm512_srlv_epi32(idx, shifts), s[r]);
+                    v = avx512_lookup16(q + e / 2, s[r]);
                 } else {
                     v = _mm512_mul_ps(avx512_loadw_f8(q + e), s[r]);
                     if (bf) v = avx512_round_bf16(v);

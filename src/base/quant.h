@@ -39,6 +39,15 @@ DCP_QUANT_FN float i4_value(const uint8_t *p, size_t i)
     return (float)((int)((p[i / 2] >> (4 * (i % 2))) & 15) - 8);
 }
 
+/* Element i of packed FP4 E2M1 (two per byte, the low nibble first): bit
+ * 3 the sign, bits 0-2 the magnitude 0, 0.5, 1, 1.5, 2, 3, 4 or 6 */
+DCP_QUANT_FN float fp4_value(const uint8_t *p, size_t i)
+{
+    unsigned v = (p[i / 2] >> (4 * (i % 2))) & 15, e = (v >> 1) & 3, mant = v & 1;
+    float a = e ? (float)(1u << (e - 1)) * (mant ? 1.5f : 1.0f) : 0.5f * (float)mant;
+    return v & 8 ? -a : a;
+}
+
 /* A quantized element's value v times its scale s, rounded once to fp32,
  * then to bf16 (nearest even) when round_bf16: what a checkpoint whose
  * scales are bf16 dequantizes to (compressed-tensors multiplies in the

@@ -73,14 +73,14 @@ int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf,
 
 const char *dtype_name(DType t)
 {
-    static const char *const names[] = {"float32", "bfloat16", "fp8-e4m3", "int4"};
+    static const char *const names[] = {"float32", "bfloat16", "fp8-e4m3", "int4", "nvfp4"};
     return names[t];
 }
 
 float weight_value(WeightRef w, size_t i)
 {
     const uint8_t *p = w.data;
-    float v = w.dtype == DTYPE_I4 ? i4_value(p, i) : f8e4m3_to_f32(p[i]);
+    float v = w.dtype == DTYPE_I4 ? i4_value(p, i) : w.dtype == DTYPE_FP4 ? fp4_value(p, i) : f8e4m3_to_f32(p[i]);
     return scaled_value(v, w.scale[i / (size_t)w.qcols], w.qflags & QF_ROUND_BF16);
 }
 

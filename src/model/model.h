@@ -36,15 +36,23 @@ typedef struct {
  *   DTYPE_F8_E4M3  FP8 E4M3 (block-scaled: f8e4m3_to_f32)
  *   DTYPE_I4       signed 4-bit integers, two per byte, element i in
  *                  byte i / 2 (the low nibble first), stored plus 8 as
- *                  compressed-tensors packs them (i4_value) */
-typedef enum { DTYPE_F32, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_I4 } DType;
+ *                  compressed-tensors packs them (i4_value)
+ *   DTYPE_FP4      FP4 E2M1 (NVFP4's elements), packed as DTYPE_I4
+ *                  (fp4_value); the scale per run is the checkpoint's FP8
+ *                  scale with its global scale applied, in fp32 */
+typedef enum { DTYPE_F32, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_I4, DTYPE_FP4 } DType;
 
-static inline size_t dtype_bits(DType t) { return t == DTYPE_I4 ? 4 : t == DTYPE_BF16 ? 16 : t == DTYPE_F8_E4M3 ? 8 : 32; }
-/* bytes per element of a type of whole bytes (not DTYPE_I4) */
+static inline size_t dtype_bits(DType t)
+{
+    return t == DTYPE_I4 || t == DTYPE_FP4 ? 4 : t == DTYPE_BF16 ? 16 : t == DTYPE_F8_E4M3 ? 8 : 32;
+}
+/* packed two elements per byte */
+static inline int dtype_nibbles(DType t) { return t == DTYPE_I4 || t == DTYPE_FP4; }
+/* bytes per element of a type of whole bytes (not the nibble types) */
 static inline size_t dtype_bytes(DType t) { return dtype_bits(t) / 8; }
-/* the bytes of n elements (n even for DTYPE_I4) */
+/* the bytes of n elements (n even for the nibble types) */
 static inline size_t dtype_data_bytes(DType t, size_t n) { return n * dtype_bits(t) / 8; }
-static inline int dtype_quantized(DType t) { return t == DTYPE_F8_E4M3 || t == DTYPE_I4; }
+static inline int dtype_quantized(DType t) { return t == DTYPE_F8_E4M3 || dtype_nibbles(t); }
 const char *dtype_name(DType t);
 
 /* A weight matrix as a backend stores it for matmul: data in backend memory,
