@@ -50,16 +50,21 @@ deepseek ds_rope v3_yarn 's/"rope_type": "yarn"/"rope_type": "longrope"/; s/"typ
 expect_error deepseek_rope_type 1 'rope type "longrope" is not supported; supported: default, linear, llama3, yarn' \
     --model "$WORK/ds_rope" "$P"
 deepseek ds_gptq v3_yarn 's/"n_group": 4,/"n_group": 4, "quantization_config": {"quant_method": "gptq", "bits": 4},/'
-expect_error deepseek_quantization 1 'quantization_config gptq is not supported (block-scaled fp8, or compressed-tensors pack-quantized INT4)' \
+expect_error deepseek_quantization 1 'quantization_config gptq is not supported (block-scaled fp8, compressed-tensors pack-quantized INT4 or NVFP4, modelopt NVFP4)' \
     --model "$WORK/ds_gptq" "$P"
 # compressed-tensors: what is not INT4 W4A16 pack-quantized, symmetric, in one group
 ct() { # NAME GROUP [FORMAT]
     deepseek "$1" v3_yarn "s/\"n_group\": 4,/\"n_group\": 4, \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"${3:-pack-quantized}\", \"config_groups\": {\"group_0\": $2}, \"ignore\": [\"lm_head\"]},/"
 }
 W4='"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32}'
+ct ct_marlin "{$W4}" marlin-24
+expect_error ct_format 1 'compressed-tensors format "marlin-24" is not supported (pack-quantized INT4 or nvfp4-pack-quantized)' \
+    --model "$WORK/ct_marlin" "$P"
 ct ct_nvfp4 "{$W4}" nvfp4-pack-quantized
-expect_error ct_format 1 'compressed-tensors format "nvfp4-pack-quantized" is not supported (pack-quantized INT4 only)' \
+expect_error ct_nvfp4_int 1 'nvfp4-pack-quantized weights must be 4-bit floats in tensor groups of 16' \
     --model "$WORK/ct_nvfp4" "$P"
+ct ct_w4a4 "{$(echo "$W4" | sed 's/"type": "int"/"type": "float"/; s/"group"/"tensor_group"/; s/32}/16}/'), \"input_activations\": {\"num_bits\": 4, \"type\": \"float\"}}" nvfp4-pack-quantized
+expect_error ct_w4a4 1 'NVFP4 input activations (W4A4) are not supported' --model "$WORK/ct_w4a4" "$P"
 ct ct_asym "{$(echo "$W4" | sed 's/"symmetric": true/"symmetric": false/')}"
 expect_error ct_asym 1 'asymmetric INT4 (weight_zero_point) is not supported (symmetric only)' --model "$WORK/ct_asym" "$P"
 ct ct_w4a8 "{$W4, \"input_activations\": {\"num_bits\": 8, \"type\": \"int\"}}"
@@ -73,7 +78,7 @@ mkdir -p "$WORK/ct_unannounced" "$WORK/ct_missing"
 ln -s "$SRC/tests/data/deepseek/v3_int4/model.safetensors" "$WORK/ct_unannounced/model.safetensors"
 ln -s "$SRC/tests/data/deepseek/v3_int4/model.safetensors" "$WORK/ct_missing/model.safetensors"
 sed 's/"lm_head",/"lm_head", "re:.*experts.7.*",/' "$SRC/tests/data/deepseek/v3_int4/config.json" >"$WORK/ct_unannounced/config.json"
-expect_error ct_unannounced 1 "tensor 'model.layers.1.mlp.experts.7.gate_proj.weight_packed' is INT4, but config.json's quantization_config does not quantize" \
+expect_error ct_unannounced 1 "tensor 'model.layers.1.mlp.experts.7.gate_proj.weight_packed' is packed 4-bit, but config.json's quantization_config does not quantize" \
     --model "$WORK/ct_unannounced" "$P"
 sed 's/"re:.*shared_experts.*",//' "$SRC/tests/data/deepseek/v3_int4/config.json" >"$WORK/ct_missing/config.json"
 expect_error ct_missing 1 "tensor 'model.layers.1.mlp.shared_experts.gate_proj.weight_packed' not found: config.json's quantization_config quantizes" \

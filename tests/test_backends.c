@@ -801,7 +801,7 @@ int main(int argc, char **argv)
     moe_ops(&st);
     device_step_counts();
     const char *refs[] = {"hf/llama3", "hf/qwen3_qk_norm", "hf/mistral_window", "deepseek/v3_yarn", "deepseek/v2_softmax",
-                          "deepseek/v3_fp8", "deepseek/v3_int4"};
+                          "deepseek/v3_fp8", "deepseek/v3_int4", "deepseek/v3_nvfp4", "deepseek/v3_nvfp4_modelopt"};
     for (size_t i = 0; i < sizeof refs / sizeof *refs; i++) logits_against_transformers(refs[i]);
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) attention_shape(&shapes[i], &st);
     MPI_Finalize();

@@ -19,7 +19,8 @@
 static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/linear",
                               "hf/yarn",          "hf/mistral_window",  "hf/qwen2_bias",
                               "hf/qwen3_qk_norm", "hf/mlp_bias",        "deepseek/v3_yarn",
-                              "deepseek/v2_softmax", "deepseek/v3_fp8", "deepseek/v3_int4"};
+                              "deepseek/v2_softmax", "deepseek/v3_fp8", "deepseek/v3_int4", "deepseek/v3_nvfp4",
+                              "deepseek/v3_nvfp4_modelopt"};
 
 /* One request of the prompt at one rank: its logits at every position
  * ((n + max_tokens) x vocab, malloc'ed) and its result. */
@@ -61,8 +62,8 @@ static float *prompt_logits(const char *dir, int *n_out, int *vocab_out)
 /* A quantized checkpoint gives exactly the logits of its dequantized
  * float32 twin, and holds its matrices as stored: every matrix the GEMMs
  * read that the checkpoint quantizes takes its stored bits per element
- * (FP8 8, INT4 4) and a 4-byte scale per run of gcd(block or group, its K
- * chunk's columns) columns, against the twin's 4 bytes. */
+ * (FP8 8, INT4 and NVFP4 4) and a 4-byte scale per run of gcd(block or
+ * group, its K chunk's columns) columns, against the twin's 4 bytes. */
 static void quant_twin(const char *src, const char *name, DType t, int block)
 {
     char dir[4096], twin[4200];
@@ -80,7 +81,7 @@ static void quant_twin(const char *src, const char *name, DType t, int block)
                 char packed[160];
                 snprintf(packed, sizeof packed, "%.*s.weight_packed", (int)strlen(mt[i].name) - 7, mt[i].name);
                 const StTensor *st = st_find(&ck, mt[i].name);
-                int stored = st ? st->dtype == ST_F8_E4M3 : st_find(&ck, packed) != NULL;
+                int stored = st ? st->dtype == ST_F8_E4M3 || st->dtype == ST_U8 : st_find(&ck, packed) != NULL;
                 if (!mt[i].mat || !stored) continue;
                 long long e = (long long)mt[i].nrows * mt[i].ncols;
                 int run = block, cc = mt[i].ncols / mt[i].chunks;
@@ -91,7 +92,7 @@ static void quant_twin(const char *src, const char *name, DType t, int block)
             }
         }
         st_checkpoint_close(&ck);
-        fprintf(stderr, "deepseek/%-11s weights %zu bytes as stored (%lld %s matrices), %zu as the float32 twin\n",
+        fprintf(stderr, "deepseek/%-17s weights %zu bytes as stored (%lld %s matrices), %zu as the float32 twin\n",
                 name, q.w.bytes, kept, dtype_name(t), w.w.bytes);
         CHECK(kept > 0 && !unkept, "%s: %lld quantized matrices widened on loading", name, unkept);
         CHECK((long long)q.w.bytes == want, "%s: weights take %zu bytes, the formula says %lld", name, q.w.bytes, want);
@@ -104,7 +105,7 @@ static void quant_twin(const char *src, const char *name, DType t, int block)
     if (a && b && CHECK_OK(n1 == n2 && v1 == v2, "%s and twin differ in shape", name)) {
         double worst = 0;
         for (size_t i = 0; i < (size_t)n1 * v1; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
-        fprintf(stderr, "deepseek/%-11s max |logit - float32 twin's| = %.2g over %d positions\n", name, worst, n1);
+        fprintf(stderr, "deepseek/%-17s max |logit - float32 twin's| = %.2g over %d positions\n", name, worst, n1);
         CHECK(worst == 0, "%s logits differ from the dequantized twin's by %g", name, worst);
     }
     free(a);
@@ -155,6 +156,8 @@ int main(int argc, char **argv)
     }
     quant_twin(src, "v3_fp8", DTYPE_F8_E4M3, 16);
     quant_twin(src, "v3_int4", DTYPE_I4, 32);
+    quant_twin(src, "v3_nvfp4", DTYPE_FP4, 16);
+    quant_twin(src, "v3_nvfp4_modelopt", DTYPE_FP4, 16);
     MPI_Finalize();
     return test_finish("test_hf_reference");
 }

@@ -705,7 +705,7 @@ static void deepseek_layouts(void)
             /* FP8 block-scaled weights, each rank holding its slices in
              * FP8, against the float32 twin at one rank: the same bits at
              * the canonical layouts */
-            char fp8[4096], twin[4096];
+            char fp8[4096], twin[4200];
             snprintf(fp8, sizeof fp8, "%s/tests/data/deepseek/v3_fp8", src);
             snprintf(twin, sizeof twin, "%s/tests/data/deepseek/v3_fp8_twin", src);
             Reference tref = reference_run(twin, &rs);
@@ -714,17 +714,24 @@ static void deepseek_layouts(void)
             run_layout("deepseek v3_fp8: tp 8 dcp 8 against its float32 twin", fp8, &rs, &tref,
                        (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .budget = 16, .rel_tol = 1e-4}, NULL);
             free_reference(&tref, rs.n);
-            /* INT4 W4A16 experts (compressed-tensors), the same way */
-            snprintf(fp8, sizeof fp8, "%s/tests/data/deepseek/v3_int4", src);
-            snprintf(twin, sizeof twin, "%s/tests/data/deepseek/v3_int4_twin", src);
-            tref = reference_run(twin, &rs);
-            run_layout("deepseek v3_int4: tp 4 dcp 4 against its float32 twin", fp8, &rs, &tref,
-                       (Layout){.np = 4, .tp = 4, .dcp = 4, .I = 1, .budget = 16, .rel_tol = 1e-4}, NULL);
-            run_layout("deepseek v3_int4: tp 8 dcp 8 against its float32 twin", fp8, &rs, &tref,
-                       (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .merge = MERGE_A2A, .budget = 16,
-                                .rel_tol = 1e-4},
-                       NULL);
-            free_reference(&tref, rs.n);
+            /* INT4 W4A16 experts (compressed-tensors) and NVFP4 ones (as
+             * compressed-tensors and as ModelOpt write them), the same way */
+            static const char *const quantized[] = {"v3_int4", "v3_nvfp4", "v3_nvfp4_modelopt"};
+            for (int qi = 0; qi < 3; qi++) {
+                char label[128];
+                snprintf(fp8, sizeof fp8, "%s/tests/data/deepseek/%s", src, quantized[qi]);
+                snprintf(twin, sizeof twin, "%s_twin", fp8);
+                tref = reference_run(twin, &rs);
+                snprintf(label, sizeof label, "deepseek %s: tp 4 dcp 4 against its float32 twin", quantized[qi]);
+                run_layout(label, fp8, &rs, &tref,
+                           (Layout){.np = 4, .tp = 4, .dcp = 4, .I = 1, .budget = 16, .rel_tol = 1e-4}, NULL);
+                snprintf(label, sizeof label, "deepseek %s: tp 8 dcp 8 against its float32 twin", quantized[qi]);
+                run_layout(label, fp8, &rs, &tref,
+                           (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .merge = MERGE_A2A, .budget = 16,
+                                    .rel_tol = 1e-4},
+                           NULL);
+                free_reference(&tref, rs.n);
+            }
         }
         free_reference(&ref, rs.n);
         requests_free(&rs);

@@ -46,10 +46,11 @@ static int parse_entry(StFile *f, const char *name, json_t *e, const unsigned ch
         return dcp_fail("%s: tensor '%s': header entry needs dtype, shape and data_offsets", f->path, name);
     size_t esize;
     if (dtype_parse(json_string_value(jd), &t->dtype, &esize))
-        return dcp_fail("%s: tensor '%s': dtype %s is not supported (F32, F16, BF16, F8_E4M3)", f->path, name,
-                        json_string_value(jd));
+        return dcp_fail("%s: tensor '%s': dtype %s is not supported (F32, F16, BF16, F8_E4M3, I32, I64, U8, I8)",
+                        f->path, name, json_string_value(jd));
     t->ndim = (int)json_array_size(js);
-    if (t->ndim < 1 || t->ndim > 4)
+    memset(t->shape, 0, sizeof t->shape);
+    if (t->ndim > 4) /* 0: a scalar (ModelOpt's scales) */
         return dcp_fail("%s: tensor '%s': %d dimensions not supported", f->path, name, t->ndim);
     uint64_t numel = 1;
     for (int i = 0; i < t->ndim; i++) {
@@ -344,10 +345,12 @@ int st_read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, i
     return 0;
 }
 
-int st_read_i4_packed(const StTensor *packed, const StTensor *scale, const StTensor *shape, int group, int64_t row0,
-                      int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst, float *scale_dst)
+int st_read_nibbles(const StTensor *packed, const StTensor *scale, const StTensor *shape, int group, float mul,
+                    float div, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst,
+                    float *scale_dst)
 {
-    int64_t rows = packed->ndim == 2 ? packed->shape[0] : 0, cols = packed->ndim == 2 ? packed->shape[1] * 8 : 0;
+    int per = packed->dtype == ST_I32 ? 8 : 2; /* elements per stored element */
+    int64_t rows = packed->ndim == 2 ? packed->shape[0] : 0, cols = packed->ndim == 2 ? packed->shape[1] * per : 0;
     if (shape) { /* weight_shape: the matrix's own shape, which the packing rounds up to 8 columns */
         int64_t s[2] = {0, 0};
         for (int i = 0; i < 2 && shape->ndim == 1 && shape->shape[0] == 2; i++) {
@@ -363,11 +366,12 @@ int st_read_i4_packed(const StTensor *packed, const StTensor *scale, const StTen
                             packed->file, shape->name, (long long)s[0], (long long)s[1], (long long)rows,
                             (long long)cols);
     }
-    if (packed->dtype != ST_I32 || packed->ndim != 2 || !scale || scale->ndim != 2 || scale->shape[0] != rows ||
-        group <= 0 || cols % group || scale->shape[1] != cols / group || (scale->dtype != ST_BF16 && scale->dtype != ST_F32))
-        return dcp_fail("%s: tensor '%s': INT4 needs an I32 weight_packed [rows, cols / 8] and a BF16 or F32 "
-                        "weight_scale [rows, cols / %d]",
-                        packed->file, packed->name, group);
+    if ((packed->dtype != ST_I32 && packed->dtype != ST_U8) || packed->ndim != 2 || !scale || scale->ndim != 2 ||
+        scale->shape[0] != rows || group <= 0 || cols % group || scale->shape[1] != cols / group ||
+        (scale->dtype != ST_BF16 && scale->dtype != ST_F32 && scale->dtype != ST_F8_E4M3))
+        return dcp_fail("%s: tensor '%s': 4-bit elements need an I32 or U8 packing [rows, cols / %d] and BF16, F32 "
+                        "or F8_E4M3 scales [rows, cols / %d]",
+                        packed->file, packed->name, per == 8 ? 8 : 2, group);
     if (qcols <= 0 || group % qcols || col0 % qcols || ncols % qcols || row0 < 0 || col0 < 0 || row0 + nrows > rows ||
         col0 + ncols > cols)
         return dcp_fail("%s: tensor '%s': slice [%lld+%lld, %lld+%lld] in runs of %d outside its shape or its groups "
@@ -388,11 +392,16 @@ int st_read_i4_packed(const StTensor *packed, const StTensor *scale, const StTen
                 uint8_t *b = dst + (at + c) / 2;
                 *b = (uint8_t)((*b & (i ? 0x0f : 0xf0)) | v << (4 * i));
             }
-        if (st_read_f32(scale, row0 + r, 1, 0, (int64_t)gs, srow)) {
+        if (scale->dtype == ST_F8_E4M3)
+            for (size_t g = 0; g < gs; g++) srow[g] = f8e4m3_to_f32(scale->data[(size_t)(row0 + r) * gs + g]);
+        else if (st_read_f32(scale, row0 + r, 1, 0, (int64_t)gs, srow)) {
             free(srow);
             return -1;
         }
-        for (int64_t c = 0; c < ncols; c += qcols) scale_dst[(at + c) / qcols] = srow[(col0 + c) / group];
+        for (int64_t c = 0; c < ncols; c += qcols) {
+            float sv = srow[(col0 + c) / group];
+            scale_dst[(at + c) / qcols] = div != 0 ? sv / div : sv * mul;
+        }
     }
     free(srow);
     st_release(packed);

@@ -65,14 +65,18 @@ int st_read_f32_scaled(const StTensor *t, const StTensor *scale_inv, int block_r
  * ncols, so that no run of qcols crosses a block. */
 int st_read_f8_scaled(const StTensor *t, const StTensor *scale_inv, int block_rows, int block_cols, int64_t row0,
                       int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst, float *scale_dst);
-/* A slice of a compressed-tensors pack-quantized INT4 matrix (rows x cols
- * of weight_shape): packed (I32, [rows, cols / 8], eight 4-bit values per
- * word from its low bits up, each the value plus 8) and scale (BF16 or
- * F32, [rows, cols / group]). dst gets the slice's values two per byte,
- * as stored (element i's nibble in byte i / 2, low first; value + 8), and
- * scale_dst one fp32 scale per qcols columns of each row, in order. qcols
- * must divide group, col0 and ncols. */
-int st_read_i4_packed(const StTensor *packed, const StTensor *scale, const StTensor *shape, int group, int64_t row0,
-                      int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst, float *scale_dst);
+/* A slice of a matrix of 4-bit elements packed two per byte, the low
+ * nibble first: compressed-tensors' pack-quantized INT4 (packed I32 [rows,
+ * cols / 8], eight values per word from its low bits up, each plus 8; with
+ * shape, its weight_shape, checked) or NVFP4's E2M1 (U8 [rows, cols / 2]),
+ * and its scales (BF16, F32 or F8_E4M3 [rows, cols / group]). dst gets the
+ * slice's elements as stored, two per byte, and scale_dst one fp32 scale
+ * per qcols columns of each row, in order: the stored scale times mul, or
+ * divided by div when div is not 0 (NVFP4's global scale: ModelOpt
+ * multiplies, compressed-tensors divides). qcols must divide group, col0
+ * and ncols. */
+int st_read_nibbles(const StTensor *packed, const StTensor *scale, const StTensor *shape, int group, float mul,
+                    float div, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst,
+                    float *scale_dst);
 
 #endif

@@ -2,6 +2,7 @@
 #include "arch.h"
 
 #include <jansson.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <pcre2.h>
 #include <stdio.h>
@@ -133,9 +134,28 @@ static int read_quantization(json_t *q, MlaConfig *m, const char *path)
         const char *strategy = json_string_value(json_object_get(w, "strategy"));
         json_t *bits = json_object_get(w, "num_bits"), *gs = json_object_get(w, "group_size");
         json_t *sym = json_object_get(w, "symmetric");
+        if (fmt && !strcmp(fmt, "nvfp4-pack-quantized")) {
+            /* NVFP4 weights (E2M1 in groups of 16 with FP8 scales and a
+             * global scale), activations unquantized (NVFP4A16) */
+            if (!json_is_object(w) || !type || strcmp(type, "float") || json_integer_value(bits) != 4 || !strategy ||
+                strcmp(strategy, "tensor_group") || json_integer_value(gs) != 16)
+                return dcp_fail("%s: quantization_config: nvfp4-pack-quantized weights must be 4-bit floats in "
+                                "tensor groups of 16",
+                                path);
+            if (ia && !json_is_null(ia))
+                return dcp_fail("%s: quantization_config: NVFP4 input activations (W4A4) are not supported: dcpinfer "
+                                "runs NVFP4 weight-only, activations in fp32 (input_activations null)",
+                                path);
+            if (kv && !json_is_null(kv))
+                return dcp_fail("%s: quantization_config: kv_cache_scheme is not supported (use --kv-cache-dtype fp8)",
+                                path);
+            m->nvfp4_group = 16;
+            m->nvfp4_round_bf16 = 1; /* compressed-tensors decompresses to bf16 */
+            return 0;
+        }
         if (!fmt || strcmp(fmt, "pack-quantized"))
             return dcp_fail("%s: quantization_config: compressed-tensors format \"%s\" is not supported "
-                            "(pack-quantized INT4 only)",
+                            "(pack-quantized INT4 or nvfp4-pack-quantized)",
                             path, fmt ? fmt : "(none)");
         if (!json_is_object(w) || !type || strcmp(type, "int") || json_integer_value(bits) != 4 || !strategy ||
             strcmp(strategy, "group") || !json_is_integer(gs) || json_integer_value(gs) < 1 ||
@@ -157,11 +177,28 @@ static int read_quantization(json_t *q, MlaConfig *m, const char *path)
         m->int4_group = (int)json_integer_value(gs);
         return 0;
     }
+    if (qm && !strcmp(qm, "modelopt")) { /* NVIDIA ModelOpt's NVFP4 export, weight-only here */
+        const char *algo = json_string_value(json_object_get(q, "quant_algo"));
+        json_t *gs = json_object_get(q, "group_size"), *kv = json_object_get(q, "kv_cache_quant_algo");
+        if (!algo || strcmp(algo, "NVFP4"))
+            return dcp_fail("%s: quantization_config: modelopt quant_algo %s is not supported (NVFP4 only)", path,
+                            algo ? algo : "(none)");
+        if (gs && json_integer_value(gs) != 16)
+            return dcp_fail("%s: quantization_config: NVFP4 group_size %lld is not supported (16)", path,
+                            (long long)json_integer_value(gs));
+        if (kv && !json_is_null(kv))
+            return dcp_fail("%s: quantization_config: kv_cache_quant_algo is not supported (use --kv-cache-dtype fp8)",
+                            path);
+        m->nvfp4_group = 16;
+        m->nvfp4_modelopt = 1;
+        m->nvfp4_round_bf16 = 1;
+        return 0;
+    }
     const char *fmt = json_string_value(json_object_get(q, "fmt"));
     json_t *bs = json_object_get(q, "weight_block_size");
     if (!qm || strcmp(qm, "fp8"))
-        return dcp_fail("%s: quantization_config %s is not supported (block-scaled fp8, or compressed-tensors "
-                        "pack-quantized INT4)",
+        return dcp_fail("%s: quantization_config %s is not supported (block-scaled fp8, compressed-tensors "
+                        "pack-quantized INT4 or NVFP4, modelopt NVFP4)",
                         path, qm ? qm : "(no quant_method)");
     if (fmt && strcmp(fmt, "e4m3"))
         return dcp_fail("%s: quantization_config fmt \"%s\" is not supported (e4m3 only)", path, fmt);
@@ -520,6 +557,7 @@ out:
 /* ---- compressed-tensors: which matrices are quantized ------------------ */
 
 struct QuantRules {
+    int glob;            /* names are shell patterns (ModelOpt's exclude_modules), else exact */
     int n[2];            /* entries of targets [0] and ignore [1] */
     char **name[2];      /* a module or class name, or NULL for a pattern */
     pcre2_code **re[2];  /* the pattern of a "re:" entry */
@@ -537,6 +575,13 @@ QuantRules *quant_rules_read(const char *config_path)
     json_t *lists[2] = {json_object_get(json_object_iter_value(json_object_iter(g)), "targets"),
                         json_object_get(q, "ignore")};
     QuantRules *r = xcalloc(1, sizeof *r);
+    const char *qm = json_string_value(json_object_get(q, "quant_method"));
+    json_t *all = json_pack("[s]", "Linear");
+    if (qm && !strcmp(qm, "modelopt")) { /* every Linear but exclude_modules, shell patterns */
+        lists[0] = all;
+        lists[1] = json_object_get(q, "exclude_modules");
+        r->glob = 1;
+    }
     int rc = 0;
     for (int k = 0; k < 2 && !rc; k++) {
         if (lists[k] && !json_is_null(lists[k]) && !json_is_array(lists[k])) {
@@ -568,6 +613,7 @@ QuantRules *quant_rules_read(const char *config_path)
         }
     }
     json_decref(root);
+    json_decref(all);
     if (rc) {
         quant_rules_free(r);
         return NULL;
@@ -578,7 +624,8 @@ QuantRules *quant_rules_read(const char *config_path)
 static int rule_matches(const QuantRules *r, int k, const char *module, int linear)
 {
     for (int i = 0; i < r->n[k]; i++) {
-        if (r->name[k][i] && (!strcmp(r->name[k][i], module) || (linear && !strcmp(r->name[k][i], "Linear"))))
+        if (r->name[k][i] && (!strcmp(r->name[k][i], module) || (linear && !strcmp(r->name[k][i], "Linear")) ||
+                              (r->glob && !fnmatch(r->name[k][i], module, 0))))
             return 1;
         if (r->re[k][i]) {
             pcre2_match_data *md = pcre2_match_data_create_from_pattern(r->re[k][i], NULL);

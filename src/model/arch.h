@@ -60,7 +60,9 @@ const char *arch_supported_list(void);
  * and ignore lists of its config.json's quantization_config, each entry a
  * module name, a class ("Linear": every matrix a layer multiplies by, and
  * the LM head) or "re:" and a regular expression matched from the start
- * of the name (as compressed-tensors does, with Python's re.match). */
+ * of the name (as compressed-tensors does, with Python's re.match). A
+ * ModelOpt checkpoint: every Linear but its exclude_modules, shell
+ * patterns (fnmatch). */
 typedef struct QuantRules QuantRules;
 /* NULL with dcp_error() on a bad list or pattern */
 QuantRules *quant_rules_read(const char *config_path);

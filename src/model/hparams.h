@@ -43,6 +43,11 @@ typedef struct {
     int fp8_block[2];              /* block-scaled FP8 weights (quantization_config): block rows, cols; 0: none */
     int int4_group;                /* compressed-tensors pack-quantized INT4 (W4A16, symmetric): columns per
                                       scale; which matrices: its targets and ignore (model_check_checkpoint) */
+    int nvfp4_group;               /* NVFP4 (W4A16 here): columns per FP8 scale; 0: none */
+    int nvfp4_modelopt;            /* as NVIDIA ModelOpt writes it (weight, weight_scale, weight_scale_2 x);
+                                      else as compressed-tensors (weight_packed, ..., weight_global_scale /) */
+    int nvfp4_round_bf16;          /* dequantized values rounded to bf16 (compressed-tensors always; ModelOpt:
+                                      to the model's dtype) */
 } MlaConfig;
 /* 1 when layer l of an MLA model is a mixture of experts */
 #define MLA_MOE_LAYER(c, l)                                                                                       \

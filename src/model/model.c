@@ -345,6 +345,83 @@ static int mtp_tensor(const Config *c, const char *name)
 
 /* ---- the checkpoint against the config --------------------------------- */
 
+/* How a matrix quantized to 4-bit elements is stored in the checkpoint:
+ * the tensors beside module.weight (or in its place), by suffix */
+typedef struct {
+    DType dtype;
+    const char *data;   /* the packed elements: I32 words of 8 (per 8) or bytes of 2 (per 2) */
+    const char *scale;  /* one per group of columns: BF16 or F32 (INT4), F8_E4M3 (NVFP4) */
+    const char *global; /* NVFP4's global scale, an F32 scalar: it divides the scales (compressed-tensors'
+                           weight_global_scale) or multiplies them (ModelOpt's weight_scale_2); or NULL */
+    int divide;
+    const char *shape;  /* INT4's weight_shape (I64 [2]), or NULL */
+    const char *input;  /* ModelOpt's input_scale (an F32 scalar): read and checked, not applied; or NULL */
+    int group, per;
+} QuantFormat;
+
+/* The config's 4-bit format, or 0 when it has none */
+static int quant_format(const Config *c, QuantFormat *f)
+{
+    const MlaConfig *m = &c->m;
+    if (m->int4_group)
+        *f = (QuantFormat){DTYPE_I4, "weight_packed", "weight_scale", NULL, 0, "weight_shape", NULL, m->int4_group, 8};
+    else if (m->nvfp4_group && m->nvfp4_modelopt)
+        *f = (QuantFormat){DTYPE_FP4, "weight", "weight_scale", "weight_scale_2", 0, NULL, "input_scale",
+                           m->nvfp4_group, 2};
+    else if (m->nvfp4_group)
+        *f = (QuantFormat){DTYPE_FP4, "weight_packed", "weight_scale", "weight_global_scale", 1, NULL, NULL,
+                           m->nvfp4_group, 2};
+    else
+        return 0;
+    return 1;
+}
+
+/* An F32 tensor of one value (shape [] or [1]) into *v */
+static int st_scalar(const StTensor *t, float *v)
+{
+    if (!t || t->dtype != ST_F32 || (t->ndim == 1 ? t->shape[0] != 1 : t->ndim != 0)) return -1;
+    memcpy(v, t->data, sizeof *v);
+    return 0;
+}
+
+/* The tensors of module, a matrix of rows x cols the config quantizes in
+ * format f: each there, of its type and shape, and named in used */
+static int check_quantized(const char *path, const StCheckpoint *ck, const QuantFormat *f, const char *module,
+                           int rows, int cols, char (*used)[160], int *n_used)
+{
+    const char *parts[5] = {f->data, f->scale, f->global, f->shape, f->input};
+    const StTensor *t[5] = {0};
+    for (int k = 0; k < 5; k++) {
+        if (!parts[k]) continue;
+        snprintf(used[*n_used], sizeof *used, "%s.%s", module, parts[k]);
+        if (!(t[k] = st_find(ck, used[(*n_used)++])) && k != 4)
+            return dcp_fail("%s: tensor '%s.%s' not found: config.json's quantization_config quantizes '%s' (%s)",
+                            path, module, parts[k], module, dtype_name(f->dtype));
+    }
+    int G = f->group;
+    float v;
+    if (cols % G || cols % f->per)
+        return dcp_fail("%s: '%s' has %d columns, not a whole number of groups of %d", path, module, cols, G);
+    if (t[0]->dtype != (f->per == 8 ? ST_I32 : ST_U8) || t[0]->ndim != 2 || t[0]->shape[0] != rows ||
+        t[0]->shape[1] != cols / f->per)
+        return dcp_fail("%s: tensor '%s.%s' is %s [%lld, %lld], config.json implies %s [%d, %d]", path, module,
+                        f->data, st_dtype_name(t[0]->dtype), (long long)t[0]->shape[0],
+                        t[0]->ndim > 1 ? (long long)t[0]->shape[1] : 0LL, f->per == 8 ? "I32" : "U8", rows,
+                        cols / f->per);
+    int fp4 = f->dtype == DTYPE_FP4;
+    if ((fp4 ? t[1]->dtype != ST_F8_E4M3 : t[1]->dtype != ST_BF16 && t[1]->dtype != ST_F32) || t[1]->ndim != 2 ||
+        t[1]->shape[0] != rows || t[1]->shape[1] != cols / G)
+        return dcp_fail("%s: tensor '%s.%s' is %s [%lld, %lld], config.json implies %s [%d, %d]", path, module,
+                        f->scale, st_dtype_name(t[1]->dtype), (long long)t[1]->shape[0],
+                        t[1]->ndim > 1 ? (long long)t[1]->shape[1] : 0LL, fp4 ? "F8_E4M3" : "BF16 or F32", rows,
+                        cols / G);
+    if (f->global && (st_scalar(t[2], &v) || !(v > 0) || !isfinite(v)))
+        return dcp_fail("%s: tensor '%s.%s' must be one positive F32 value", path, module, f->global);
+    if (f->input && t[4] && (st_scalar(t[4], &v) || !(v > 0) || !isfinite(v)))
+        return dcp_fail("%s: tensor '%s.%s' must be one positive F32 value", path, module, f->input);
+    return 0;
+}
+
 /* Tensors a checkpoint may hold that no architecture reads. */
 static int ignorable_tensor(const char *name)
 {
@@ -363,7 +440,8 @@ int model_check_checkpoint(const char *path, const Config *c)
     char (*names)[160] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
     MlaTensor *mt = c->mla ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
     QuantRules *rules = NULL;
-    if (c->mla && c->m.int4_group) {
+    QuantFormat qf = {0};
+    if (c->mla && quant_format(c, &qf)) {
         char cfg[4200];
         snprintf(cfg, sizeof cfg, "%s/config.json", path);
         if (!(rules = quant_rules_read(cfg))) rc = -1;
@@ -373,44 +451,26 @@ int model_check_checkpoint(const char *path, const Config *c)
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&ck, mt[i].name);
             int vector = mt[i].rows == 0;
-            /* compressed-tensors INT4: module.weight_packed, _scale, _shape
-             * in place of module.weight, where the config's targets and
-             * ignore say (Linear: every matrix but the router) */
+            /* a 4-bit format: its tensors in place of module.weight
+             * where the config's targets and ignore say (Linear: every
+             * matrix but the router) */
             char module[128], packed[144];
             snprintf(module, sizeof module, "%.*s", (int)strlen(mt[i].name) - 7, mt[i].name); /* less ".weight" */
             snprintf(packed, sizeof packed, "%s.weight_packed", module);
             int linear = !vector && !strstr(mt[i].name, "mlp.gate.weight");
             if (rules && linear && quant_rules_quantized(rules, module, 1)) {
-                static const char *const parts[] = {"weight_packed", "weight_scale", "weight_shape"};
-                const StTensor *p[3];
-                for (int k = 0; k < 3; k++) {
-                    snprintf(names[n_names], sizeof *names, "%s.%s", module, parts[k]);
-                    p[k] = st_find(&ck, names[n_names++]);
-                }
-                int G = c->m.int4_group, cols = mt[i].cols;
-                if (!p[0] || !p[1] || !p[2])
-                    rc = dcp_fail("%s: tensor '%s.%s' not found: config.json's quantization_config quantizes '%s' "
-                                  "(INT4)",
-                                  path, module, parts[!p[0] ? 0 : !p[1] ? 1 : 2], module);
-                else if (cols % G || cols % 8)
-                    rc = dcp_fail("%s: '%s' has %d columns, not a whole number of INT4 groups of %d", path, module,
-                                  cols, G);
-                else if (p[0]->dtype != ST_I32 || p[0]->ndim != 2 || p[0]->shape[0] != mt[i].rows ||
-                         p[0]->shape[1] != cols / 8)
-                    rc = dcp_fail("%s: tensor '%s' is %s [%lld, %lld], config.json implies I32 [%d, %d]", path,
-                                  packed, st_dtype_name(p[0]->dtype), (long long)p[0]->shape[0],
-                                  p[0]->ndim > 1 ? (long long)p[0]->shape[1] : 0LL, mt[i].rows, cols / 8);
-                else if ((p[1]->dtype != ST_BF16 && p[1]->dtype != ST_F32) || p[1]->ndim != 2 ||
-                         p[1]->shape[0] != mt[i].rows || p[1]->shape[1] != cols / G)
-                    rc = dcp_fail("%s: tensor '%s.weight_scale' is %s [%lld, %lld], config.json implies BF16 or F32 "
-                                  "[%d, %d]",
-                                  path, module, st_dtype_name(p[1]->dtype), (long long)p[1]->shape[0],
-                                  p[1]->ndim > 1 ? (long long)p[1]->shape[1] : 0LL, mt[i].rows, cols / G);
+                rc = check_quantized(path, &ck, &qf, module, mt[i].rows, mt[i].cols, names, &n_names);
                 continue;
             }
+            if (t && t->dtype == ST_U8) {
+                rc = dcp_fail("%s: tensor '%s' is packed 4-bit, but config.json's quantization_config does not "
+                              "quantize '%s' (its exclude_modules)",
+                              path, mt[i].name, module);
+                break;
+            }
             if (!t && st_find(&ck, packed)) {
-                rc = dcp_fail("%s: tensor '%s' is INT4, but config.json's quantization_config does not quantize "
-                              "'%s' (its targets and ignore)",
+                rc = dcp_fail("%s: tensor '%s' is packed 4-bit, but config.json's quantization_config does not "
+                              "quantize '%s' (its targets and ignore)",
                               path, packed, module);
                 break;
             }
@@ -437,7 +497,7 @@ int model_check_checkpoint(const char *path, const Config *c)
                               path, mt[i].name, st_dtype_name(t->dtype));
         }
     }
-    if (!rc && rules && quant_rules_quantized(rules, "lm_head", 1) && !c->tied_embeddings)
+    if (!rc && rules && quant_rules_quantized(rules, "lm_head", 1) && !c->tied_embeddings && c->format == FORMAT_HF)
         rc = dcp_fail("%s: quantization_config quantizes lm_head, which dcpinfer does not read quantized (add it to "
                       "ignore)",
                       path);
@@ -714,27 +774,53 @@ int weight_group_rows(void *m, int rows, int cols, size_t esize, int G)
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
-/* the weight_shape tensor of an INT4 matrix */
-static const StTensor *i4_shape(Source *src, const MlaTensor *mt)
+/* This rank's slice of a 4-bit matrix (t: its packed elements) in its
+ * stored form: elements into dst, each run's fp32 scale into scale_dst
+ * (NVFP4: the FP8 scale and the global one applied) */
+static int read_nibbles(Source *src, const MlaTensor *mt, const StTensor *t, const QuantFormat *f, int64_t col0,
+                        int64_t ncols, int qcols, uint8_t *dst, float *scale_dst)
 {
-    char name[160];
-    snprintf(name, sizeof name, "%.*s.weight_shape", (int)strlen(mt->name) - 7, mt->name);
-    return st_find(&src->ck, name);
+    char module[128], name[160];
+    snprintf(module, sizeof module, "%.*s", (int)strlen(mt->name) - 7, mt->name);
+    snprintf(name, sizeof name, "%s.%s", module, f->scale);
+    const StTensor *scale = st_find(&src->ck, name), *shape = NULL;
+    float global = 1;
+    if (f->shape) {
+        snprintf(name, sizeof name, "%s.%s", module, f->shape);
+        shape = st_find(&src->ck, name);
+    }
+    if (f->global) {
+        snprintf(name, sizeof name, "%s.%s", module, f->global);
+        if (st_scalar(st_find(&src->ck, name), &global))
+            return dcp_fail("%s: tensor '%s' must be one F32 value", src->path, name);
+    }
+    return st_read_nibbles(t, scale, shape, f->group, f->divide ? 1 : global, f->divide ? global : 0, mt->row0,
+                           mt->nrows, col0, ncols, qcols, dst, scale_dst);
 }
 
-/* This rank's slice of an INT4 matrix read as fp32 (kv_b_proj, which the
- * attention folds in at load): its stored form, then each value */
-static int read_i4_as_f32(Source *src, Model *m, const MlaTensor *mt, const StTensor *t, float *to)
+/* whether a 4-bit matrix's values round to bf16: INT4 with bf16 scales,
+ * NVFP4 as the config says */
+static int nibbles_round_bf16(Source *src, const MlaTensor *mt, const QuantFormat *f)
 {
+    if (f->dtype == DTYPE_FP4) return src->cfg->m.nvfp4_round_bf16;
     char name[160];
-    snprintf(name, sizeof name, "%.*s.weight_scale", (int)strlen(mt->name) - 7, mt->name);
+    snprintf(name, sizeof name, "%.*s.%s", (int)strlen(mt->name) - 7, mt->name, f->scale);
     const StTensor *scale = st_find(&src->ck, name);
-    int G = m->cfg.m.int4_group, qcols = gcd(gcd(G, mt->ncols), mt->col0);
+    return scale && scale->dtype == ST_BF16;
+}
+
+/* This rank's slice of a 4-bit matrix read as fp32 (kv_b_proj, which the
+ * attention folds in at load): its stored form, then each value */
+static int read_nibbles_as_f32(Source *src, const MlaTensor *mt, const StTensor *t, float *to)
+{
+    QuantFormat f;
+    quant_format(src->cfg, &f);
+    int qcols = gcd(gcd(f.group, mt->ncols), mt->col0);
     size_t n = (size_t)mt->nrows * mt->ncols;
     uint8_t *q = xcalloc(n / 2 + 1, 1);
     float *s = xmalloc(sizeof(float) * (n / (size_t)qcols + 1));
-    int rc = st_read_i4_packed(t, scale, i4_shape(src, mt), G, mt->row0, mt->nrows, mt->col0, mt->ncols, qcols, q, s);
-    WeightRef w = {q, DTYPE_I4, 0, s, qcols, scale && scale->dtype == ST_BF16 ? QF_ROUND_BF16 : 0};
+    int rc = read_nibbles(src, mt, t, &f, mt->col0, mt->ncols, qcols, q, s);
+    WeightRef w = {q, f.dtype, 0, s, qcols, nibbles_round_bf16(src, mt, &f) ? QF_ROUND_BF16 : 0};
     for (size_t i = 0; i < n && !rc; i++) to[i] = weight_value(w, i);
     free(q), free(s);
     return rc;
@@ -742,31 +828,32 @@ static int read_i4_as_f32(Source *src, Model *m, const MlaTensor *mt, const StTe
 
 /* One matrix of an MLA layer (an expert: its place in its kind's stack)
  * into this rank's storage, in the checkpoint's type: block-scaled FP8 as
- * stored with its scales (WeightRef), anything else as fp32. A K-chunked
- * matrix (row-parallel) is stored chunk by chunk (load_matrix_chunked). */
+ * stored with its scales (WeightRef), 4-bit formats (INT4, NVFP4) packed
+ * as stored with theirs, anything else as fp32. A K-chunked matrix
+ * (row-parallel) is stored chunk by chunk (load_matrix_chunked). */
 static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StTensor *t)
 {
     const Config *c = &m->cfg;
     WeightRef *w = mt->mat;
-    int fp8 = t->dtype == ST_F8_E4M3, i4 = t->dtype == ST_I32, cc = mt->ncols / mt->chunks;
-    char sc[160];
-    snprintf(sc, sizeof sc, "%.*s.weight_scale", (int)strlen(mt->name) - 7, mt->name);
-    const StTensor *i4_scale = i4 ? st_find(&src->ck, sc) : NULL;
+    QuantFormat f = {0};
+    int fp8 = t->dtype == ST_F8_E4M3, nib = (t->dtype == ST_I32 || t->dtype == ST_U8) && quant_format(c, &f);
+    int cc = mt->ncols / mt->chunks;
     /* the runs that share a scale: the block's (group's) columns, or fewer
      * where this rank's columns or their K chunks start inside one (each
      * run then repeats its scale) */
-    int qcols = fp8 || i4 ? gcd(gcd(fp8 ? c->m.fp8_block[1] : c->m.int4_group, cc), mt->col0) : 0;
-    int qflags = i4_scale && i4_scale->dtype == ST_BF16 ? QF_ROUND_BF16 : 0;
-    DType want = fp8 ? DTYPE_F8_E4M3 : i4 ? DTYPE_I4 : DTYPE_F32;
+    int qcols = fp8 || nib ? gcd(gcd(fp8 ? c->m.fp8_block[1] : f.group, cc), mt->col0) : 0;
+    int qflags = nib && nibbles_round_bf16(src, mt, &f) ? QF_ROUND_BF16 : 0;
+    DType want = fp8 ? DTYPE_F8_E4M3 : nib ? f.dtype : DTYPE_F32;
     if (!w->data) { /* the first of its stack: the stack's storage */
         *w = (WeightRef){.data = owned_alloc(&m->w, dtype_data_bytes(want, mt->mat_n)), .dtype = want,
                          .qcols = qcols, .qflags = qflags};
-        if (fp8 || i4) w->scale = owned_alloc(&m->w, mt->mat_n / (size_t)qcols * sizeof(float));
+        if (fp8 || nib) w->scale = owned_alloc(&m->w, mt->mat_n / (size_t)qcols * sizeof(float));
     } else if (w->dtype != want || w->qcols != qcols || w->qflags != qflags) {
         return dcp_fail("%s: tensor '%s' is %s, unlike the other experts of its layer: their matrices must share one "
                         "format",
                         src->path, mt->name, st_dtype_name(t->dtype));
     }
+    char sc[160];
     snprintf(sc, sizeof sc, "%s_scale_inv", mt->name);
     size_t chunk = (size_t)mt->nrows * cc;
     for (int ch = 0; ch < mt->chunks; ch++) {
@@ -775,9 +862,8 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
         if (fp8)
             rc = st_read_f8_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt->row0,
                                    mt->nrows, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale);
-        else if (i4)
-            rc = st_read_i4_packed(t, i4_scale, i4_shape(src, mt), c->m.int4_group, mt->row0, mt->nrows, col0, cc,
-                                   qcols, (uint8_t *)to.data, (float *)to.scale);
+        else if (nib)
+            rc = read_nibbles(src, mt, t, &f, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale);
         else
             rc = st_read_f32(t, mt->row0, mt->nrows, col0, cc, (float *)to.data);
         if (rc) return -1;
@@ -813,8 +899,8 @@ static int load_mla(Source *src, Model *m)
             if (t->dtype == ST_F8_E4M3) /* kv_b: dequantized here, this rank's slice only */
                 rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt[i].row0,
                                         mt[i].nrows, mt[i].col0, mt[i].ncols, to);
-            else if (t->dtype == ST_I32) /* an INT4 kv_b: the same, through its stored form */
-                rc = read_i4_as_f32(src, m, &mt[i], t, to);
+            else if (t->dtype == ST_I32 || t->dtype == ST_U8) /* a 4-bit kv_b: the same, through its stored form */
+                rc = read_nibbles_as_f32(src, &mt[i], t, to);
             else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, to);
         }
     }
@@ -829,6 +915,8 @@ static void format_name(const Config *c, WeightRef w, char *buf, size_t n)
         snprintf(buf, n, "%s %dx%d blocks", dtype_name(w.dtype), c->m.fp8_block[0], c->m.fp8_block[1]);
     else if (w.dtype == DTYPE_I4)
         snprintf(buf, n, "int4-w4a16 g%d%s", c->m.int4_group, w.qflags & QF_ROUND_BF16 ? " (bf16 scales)" : "");
+    else if (w.dtype == DTYPE_FP4)
+        snprintf(buf, n, "nvfp4 g%d (%s)", c->m.nvfp4_group, c->m.nvfp4_modelopt ? "modelopt" : "compressed-tensors");
     else snprintf(buf, n, "%s", dtype_name(w.dtype));
 }
 

@@ -150,6 +150,95 @@ def check_mkmodel_int4(build):
           f"and on compressed-tensors' decompression of it: {'identical' if same else 'DIFFERENT'}")
 
 
+def routed_experts(w, fn):
+    """fn(module, float32 weight) -> (its tensors as stored, its dequantized float32 weight) for each
+    routed expert's matrix; the other tensors as they are"""
+    q, t = {}, {}
+    for name, x in w.items():
+        if ".mlp.experts." not in name or not name.endswith(".weight"):
+            q[name] = t[name] = x
+            continue
+        stored, twin = fn(name[:-len(".weight")], x)
+        q.update(stored)
+        t[name] = twin.float().contiguous()
+    return q, t
+
+
+def save_pair(src, out, twin, q, t, quantization_config):
+    import json
+    import shutil
+    from safetensors.torch import save_file
+    for d, tensors in ((out, q), (twin, t)):
+        os.makedirs(d, exist_ok=True)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+        shutil.copy(os.path.join(src, "prompt.txt"), d)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    json.dump(cfg, open(os.path.join(twin, "config.json"), "w"), indent=2)
+    cfg["quantization_config"] = quantization_config
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+
+
+def make_nvfp4(src, out, twin):
+    """v3_nvfp4: the routed experts in NVFP4 as compressed-tensors writes it (nvfp4-pack-quantized:
+    weight_packed, two E2M1 per byte; weight_scale, FP8 per 16; weight_global_scale), written and
+    decompressed (the twin) by the package itself, weight-only (its NVFP4A16 preset)."""
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    from safetensors.torch import load_file
+    scheme = preset_name_to_scheme("NVFP4A16", ["Linear"])
+
+    def fn(module, x):
+        xb = x.to(torch.bfloat16)
+        gs = generate_gparam(xb.float().amin(), xb.float().amax())
+        g = xb.float().reshape(x.shape[0], -1, 16)
+        scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), scheme.weights, global_scale=gs)
+        sd = NVFP4PackedCompressor.compress({"weight": xb, "weight_scale": scale, "weight_global_scale": gs,
+                                             "weight_zero_point": zp}, scheme)
+        twin = NVFP4PackedCompressor.decompress(dict(sd), scheme)["weight"]
+        return {f"{module}.{k}": v.contiguous() for k, v in sd.items()}, twin
+
+    q, t = routed_experts(load_file(os.path.join(src, "model.safetensors")), fn)
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, quant_method="compressed-tensors",
+                            format="nvfp4-pack-quantized", ignore=IGNORE, quantization_status="compressed")
+    save_pair(src, out, twin, q, t, qc.model_dump(exclude_none=True, mode="json"))
+    print(f"{out}: NVFP4 experts (compressed-tensors)")
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def make_nvfp4_modelopt(src, out, twin):
+    """v3_nvfp4_modelopt: the same experts as NVIDIA ModelOpt exports NVFP4 (quant_method modelopt,
+    quant_algo NVFP4: weight, two E2M1 per byte, the even element in the low nibble; weight_scale,
+    FP8 per 16; weight_scale_2, an F32 scalar that multiplies them; input_scale). The twin follows
+    NVFP4QTensor.dequantize of nvidia-modelopt 0.47.0: e2m1 * (weight_scale.float() * weight_scale_2)
+    in float32, then to the model's dtype (bf16)."""
+    from safetensors.torch import load_file
+
+    def fn(module, x):
+        xb = x.to(torch.bfloat16).float()
+        ws2 = (xb.abs().max() / (6.0 * 448.0)).reshape(())
+        blocks = xb.reshape(x.shape[0], -1, 16)
+        s8 = (blocks.abs().amax(-1) / 6.0 / ws2).to(torch.float8_e4m3fn)
+        scale = s8.float() * ws2
+        y = blocks / scale.clamp(min=1e-30).unsqueeze(-1)
+        idx = (y.abs().unsqueeze(-1) - E2M1).abs().argmin(-1)  # nearest magnitude (ties: the smaller)
+        code = (idx | ((y < 0).to(torch.long) << 3)).reshape(x.shape[0], -1)
+        packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
+        vals = E2M1[idx] * torch.where(y < 0, -1.0, 1.0)
+        twin = (vals * scale.unsqueeze(-1)).reshape(x.shape).to(torch.bfloat16)
+        return {f"{module}.weight": packed.contiguous(), f"{module}.weight_scale": s8.contiguous(),
+                f"{module}.weight_scale_2": ws2.contiguous(), f"{module}.input_scale": torch.tensor(1.0)}, twin
+
+    q, t = routed_experts(load_file(os.path.join(src, "model.safetensors")), fn)
+    qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
+          "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.*.shared_experts*",
+                              "model.layers.0.mlp*", "model.layers.*.mlp.gate"]}
+    save_pair(src, out, twin, q, t, qc)
+    print(f"{out}: NVFP4 experts (ModelOpt)")
+
+
 def main():
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     fp8, twin = os.path.join(DATA, "v3_fp8"), os.path.join(DATA, "v3_fp8_twin")
@@ -157,6 +246,10 @@ def main():
     i4, twin = os.path.join(DATA, "v3_int4"), os.path.join(DATA, "v3_int4_twin")
     make_int4(os.path.join(DATA, "v3_yarn"), i4, twin)
     reference(load(twin), i4)
+    for name, make in (("v3_nvfp4", make_nvfp4), ("v3_nvfp4_modelopt", make_nvfp4_modelopt)):
+        d = os.path.join(DATA, name)
+        make(os.path.join(DATA, "v3_yarn"), d, d + "_twin")
+        reference(load(d + "_twin"), d)
 
 
 if __name__ == "__main__":
