@@ -1,7 +1,8 @@
 #!/bin/sh
 # dcpinfer-mkmodel writes DeepSeek-V2/V3 models (float32, block-scaled FP8
-# with F8_E4M3 tensors and their weight_scale_inv, and INT4 W4A16 experts
-# as compressed-tensors packs them) that dcpinfer runs,
+# with F8_E4M3 tensors and their weight_scale_inv, INT4 W4A16 experts as
+# compressed-tensors packs them, and NVFP4 experts as compressed-tensors
+# and as ModelOpt write them) that dcpinfer runs,
 # each giving the same greedy tokens at one rank and at -tp 4 -dcp 4 and
 # -tp 8 -dcp 8 (latent cache split over the DCP group). (That transformers
 # loads the float32 folders as its classes with no missing or unexpected
@@ -11,6 +12,9 @@ SHAPE="--layers 3 --dim 64 --heads 8 --hidden 96 --vocab 256 --first-dense 1"
 "$MKMODEL" --out "$WORK/v3" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob >/dev/null &&
     "$MKMODEL" --out "$WORK/v3fp8" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob --fp8-block 16 >/dev/null &&
     "$MKMODEL" --out "$WORK/v3int4" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob --quant int4-w4a16 >/dev/null &&
+    "$MKMODEL" --out "$WORK/v3nvfp4" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob --quant nvfp4 >/dev/null &&
+    "$MKMODEL" --out "$WORK/v3modelopt" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob \
+        --quant nvfp4-modelopt >/dev/null &&
     "$MKMODEL" --out "$WORK/v2" --arch deepseek_v2 $SHAPE --n-group 4 --topk-group 2 >/dev/null ||
     { echo "FAIL: dcpinfer-mkmodel could not write the models" >&2; exit 1; }
 checks=$((checks + 1))
@@ -32,7 +36,7 @@ fi
 P=$WORK/p.jsonl
 printf '{"id": "a", "prompt_token_ids": [5, 17, 200, 31, 9, 77, 140, 3, 62, 250, 18, 99], "max_tokens": 24, "temperature": 0}\n{"id": "b", "prompt_token_ids": [7, 7, 7, 1], "max_tokens": 30, "temperature": 0}\n' >"$P"
 ids() { grep -o '"token_ids":\[[^]]*\]' "$1"; }
-for m in v3 v3fp8 v3int4 v2; do
+for m in v3 v3fp8 v3int4 v3nvfp4 v3modelopt v2; do
     run_dcp "$m-1" --model "$WORK/$m" --output "$WORK/$m-1.jsonl" "$P"
     for layout in "4 -tp 4 -dcp 4" "8 -tp 8 -dcp 8 --dcp-comm-backend a2a"; do
         checks=$((checks + 1))

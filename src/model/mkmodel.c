@@ -48,10 +48,12 @@ int mkmodel_check_spec(const ModelSpec *s)
             return dcp_fail("DeepSeek shape: kv-lora-rank, qk dims (rope even), v-head-dim and moe-hidden must be "
                             "positive, experts-per-token at most experts, n-group dividing the experts (V3: two per "
                             "group) and topk-group at most n-group");
-    } else if (s->fp8_block || s->int4_group) {
+    } else if (s->fp8_block || s->int4_group || s->nvfp4) {
         return dcp_fail("--quant: only for deepseek_v2 / deepseek_v3 models");
     }
-    if (s->fp8_block && s->int4_group) return dcp_fail("--quant: one format per model");
+    if (!!s->fp8_block + !!s->int4_group + !!s->nvfp4 > 1) return dcp_fail("--quant: one format per model");
+    if (s->nvfp4 && (s->dim % 16 || s->mla.moe_hidden % 16))
+        return dcp_fail("--quant nvfp4: --dim %d and --moe-hidden %d must be multiples of 16", s->dim, s->mla.moe_hidden);
     if (s->int4_group && (s->int4_group % 8 || s->dim % s->int4_group || s->mla.moe_hidden % s->int4_group))
         return dcp_fail("--quant int4-w4a16: the group (%d) must be a multiple of 8 dividing --dim %d and "
                         "--moe-hidden %d",
@@ -121,6 +123,9 @@ void mkmodel_config(const ModelSpec *s, Config *c)
         c->m = s->mla;
         c->m.fp8_block[0] = c->m.fp8_block[1] = s->fp8_block;
         c->m.int4_group = s->int4_group;
+        c->m.nvfp4_group = s->nvfp4 ? 16 : 0;
+        c->m.nvfp4_modelopt = s->nvfp4 == 2;
+        c->m.nvfp4_round_bf16 = s->nvfp4 != 0;
         c->n_kv_heads = 1;
         c->head_dim = s->mla.kv_lora_rank + s->mla.qk_rope_head_dim;
         c->rope_style = ROPE_ADJACENT_PAIRS;

@@ -29,6 +29,7 @@ typedef struct {
     int fp8_block;         /* write layer matrices as block-scaled FP8 with blocks of this size; 0: float32 */
     int int4_group;        /* write the routed experts as compressed-tensors INT4 W4A16 in groups of this
                               many columns (bf16 scales), as Kimi K2's; 0: float32 */
+    int nvfp4;             /* write the routed experts as NVFP4: 1 as compressed-tensors, 2 as ModelOpt */
 } ModelSpec;
 
 /* The model dcpinfer runs when no --model is given. */

@@ -177,7 +177,8 @@ static void mla_values(const ModelSpec *s, const char *name, int rows, int cols,
 /* How a tensor of a DeepSeek file is stored: float32, FP8 with its block
  * scales after it, or compressed-tensors INT4 (weight_packed, then its
  * weight_scale and weight_shape) */
-typedef enum { NT_F32, NT_F8, NT_F8_SCALE, NT_I4, NT_I4_SCALE, NT_I4_SHAPE } NtKind;
+typedef enum { NT_F32, NT_F8, NT_F8_SCALE, NT_I4, NT_I4_SCALE, NT_I4_SHAPE, NT_FP4, NT_FP4_SCALE, NT_FP4_GLOBAL,
+               NT_FP4_INPUT } NtKind;
 typedef struct {
     char name[160];
     int rows, cols; /* rows 0: a vector; the shape as stored */
@@ -187,7 +188,8 @@ typedef struct {
 static const struct {
     const char *dtype;
     int bits;
-} nt_types[] = {{"F32", 32}, {"F8_E4M3", 8}, {"F32", 32}, {"I32", 32}, {"BF16", 16}, {"I64", 64}};
+} nt_types[] = {{"F32", 32}, {"F8_E4M3", 8}, {"F32", 32}, {"I32", 32}, {"BF16", 16}, {"I64", 64},
+                {"U8", 8},   {"F8_E4M3", 8}, {"F32", 32}, {"F32", 32}};
 
 /* the routed experts, which --quant int4-w4a16 quantizes (Kimi K2's
  * choice: attention, shared experts, dense layers and the LM head stay) */
@@ -233,12 +235,44 @@ static void quantize_i4(const float *v, int rows, int cols, int G, uint16_t *sca
         }
 }
 
+/* An NVFP4 matrix: its global scale g (compressed-tensors: 448 x 6 /
+ * max |w|, dividing; ModelOpt: max |w| / (6 x 448), multiplying), each
+ * group of 16's FP8 scale (its max |w| / 6, brought to FP8 by the global
+ * scale), each value the nearest E2M1 to w over its group's scale, packed
+ * two to a byte, the low nibble first */
+static float quantize_fp4(const float *v, int rows, int cols, int modelopt, uint8_t *scales, uint8_t *packed)
+{
+    static const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    float amax = 1e-12f;
+    for (size_t i = 0; i < (size_t)rows * cols; i++) amax = fmaxf(amax, fabsf(v[i]));
+    float g = modelopt ? amax / (6.0f * 448.0f) : 448.0f * 6.0f / amax;
+    memset(packed, 0, (size_t)rows * cols / 2);
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < cols / 16; b++) {
+            const float *w = v + (size_t)r * cols + (size_t)b * 16;
+            float m = 0;
+            for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(w[i]));
+            uint8_t s8 = f32_to_f8e4m3(modelopt ? m / 6.0f / g : m / 6.0f * g);
+            scales[(size_t)r * (cols / 16) + b] = s8;
+            float sc = modelopt ? f8e4m3_to_f32(s8) * g : f8e4m3_to_f32(s8) / g;
+            for (int i = 0; i < 16; i++) {
+                float y = sc > 0 ? w[i] / sc : 0;
+                int best = 0;
+                for (int c = 1; c < 8; c++)
+                    if (fabsf(fabsf(y) - e2m1[c]) < fabsf(fabsf(y) - e2m1[best])) best = c;
+                size_t at = (size_t)r * cols + (size_t)b * 16 + i;
+                packed[at / 2] |= (uint8_t)((best | (y < 0 ? 8 : 0)) << (4 * (at % 2)));
+            }
+        }
+    return g;
+}
+
 static int write_mla(const ModelSpec *s, const char *dir)
 {
     Config c;
     mkmodel_config(s, &c);
     MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(&c));
-    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(3 * mla_max_tensors(&c) * c.n_layers + 8));
+    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(4 * mla_max_tensors(&c) * c.n_layers + 8));
     int n = 0, B = s->fp8_block, G = s->int4_group;
     t[n++] = (NamedTensor){"model.embed_tokens.weight", c.vocab_size, c.dim, NT_F32};
     for (int l = 0; l < c.n_layers; l++) {
@@ -247,6 +281,20 @@ static int write_mla(const ModelSpec *s, const char *dir)
             int matrix = mt[i].rows && !strstr(mt[i].name, "mlp.gate.weight");
             NamedTensor x = {"", mt[i].rows, mt[i].cols, NT_F32};
             snprintf(x.name, sizeof x.name, "%s", mt[i].name);
+            if (s->nvfp4 && matrix && routed_expert(mt[i].name)) { /* NVFP4: packed, scales, global (, input) */
+                int len = (int)strlen(x.name) - 7, mo = s->nvfp4 == 2;
+                t[n] = (NamedTensor){"", x.rows, x.cols / 2, NT_FP4};
+                snprintf(t[n++].name, sizeof x.name, "%.*s.%s", len, x.name, mo ? "weight" : "weight_packed");
+                t[n] = (NamedTensor){"", x.rows, x.cols / 16, NT_FP4_SCALE};
+                snprintf(t[n++].name, sizeof x.name, "%.*s.weight_scale", len, x.name);
+                t[n] = (NamedTensor){"", mo ? -1 : 0, 1, NT_FP4_GLOBAL}; /* rows -1: a scalar, [] */
+                snprintf(t[n++].name, sizeof x.name, "%.*s.%s", len, x.name, mo ? "weight_scale_2" : "weight_global_scale");
+                if (mo) {
+                    t[n] = (NamedTensor){"", -1, 1, NT_FP4_INPUT};
+                    snprintf(t[n++].name, sizeof x.name, "%.*s.input_scale", len, x.name);
+                }
+                continue;
+            }
             if (G && matrix && routed_expert(mt[i].name)) { /* module.weight_packed, _scale, _shape */
                 const char *module = x.name;
                 int len = (int)strlen(module) - 7;
@@ -275,8 +323,11 @@ static int write_mla(const ModelSpec *s, const char *dir)
     char *hdr = xmalloc(cap);
     len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < n; i++) {
-        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols, bytes = cnt * nt_types[t[i].kind].bits / 8;
-        if (t[i].rows)
+        size_t cnt = (size_t)(t[i].rows > 0 ? t[i].rows : 1) * t[i].cols, bytes = cnt * nt_types[t[i].kind].bits / 8;
+        if (t[i].rows < 0)
+            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[],\"data_offsets\":[%zu,%zu]}",
+                            t[i].name, nt_types[t[i].kind].dtype, off, off + bytes);
+        else if (t[i].rows)
             len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
                             t[i].name, nt_types[t[i].kind].dtype, t[i].rows, t[i].cols, off, off + bytes);
         else
@@ -295,9 +346,15 @@ static int write_mla(const ModelSpec *s, const char *dir)
     rc = rc || write_all(f, lenb, 8, path) || write_all(f, hdr, len, path);
     free(hdr);
     void *scales = NULL; /* a matrix's scales, written as the entry after it */
+    float global = 0;    /* an NVFP4 matrix's global scale, written two entries after it */
     for (int i = 0; i < n && !rc; i++) {
-        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * t[i].cols, bytes = cnt * nt_types[t[i].kind].bits / 8;
-        if (t[i].kind == NT_F8_SCALE || t[i].kind == NT_I4_SCALE) {
+        size_t cnt = (size_t)(t[i].rows > 0 ? t[i].rows : 1) * t[i].cols, bytes = cnt * nt_types[t[i].kind].bits / 8;
+        if (t[i].kind == NT_FP4_GLOBAL || t[i].kind == NT_FP4_INPUT) {
+            float one = 1.0f; /* input_scale: read and checked, not applied */
+            rc = write_all(f, t[i].kind == NT_FP4_GLOBAL ? &global : &one, 4, path);
+            continue;
+        }
+        if (t[i].kind == NT_F8_SCALE || t[i].kind == NT_I4_SCALE || t[i].kind == NT_FP4_SCALE) {
             rc = write_all(f, scales, bytes, path);
             free(scales);
             scales = NULL;
@@ -310,8 +367,9 @@ static int write_mla(const ModelSpec *s, const char *dir)
         }
         /* the matrix's values, by its name as a float32 model would have them */
         char name[160];
-        int rows = t[i].rows, cols = t[i].kind == NT_I4 ? t[i].cols * 8 : t[i].cols;
-        if (t[i].kind == NT_I4) snprintf(name, sizeof name, "%.*s.weight", (int)strlen(t[i].name) - 14, t[i].name);
+        int rows = t[i].rows, cols = t[i].kind == NT_I4 ? t[i].cols * 8 : t[i].kind == NT_FP4 ? t[i].cols * 2 : t[i].cols;
+        if (t[i].kind == NT_I4 || (t[i].kind == NT_FP4 && s->nvfp4 == 1)) /* less "_packed" */
+            snprintf(name, sizeof name, "%.*s", (int)strlen(t[i].name) - 7, t[i].name);
         else snprintf(name, sizeof name, "%s", t[i].name);
         size_t vals = (size_t)(rows ? rows : 1) * cols;
         float *v = xmalloc(vals * 4);
@@ -323,6 +381,9 @@ static int write_mla(const ModelSpec *s, const char *dir)
             if (t[i].kind == NT_F8) {
                 scales = xcalloc((size_t)((rows + B - 1) / B) * ((cols + B - 1) / B), sizeof(float));
                 quantize_f8(v, rows, cols, B, scales, q);
+            } else if (t[i].kind == NT_FP4) {
+                scales = xmalloc((size_t)rows * (cols / 16));
+                global = quantize_fp4(v, rows, cols, s->nvfp4 == 2, scales, q);
             } else {
                 scales = xmalloc(sizeof(uint16_t) * (size_t)rows * (cols / G));
                 quantize_i4(v, rows, cols, G, scales, q);
@@ -376,6 +437,18 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
                    "\"group_size\": %d, \"strategy\": \"group\", \"dynamic\": false}}}, \"ignore\": [\"lm_head\", "
                    "\"re:.*self_attn.*\", \"re:.*shared_experts.*\", \"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n",
                 s->int4_group);
+    if (s->nvfp4 == 1)
+        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+                   "\"nvfp4-pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
+                   "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"symmetric\": "
+                   "true, \"group_size\": 16, \"strategy\": \"tensor_group\", \"dynamic\": false, \"scale_dtype\": "
+                   "\"torch.float8_e4m3fn\"}}}, \"ignore\": [\"lm_head\", \"re:.*self_attn.*\", \"re:.*shared_experts.*\", "
+                   "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n");
+    if (s->nvfp4 == 2)
+        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\", "
+                   "\"group_size\": 16, \"kv_cache_quant_algo\": null, \"exclude_modules\": [\"lm_head\", "
+                   "\"model.layers.*.self_attn*\", \"model.layers.*.shared_experts*\", \"*.mlp.gate_proj\", "
+                   "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"]},\n");
     write_rope(f, s);
     fprintf(f, "  \"attention_bias\": false,\n");
     return finish_config(f, path, s, eos, "1e-06");

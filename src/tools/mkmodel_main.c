@@ -51,7 +51,9 @@ static void usage(FILE *f)
             "  --quant Q         fp8-block: layer matrices as block-scaled FP8 (F8_E4M3 with a\n"
             "                    weight_scale_inv per block, as DeepSeek-V3); int4-w4a16: the routed\n"
             "                    experts as compressed-tensors pack-quantized INT4, symmetric, bf16\n"
-            "                    scales per group (as Kimi K2.x)\n"
+            "                    scales per group (as Kimi K2.x); nvfp4, nvfp4-modelopt: the routed\n"
+            "                    experts as NVFP4 (E2M1, FP8 scales per 16, a global scale), as\n"
+            "                    compressed-tensors or NVIDIA ModelOpt writes it\n"
             "  --fp8-block N     FP8 blocks of N x N (default 128; alone: --quant fp8-block)\n"
             "  --quant-group N   INT4 columns per scale (default 32)\n"
             "Defaults are the model dcpinfer runs when no --model is given.\n");
@@ -179,8 +181,10 @@ int main(int argc, char **argv)
         if (!s.fp8_block) s.fp8_block = 128;
     } else if (quant && !strcmp(quant, "int4-w4a16")) {
         s.int4_group = group;
+    } else if (quant && (!strcmp(quant, "nvfp4") || !strcmp(quant, "nvfp4-modelopt"))) {
+        s.nvfp4 = strcmp(quant, "nvfp4") ? 2 : 1;
     } else if (quant) {
-        fprintf(stderr, "dcpinfer-mkmodel: --quant %s: choose fp8-block or int4-w4a16\n", quant);
+        fprintf(stderr, "dcpinfer-mkmodel: --quant %s: choose fp8-block, int4-w4a16, nvfp4 or nvfp4-modelopt\n", quant);
         return 2;
     }
     int bf16 = !strcmp(dtype, "bf16");

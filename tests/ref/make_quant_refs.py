@@ -105,49 +105,62 @@ def make_int4(src, out, twin):
     print(f"{out}: {n} INT4 matrices, groups of {GROUP}, compressed-tensors {compressed_tensors.__version__}")
 
 
-def check_mkmodel_int4(build):
-    """dcpinfer-mkmodel --quant int4-w4a16 writes what compressed-tensors
-    reads: its float32 twin, made here by compressed-tensors'
-    decompression of every packed module, gives dcpinfer's prompt
-    log-probabilities and tokens of the INT4 folder exactly."""
+def check_mkmodel_quant(build):
+    """dcpinfer-mkmodel --quant int4-w4a16, nvfp4 and nvfp4-modelopt write what their formats' own
+    dequantization reads: the float32 twin of each folder, made here by compressed-tensors'
+    decompression of every packed module (ModelOpt: its NVFP4QTensor.dequantize formula), gives
+    dcpinfer's prompt log-probabilities and tokens of the quantized folder exactly."""
     import json
     import subprocess
     import tempfile
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationScheme
     from safetensors.torch import load_file, save_file
     d = tempfile.mkdtemp()
-    i4, twin = os.path.join(d, "i4"), os.path.join(d, "twin")
-    subprocess.run([os.path.join(build, "dcpinfer-mkmodel"), "--out", i4, "--arch", "deepseek_v3", "--layers", "3",
-                    "--dim", "64", "--heads", "8", "--hidden", "96", "--vocab", "256", "--first-dense", "1",
-                    "--q-lora-rank", "24", "--norm-topk-prob", "--quant", "int4-w4a16"], check=True,
-                   stdout=subprocess.DEVNULL)
-    cfg = json.load(open(os.path.join(i4, "config.json")))
-    scheme = QuantizationScheme.model_validate(cfg["quantization_config"]["config_groups"]["group_0"])
-    w, t = load_file(os.path.join(i4, "model.safetensors")), {}
-    for name, x in w.items():
-        if name.endswith(".weight_packed"):
-            m = name[:-len(".weight_packed")]
-            sd = {k: w[f"{m}.{k}"] for k in ("weight_packed", "weight_scale", "weight_shape")}
-            t[m + ".weight"] = PackedQuantizationCompressor.decompress(sd, scheme)["weight"].float().contiguous()
-        elif not name.endswith((".weight_scale", ".weight_shape")):
-            t[name] = x
-    os.makedirs(twin)
-    save_file(t, os.path.join(twin, "model.safetensors"))
-    del cfg["quantization_config"]
-    json.dump(cfg, open(os.path.join(twin, "config.json"), "w"))
     req = os.path.join(d, "p.jsonl")
     with open(req, "w") as f:
         f.write(json.dumps({"id": "x", "prompt_token_ids": list(range(3, 60)), "max_tokens": 16, "temperature": 0,
                             "prompt_logprobs": 0}) + "\n")
-    out = {}
-    for m in (i4, twin):
-        subprocess.run([os.path.join(build, "dcpinfer"), "--model", m, "--output", m + ".jsonl", "--quiet", req],
-                       check=True, stdout=subprocess.DEVNULL)
-        out[m] = json.loads(open(m + ".jsonl").readline())
-    same = out[i4]["token_ids"] == out[twin]["token_ids"] and out[i4]["prompt_logprobs"] == out[twin]["prompt_logprobs"]
-    print(f"mkmodel --quant int4-w4a16: {sum(1 for k in w if k.endswith('_packed'))} packed modules; dcpinfer on it "
-          f"and on compressed-tensors' decompression of it: {'identical' if same else 'DIFFERENT'}")
+    for quant in ("int4-w4a16", "nvfp4", "nvfp4-modelopt"):
+        q, twin = os.path.join(d, quant), os.path.join(d, quant + "-twin")
+        subprocess.run([os.path.join(build, "dcpinfer-mkmodel"), "--out", q, "--arch", "deepseek_v3", "--layers", "3",
+                        "--dim", "64", "--heads", "8", "--hidden", "96", "--vocab", "256", "--first-dense", "1",
+                        "--q-lora-rank", "24", "--norm-topk-prob", "--quant", quant], check=True,
+                       stdout=subprocess.DEVNULL)
+        cfg = json.load(open(os.path.join(q, "config.json")))
+        w, t, n = load_file(os.path.join(q, "model.safetensors")), {}, 0
+        for name, x in w.items():
+            m = name.rsplit(".", 1)[0]
+            if quant == "nvfp4-modelopt" and x.dtype == torch.uint8:  # ModelOpt's formula
+                codes = torch.stack((x & 15, x >> 4), -1).reshape(x.shape[0], -1).long()
+                vals = E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+                scale = w[m + ".weight_scale"].float() * w[m + ".weight_scale_2"]
+                t[name] = (vals.reshape(x.shape[0], -1, 16) * scale.unsqueeze(-1)).reshape(vals.shape)
+                t[name] = t[name].to(torch.bfloat16).float().contiguous()
+                n += 1
+            elif name.endswith(".weight_packed"):
+                scheme = QuantizationScheme.model_validate(cfg["quantization_config"]["config_groups"]["group_0"])
+                comp = NVFP4PackedCompressor if quant == "nvfp4" else PackedQuantizationCompressor
+                parts = ("weight_packed", "weight_scale", "weight_global_scale" if quant == "nvfp4" else "weight_shape")
+                sd = {k: w[f"{m}.{k}"] for k in parts}
+                t[m + ".weight"] = comp.decompress(sd, scheme)["weight"].float().contiguous()
+                n += 1
+            elif not name.endswith((".weight_scale", ".weight_shape", ".weight_global_scale", ".weight_scale_2",
+                                    ".input_scale")):
+                t[name] = x
+        os.makedirs(twin)
+        save_file(t, os.path.join(twin, "model.safetensors"))
+        del cfg["quantization_config"]
+        json.dump(cfg, open(os.path.join(twin, "config.json"), "w"))
+        out = {}
+        for m in (q, twin):
+            subprocess.run([os.path.join(build, "dcpinfer"), "--model", m, "--output", m + ".jsonl", "--quiet", req],
+                           check=True, stdout=subprocess.DEVNULL)
+            out[m] = json.loads(open(m + ".jsonl").readline())
+        same = out[q]["token_ids"] == out[twin]["token_ids"] and out[q]["prompt_logprobs"] == out[twin]["prompt_logprobs"]
+        print(f"mkmodel --quant {quant}: {n} packed modules; dcpinfer on it and on its format's own "
+              f"dequantization of it: {'identical' if same else 'DIFFERENT'}")
 
 
 def routed_experts(w, fn):
@@ -254,4 +267,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    check_mkmodel_int4(os.path.join(TOP, "build"))
+    check_mkmodel_quant(os.path.join(TOP, "build"))
