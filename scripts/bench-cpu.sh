@@ -224,7 +224,7 @@ done
 printf "\n# %-6s %-8s %14s %14s %10s %12s\n" format threads "stored GB/s" "of read rate" "Gweights/s" "x fp32"
 for t in 1 2; do
     f32=$(cat "$W"/qg.$t.* | sed -n 's/^qgemv_f32 .* gweights_s \([0-9.]*\).*/\1/p' | sort -g | tail -1)
-    for q in f32 bf16 fp8 int4; do
+    for q in f32 bf16 fp8 int4 nvfp4; do
         line=$(cat "$W"/qg.$t.* | grep "^qgemv_$q " | sort -k7 -g | tail -1) # its best round
         echo "$line" | awk -v t=$t -v q=$q -v f="$f32" '{ printf "  %-6s %-8s %14.2f %13.0f%% %10.2f %11.2fx\n",
             q, t, $5, 100 * $5 / $3, $7, $7 / f }'

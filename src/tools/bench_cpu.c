@@ -11,7 +11,8 @@
  *     the read rate, in turn
  *   with --qgemv SECONDS, decode GEMVs over DeepSeek-V3 expert-shaped
  *     matrices (2048 x 7168, 2^28 weights in all) stored as fp32, bf16,
- *     FP8 (a scale per 128 columns) and INT4 (groups of 32, bf16 scales),
+ *     FP8 (a scale per 128 columns), INT4 (groups of 32, bf16 scales) and
+ *     NVFP4 (groups of 16),
  *     in turn: each one's stored bytes per second and weights per second,
  *     beside the read rate sustained just before
  * Usage: dcpinfer-bench-cpu [threads] [M K N]
@@ -108,12 +109,13 @@ static double gemv_rate(DType t, double seconds)
  * 2^28 weights of type t in matrices of 2048 x 7168, every matrix in turn,
  * for SECONDS: the decode of a DeepSeek-V3 expert's gate or up projection.
  * Quantized types come with their scales (FP8: a scale per 128 columns;
- * INT4: per 32, rounded to bf16), counted in the stored bytes. */
+ * INT4: per 32, NVFP4: per 16, the values rounded to bf16), counted in the
+ * stored bytes (as held: an fp32 scale per run). */
 static double qgemv_rate(DType t, double seconds, double *gws)
 {
     enum { OUT = 2048, IN = 7168 };
     size_t per = (size_t)OUT * IN, mats = ((size_t)1 << 28) / per, n = mats * per;
-    int qcols = t == DTYPE_I4 ? 32 : 128;
+    int qcols = t == DTYPE_I4 ? 32 : t == DTYPE_FP4 ? 16 : 128;
     size_t bytes = dtype_data_bytes(t, n), nscale = dtype_quantized(t) ? n / (size_t)qcols : 0;
     char *w = xmalloc_huge(bytes);
     float *scale = nscale ? xmalloc_huge(nscale * sizeof(float)) : NULL;
@@ -128,7 +130,7 @@ static double qgemv_rate(DType t, double seconds, double *gws)
     for (; now_s() - start < seconds; steps++)
         for (size_t m = 0; m < mats; m++) {
             WeightRef r = {w + dtype_data_bytes(t, m * per), t, 0, scale ? scale + m * per / (size_t)qcols : NULL,
-                           scale ? qcols : 0, t == DTYPE_I4 ? QF_ROUND_BF16 : 0};
+                           scale ? qcols : 0, dtype_nibbles(t) ? QF_ROUND_BF16 : 0};
             gemm_invariant(y, x, r, 1, IN, OUT);
         }
     double dt = now_s() - start;
@@ -206,7 +208,8 @@ int main(int argc, char **argv)
         static const struct {
             DType t;
             const char *name;
-        } types[] = {{DTYPE_F32, "f32"}, {DTYPE_BF16, "bf16"}, {DTYPE_F8_E4M3, "fp8"}, {DTYPE_I4, "int4"}};
+        } types[] = {{DTYPE_F32, "f32"}, {DTYPE_BF16, "bf16"}, {DTYPE_F8_E4M3, "fp8"}, {DTYPE_I4, "int4"},
+                     {DTYPE_FP4, "nvfp4"}};
         for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
             double read = read_bandwidth(threads, seconds), gws, gbs = qgemv_rate(types[i].t, seconds, &gws);
             printf("qgemv_%s read_sustained_gbs %.2f stored_gbs %.2f gweights_s %.2f\n", types[i].name, read, gbs, gws);
