@@ -49,6 +49,38 @@ static float e4m3_ref(uint8_t b)
     return b & 0x80 ? -v : v;
 }
 
+/* y = x . wq^T (T rows, K columns, N outputs) on every instruction set
+ * and thread count, alone or batched, and from a sub-matrix on: the fp32
+ * product of the dequantized twin, bit for bit */
+static void expect_twin(const char *tn, const float *x, WeightRef wq, const float *twin, int T, int K, int N)
+{
+    size_t ny = (size_t)T * N;
+    int qcols = wq.qcols;
+    float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny);
+    CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
+    omp_set_num_threads(1);
+    gemm_invariant(ref, x, weight_ref(twin, DTYPE_F32, 0), T, K, N);
+    for (int i = 0; i < 3; i++) {
+        if (cpu_set_isa(isa_names[i])) continue;
+        for (int threads = 1; threads <= 2; threads++) {
+            omp_set_num_threads(threads);
+            gemm_invariant(y, x, wq, T, K, N);
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "%s T %d K %d N %d qcols %d: %s, %d threads differs from "
+                  "the dequantized twin", tn, T, K, N, qcols, isa_names[i], threads);
+            rows_alone(y, x, wq, T, K, N);
+            CHECK(!memcmp(y, ref, sizeof(float) * ny), "%s T %d K %d N %d qcols %d: %s, rows alone differ", tn, T, K,
+                  N, qcols, isa_names[i]);
+        }
+        /* a sub-matrix (rows N/2 ..): the scales step with the elements */
+        int h = N / 2;
+        gemm_invariant(y, x, weight_at(wq, (size_t)h * K), 1, K, N - h);
+        CHECK(!memcmp(y, ref + h, sizeof(float) * (N - h)), "%s K %d N %d: %s, rows from %d differ", tn, K, N,
+              isa_names[i], h);
+    }
+    CHECK(!cpu_set_isa("auto"), "auto");
+    free(ref), free(y);
+}
+
 /* A block-scaled FP8 matrix (DTYPE_F8_E4M3, runs of qcols columns per
  * scale) gives exactly the fp32 product of its dequantized twin, on every
  * instruction set and thread count, alone or batched. */
@@ -56,7 +88,7 @@ static void fp8_shape(int T, int K, int N, int qcols, uint64_t *st)
 {
     float *x = xmalloc(sizeof(float) * T * K), *twin = xmalloc(sizeof(float) * N * K);
     uint8_t *q = xmalloc((size_t)N * K);
-    size_t ns = (size_t)N * K / qcols, ny = (size_t)T * N;
+    size_t ns = (size_t)N * K / qcols;
     float *scale = xmalloc(sizeof(float) * ns);
     for (int i = 0; i < T * K; i++) x[i] = frand(st);
     for (size_t i = 0; i < ns; i++) scale[i] = ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 12));
@@ -67,29 +99,8 @@ static void fp8_shape(int T, int K, int N, int qcols, uint64_t *st)
         twin[i] = e4m3_ref(b) * scale[i / qcols];
     }
     WeightRef wq = {q, DTYPE_F8_E4M3, 0, scale, qcols, 0};
-    float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny);
-    CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
-    omp_set_num_threads(1);
-    gemm_invariant(ref, x, weight_ref(twin, DTYPE_F32, 0), T, K, N);
-    for (int i = 0; i < 3; i++) {
-        if (cpu_set_isa(isa_names[i])) continue;
-        for (int threads = 1; threads <= 2; threads++) {
-            omp_set_num_threads(threads);
-            gemm_invariant(y, x, wq, T, K, N);
-            CHECK(!memcmp(y, ref, sizeof(float) * ny), "fp8 T %d K %d N %d qcols %d: %s, %d threads differs from the "
-                  "dequantized twin", T, K, N, qcols, isa_names[i], threads);
-            rows_alone(y, x, wq, T, K, N);
-            CHECK(!memcmp(y, ref, sizeof(float) * ny), "fp8 T %d K %d N %d qcols %d: %s, rows alone differ", T, K, N,
-                  qcols, isa_names[i]);
-        }
-        /* a sub-matrix (rows N/2 ..): the scales step with the elements */
-        int h = N / 2;
-        gemm_invariant(y, x, weight_at(wq, (size_t)h * K), 1, K, N - h);
-        CHECK(!memcmp(y, ref + h, sizeof(float) * (N - h)), "fp8 K %d N %d: %s, rows from %d differ", K, N,
-              isa_names[i], h);
-    }
-    CHECK(!cpu_set_isa("auto"), "auto");
-    free(x), free(twin), free(q), free(scale), free(ref), free(y);
+    expect_twin("fp8", x, wq, twin, T, K, N);
+    free(x), free(twin), free(q), free(scale);
 }
 
 /* compressed-tensors' packed INT4 (two per byte, low nibble first, value
@@ -111,7 +122,7 @@ static void nibble_shape(DType t, int T, int K, int N, int qcols, uint64_t *st)
 {
     float *x = xmalloc(sizeof(float) * T * K), *twin = xmalloc(sizeof(float) * N * K);
     uint8_t *q = xcalloc((size_t)N * K / 2 + 1, 1);
-    size_t ns = (size_t)N * K / qcols, ny = (size_t)T * N;
+    size_t ns = (size_t)N * K / qcols;
     float *scale = xmalloc(sizeof(float) * ns);
     for (int i = 0; i < T * K; i++) x[i] = frand(st);
     for (size_t i = 0; i < ns; i++) /* bf16 for INT4; for FP4 an E4M3 value over a global scale */
@@ -123,29 +134,8 @@ static void nibble_shape(DType t, int T, int K, int N, int qcols, uint64_t *st)
         twin[i] = from_bf16(to_bf16(nibble_ref(t, v) * scale[i / qcols]));
     }
     WeightRef wq = {q, t, 0, scale, qcols, QF_ROUND_BF16};
-    const char *tn = t == DTYPE_I4 ? "int4" : "fp4";
-    float *ref = xmalloc(sizeof(float) * ny), *y = xmalloc(sizeof(float) * ny);
-    CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
-    omp_set_num_threads(1);
-    gemm_invariant(ref, x, weight_ref(twin, DTYPE_F32, 0), T, K, N);
-    for (int i = 0; i < 3; i++) {
-        if (cpu_set_isa(isa_names[i])) continue;
-        for (int threads = 1; threads <= 2; threads++) {
-            omp_set_num_threads(threads);
-            gemm_invariant(y, x, wq, T, K, N);
-            CHECK(!memcmp(y, ref, sizeof(float) * ny), "%s T %d K %d N %d qcols %d: %s, %d threads differs from "
-                  "the dequantized twin", tn, T, K, N, qcols, isa_names[i], threads);
-            rows_alone(y, x, wq, T, K, N);
-            CHECK(!memcmp(y, ref, sizeof(float) * ny), "%s T %d K %d N %d qcols %d: %s, rows alone differ", tn, T, K,
-                  N, qcols, isa_names[i]);
-        }
-        int h = N / 2;
-        gemm_invariant(y, x, weight_at(wq, (size_t)h * K), 1, K, N - h);
-        CHECK(!memcmp(y, ref + h, sizeof(float) * (N - h)), "%s K %d N %d: %s, rows from %d differ", tn, K, N,
-              isa_names[i], h);
-    }
-    CHECK(!cpu_set_isa("auto"), "auto");
-    free(x), free(twin), free(q), free(scale), free(ref), free(y);
+    expect_twin(t == DTYPE_I4 ? "int4" : "fp4", x, wq, twin, T, K, N);
+    free(x), free(twin), free(q), free(scale);
 }
 
 static void shape(int T, int K, int N, uint64_t *st)

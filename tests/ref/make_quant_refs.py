@@ -10,7 +10,11 @@ itself (calculate_qparams for the scales, PackedQuantizationCompressor for
 the packing, QuantizationConfig for config.json), and v3_int4_twin holds
 what compressed-tensors decompresses it to, as float32. transformers runs
 the twin for the reference (logits.f32, greedy.txt beside the INT4
-checkpoint).
+checkpoint). v3_nvfp4 and v3_nvfp4_modelopt hold the same experts in NVFP4
+as compressed-tensors writes it (by the package) and as NVIDIA ModelOpt
+exports it (its dequantization formula), each with its twin and
+reference the same way. Then check_mkmodel_quant runs dcpinfer-mkmodel's
+INT4 and NVFP4 folders against their formats' own dequantization.
 
 tests/data/deepseek/v3_fp8 is block-scaled FP8 (F8_E4M3 layer matrices
 with a float32 weight_scale_inv per 16 x 16 block; made by
@@ -65,44 +69,28 @@ IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(g
 
 
 def make_int4(src, out, twin):
-    import json
-    import re
-    import shutil
     import compressed_tensors
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
     from compressed_tensors.quantization.utils import calculate_qparams
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=GROUP)
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
-    w = load_file(os.path.join(src, "model.safetensors"))
-    q, t, n = {}, {}, 0
-    for name, x in w.items():
-        module = name[:-len(".weight")] if name.endswith(".weight") else None
-        linear = module and x.dim() == 2 and not name.endswith("mlp.gate.weight") and name.startswith("model.layers.")
-        if not linear or any(re.match(p[3:], module) if p.startswith("re:") else p == module for p in IGNORE):
-            q[name] = t[name] = x
-            continue
+
+    def fn(module, x):  # the routed experts: what IGNORE leaves of the Linear modules
         xb = x.to(torch.bfloat16)  # the checkpoint's own type: the scales take it
         g = xb.float().reshape(x.shape[0], -1, GROUP)
         scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
         sd = PackedQuantizationCompressor.compress({"weight": xb, "weight_scale": scale.to(torch.bfloat16),
                                                     "weight_zero_point": zp}, scheme)
-        for k, v in sd.items():
-            q[f"{module}.{k}"] = v.contiguous()
-        t[name] = PackedQuantizationCompressor.decompress(dict(sd), scheme)["weight"].float().contiguous()
-        n += 1
-    for d, tensors in ((out, q), (twin, t)):
-        os.makedirs(d, exist_ok=True)
-        save_file(tensors, os.path.join(d, "model.safetensors"))
-        shutil.copy(os.path.join(src, "prompt.txt"), d)
-    cfg = json.load(open(os.path.join(src, "config.json")))
-    json.dump(cfg, open(os.path.join(twin, "config.json"), "w"), indent=2)
+        twin = PackedQuantizationCompressor.decompress(dict(sd), scheme)["weight"]
+        return {f"{module}.{k}": v.contiguous() for k, v in sd.items()}, twin
+
+    q, t = routed_experts(load_file(os.path.join(src, "model.safetensors")), fn)
     qc = QuantizationConfig(config_groups={"group_0": scheme}, quant_method="compressed-tensors",
                             format="pack-quantized", ignore=IGNORE, quantization_status="compressed")
-    cfg["quantization_config"] = qc.model_dump(exclude_none=True, mode="json")
-    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
-    print(f"{out}: {n} INT4 matrices, groups of {GROUP}, compressed-tensors {compressed_tensors.__version__}")
+    save_pair(src, out, twin, q, t, qc.model_dump(exclude_none=True, mode="json"))
+    print(f"{out}: INT4 experts, groups of {GROUP}, compressed-tensors {compressed_tensors.__version__}")
 
 
 def check_mkmodel_quant(build):
