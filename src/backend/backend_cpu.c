@@ -296,15 +296,21 @@ static void cpu_moe_route(const MoeRouting *r, const float *logits, const float 
                           float *weights, int *slots, int *start)
 {
     int E = r->experts, K = r->per_token, G = r->groups;
-    float *score = xmalloc(sizeof(float) * (2 * (size_t)E + G + (size_t)T * K));
-    float *choice = score + E, *gscore = choice + E, *wt = gscore + G;
-    int *keep = xmalloc(sizeof(int) * (G + (size_t)T * K + E)), *idx = keep + G, *fill = idx + (size_t)T * K;
-    char *taken = xmalloc((size_t)E);
+    /* scratch grown once, as gather_scratch's: this runs per MoE layer per step */
+    static float *fscratch;
+    static int *iscratch;
+    static char *taken;
+    static size_t fcap, icap, tcap;
+    size_t nf = 2 * (size_t)E + G + (size_t)T * K, ni = G + (size_t)T * K + E;
+    if (nf > fcap) free(fscratch), fscratch = xmalloc(sizeof(float) * nf), fcap = nf;
+    if (ni > icap) free(iscratch), iscratch = xmalloc(sizeof(int) * ni), icap = ni;
+    if ((size_t)E > tcap) free(taken), taken = xmalloc((size_t)E), tcap = (size_t)E;
+    float *score = fscratch, *choice = score + E, *gscore = choice + E, *wt = gscore + G;
+    int *keep = iscratch, *idx = keep + G, *fill = idx + (size_t)T * K;
     for (int t = 0; t < T; t++)
         moe_route_token(r, logits + (size_t)t * E, bias, score, choice, gscore, keep, taken, idx + (size_t)t * K,
                         wt + (size_t)t * K);
     moe_group_pairs(idx, wt, T, K, E, rows, weights, slots, start, fill);
-    free(score), free(keep), free(taken);
 }
 
 /* expert by expert: its pairs' rows gathered, one GEMM */

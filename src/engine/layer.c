@@ -17,6 +17,14 @@ void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, in
     env->tm->matmul += layer_clock(env) - t0;
 }
 
+void layer_matmul_batched(const LayerEnv *env, float *y, int ldy, size_t y_step, const float *x, int ldx,
+                          size_t x_step, WeightRef w, int batch, int T, int in, int out)
+{
+    double t0 = layer_clock(env);
+    env->be->matmul_batched(y, ldy, y_step, x, ldx, x_step, w, batch, T, in, out);
+    env->tm->matmul += layer_clock(env) - t0;
+}
+
 void layer_attention(const LayerEnv *env, int layer, int sliding, const float *q, float *k, float *v, float *out,
                      float *lse)
 {

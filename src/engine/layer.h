@@ -54,6 +54,9 @@ typedef struct {
 double layer_clock(const LayerEnv *env);
 /* y (T, out) = x (T, in) . w^T, timed as matmul. */
 void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out);
+/* The backend's matmul_batched (one GEMM per head, backend.h), timed as matmul. */
+void layer_matmul_batched(const LayerEnv *env, float *y, int ldy, size_t y_step, const float *x, int ldx,
+                          size_t x_step, WeightRef w, int batch, int T, int in, int out);
 /* The attention core's layer call, timed as attention. */
 void layer_attention(const LayerEnv *env, int layer, int sliding, const float *q, float *k, float *v, float *out,
                      float *lse);

@@ -181,15 +181,11 @@ static void mla_forward(const LayerEnv *env, void *state, int l)
      * then its RoPE part: the (token, head) rows of q_raw are qk apart */
     be->strided_copy(b[B_QROPE], rope, b[B_QRAW] + nope, qk, T * H, rope);
     be->rope(b[B_QROPE], pos, T, H, rope, st->inv_freq, st->rope_scale, c->rope_style);
-    double t0 = layer_clock(env);
-    be->matmul_batched(q, H * W, (size_t)W, b[B_QRAW], H * qk, (size_t)qk, lw->uk_t, H, T, nope, kvl);
-    env->tm->matmul += layer_clock(env) - t0;
+    layer_matmul_batched(env, q, H * W, (size_t)W, b[B_QRAW], H * qk, (size_t)qk, lw->uk_t, H, T, nope, kvl);
     be->strided_copy(q + kvl, W, b[B_QROPE], rope, T * H, rope);
     layer_attention(env, l, 0, q, k, NULL, b[B_ATT], b[B_LSE]);
     /* each head's value up-projection (one batched GEMM), then o_proj */
-    t0 = layer_clock(env);
-    be->matmul_batched(b[B_ATTV], H * vd, (size_t)vd, b[B_ATT], H * kvl, (size_t)kvl, lw->uv, H, T, kvl, vd);
-    env->tm->matmul += layer_clock(env) - t0;
+    layer_matmul_batched(env, b[B_ATTV], H * vd, (size_t)vd, b[B_ATT], H * kvl, (size_t)kvl, lw->uv, H, T, kvl, vd);
     layer_matmul_rows(env, env->parts, b[B_ATTV], lw->o, T, H * vd, dim);
     layer_residual(env, NULL, T);
 
