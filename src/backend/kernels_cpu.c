@@ -1089,16 +1089,16 @@ TGT_AVX512 static inline __m512 avx512_round_bf16(__m512 x)
     u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
     return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
 }
-/* sixteen nibble elements from byte p looked up in the table of their 16
- * values (the permute reads each lane's low 4 bits, the nibble) */
-TGT_AVX512 static inline __m512 avx512_lookup16(const uint8_t *p, __m512 table)
+/* The indices of sixteen nibble elements from byte p, in order, each in
+ * the low 4 bits of its lane (the permute reads no more): lanes 0-7 shift
+ * the first four bytes, lanes 8-15 the next four */
+TGT_AVX512 static inline __m512i avx512_nibbles16(const uint8_t *p)
 {
-    uint64_t b;
+    const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i shift = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    long long b;
     memcpy(&b, p, 8);
-    __m512i lo = _mm512_set1_epi32((int)(uint32_t)b), hi = _mm512_set1_epi32((int)(uint32_t)(b >> 32));
-    __m512i v = _mm512_mask_blend_epi32(0xff00, lo, hi);
-    v = _mm512_srlv_epi32(v, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28));
-    return _mm512_permutexvar_ps(v, table);
+    return _mm512_srlv_epi32(_mm512_permutexvar_epi32(half, _mm512_set1_epi64(b)), shift);
 }
 TGT_AVX512 static void avx512_dequant(float *m, WeightRef w, size_t e0, size_t n)
 {
@@ -1111,7 +1111,7 @@ TGT_AVX512 static void avx512_dequant(float *m, WeightRef w, size_t e0, size_t n
     int nib = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16;
     __m512 levels = _mm512_loadu_ps(levels_of(w.dtype));
     for (size_t i = 0; i < n; i += 16) {
-        __m512 v = nib ? avx512_lookup16(q + (e0 + i) / 2, levels) : avx512_loadw_f8(q + e0 + i);
+        __m512 v = nib ? _mm512_permutexvar_ps(avx512_nibbles16(q + (e0 + i) / 2), levels) : avx512_loadw_f8(q + e0 + i);
         v = _mm512_mul_ps(v, _mm512_set1_ps(scale[i / (size_t)w.qcols]));
         _mm512_storeu_ps(m + i, bf ? avx512_round_bf16(v) : v);
     }
@@ -1122,89 +1122,136 @@ typedef void (*DequantFn)(float *m, WeightRef w, size_t e0, size_t n);
  * columns, a multiple of qcols, itself of the vector width): each weight
  * widened in registers as the dequant functions widen it, then the fp32
  * GEMV's 16 lane chains and tree, so the same bits as widening first and
- * without the round trip through memory */
-TGT_AVX2 static void avx2_qgemv(float *y, const float *x, WeightRef w, int n0, int n1, int K)
+ * without the round trip through memory. A nibble type (INT4, FP4) looks
+ * each element up in its row's table for the run: the 16 possible values
+ * times the run's scale, rounded as the dequant functions round them.
+ * R rows at once (independent chains hide the FMA latency); R, nib (a
+ * nibble type) and bf (QF_ROUND_BF16) are constants at each call, so the
+ * row loop is unrolled whole, chains and tables stay in registers and no
+ * test is left in the loops. AVX2: two rows (sixteen registers hold two
+ * rows' chains and tables, not more). */
+/* The next R rows' elements and scales fetched into L2 while these R rows
+ * are read, a share at each run: the rows' streams alone are not
+ * prefetched early enough (docs/benchmarks.md, "Weights in their stored
+ * formats"). A prefetch past the matrix's end is harmless. */
+typedef struct {
+    const char *data, *scale;
+    size_t data_lines, scale_lines, data_per, scale_per; /* lines in all, lines per run */
+} QNext;
+static inline QNext qnext(WeightRef w, size_t e0, int K, int R)
+{
+    size_t n = (size_t)R * K, runs = (size_t)K / (size_t)w.qcols;
+    QNext t = {(const char *)w.data + dtype_data_bytes(w.dtype, e0 + n), (const char *)(w.scale + (e0 + n) / w.qcols),
+               dtype_data_bytes(w.dtype, n) / 64, n / (size_t)w.qcols * sizeof(float) / 64, 0, 0};
+    t.data_per = (t.data_lines + runs - 1) / runs, t.scale_per = (t.scale_lines + runs - 1) / runs;
+    return t;
+}
+static inline __attribute__((always_inline)) void qnext_fetch(const QNext *t, int g)
+{
+    for (size_t l = (size_t)g * t->data_per, end = l + t->data_per; l < end && l < t->data_lines; l++)
+        _mm_prefetch(t->data + 64 * l, _MM_HINT_T1);
+    for (size_t l = (size_t)g * t->scale_per, end = l + t->scale_per; l < end && l < t->scale_lines; l++)
+        _mm_prefetch(t->scale + 64 * l, _MM_HINT_T1);
+}
+TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, const float *x, WeightRef w, int n,
+                                                                      int K, int R, int nib, int bf)
 {
     const uint8_t *q = w.data;
-    int nib = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16, Q = w.qcols;
+    int Q = w.qcols, runs = K / Q;
     const float *lv = levels_of(w.dtype);
-    __m256 l0 = _mm256_loadu_ps(lv), l1 = _mm256_loadu_ps(lv + 8);
-    for (int n = n0; n < n1; n++) {
-        size_t e0 = (size_t)n * K;
-        const float *sc = w.scale + e0 / (size_t)Q;
-        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-        for (int g = 0; g < K; g += Q) {
-            __m256 s = _mm256_set1_ps(*sc++);
-            /* a nibble type: the run's 16 possible values times the
-             * scale, rounded as avx2_dequant rounds them, looked up by
-             * each nibble */
-            __m256 t0 = _mm256_mul_ps(l0, s), t1 = _mm256_mul_ps(l1, s);
-            if (bf) t0 = avx2_round_bf16(t0), t1 = avx2_round_bf16(t1);
-            for (int k = g; k < g + Q; k += 16) {
-                size_t e = e0 + (size_t)k;
-                __m256 a, b;
-                if (nib) {
-                    a = avx2_lookup8(q + e / 2, t0, t1), b = avx2_lookup8(q + e / 2 + 4, t0, t1);
-                } else {
-                    a = _mm256_mul_ps(avx2_widen8_f8(q + e), s), b = _mm256_mul_ps(avx2_widen8_f8(q + e + 8), s);
-                    if (bf) a = avx2_round_bf16(a), b = avx2_round_bf16(b);
-                }
-                lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), a, lo);
-                hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), b, hi);
+    const __m256 l0 = _mm256_loadu_ps(lv), l1 = _mm256_loadu_ps(lv + 8);
+    size_t e0 = (size_t)n * K;
+    const float *sc = w.scale + e0 / (size_t)Q; /* row r's runs at sc + r * runs */
+    __m256 lo[2], hi[2], t0[2], t1[2];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    QNext next = qnext(w, e0, K, R);
+    for (int g = 0, k0 = 0; g < runs; g++, k0 += Q) {
+        qnext_fetch(&next, g);
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            __m256 s = _mm256_set1_ps(sc[(size_t)r * runs + g]);
+            if (nib) {
+                t0[r] = _mm256_mul_ps(l0, s), t1[r] = _mm256_mul_ps(l1, s);
+                if (bf) t0[r] = avx2_round_bf16(t0[r]), t1[r] = avx2_round_bf16(t1[r]);
+            } else {
+                t0[r] = s;
             }
         }
-        y[n] = avx2_tree((V2){lo, hi});
+        for (int k = k0; k < k0 + Q; k += 16) {
+            __m256 xa = _mm256_loadu_ps(x + k), xb = _mm256_loadu_ps(x + k + 8);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                size_t e = e0 + (size_t)r * K + (size_t)k;
+                __m256 a, b;
+                if (nib) {
+                    a = avx2_lookup8(q + e / 2, t0[r], t1[r]), b = avx2_lookup8(q + e / 2 + 4, t0[r], t1[r]);
+                } else {
+                    a = _mm256_mul_ps(avx2_widen8_f8(q + e), t0[r]), b = _mm256_mul_ps(avx2_widen8_f8(q + e + 8), t0[r]);
+                    if (bf) a = avx2_round_bf16(a), b = avx2_round_bf16(b);
+                }
+                lo[r] = _mm256_fmadd_ps(xa, a, lo[r]);
+                hi[r] = _mm256_fmadd_ps(xb, b, hi[r]);
+            }
+        }
     }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) y[n + r] = avx2_tree((V2){lo[r], hi[r]});
 }
-/* R (<= 4) rows from row n, R independent chains so that the FMA latency
- * is hidden; each row's chain is the single-row GEMV's */
+/* one function per (nibble type?, QF_ROUND_BF16?): the row functions'
+ * tests made once, outside their loops */
+#define QGEMV_VARIANTS(ISA, R)                                                                                    \
+    QGEMV_VARIANT(ISA, R, f8, 0, 0)                                                                               \
+    QGEMV_VARIANT(ISA, R, f8_bf16, 0, 1)                                                                          \
+    QGEMV_VARIANT(ISA, R, nib, 1, 0)                                                                              \
+    QGEMV_VARIANT(ISA, R, nib_bf16, 1, 1)                                                                         \
+    static void ISA##_qgemv(float *y, const float *x, WeightRef w, int n0, int n1, int K)                        \
+    {                                                                                                             \
+        int bf = (w.qflags & QF_ROUND_BF16) != 0;                                                                 \
+        (dtype_nibbles(w.dtype) ? (bf ? ISA##_qgemv_nib_bf16 : ISA##_qgemv_nib)                                   \
+                                : (bf ? ISA##_qgemv_f8_bf16 : ISA##_qgemv_f8))(y, x, w, n0, n1, K);               \
+    }
+#define QGEMV_VARIANT(ISA, R, NAME, NIB, BF)                                                                      \
+    TGT_##ISA static void ISA##_qgemv_##NAME(float *y, const float *x, WeightRef w, int n0, int n1, int K)        \
+    {                                                                                                             \
+        int n = n0;                                                                                               \
+        for (; n + R <= n1; n += R) ISA##_qrows(y, x, w, n, K, R, NIB, BF);                                       \
+        for (; n < n1; n++) ISA##_qrows(y, x, w, n, K, 1, NIB, BF);                                               \
+    }
+#define TGT_avx2 TGT_AVX2
+#define TGT_avx512 TGT_AVX512
+QGEMV_VARIANTS(avx2, 2)
+/* avx2_qrows' arithmetic in 16 lanes, four rows at once */
 TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float *y, const float *x, WeightRef w, int n,
-                                                                          int K, int R)
+                                                                          int K, int R, int nib, int bf)
 {
     const uint8_t *q = w.data;
-    int i4 = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16, Q = w.qcols;
+    int Q = w.qcols, runs = K / Q;
     const __m512 levels = _mm512_loadu_ps(levels_of(w.dtype));
     size_t e0 = (size_t)n * K;
-    const float *sc = w.scale + e0 / (size_t)Q; /* row r's runs at sc + r * (K / Q) */
-    int runs = K / Q;
-    __m512 a[4];
+    const float *sc = w.scale + e0 / (size_t)Q; /* row r's runs at sc + r * runs */
+    __m512 a[4], s[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();
+    QNext next = qnext(w, e0, K, R);
     for (int g = 0, k0 = 0; g < runs; g++, k0 += Q) {
-        /* a nibble type (INT4, FP4): each row's run has 16 possible
-         * values times its scale, rounded as avx512_dequant rounds them,
-         * looked up by each nibble */
-        __m512 s[4];
+        qnext_fetch(&next, g);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             s[r] = _mm512_set1_ps(sc[(size_t)r * runs + g]);
-            if (i4) {
+            if (nib) {
                 s[r] = _mm512_mul_ps(levels, s[r]);
                 if (bf) s[r] = avx512_round_bf16(s[r]);
             }
         }
-        int k = k0;
-        if (i4) /* 32 at a time: 16 bytes split into their nibbles in order, widened, looked up */
-            for (; k + 32 <= k0 + Q; k += 32) {
-                __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-                const __m128i low4 = _mm_set1_epi8(15);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    __m128i b = _mm_loadu_si128((const __m128i *)(q + (e0 + (size_t)r * K + (size_t)k) / 2));
-                    __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
-                    __m512 v0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), s[r]);
-                    __m512 v1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), s[r]);
-                    a[r] = _mm512_fmadd_ps(x1, v1, _mm512_fmadd_ps(x0, v0, a[r]));
-                }
-            }
-        for (; k < k0 + Q; k += 16) {
+        for (int k = k0; k < k0 + Q; k += 16) {
             __m512 xv = _mm512_loadu_ps(x + k);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 size_t e = e0 + (size_t)r * K + (size_t)k;
                 __m512 v;
-                if (i4) {
-                    v = avx512_lookup16(q + e / 2, s[r]);
+                if (nib) {
+                    v = _mm512_permutexvar_ps(avx512_nibbles16(q + e / 2), s[r]);
                 } else {
                     v = _mm512_mul_ps(avx512_loadw_f8(q + e), s[r]);
                     if (bf) v = avx512_round_bf16(v);
@@ -1216,12 +1263,7 @@ TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float 
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) y[n + r] = avx512_tree(a[r]);
 }
-TGT_AVX512 static void avx512_qgemv(float *y, const float *x, WeightRef w, int n0, int n1, int K)
-{
-    int n = n0;
-    for (; n + 4 <= n1; n += 4) avx512_qrows(y, x, w, n, K, 4);
-    for (; n < n1; n++) avx512_qrows(y, x, w, n, K, 1);
-}
+QGEMV_VARIANTS(avx512, 4)
 typedef void (*QGemvFn)(float *y, const float *x, WeightRef w, int n0, int n1, int K);
 
 /* ---- dispatch ---------------------------------------------------------- */
