@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "hftok.h"
+#include "tiktoken.h"
 #include "mixed_text.h"
 #include "testutil.h"
 
@@ -52,14 +53,14 @@ static void test_roundtrip(const HfTokenizer *t, const char *name, const char *s
         rt_both += rt && want_rt;
         same += ok_ids && rt == want_rt;
         if ((!ok_ids || rt != want_rt) && ids_differ + rt_differ <= 3)
-            fprintf(stderr, "%s: random line %d \"%s\": ids %s, round trip %d (tokenizers: %d)\n", name, i, buf,
+            fprintf(stderr, "%s: random line %d \"%s\": ids %s, round trip %d (reference: %d)\n", name, i, buf,
                     ok_ids ? "same" : "DIFFER", rt, want_rt);
         free(ids);
         free(dec);
     }
     fclose(f);
     CHECK(text_hash == want_text, "%s: the random text is not the reference's (mixed_text.h and mixed_text.py differ)", name);
-    fprintf(stderr, "%-10s %d of %d random lines: same ids and round trip as tokenizers (%d round-trip in both)\n", name,
+    fprintf(stderr, "%-10s %d of %d random lines: same ids and round trip as the reference (%d round-trip in both)\n", name,
             same, lines, rt_both);
     CHECK(lines == 10000 && ids_differ == 0 && rt_differ == 0, "%s: %d lines' ids and %d round trips differ", name,
           ids_differ, rt_differ);
@@ -181,6 +182,80 @@ static void test_refusals(void)
     free(path);
 }
 
+/* A tiktoken tokenizer as Kimi K2's: the cl100k_base ranks with Kimi's
+ * split pattern (rewritten for PCRE2) and Kimi's special tokens after the
+ * ranks, against the tiktoken package (tests/ref/make_tiktoken_refs.py):
+ * hand-written texts for the pattern's corners (ids and decoded text), and
+ * the 10,000 random lines' ids and round trips. The rewritten pattern is
+ * checked as written too. Returns whether the ranks were there. */
+static int test_kimi_cl100k(const char *src)
+{
+    char *path = shared_path("tokenizers/cl100k/cl100k_base.tiktoken");
+    if (access(path, R_OK)) {
+        fprintf(stderr, "%s not found: skipped\n", path);
+        free(path);
+        return 0;
+    }
+    static const char *named[] = {"[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>",
+                                  "<|start_header_id|>", "<|end_header_id|>", "[EOT]", "<|im_system|>", "<|im_middle|>"};
+    enum { BASE = 100256, N_SPECIAL = 256 };
+    char *special[N_SPECIAL];
+    int special_id[N_SPECIAL];
+    for (int i = 0; i < N_SPECIAL; i++) {
+        special[i] = xmalloc(40);
+        if (i < 10) strcpy(special[i], named[i]);
+        else snprintf(special[i], 40, "<|reserved_token_%d|>", BASE + i);
+        special_id[i] = BASE + i;
+    }
+    char *re = tiktoken_pcre2_pattern("[a-z&&[^aeiou]]+|[\\p{L}&&[^\\p{Han}]]|[]&&[^x]]|\\[x&&y\\]");
+    CHECK(re && !strcmp(re, "(?:(?![aeiou])[a-z])+|(?:(?![\\p{Han}])[\\p{L}])|(?:(?![x])[]])|\\[x&&y\\]"),
+          "class intersections rewritten: %s", re ? re : dcp_error());
+    free(re);
+    CHECK(!tiktoken_pcre2_pattern("[a&&b]") && strstr(dcp_error(), "not [X&&[^Y]]"), "[a&&b] refused: %s", dcp_error());
+    double t0 = now_s();
+    HfTokenizer *t = tiktoken_load(path, tiktoken_kimi_pattern, (const char *const *)special, special_id, N_SPECIAL);
+    double load_s = now_s() - t0;
+    int ok = CHECK_OK(t != NULL, "kimi-cl100k: %s", dcp_error());
+    if (ok) {
+        CHECK(hftok_vocab_size(t) == BASE + N_SPECIAL, "kimi-cl100k: %d ids", hftok_vocab_size(t));
+        char ref[4200];
+        snprintf(ref, sizeof ref, "%s/tests/data/tok/kimi-cl100k.jsonl", src);
+        FILE *f = fopen(ref, "r");
+        int texts = 0, bad = 0;
+        char line[8192];
+        while (f && fgets(line, sizeof line, f)) {
+            json_t *o = json_loads(line, 0, NULL);
+            const char *text = json_string_value(json_object_get(o, "text"));
+            int *ids = NULL, n = 0, enc = text && hftok_encode(t, text, strlen(text), 0, &ids, &n) == 0;
+            json_t *want = json_object_get(o, "ids");
+            int same = enc && same_ids(want, ids, n);
+            char *dec = enc ? hftok_decode(t, ids, n, 0) : NULL;
+            same = same && !strcmp(dec, json_string_value(json_object_get(o, "decoded")));
+            if (!same && ++bad <= 3) {
+                fprintf(stderr, "kimi-cl100k: \"%s\": got", text ? text : "?");
+                for (int i = 0; i < n && i < 16; i++) fprintf(stderr, " %d", ids[i]);
+                fprintf(stderr, ", want");
+                for (size_t i = 0; i < json_array_size(want) && i < 16; i++)
+                    fprintf(stderr, " %lld", (long long)json_integer_value(json_array_get(want, i)));
+                fprintf(stderr, "\n");
+            }
+            free(ids);
+            free(dec);
+            json_decref(o);
+            texts++;
+        }
+        if (f) fclose(f);
+        fprintf(stderr, "kimi-cl100k loaded in %.2f s; %d of %d texts encode and decode exactly as tiktoken does\n",
+                load_s, texts - bad, texts);
+        CHECK(texts >= 30 && bad == 0, "kimi-cl100k: %d of %d texts differ from tiktoken (%s)", bad, texts, ref);
+        test_roundtrip(t, "kimi-cl100k", src);
+        hftok_free(t);
+    }
+    for (int i = 0; i < N_SPECIAL; i++) free(special[i]);
+    free(path);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -261,6 +336,7 @@ int main(int argc, char **argv)
         test_linear(t, names[k]);
         hftok_free(t);
     }
+    ran |= test_kimi_cl100k(src);
     if (ran) test_added_variants(src);
     if (ran) test_refusals();
     MPI_Finalize();

@@ -426,6 +426,89 @@ static int load_model(HfTokenizer *t, json_t *m)
     return 0;
 }
 
+/* A tiktoken ranks file (a token's bytes in base64, a space, its rank, per
+ * line) as a BPE model: each token's bytes as ByteLevel writes them in
+ * the vocabulary at its rank, and every split of a token into two tokens
+ * a merge of the token's rank. tiktoken merges the adjacent pair whose
+ * concatenation has the lowest rank, the leftmost among equals: these
+ * merges, ranked by their result, and bpe()'s leftmost tie give the same
+ * ids. The whole piece is looked up first (ignore_merges), as tiktoken. */
+static int base64_value(int c)
+{
+    return c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
+           : c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+static int load_ranks(HfTokenizer *t, const char *text, size_t len)
+{
+    Buf *tok = NULL; /* per rank: the token's ByteLevel string */
+    int n = 0, line = 0, rc = 0;
+    for (size_t at = 0; at < len && !rc; line++) {
+        size_t end = at;
+        while (end < len && text[end] != '\n') end++;
+        size_t sp = at;
+        while (sp < end && text[sp] != ' ') sp++;
+        char *stop;
+        long rank = sp < end ? strtol(text + sp + 1, &stop, 10) : -1;
+        if (sp == end || sp == at || rank < 0 || rank >= 1 << 24 || (stop != text + end && *stop != '\r')) {
+            if (end > at && !(end == at + 1 && text[at] == '\r'))
+                rc = dcp_fail("%s:%d: not a tiktoken rank line (base64 token, a space, its rank)", t->path, line + 1);
+            at = end + 1;
+            continue;
+        }
+        if (rank >= n) {
+            tok = xrealloc(tok, sizeof(Buf) * (size_t)(rank + 1));
+            memset(tok + n, 0, sizeof(Buf) * (size_t)(rank + 1 - n));
+            n = (int)rank + 1;
+        }
+        if (tok[rank].s) rc = dcp_fail("%s:%d: rank %ld appears twice", t->path, line + 1, rank);
+        uint32_t acc = 0;
+        int bits = 0;
+        for (size_t i = at; i < sp && !rc; i++) {
+            if (text[i] == '=') break;
+            int v = base64_value((unsigned char)text[i]);
+            if (v < 0) {
+                rc = dcp_fail("%s:%d: '%c' is not base64", t->path, line + 1, text[i]);
+                break;
+            }
+            acc = acc << 6 | (uint32_t)v, bits += 6;
+            if (bits >= 8) bits -= 8, add_cp(&tok[rank], byte_to_cp[(acc >> bits) & 0xff]);
+        }
+        if (!rc && !tok[rank].s) rc = dcp_fail("%s:%d: an empty token", t->path, line + 1);
+        at = end + 1;
+    }
+    if (!rc && !n) rc = dcp_fail("%s: no ranks", t->path);
+    t->n_vocab = n;
+    t->token = xcalloc((size_t)n + 1, sizeof(char *));
+    for (int r = 0; r < n && !rc; r++) {
+        if (!tok[r].s) continue;
+        if (map_get(&t->vocab, tok[r].s, tok[r].n) >= 0) rc = dcp_fail("%s: rank %d repeats a token", t->path, r);
+        t->token[r] = tok[r].s, tok[r].s = NULL;
+        map_put(&t->vocab, t->token[r], strlen(t->token[r]), r);
+    }
+    t->merged_id = xmalloc(sizeof(int) * ((size_t)n + 1));
+    t->n_merges = n;
+    for (int r = 0; r < n && !rc; r++) {
+        t->merged_id[r] = r;
+        const char *s = t->token[r];
+        if (!s) continue;
+        size_t sl = strlen(s);
+        for (size_t i = 1; i < sl; i++) { /* at each character after the first: one byte each */
+            if (((unsigned char)s[i] & 0xC0) == 0x80) continue;
+            int a = map_get(&t->vocab, s, i), b = map_get(&t->vocab, s + i, sl - i);
+            if (a < 0 || b < 0) continue;
+            int32_t *key = xmalloc(8);
+            key[0] = a, key[1] = b;
+            map_put(&t->merges, (const char *)key, 8, r);
+        }
+    }
+    for (int r = 0; r < n; r++) free(tok[r].s);
+    free(tok);
+    t->ignore_merges = 1;
+    t->unk = -1;
+    for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
+    return rc;
+}
+
 static int special_list(HfTokenizer *t, json_t *items, int **out, int *n)
 {
     size_t i;
@@ -476,7 +559,9 @@ HfTokenizer *hftok_load(const char *path)
 
 static void normalize(const HfTokenizer *t, Buf *b);
 
-HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
+/* tokenizer.json's text, or (ranks) the pipeline around a tiktoken ranks
+ * file's model */
+static HfTokenizer *build(const char *path, const char *text, size_t len, const char *ranks, size_t ranks_len)
 {
     bytelevel_table();
     HfTokenizer *t = xcalloc(1, sizeof *t);
@@ -485,7 +570,8 @@ HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
     json_t *root = json_loadb(text, len, 0, &jerr);
     int rc = root ? (json_is_object(root) ? 0 : dcp_fail("%s: not a JSON object", path))
                   : dcp_fail("%s:%d: %s", path, jerr.line, jerr.text);
-    rc = rc || load_model(t, json_object_get(root, "model")) || load_normalizer(t, json_object_get(root, "normalizer")) ||
+    rc = rc || (ranks ? load_ranks(t, ranks, ranks_len) : load_model(t, json_object_get(root, "model"))) ||
+         load_normalizer(t, json_object_get(root, "normalizer")) ||
          load_pre(t, json_object_get(root, "pre_tokenizer")) || load_decoder(t, json_object_get(root, "decoder"));
     if (!rc) {
         size_t i;
@@ -542,6 +628,13 @@ HfTokenizer *hftok_parse(const char *path, const char *text, size_t len)
         return NULL;
     }
     return t;
+}
+
+HfTokenizer *hftok_parse(const char *path, const char *text, size_t len) { return build(path, text, len, NULL, 0); }
+
+HfTokenizer *hftok_from_ranks(const char *path, const char *ranks, size_t ranks_len, const char *pipeline)
+{
+    return build(path, pipeline, strlen(pipeline), ranks, ranks_len);
 }
 
 void hftok_free(HfTokenizer *t)

@@ -19,6 +19,10 @@ typedef struct HfTokenizer HfTokenizer;
 HfTokenizer *hftok_load(const char *path);
 /* The same from the file's len bytes (path names it in messages). */
 HfTokenizer *hftok_parse(const char *path, const char *text, size_t len);
+/* A tiktoken ranks file's ranks_len bytes (path names it) as the BPE
+ * model, with pipeline a tokenizer.json's other parts (pre_tokenizer,
+ * decoder, added_tokens, ...): the ids tiktoken gives (see tiktoken.h). */
+HfTokenizer *hftok_from_ranks(const char *path, const char *ranks, size_t ranks_len, const char *pipeline);
 void hftok_free(HfTokenizer *t);
 int hftok_vocab_size(const HfTokenizer *t);
 

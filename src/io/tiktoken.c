@@ -1,0 +1,118 @@
+#include "tiktoken.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+const char tiktoken_kimi_pattern[] =
+    "[\\p{Han}]+"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|\\p{N}{1,3}"
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+"
+    "|\\s+(?!\\S)"
+    "|\\s+";
+
+/* the end of the class that opens at p[0] == '[' (just past its ']'),
+ * nested classes and escapes included; NULL if it does not close */
+static const char *class_end(const char *p)
+{
+    int depth = 0;
+    for (const char *q = p; *q; q++) {
+        if (*q == '\\') {
+            if (!*++q) return NULL;
+        } else if (*q == '[') {
+            depth++;
+            if (q[1] == '^') q++;
+            if (q[1] == ']') q++; /* a ']' first in a class is literal */
+        } else if (*q == ']' && --depth == 0) {
+            return q + 1;
+        }
+    }
+    return NULL;
+}
+
+char *tiktoken_pcre2_pattern(const char *pattern)
+{
+    size_t n = strlen(pattern), cap = 2 * n + 64, o = 0;
+    char *out = xmalloc(cap);
+    for (const char *p = pattern; *p;) {
+        if (*p == '\\' && p[1]) {
+            memcpy(out + o, p, 2), o += 2, p += 2;
+            continue;
+        }
+        if (*p != '[') {
+            out[o++] = *p++;
+            continue;
+        }
+        const char *end = class_end(p);
+        if (!end) {
+            free(out);
+            dcp_fail("split pattern: a character class at offset %zu does not close", (size_t)(p - pattern));
+            return NULL;
+        }
+        /* [X&&[^Y]]: X up to the "&&", Y inside the nested negated class */
+        const char *amp = NULL;
+        for (const char *q = p + 1; q < end - 1; q++) {
+            if (*q == '\\') q++;
+            else if (q[0] == '&' && q[1] == '&') {
+                amp = q;
+                break;
+            }
+        }
+        size_t len = (size_t)(end - p);
+        if (o + 2 * len + 16 > cap) out = xrealloc(out, cap = 2 * (o + 2 * len + 16));
+        if (!amp) {
+            memcpy(out + o, p, len), o += len;
+        } else {
+            const char *inner = amp + 2, *inner_end = inner[0] == '[' ? class_end(inner) : NULL;
+            if (inner[1] != '^' || inner_end != end - 1) {
+                free(out);
+                dcp_fail("split pattern: the class intersection at offset %zu is not [X&&[^Y]], the form dcpinfer "
+                         "rewrites for PCRE2",
+                         (size_t)(p - pattern));
+                return NULL;
+            }
+            o += (size_t)sprintf(out + o, "(?:(?![%.*s])[%.*s])", (int)(inner_end - 1 - (inner + 2)), inner + 2,
+                                 (int)(amp - (p + 1)), p + 1);
+        }
+        p = end;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+HfTokenizer *tiktoken_load(const char *path, const char *pattern, const char *const *special, const int *special_id,
+                           int n_special)
+{
+    char *re = tiktoken_pcre2_pattern(pattern), *ranks = NULL;
+    size_t len = 0;
+    if (!re) return NULL;
+    if (check_regular_file(path, "tiktoken ranks") || read_file(path, &ranks, &len)) {
+        free(re);
+        return NULL;
+    }
+    /* the pipeline transformers' TikTokenConverter writes: the pattern's
+     * pieces, isolated, as ByteLevel bytes, and ByteLevel decoding */
+    json_t *added = json_array();
+    for (int i = 0; i < n_special; i++)
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", special_id[i], "content",
+                                               special[i], "special", 1, "normalized", 0, "lstrip", 0, "rstrip", 0,
+                                               "single_word", 0));
+    json_t *root = json_pack("{s:o, s:{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b, s:b}]}, s:{s:s}}",
+                             "added_tokens", added, "pre_tokenizer", "type", "Sequence", "pretokenizers", "type",
+                             "Split", "pattern", "Regex", re, "behavior", "Isolated", "invert", 0, "type", "ByteLevel",
+                             "add_prefix_space", 0, "trim_offsets", 1, "use_regex", 0, "decoder", "type", "ByteLevel");
+    char *pipeline = json_dumps(root, JSON_COMPACT);
+    HfTokenizer *t = hftok_from_ranks(path, ranks, len, pipeline);
+    free(pipeline);
+    json_decref(root);
+    free(ranks);
+    free(re);
+    return t;
+}
