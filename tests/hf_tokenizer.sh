@@ -96,4 +96,39 @@ if [ -f "$SHARED/tokenizers/llama3/tokenizer.json" ]; then
     expect_error tokenizer_too_big 1 "the tokenizer has ids up to 128255, the model's vocabulary only 32000" \
         --model "$WORK/m" --tokenizer "$SHARED/tokenizers/llama3/tokenizer.json" "$P"
 fi
+# A Kimi K2.x tokenizer folder: tiktoken.model (here cl100k_base's ranks),
+# tokenizer_config.json naming TikTokenTokenizer and the special tokens
+# after the ranks, found in the model's folder; the prompt ids are
+# tiktoken's (tests/data/tok/kimi-cl100k.jsonl, from
+# tests/ref/make_tiktoken_refs.py), special tokens in the text included;
+# another tokenizer class, or no config, is refused
+CL100K=$SHARED/tokenizers/cl100k/cl100k_base.tiktoken
+if [ -f "$CL100K" ]; then
+    "$MKMODEL" --out "$WORK/kimi" --layers 1 --dim 16 --heads 2 --kv-heads 1 --hidden 16 --vocab 100512 >/dev/null
+    ln -s "$CL100K" "$WORK/kimi/tiktoken.model"
+    printf '{"tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]", "added_tokens_decoder": {"100256": {"content": "[BOS]", "special": true}, "100257": {"content": "[EOS]", "special": true}, "100258": {"content": "<|im_end|>", "special": true}, "100259": {"content": "<|im_user|>", "special": true}, "100265": {"content": "<|im_middle|>", "special": true}}}\n' >"$WORK/kimi/tokenizer_config.json"
+    KREF=$SRC/tests/data/tok/kimi-cl100k.jsonl
+    : >"$WORK/kp.jsonl"
+    kexpected=""
+    for n in 6 19 20; do
+        line=$(sed -n "${n}p" "$KREF")
+        text=$(echo "$line" | sed 's/^{"text": \(".*"\), "ids": .*/\1/')
+        printf '{"prompt": %s, "max_tokens": 2}\n' "$text" >>"$WORK/kp.jsonl"
+        kexpected="$kexpected$(echo "$line" | sed 's/.*"ids": \[\([^]]*\)\].*/\1/' | tr -d ' ')
+"
+    done
+    run_dcp kimi --model "$WORK/kimi" --output "$WORK/kimi.h5" "$WORK/kp.jsonl"
+    got=$(prompts "$WORK/kimi.h5")
+    checks=$((checks + 1))
+    if [ "$(cat "$WORK/kimi.rc")" = 0 ] && [ -n "$got" ] && [ "$got" = "$(printf '%s' "$kexpected")" ]; then
+        pass "tiktoken.model (Kimi K2's tokenizer, cl100k ranks): the prompt ids of tiktoken"
+    else
+        fail "tiktoken.model: exit $(cat "$WORK/kimi.rc"); got '$got', want '$kexpected'"; cat "$WORK/kimi.err" >&2
+    fi
+    printf '{"tokenizer_class": "QWenTokenizer"}\n' >"$WORK/kimi/tokenizer_config.json"
+    expect_error tiktoken_class 1 'tokenizer_class "QWenTokenizer": dcpinfer reads tiktoken files with Kimi K2'"'"'s TikTokenTokenizer (its split pattern) only' \
+        --model "$WORK/kimi" "$P"
+    rm "$WORK/kimi/tokenizer_config.json"
+    expect_error tiktoken_no_config 1 'a tiktoken file needs the tokenizer_config.json beside it' --model "$WORK/kimi" "$P"
+fi
 finish

@@ -56,14 +56,16 @@ int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share)
     return t > 0 ? t : 1;
 }
 
-/* tokenizer.bin beside a llama2.c checkpoint, or the tokenizer.json of a
- * Hugging Face folder, if the user named none */
+/* tokenizer.bin beside a llama2.c checkpoint, or the tokenizer.json (or
+ * tiktoken.model) of a Hugging Face folder, if the user named none */
 static char *default_tokenizer(const char *model)
 {
     if (!model) return NULL;
     if (path_is_dir(model)) {
         char *p = xmalloc(strlen(model) + 32);
         sprintf(p, "%s/tokenizer.json", model);
+        if (path_exists(p)) return p;
+        sprintf(p, "%s/tiktoken.model", model);
         if (path_exists(p)) return p;
         free(p);
         return NULL;

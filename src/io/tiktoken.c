@@ -116,3 +116,110 @@ HfTokenizer *tiktoken_load(const char *path, const char *pattern, const char *co
     free(re);
     return t;
 }
+
+/* the file name beside path (same folder), malloc'ed */
+static char *beside(const char *path, const char *name)
+{
+    const char *slash = strrchr(path, '/');
+    size_t dir = slash ? (size_t)(slash - path + 1) : 0;
+    char *p = xmalloc(dir + strlen(name) + 1);
+    memcpy(p, path, dir);
+    strcpy(p + dir, name);
+    return p;
+}
+
+/* tokenization_kimi.py's num_reserved_special_tokens, if the file is there
+ * and says it; else K2's 256 */
+static int reserved_count(const char *path)
+{
+    char *py = beside(path, "tokenization_kimi.py"), *text = NULL;
+    size_t len;
+    int n = 256;
+    if (path_exists(py) && !read_file(py, &text, &len)) {
+        const char *k = strstr(text, "num_reserved_special_tokens");
+        while (k && (k[27] == ' ' || k[27] == '=')) {
+            const char *v = k + 27;
+            while (*v == ' ' || *v == '=') v++;
+            if (*v >= '0' && *v <= '9') {
+                n = atoi(v);
+                break;
+            }
+            k = strstr(k + 27, "num_reserved_special_tokens");
+        }
+    }
+    free(text);
+    free(py);
+    return n;
+}
+
+HfTokenizer *tiktoken_load_model(const char *path)
+{
+    char *cfg = beside(path, "tokenizer_config.json"), *text = NULL;
+    size_t len = 0;
+    HfTokenizer *t = NULL;
+    json_t *root = NULL;
+    if (!path_exists(cfg)) {
+        dcp_fail("%s: a tiktoken file needs the tokenizer_config.json beside it (%s), which names its tokenizer class "
+                 "and special tokens",
+                 path, cfg);
+        goto out;
+    }
+    json_error_t err;
+    if (check_regular_file(cfg, "tokenizer config") || read_file(cfg, &text, &len)) goto out;
+    root = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, &err);
+    if (!json_is_object(root)) {
+        dcp_fail("%s:%d: not a JSON object: %s", cfg, err.line, root ? "" : err.text);
+        goto out;
+    }
+    const char *cls = json_string_value(json_object_get(root, "tokenizer_class"));
+    if (!cls || strcmp(cls, "TikTokenTokenizer")) {
+        dcp_fail("%s: tokenizer_class \"%s\": dcpinfer reads tiktoken files with Kimi K2's TikTokenTokenizer (its "
+                 "split pattern) only",
+                 cfg, cls ? cls : "(none)");
+        goto out;
+    }
+    /* the base ranks: one per non-empty line */
+    free(text);
+    text = NULL;
+    if (check_regular_file(path, "tiktoken ranks") || read_file(path, &text, &len)) goto out;
+    int base = 0;
+    for (size_t i = 0; i < len; i++)
+        if (text[i] != '\n' && text[i] != '\r' && (i == 0 || text[i - 1] == '\n')) base++;
+    /* the reserved ids after the ranks: named in added_tokens_decoder, else
+     * <|reserved_token_ID|>; added tokens elsewhere keep their ids */
+    json_t *dec = json_object_get(root, "added_tokens_decoder");
+    int reserved = reserved_count(path), n = reserved;
+    const char *key;
+    json_t *v;
+    json_object_foreach(dec, key, v) n++;
+    char **special = xcalloc((size_t)n + 1, sizeof(char *));
+    int *id = xmalloc(sizeof(int) * ((size_t)n + 1)), k = 0, rc = 0;
+    json_object_foreach(dec, key, v)
+    {
+        const char *c = json_string_value(json_object_get(v, "content"));
+        char *end;
+        long i = strtol(key, &end, 10);
+        if (!c || *end || i < 0 || i >= 1 << 24) {
+            rc = dcp_fail("%s: added_tokens_decoder \"%s\" is not an id with a \"content\"", cfg, key);
+            break;
+        }
+        special[k] = xstrdup(c), id[k++] = (int)i;
+    }
+    for (int r = 0; r < reserved && !rc; r++) {
+        char num[16], *name;
+        snprintf(num, sizeof num, "%d", base + r);
+        if (json_object_get(dec, num)) continue; /* named above */
+        name = xmalloc(48);
+        snprintf(name, 48, "<|reserved_token_%d|>", base + r);
+        special[k] = name, id[k++] = base + r;
+    }
+    if (!rc) t = tiktoken_load(path, tiktoken_kimi_pattern, (const char *const *)special, id, k);
+    for (int i = 0; i < k; i++) free(special[i]);
+    free(special);
+    free(id);
+out:
+    json_decref(root);
+    free(text);
+    free(cfg);
+    return t;
+}

@@ -26,4 +26,11 @@ char *tiktoken_pcre2_pattern(const char *pattern);
 HfTokenizer *tiktoken_load(const char *path, const char *pattern, const char *const *special, const int *special_id,
                            int n_special);
 
+/* A model's tiktoken file (tiktoken.model) with the tokenizer_config.json
+ * beside it: Kimi K2's TikTokenTokenizer (tokenizer_class), its pattern,
+ * and the ids after the ranks reserved for special tokens (256, or
+ * num_reserved_special_tokens in a tokenization_kimi.py beside it), named
+ * by added_tokens_decoder or <|reserved_token_ID|>. */
+HfTokenizer *tiktoken_load_model(const char *path);
+
 #endif

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "hftok.h"
+#include "tiktoken.h"
 #include "util.h"
 
 static const Tokenizer *sort_ctx;
@@ -64,14 +65,28 @@ int tokenizer_parse(Tokenizer *t, const char *path, const unsigned char *data, s
     return 0;
 }
 
-/* a tokenizer.json: a folder holding one, or a file that starts with '{' */
+/* a tiktoken file: named tiktoken.model or *.tiktoken */
+static int is_tiktoken(const char *path)
+{
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    size_t n = strlen(base);
+    return !strcmp(base, "tiktoken.model") || (n > 9 && !strcmp(base + n - 9, ".tiktoken"));
+}
+
+/* a tokenizer.json: a folder holding one (or else a tiktoken.model), or a
+ * file that starts with '{' (or a tiktoken file) */
 static char *hf_tokenizer_path(const char *path)
 {
     if (path_is_dir(path)) {
         char *p = xmalloc(strlen(path) + 32);
         sprintf(p, "%s/tokenizer.json", path);
+        if (!path_exists(p)) {
+            sprintf(p, "%s/tiktoken.model", path);
+            if (!path_exists(p)) sprintf(p, "%s/tokenizer.json", path); /* the error names the usual file */
+        }
         return p;
     }
+    if (is_tiktoken(path)) return xstrdup(path);
     FILE *f = fopen(path, "rb");
     int c = f ? fgetc(f) : EOF;
     while (c == ' ' || c == '\n' || c == '\t' || c == '\r') c = fgetc(f);
@@ -146,7 +161,7 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
     if (!path_is_dir(path) && check_regular_file(path, "tokenizer")) return -1; /* a FIFO would block the sniffing */
     char *json = hf_tokenizer_path(path);
     if (json) {
-        t->hf = hftok_load(json);
+        t->hf = is_tiktoken(json) ? tiktoken_load_model(json) : hftok_load(json);
         if (!t->hf || hash_file_sampled(json, (size_t)1 << 40, &t->content_hash)) {
             hftok_free(t->hf);
             t->hf = NULL;
