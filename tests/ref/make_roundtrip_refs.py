@@ -11,34 +11,24 @@ tests/test_hftok.c makes the same lines and compares.
 Usage: python3 tests/ref/make_roundtrip_refs.py [SHARED_DIR]   (needs tokenizers)
 """
 import os
-import struct
 import sys
 
 from tokenizers import Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mixed_text import Mix, fnv1a  # noqa: E402
+from mixed_text import write_roundtrip  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(TOP), "shared")
 OUT = os.path.join(TOP, "tests", "data", "tok")
 LINES, SEED = 10000, 1
 
-mix = Mix(SEED)
-texts = [mix.line() for _ in range(LINES)]
-text_hash = fnv1a(b"".join(t.encode("utf-8") + b"\n" for t in texts))
 for name in sorted(os.listdir(os.path.join(SHARED, "tokenizers"))):
     path = os.path.join(SHARED, "tokenizers", name, "tokenizer.json")
     if not os.path.isfile(path):
         continue
     tok = Tokenizer.from_file(path)
-    rows, same = [], 0
-    for t in texts:
-        ids = tok.encode(t, add_special_tokens=False).ids
-        rt = tok.decode(ids, skip_special_tokens=True) == t
-        same += rt
-        rows.append("%016x %d" % (fnv1a(struct.pack("<%di" % len(ids), *ids)), rt))
-    with open(os.path.join(OUT, "roundtrip-%s.txt" % name), "w") as f:
-        f.write("# seed %d, %d lines, text %016x\n" % (SEED, LINES, text_hash))
-        f.write("\n".join(rows) + "\n")
+    same = write_roundtrip(os.path.join(OUT, "roundtrip-%s.txt" % name),
+                           lambda t: tok.encode(t, add_special_tokens=False).ids,
+                           lambda t, ids: tok.decode(ids, skip_special_tokens=True) == t, SEED, LINES)
     print("%s: %d of %d lines round-trip" % (name, same, LINES))

@@ -18,14 +18,13 @@ Usage: python3 tests/ref/make_tiktoken_refs.py [SHARED_DIR]   (needs tiktoken)
 """
 import json
 import os
-import struct
 import sys
 
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mixed_text import Mix, fnv1a  # noqa: E402
+from mixed_text import write_roundtrip  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(TOP), "shared")
@@ -55,18 +54,8 @@ def encode(text):
     return enc.encode(text, allowed_special="all")
 
 
-mix = Mix(SEED)
-texts = [mix.line() for _ in range(LINES)]
-text_hash = fnv1a(b"".join(t.encode("utf-8") + b"\n" for t in texts))
-rows, same = [], 0
-for t in texts:
-    ids = encode(t)
-    rt = enc.decode_bytes(ids) == t.encode("utf-8")
-    same += rt
-    rows.append("%016x %d" % (fnv1a(struct.pack("<%di" % len(ids), *ids)), rt))
-with open(os.path.join(OUT, "roundtrip-kimi-cl100k.txt"), "w") as f:
-    f.write("# seed %d, %d lines, text %016x\n" % (SEED, LINES, text_hash))
-    f.write("\n".join(rows) + "\n")
+same = write_roundtrip(os.path.join(OUT, "roundtrip-kimi-cl100k.txt"), encode,
+                       lambda t, ids: enc.decode_bytes(ids) == t.encode("utf-8"), SEED, LINES)
 print("kimi-cl100k: %d of %d lines round-trip" % (same, LINES))
 
 CASES = [

@@ -42,6 +42,28 @@ def fnv1a(data, h=0xCBF29CE484222325):
     return h
 
 
+def write_roundtrip(path, encode, round_trips, seed=1, lines=10000):
+    """The round-trip reference test_hftok reads: `lines` random lines from
+    seed, a header with the text's hash, then per line the FNV-1a hash of
+    encode(line)'s ids (int32, little-endian) and 1 when round_trips(line,
+    ids), else 0. Returns how many round-trip."""
+    import struct
+
+    mix = Mix(seed)
+    texts = [mix.line() for _ in range(lines)]
+    text_hash = fnv1a(b"".join(t.encode("utf-8") + b"\n" for t in texts))
+    rows, same = [], 0
+    for t in texts:
+        ids = encode(t)
+        rt = round_trips(t, ids)
+        same += rt
+        rows.append("%016x %d" % (fnv1a(struct.pack("<%di" % len(ids), *ids)), rt))
+    with open(path, "w") as f:
+        f.write("# seed %d, %d lines, text %016x\n" % (seed, lines, text_hash))
+        f.write("\n".join(rows) + "\n")
+    return same
+
+
 if __name__ == "__main__":
     path, mb = sys.argv[1], float(sys.argv[2])
     mix, total = Mix(2026), 0
