@@ -50,4 +50,18 @@ for m in v3 v3fp8 v3int4 v3nvfp4 v3modelopt v2; do
         fi
     done
 done
+# Kimi K2's config names the DeepSeek-V3 architecture with model_type
+# "kimi_k2": the INT4 model so rewritten gives the same tokens
+mkdir "$WORK/kimi" && ln -s "$WORK/v3int4/model.safetensors" "$WORK/kimi/model.safetensors" &&
+    sed 's/"model_type": *"deepseek_v3"/"model_type": "kimi_k2"/' "$WORK/v3int4/config.json" >"$WORK/kimi/config.json"
+for np in 1 4; do
+    checks=$((checks + 1))
+    NP=$np run_dcp "kimi-$np" --model "$WORK/kimi" $([ $np = 4 ] && echo -tp 4 -dcp 4) --output "$WORK/kimi-$np.jsonl" "$P"
+    if grep -q '"model_type": "kimi_k2"' "$WORK/kimi/config.json" && [ "$(cat "$WORK/kimi-$np.rc")" = 0 ] &&
+        [ "$(ids "$WORK/kimi-$np.jsonl")" = "$(ids "$WORK/v3int4-1.jsonl")" ]; then
+        pass "model_type kimi_k2 at $np rank(s): the DeepSeek-V3 INT4 model's tokens"
+    else
+        fail "model_type kimi_k2 at $np rank(s): exit $(cat "$WORK/kimi-$np.rc")"; cat "$WORK/kimi-$np.err" >&2
+    fi
+done
 finish

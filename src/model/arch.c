@@ -13,12 +13,12 @@
 
 const Arch arch_table[] = {
     /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window  mla family */
-    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0, FAMILY_DENSE},
-    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0, FAMILY_DENSE},
-    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0, FAMILY_DENSE},
-    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE},
-    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1, FAMILY_MLA},
-    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2, FAMILY_MLA},
+    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0, FAMILY_DENSE, NULL},
+    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0, FAMILY_DENSE, NULL},
+    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL},
+    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL},
+    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1, FAMILY_MLA, NULL},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2, FAMILY_MLA, "kimi_k2"},
 };
 const int arch_count = (int)(sizeof arch_table / sizeof *arch_table);
 
@@ -82,8 +82,9 @@ static int find_arch(json_t *root, const char *path)
                         arch_supported_list());
     for (int i = 0; i < arch_count; i++) {
         const Arch *a = &arch_table[i];
-        if ((name && strcmp(name, a->name)) || (!name && strcmp(type, a->model_type))) continue;
-        if (type && strcmp(type, a->model_type))
+        int alias = type && a->alias && !strcmp(type, a->alias);
+        if ((name && strcmp(name, a->name)) || (!name && strcmp(type, a->model_type) && !alias)) continue;
+        if (type && strcmp(type, a->model_type) && !alias)
             return dcp_fail("%s: architecture %s with model_type \"%s\" (expected \"%s\")", path, a->name, type,
                             a->model_type);
         return i;

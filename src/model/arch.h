@@ -36,6 +36,7 @@ typedef struct {
     WindowKind window;
     int mla;                 /* DeepSeek: 1 for V2 (softmax router), 2 for V3 (sigmoid with a correction bias) */
     LayerFamily family;
+    const char *alias;       /* another model_type of the same architecture (Kimi K2's "kimi_k2"), or NULL */
 } Arch;
 
 extern const Arch arch_table[];
