@@ -51,17 +51,28 @@ for m in v3 v3fp8 v3int4 v3nvfp4 v3modelopt v2; do
     done
 done
 # Kimi K2's config names the DeepSeek-V3 architecture with model_type
-# "kimi_k2": the INT4 model so rewritten gives the same tokens
+# "kimi_k2", and K2.5's wraps it as the text_config of
+# KimiK25ForConditionalGeneration (tensors under language_model., a vision
+# tower beside them): the INT4 model so rewritten, and so wrapped, gives
+# the same tokens, and the summary says the vision tower was left out
 mkdir "$WORK/kimi" && ln -s "$WORK/v3int4/model.safetensors" "$WORK/kimi/model.safetensors" &&
     sed 's/"model_type": *"deepseek_v3"/"model_type": "kimi_k2"/' "$WORK/v3int4/config.json" >"$WORK/kimi/config.json"
-for np in 1 4; do
-    checks=$((checks + 1))
-    NP=$np run_dcp "kimi-$np" --model "$WORK/kimi" $([ $np = 4 ] && echo -tp 4 -dcp 4) --output "$WORK/kimi-$np.jsonl" "$P"
-    if grep -q '"model_type": "kimi_k2"' "$WORK/kimi/config.json" && [ "$(cat "$WORK/kimi-$np.rc")" = 0 ] &&
-        [ "$(ids "$WORK/kimi-$np.jsonl")" = "$(ids "$WORK/v3int4-1.jsonl")" ]; then
-        pass "model_type kimi_k2 at $np rank(s): the DeepSeek-V3 INT4 model's tokens"
-    else
-        fail "model_type kimi_k2 at $np rank(s): exit $(cat "$WORK/kimi-$np.rc")"; cat "$WORK/kimi-$np.err" >&2
-    fi
+"$MKMODEL" --out "$WORK/kimi25" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob --quant int4-w4a16 \
+    --kimi-k25 >/dev/null
+printf '{"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25"}\n' >"$WORK/bad25.json"
+mkdir "$WORK/bad25" && cp "$WORK/bad25.json" "$WORK/bad25/config.json"
+expect_error kimi25_no_text 1 'KimiK25ForConditionalGeneration without a "text_config" object' --model "$WORK/bad25" "$P"
+for m in kimi kimi25; do
+    for np in 1 4; do
+        checks=$((checks + 1))
+        NP=$np run_dcp "$m-$np" --model "$WORK/$m" $([ $np = 4 ] && echo -tp 4 -dcp 4) --output "$WORK/$m-$np.jsonl" "$P"
+        if grep -q '"model_type": "kimi_k2' "$WORK/$m/config.json" && [ "$(cat "$WORK/$m-$np.rc")" = 0 ] &&
+            [ "$(ids "$WORK/$m-$np.jsonl")" = "$(ids "$WORK/v3int4-1.jsonl")" ] &&
+            { [ $m = kimi ] || cat "$WORK/$m-$np.out" "$WORK/$m-$np.err" | grep -q "its vision tower not loaded"; }; then
+            pass "$m at $np rank(s): the DeepSeek-V3 INT4 model's tokens"
+        else
+            fail "$m at $np rank(s): exit $(cat "$WORK/$m-$np.rc")"; cat "$WORK/$m-$np.err" >&2
+        fi
+    done
 done
 finish

@@ -591,7 +591,7 @@ static int load_model(Run *r)
                r->rs.n, r->be->name, r->cpu_kernels[0] ? " (CPU kernels " : r->be->runs_on ? " (" : "",
                r->cpu_kernels[0] ? r->cpu_kernels : r->be->runs_on ? r->be->runs_on : "",
                r->cpu_kernels[0] || r->be->runs_on ? ")" : "", r->threads);
-        char weights[256];
+        char weights[512];
         model_weights_summary(&r->model, weights, sizeof weights);
         printf("# weights: %s (rank 0)\n", weights);
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",

@@ -249,6 +249,29 @@ void st_checkpoint_close(StCheckpoint *ck)
     memset(ck, 0, sizeof *ck);
 }
 
+int st_checkpoint_unwrap(StCheckpoint *ck, const char *prefix, const char *const *skip)
+{
+    size_t pl = strlen(prefix);
+    int skipped = 0;
+    for (int i = 0; i < ck->n_files; i++) {
+        StFile *f = &ck->files[i];
+        for (int j = 0; j < f->n; j++) {
+            char *name = f->tensors[j].name;
+            if (!strncmp(name, prefix, pl)) {
+                memmove(name, name + pl, strlen(name + pl) + 1);
+                continue;
+            }
+            int drop = 0;
+            for (int k = 0; skip[k] && !drop; k++) drop = !strncmp(name, skip[k], strlen(skip[k]));
+            if (!drop) continue;
+            free(name);
+            f->tensors[j--] = f->tensors[--f->n];
+            skipped++;
+        }
+    }
+    return skipped;
+}
+
 const StTensor *st_find(const StCheckpoint *ck, const char *name)
 {
     for (int i = 0; i < ck->n_files; i++)

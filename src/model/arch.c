@@ -482,6 +482,15 @@ int arch_read_generation_config(const char *path, const char *text, size_t len, 
     return 0;
 }
 
+/* Kimi K2.5's multimodal config, by architecture or model_type */
+#define WRAPPER_NAME "KimiK25ForConditionalGeneration"
+static int is_wrapper(json_t *root)
+{
+    const char *name = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
+    const char *type = json_string_value(json_object_get(root, "model_type"));
+    return (name && !strcmp(name, WRAPPER_NAME)) || (type && !strcmp(type, "kimi_k25"));
+}
+
 int arch_read_config(const char *path, const char *text, size_t len, Config *c)
 {
     json_error_t jerr;
@@ -493,12 +502,30 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
         dcp_fail("%s: not a JSON object", path);
         goto out;
     }
+    /* Kimi K2.5/K2.6 wrap the language model in a multimodal config: read
+     * its text_config, with the top level's quantization_config */
+    int wrapped = is_wrapper(root);
+    if (wrapped) {
+        json_t *tc = json_object_get(root, "text_config"), *q = json_object_get(root, "quantization_config");
+        if (!json_is_object(tc)) {
+            dcp_fail("%s: %s without a \"text_config\" object", path, WRAPPER_NAME);
+            goto out;
+        }
+        if (q && !json_object_get(tc, "quantization_config")) json_object_set(tc, "quantization_config", q);
+        json_incref(tc);
+        json_decref(root);
+        root = tc;
+    }
     /* the architecture before anything else: a Gemma config is "not
      * supported", not "gelu not supported" */
     int ai = find_arch(root, path);
     if (ai < 0) goto out;
     const Arch *a = &arch_table[ai];
     c->arch = ai;
+    if (wrapped && !a->mla) {
+        dcp_fail("%s: %s around %s: dcpinfer reads a DeepSeek-V3 language model there", path, WRAPPER_NAME, a->name);
+        goto out;
+    }
     c->rope_style = ROPE_ROTATE_HALF;
     c->format = FORMAT_HF;
     c->bos_id = -1;
@@ -506,6 +533,7 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
     c->norm_eps = 1e-6f;
     if (a->mla) {
         rc = read_deepseek(root, a->name, a->mla == 2, path, c);
+        c->wrapped = wrapped;
         goto out;
     }
     json_t *act = json_object_get(root, "hidden_act");
@@ -559,6 +587,7 @@ out:
 
 struct QuantRules {
     int glob;            /* names are shell patterns (ModelOpt's exclude_modules), else exact */
+    int wrapped;         /* a wrapper's rules may name modules under "language_model." too */
     int n[2];            /* entries of targets [0] and ignore [1] */
     char **name[2];      /* a module or class name, or NULL for a pattern */
     pcre2_code **re[2];  /* the pattern of a "re:" entry */
@@ -572,10 +601,15 @@ QuantRules *quant_rules_read(const char *config_path)
     json_error_t err;
     json_t *root = json_loadb(text, len, 0, &err);
     free(text);
-    json_t *q = json_object_get(root, "quantization_config"), *g = json_object_get(q, "config_groups");
+    json_t *q = json_object_get(root, "quantization_config");
+    int wrapped = is_wrapper(root);
+    if (wrapped && json_object_get(json_object_get(root, "text_config"), "quantization_config"))
+        q = json_object_get(json_object_get(root, "text_config"), "quantization_config");
+    json_t *g = json_object_get(q, "config_groups");
     json_t *lists[2] = {json_object_get(json_object_iter_value(json_object_iter(g)), "targets"),
                         json_object_get(q, "ignore")};
     QuantRules *r = xcalloc(1, sizeof *r);
+    r->wrapped = wrapped;
     const char *qm = json_string_value(json_object_get(q, "quant_method"));
     json_t *all = json_pack("[s]", "Linear");
     if (qm && !strcmp(qm, "modelopt")) { /* every Linear but exclude_modules, shell patterns */
@@ -640,7 +674,11 @@ static int rule_matches(const QuantRules *r, int k, const char *module, int line
 
 int quant_rules_quantized(const QuantRules *r, const char *module, int linear)
 {
-    return rule_matches(r, 0, module, linear) && !rule_matches(r, 1, module, linear);
+    char full[256];
+    snprintf(full, sizeof full, "language_model.%s", module);
+    int target = rule_matches(r, 0, module, linear) || (r->wrapped && rule_matches(r, 0, full, linear));
+    int ignore = rule_matches(r, 1, module, linear) || (r->wrapped && rule_matches(r, 1, full, linear));
+    return target && !ignore;
 }
 
 void quant_rules_free(QuantRules *r)

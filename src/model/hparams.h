@@ -67,6 +67,8 @@ typedef struct {
     float norm_eps;
     RopeStyle rope_style;
     int tied_embeddings;
+    int wrapped;             /* the language model of Kimi K2.5's multimodal checkpoint: text_config, tensors under
+                              * "language_model.", the vision tower's skipped (WRAPPED_PREFIX, model.c) */
     int bos_id;         /* -1 when the model has none */
     int eos_ids[8];     /* generation stops on any of these */
     int n_eos;

@@ -30,6 +30,7 @@ typedef struct {
     int int4_group;        /* write the routed experts as compressed-tensors INT4 W4A16 in groups of this
                               many columns (bf16 scales), as Kimi K2's; 0: float32 */
     int nvfp4;             /* write the routed experts as NVFP4: 1 as compressed-tensors, 2 as ModelOpt */
+    int kimi_k25;          /* wrap a DeepSeek-V3 model as Kimi K2.5's multimodal checkpoint */
 } ModelSpec;
 
 /* The model dcpinfer runs when no --model is given. */

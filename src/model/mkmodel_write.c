@@ -58,8 +58,8 @@ static int finish_config(FILE *f, const char *path, const ModelSpec *s, const ch
     fprintf(f,
             "  \"rms_norm_eps\": %s,\n  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n"
             "  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
-            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}\n",
-            eps, s->tied ? "true" : "false", eos, (unsigned long long)s->seed);
+            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}%s\n",
+            eps, s->tied ? "true" : "false", eos, (unsigned long long)s->seed, s->kimi_k25 ? "}" : "");
     if (fclose(f)) return dcp_fail("%s: write error", path);
     return 0;
 }
@@ -105,7 +105,7 @@ static int write_safetensors(const ModelSpec *s, const char *path, const TensorR
     mkmodel_config(s, &c);
     size_t esize = bf16 ? 2 : 4;
     /* header JSON with running offsets */
-    size_t cap = 256 + (size_t)n * 256, len = 0, off = 0;
+    size_t cap = 256 + (size_t)n * 272, len = 0, off = 0;
     char *hdr = xmalloc(cap);
     len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < n; i++) {
@@ -317,22 +317,25 @@ static int write_mla(const ModelSpec *s, const char *dir)
     }
     t[n++] = (NamedTensor){"model.norm.weight", 0, c.dim, NT_F32};
     if (!s->tied) t[n++] = (NamedTensor){"lm_head.weight", c.vocab_size, c.dim, NT_F32};
+    if (s->kimi_k25) t[n++] = (NamedTensor){"vision_tower.patch_embed.proj.weight", 4, 4, NT_F32}; /* never read */
     free(mt);
     /* header, then the data */
-    size_t cap = 256 + (size_t)n * 256, len = 0, off = 0;
+    size_t cap = 256 + (size_t)n * 272, len = 0, off = 0;
     char *hdr = xmalloc(cap);
     len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < n; i++) {
         size_t cnt = (size_t)(t[i].rows > 0 ? t[i].rows : 1) * t[i].cols, bytes = cnt * nt_types[t[i].kind].bits / 8;
+        /* Kimi K2.5: the language model's tensors under language_model. */
+        const char *pre = s->kimi_k25 && strncmp(t[i].name, "vision_tower.", 13) ? "language_model." : "";
         if (t[i].rows < 0)
-            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[],\"data_offsets\":[%zu,%zu]}",
-                            t[i].name, nt_types[t[i].kind].dtype, off, off + bytes);
+            len += snprintf(hdr + len, cap - len, ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[],\"data_offsets\":[%zu,%zu]}",
+                            pre, t[i].name, nt_types[t[i].kind].dtype, off, off + bytes);
         else if (t[i].rows)
-            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
-                            t[i].name, nt_types[t[i].kind].dtype, t[i].rows, t[i].cols, off, off + bytes);
+            len += snprintf(hdr + len, cap - len, ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
+                            pre, t[i].name, nt_types[t[i].kind].dtype, t[i].rows, t[i].cols, off, off + bytes);
         else
-            len += snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
-                            t[i].name, nt_types[t[i].kind].dtype, t[i].cols, off, off + bytes);
+            len += snprintf(hdr + len, cap - len, ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
+                            pre, t[i].name, nt_types[t[i].kind].dtype, t[i].cols, off, off + bytes);
         off += bytes;
     }
     len += snprintf(hdr + len, cap - len, "}");
@@ -399,6 +402,34 @@ static int write_mla(const ModelSpec *s, const char *dir)
     return rc ? -1 : 0;
 }
 
+/* the quantization_config line of a quantized DeepSeek model ("" if none) */
+static void mla_quant_config(const ModelSpec *s, char *buf, size_t n)
+{
+    if (s->fp8_block)
+        snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                   "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]},\n",
+                s->fp8_block, s->fp8_block);
+    if (s->int4_group) /* as compressed-tensors writes it, with Kimi K2's ignore list */
+        snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+                   "\"pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
+                   "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, "
+                   "\"group_size\": %d, \"strategy\": \"group\", \"dynamic\": false}}}, \"ignore\": [\"lm_head\", "
+                   "\"re:.*self_attn.*\", \"re:.*shared_experts.*\", \"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n",
+                s->int4_group);
+    if (s->nvfp4 == 1)
+        snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+                   "\"nvfp4-pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
+                   "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"symmetric\": "
+                   "true, \"group_size\": 16, \"strategy\": \"tensor_group\", \"dynamic\": false, \"scale_dtype\": "
+                   "\"torch.float8_e4m3fn\"}}}, \"ignore\": [\"lm_head\", \"re:.*self_attn.*\", \"re:.*shared_experts.*\", "
+                   "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n");
+    if (s->nvfp4 == 2)
+        snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\", "
+                   "\"group_size\": 16, \"kv_cache_quant_algo\": null, \"exclude_modules\": [\"lm_head\", "
+                   "\"model.layers.*.self_attn*\", \"model.layers.*.shared_experts*\", \"*.mlp.gate_proj\", "
+                   "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"]},\n");
+}
+
 static int write_mla_config(const ModelSpec *s, const char *dir)
 {
     char path[4096];
@@ -411,6 +442,19 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
     snprintf(scale, sizeof scale, "%.9g", (double)m->routed_scaling_factor);
     if (!strpbrk(scale, ".e")) strcat(scale, ".0"); /* transformers wants a float */
     snprintf(qlora, sizeof qlora, m->q_lora_rank ? "%d" : "null", m->q_lora_rank);
+    char quant[1024] = "";
+    mla_quant_config(s, quant, sizeof quant);
+    char *lm = strstr(quant, "[\"lm_head\"");
+    if (s->kimi_k25 && lm) { /* the wrapper's ignore list names the LM head under its prefix */
+        char rest[1024];
+        snprintf(rest, sizeof rest, "%s", lm + 1);
+        snprintf(lm + 1, sizeof quant - (size_t)(lm + 1 - quant), "\"language_model.%s", rest + 1);
+    }
+    if (s->kimi_k25) /* the wrapper's fields, then the language model's as text_config */
+        fprintf(f, "{\n  \"architectures\": [\"KimiK25ForConditionalGeneration\"],\n  \"model_type\": \"kimi_k25\",\n"
+                   "  \"vision_config\": {\"model_type\": \"kimi_k25_vision\", \"hidden_size\": 16},\n%s"
+                   "  \"text_config\": ",
+                quant);
     fprintf(f,
             "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n  \"hidden_size\": %d,\n"
             "  \"intermediate_size\": %d,\n  \"moe_intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
@@ -420,35 +464,14 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
             "  \"n_routed_experts\": %d,\n  \"n_shared_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
             "  \"first_k_dense_replace\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
             "  \"norm_topk_prob\": %s,\n  \"routed_scaling_factor\": %s,\n",
-            a->name, a->model_type, s->dim, s->hidden, m->moe_hidden, s->layers, s->heads, s->heads, s->vocab,
+            a->name, s->kimi_k25 ? "kimi_k2" : a->model_type, s->dim, s->hidden, m->moe_hidden, s->layers, s->heads,
+            s->heads, s->vocab,
             s->max_len, m->kv_lora_rank, qlora, m->qk_nope_head_dim, m->qk_rope_head_dim, m->qk_rope_head_dim,
             m->v_head_dim, m->n_routed_experts, m->n_shared_experts, m->experts_per_token, m->first_k_dense_replace,
             m->n_group, m->topk_group, m->norm_topk_prob ? "true" : "false", scale);
     if (m->v3) fprintf(f, "  \"rope_interleave\": true,\n");
     else fprintf(f, "  \"topk_method\": \"%s\",\n", m->route == ROUTE_GROUP_LIMITED_GREEDY ? "group_limited_greedy" : "greedy");
-    if (s->fp8_block)
-        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
-                   "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]},\n",
-                s->fp8_block, s->fp8_block);
-    if (s->int4_group) /* as compressed-tensors writes it, with Kimi K2's ignore list */
-        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
-                   "\"pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
-                   "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, "
-                   "\"group_size\": %d, \"strategy\": \"group\", \"dynamic\": false}}}, \"ignore\": [\"lm_head\", "
-                   "\"re:.*self_attn.*\", \"re:.*shared_experts.*\", \"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n",
-                s->int4_group);
-    if (s->nvfp4 == 1)
-        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
-                   "\"nvfp4-pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
-                   "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"symmetric\": "
-                   "true, \"group_size\": 16, \"strategy\": \"tensor_group\", \"dynamic\": false, \"scale_dtype\": "
-                   "\"torch.float8_e4m3fn\"}}}, \"ignore\": [\"lm_head\", \"re:.*self_attn.*\", \"re:.*shared_experts.*\", "
-                   "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n");
-    if (s->nvfp4 == 2)
-        fprintf(f, "  \"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\", "
-                   "\"group_size\": 16, \"kv_cache_quant_algo\": null, \"exclude_modules\": [\"lm_head\", "
-                   "\"model.layers.*.self_attn*\", \"model.layers.*.shared_experts*\", \"*.mlp.gate_proj\", "
-                   "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"]},\n");
+    if (!s->kimi_k25) fputs(quant, f);
     write_rope(f, s);
     fprintf(f, "  \"attention_bias\": false,\n");
     return finish_config(f, path, s, eos, "1e-06");

@@ -429,11 +429,22 @@ static int ignorable_tensor(const char *name)
     return n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq");
 }
 
+/* The checkpoint at path as the config reads it: a wrapped language
+ * model's tensors (Config.wrapped) under their own names, the vision
+ * tower's and projector's left out */
+static int open_checkpoint(StCheckpoint *ck, const char *path, const Config *c)
+{
+    static const char *const vision[] = {"vision_tower.", "mm_projector.", "multi_modal_projector.", NULL};
+    if (st_checkpoint_open(ck, path)) return -1;
+    if (c->wrapped) st_checkpoint_unwrap(ck, "language_model.", vision);
+    return 0;
+}
+
 int model_check_checkpoint(const char *path, const Config *c)
 {
     if (c->format != FORMAT_HF) return 0;
     StCheckpoint ck;
-    if (st_checkpoint_open(&ck, path)) return -1;
+    if (open_checkpoint(&ck, path, c)) return -1;
     /* every tensor the config implies, with its shape */
     int n_names = 0, rc = 0;
     size_t per_layer = c->mla ? 3 * (size_t)mla_max_tensors(c) : T_COUNT; /* MLA: and quantization's */
@@ -615,7 +626,7 @@ static int source_open(Source *src, const char *path, const Config *c)
         mkmodel_default_spec(&src->spec);
         return 0;
     }
-    if (c->format == FORMAT_HF) return st_checkpoint_open(&src->ck, path);
+    if (c->format == FORMAT_HF) return open_checkpoint(&src->ck, path, c);
     if (check_regular_file(path, "model")) return -1;
     int fd = open(path, O_RDONLY);
     if (fd < 0) return dcp_fail("%s: %s", path, strerror(errno));
@@ -934,9 +945,10 @@ void model_weights_summary(const Model *m, char *buf, size_t n)
     if (!w->mla) format_name(c, w->wq, a, sizeof a), format_name(c, w->w_gate, d, sizeof d);
     format_name(c, w->lm_head, h, sizeof h);
     double mib = w->bytes / 1048576.0;
-    snprintf(buf, n, "%d layers; attention %s%s%s%s%s, LM head %s; %.*f %s on this rank", c->n_layers, a,
+    snprintf(buf, n, "%d layers; attention %s%s%s%s%s, LM head %s; %.*f %s on this rank%s", c->n_layers, a,
              *e ? ", experts " : "", e, *d ? ", dense feed-forward " : "", d, h, mib < 1024 ? 2 : 3,
-             mib < 1024 ? mib : mib / 1024, mib < 1024 ? "MiB" : "GiB");
+             mib < 1024 ? mib : mib / 1024, mib < 1024 ? "MiB" : "GiB",
+             c->wrapped ? "; the language model of a multimodal checkpoint, its vision tower not loaded" : "");
 }
 
 int model_content_hash(const char *path, uint64_t *h)

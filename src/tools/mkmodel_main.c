@@ -56,6 +56,9 @@ static void usage(FILE *f)
             "                    compressed-tensors or NVIDIA ModelOpt writes it\n"
             "  --fp8-block N     FP8 blocks of N x N (default 128; alone: --quant fp8-block)\n"
             "  --quant-group N   INT4 columns per scale (default 32)\n"
+            "  --kimi-k25        wrapped as Kimi K2.5 writes it: KimiK25ForConditionalGeneration with\n"
+            "                    the model as text_config (model_type kimi_k2), quantization_config on\n"
+            "                    top, tensors under language_model., and a small vision_tower tensor\n"
             "Defaults are the model dcpinfer runs when no --model is given.\n");
 }
 
@@ -80,7 +83,7 @@ int main(int argc, char **argv)
         {"shared-experts", 1, 0, 1006}, {"experts-per-token", 1, 0, 1007}, {"moe-hidden", 1, 0, 1008},
         {"first-dense", 1, 0, 1009}, {"n-group", 1, 0, 1010}, {"topk-group", 1, 0, 1011},
         {"routed-scale", 1, 0, 1012}, {"norm-topk-prob", 0, 0, 1013}, {"fp8-block", 1, 0, 1014}, {"quant", 1, 0, 1015},
-        {"quant-group", 1, 0, 1016}, {0, 0, 0, 0}};
+        {"quant-group", 1, 0, 1016}, {"kimi-k25", 0, 0, 1017}, {0, 0, 0, 0}};
     const char *quant = NULL;
     int group = 32;
     int c, li = 0;
@@ -162,6 +165,7 @@ int main(int argc, char **argv)
         case 1014: s.fp8_block = (int)v; break;
         case 1015: quant = optarg; break;
         case 1016: group = (int)v; break;
+        case 1017: s.kimi_k25 = 1; break;
         case 'N': s.max_window_layers = (int)v; break;
         case '?':
             if (optopt == 0 && !strcmp(argv[optind - 1], "--help")) {
