@@ -1,4 +1,5 @@
-/* Stop rules through the scheduler, with real tokenizers (../shared): the
+/* Stop rules through the scheduler, with real tokenizers (../shared, and a
+ * Kimi K2-style tiktoken folder on its cl100k ranks): the
  * output text grows whole characters at a time as tokens arrive, a stop
  * string ends the request at the token that completes it (split over two
  * tokens, or beginning inside a multi-byte character spelled by byte
@@ -99,12 +100,15 @@ static void check_text(const Result *r, const char *what, const char *want, cons
     CHECK(r->n == n, "%s: %d tokens, want %d", what, r->n, n);
 }
 
+/* a shared tokenizer (rel), skipped when missing; or (rel absolute) one
+ * made for the test, which must load */
 static void test_tokenizer(const char *rel, const char *name)
 {
-    char *path = shared_path(rel);
+    char *path = rel[0] == '/' ? xstrdup(rel) : shared_path(rel);
     Tokenizer tok;
     if (access(path, R_OK) || tokenizer_load(&tok, path, 1 << 20)) {
-        fprintf(stderr, "%s: %s not found, skipped\n", name, path);
+        if (rel[0] == '/') CHECK(0, "%s: %s", name, dcp_error());
+        else fprintf(stderr, "%s: %s not found, skipped\n", name, path);
         free(path);
         return;
     }
@@ -204,6 +208,23 @@ int main(int argc, char **argv)
     test_tokenizer("tokenizers/mistral-sp/tokenizer.json", "mistral-sp");
     test_tokenizer("tokenizers/llama3/tokenizer.json", "llama3");
     test_tokenizer("tokenizers/qwen3/tokenizer.json", "qwen3");
+    /* a Kimi K2-style tiktoken folder: cl100k's ranks linked in, with a
+     * tokenizer_config.json naming TikTokenTokenizer */
+    char *ranks = shared_path("tokenizers/cl100k/cl100k_base.tiktoken"), tmp[] = "/tmp/dcp_stop.XXXXXX", file[64];
+    if (!access(ranks, R_OK) && mkdtemp(tmp)) {
+        snprintf(file, sizeof file, "%s/tiktoken.model", tmp);
+        int ok = symlink(ranks, file) == 0;
+        snprintf(file, sizeof file, "%s/tokenizer_config.json", tmp);
+        FILE *f = fopen(file, "w");
+        ok = ok && f && fputs("{\"tokenizer_class\": \"TikTokenTokenizer\"}\n", f) >= 0;
+        if (f) fclose(f);
+        if (CHECK_OK(ok, "kimi-cl100k: could not make %s", tmp)) test_tokenizer(tmp, "kimi-cl100k");
+        unlink(file);
+        snprintf(file, sizeof file, "%s/tiktoken.model", tmp);
+        unlink(file);
+        rmdir(tmp);
+    }
+    free(ranks);
     MPI_Finalize();
     return test_finish("test_stop");
 }
