@@ -125,6 +125,20 @@ if [ -f "$CL100K" ]; then
     else
         fail "tiktoken.model: exit $(cat "$WORK/kimi.rc"); got '$got', want '$kexpected'"; cat "$WORK/kimi.err" >&2
     fi
+    # the reserved ids: 256 after the ranks, or as tokenization_kimi.py says
+    printf '{"prompt": "<|reserved_token_100400|>", "max_tokens": 1}\n' >"$WORK/kr.jsonl"
+    run_dcp kimi_r256 --model "$WORK/kimi" --output "$WORK/kimi_r256.h5" "$WORK/kr.jsonl"
+    printf 'class TikTokenTokenizer:\n    n = range(self.num_reserved_special_tokens)\n    num_reserved_special_tokens = 100\n' \
+        >"$WORK/kimi/tokenization_kimi.py"
+    run_dcp kimi_r100 --model "$WORK/kimi" --output "$WORK/kimi_r100.h5" "$WORK/kr.jsonl"
+    rm "$WORK/kimi/tokenization_kimi.py"
+    checks=$((checks + 1))
+    r256=$(prompts "$WORK/kimi_r256.h5") r100=$(prompts "$WORK/kimi_r100.h5")
+    if [ "$r256" = 100400 ] && [ -n "$r100" ] && [ "$r100" != 100400 ]; then
+        pass "tiktoken.model: 256 reserved special ids, or tokenization_kimi.py's num_reserved_special_tokens (100)"
+    else
+        fail "tiktoken.model reserved ids: '$r256' with 256, '$r100' with 100"; cat "$WORK/kimi_r100.err" >&2
+    fi
     printf '{"tokenizer_class": "QWenTokenizer"}\n' >"$WORK/kimi/tokenizer_config.json"
     expect_error tiktoken_class 1 'tokenizer_class "QWenTokenizer": dcpinfer reads tiktoken files with Kimi K2'"'"'s TikTokenTokenizer (its split pattern) only' \
         --model "$WORK/kimi" "$P"

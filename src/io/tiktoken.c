@@ -129,24 +129,24 @@ static char *beside(const char *path, const char *name)
 }
 
 /* tokenization_kimi.py's num_reserved_special_tokens, if the file is there
- * and says it; else K2's 256 */
+ * and assigns it a number; else K2's 256 */
 static int reserved_count(const char *path)
 {
+    static const char key[] = "num_reserved_special_tokens";
     char *py = beside(path, "tokenization_kimi.py"), *text = NULL;
     size_t len;
     int n = 256;
-    if (path_exists(py) && !read_file(py, &text, &len)) {
-        const char *k = strstr(text, "num_reserved_special_tokens");
-        while (k && (k[27] == ' ' || k[27] == '=')) {
-            const char *v = k + 27;
-            while (*v == ' ' || *v == '=') v++;
+    if (path_exists(py) && !read_file(py, &text, &len))
+        for (const char *k = strstr(text, key); k; k = strstr(k + 1, key)) {
+            const char *v = k + sizeof key - 1;
+            while (*v == ' ') v++;
+            if (*v != '=' || v[1] == '=') continue; /* not an assignment */
+            for (v++; *v == ' ';) v++;
             if (*v >= '0' && *v <= '9') {
                 n = atoi(v);
                 break;
             }
-            k = strstr(k + 27, "num_reserved_special_tokens");
         }
-    }
     free(text);
     free(py);
     return n;
@@ -189,6 +189,10 @@ HfTokenizer *tiktoken_load_model(const char *path)
      * <|reserved_token_ID|>; added tokens elsewhere keep their ids */
     json_t *dec = json_object_get(root, "added_tokens_decoder");
     int reserved = reserved_count(path), n = reserved;
+    if (reserved < 0 || reserved > 1 << 16) {
+        dcp_fail("%s: num_reserved_special_tokens %d (tokenization_kimi.py) is not from 0 to 65536", path, reserved);
+        goto out;
+    }
     const char *key;
     json_t *v;
     json_object_foreach(dec, key, v) n++;
