@@ -91,16 +91,49 @@ static void fp8_shape(int T, int K, int N, int qcols, uint64_t *st)
     size_t ns = (size_t)N * K / qcols;
     float *scale = xmalloc(sizeof(float) * ns);
     for (int i = 0; i < T * K; i++) x[i] = frand(st);
-    for (size_t i = 0; i < ns; i++) scale[i] = ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 12));
+    /* scales from 2^-11 to 2^10: the GEMV folds 2^120 into those below 2^8 */
+    for (size_t i = 0; i < ns; i++) scale[i] = ldexpf(1.0f + frand(st), (int)(splitmix64(st) % 22) - 11);
     for (size_t i = 0; i < (size_t)N * K; i++) {
         uint8_t b = (uint8_t)splitmix64(st);
-        if ((b & 0x7f) == 0x7f) b ^= 1; /* no NaN weights */
+        if ((b & 0x7f) == 0x7f) b ^= 1; /* no NaN weights (fp8_nan has them) */
         q[i] = b;
         twin[i] = e4m3_ref(b) * scale[i / qcols];
     }
     WeightRef wq = {q, DTYPE_F8_E4M3, 0, scale, qcols, 0};
     expect_twin("fp8", x, wq, twin, T, K, N);
     free(x), free(twin), free(q), free(scale);
+}
+
+/* FP8's NaN codes (0x7f, 0xff) make their rows' products NaN on every
+ * instruction set, alone or batched; the other rows are the twin's */
+static void fp8_nan(uint64_t *st)
+{
+    enum { T = 3, K = 256, N = 9, Q = 16 };
+    float x[T * K], twin[N * K], scale[N * K / Q], ref[T * N], y[T * N];
+    uint8_t q[N * K];
+    for (int i = 0; i < T * K; i++) x[i] = frand(st);
+    for (int i = 0; i < N * K / Q; i++) scale[i] = ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 4));
+    for (int i = 0; i < N * K; i++) {
+        q[i] = (uint8_t)(splitmix64(st) % 0x7e);
+        twin[i] = e4m3_ref(q[i]) * scale[i / Q];
+    }
+    q[3 * K + 17] = 0x7f, q[6 * K + 200] = 0xff;
+    WeightRef wq = {q, DTYPE_F8_E4M3, 0, scale, Q, 0};
+    CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
+    gemm_invariant(ref, x, weight_ref(twin, DTYPE_F32, 0), T, K, N);
+    for (int i = 0; i < 3; i++) {
+        if (cpu_set_isa(isa_names[i])) continue;
+        for (int t = 1; t <= T; t += T - 1) {
+            gemm_invariant(y, x, wq, t, K, N);
+            int bad = 0;
+            for (int j = 0; j < t * N; j++) {
+                int nan_row = j % N == 3 || j % N == 6;
+                bad += nan_row ? !isnan(y[j]) : memcmp(&y[j], &ref[j], sizeof(float)) != 0;
+            }
+            CHECK(!bad, "fp8 NaN codes: %s, %d rows: %d products wrong", isa_names[i], t, bad);
+        }
+    }
+    CHECK(!cpu_set_isa("auto"), "auto");
 }
 
 /* compressed-tensors' packed INT4 (two per byte, low nibble first, value
@@ -414,6 +447,7 @@ int main(int argc, char **argv)
     fp8_shape(1, 256, 203, 16, &st);
     fp8_shape(20, 768, 300, 128, &st);
     fp8_shape(406, 2048, 40, 128, &st);
+    fp8_nan(&st);
     /* INT4 W4A16, groups of 32 as Kimi K2's experts (and narrower runs) */
     i4_shape(1, 64, 50, 4, &st);
     i4_shape(3, 96, 40, 8, &st);

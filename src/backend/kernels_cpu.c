@@ -1221,6 +1221,18 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, 
 #define TGT_avx2 TGT_AVX2
 #define TGT_avx512 TGT_AVX512
 QGEMV_VARIANTS(avx2, 2)
+/* Sixteen E4M3 elements from p times s2, a scale times 2^120: each
+ * element's sign, exponent and mantissa moved to fp32's places (its value
+ * times 2^-120, exact) and multiplied once; the NaN codes (0x7f, 0xff)
+ * give NaN */
+TGT_AVX512 static inline __m512 avx512_f8_times(const uint8_t *p, __m512 s2)
+{
+    __m512i u = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)), 20);
+    u = _mm512_and_si512(u, _mm512_set1_epi32((int)0x87f00000u));
+    __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(u), s2);
+    __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_slli_epi32(u, 1), _mm512_set1_epi32(0x0fe00000));
+    return _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(__builtin_nanf("")));
+}
 /* avx2_qrows' arithmetic in 16 lanes, four rows at once */
 TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float *y, const float *x, WeightRef w, int n,
                                                                           int K, int R, int nib, int bf)
@@ -1236,14 +1248,25 @@ TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float 
     QNext next = qnext(w, e0, K, R);
     for (int g = 0, k0 = 0; g < runs; g++, k0 += Q) {
         qnext_fetch(&next, g);
+        /* FP8: each scale times 2^120, the factor that makes an E4M3
+         * element's bits moved to fp32's places its value, so that one
+         * rounded product gives the element times the scale, as widening
+         * then scaling does, where that product of scale and 2^120 is
+         * finite (every scale below 2^8; else both steps) */
+        int fold = !nib;
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            s[r] = _mm512_set1_ps(sc[(size_t)r * runs + g]);
+            float v = sc[(size_t)r * runs + g];
+            fold = fold && fabsf(v) < 0x1p8f;
+            s[r] = _mm512_set1_ps(v);
             if (nib) {
                 s[r] = _mm512_mul_ps(levels, s[r]);
                 if (bf) s[r] = avx512_round_bf16(s[r]);
             }
         }
+        if (fold)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) s[r] = _mm512_mul_ps(s[r], _mm512_set1_ps(0x1p120f));
         for (int k = k0; k < k0 + Q; k += 16) {
             __m512 xv = _mm512_loadu_ps(x + k);
 #pragma GCC unroll 4
@@ -1252,6 +1275,9 @@ TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float 
                 __m512 v;
                 if (nib) {
                     v = _mm512_permutexvar_ps(avx512_nibbles16(q + e / 2), s[r]);
+                } else if (fold) {
+                    v = avx512_f8_times(q + e, s[r]);
+                    if (bf) v = avx512_round_bf16(v);
                 } else {
                     v = _mm512_mul_ps(avx512_loadw_f8(q + e), s[r]);
                     if (bf) v = avx512_round_bf16(v);
