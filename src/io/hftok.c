@@ -119,6 +119,7 @@ struct HfTokenizer {
     Map vocab;          /* string -> id */
     Map merges;         /* "idA idB" packed as 8 bytes -> rank; merged id in merged_id */
     int *merged_id;     /* per rank */
+    int32_t *merge_keys; /* a ranks file's merge keys, one block (tokenizer.json's are one allocation each) */
     int n_merges;
     int ignore_merges, byte_fallback, fuse_unk, unk;
     int byte_id[256];   /* <0xXX> tokens, -1 when absent */
@@ -487,6 +488,9 @@ static int load_ranks(HfTokenizer *t, const char *text, size_t len)
     }
     t->merged_id = xmalloc(sizeof(int) * ((size_t)n + 1));
     t->n_merges = n;
+    size_t splits = 0, k = 0;
+    for (int r = 0; r < n; r++) splits += t->token[r] ? strlen(t->token[r]) : 0;
+    t->merge_keys = xmalloc(sizeof(int32_t) * 2 * (splits + 1));
     for (int r = 0; r < n && !rc; r++) {
         t->merged_id[r] = r;
         const char *s = t->token[r];
@@ -496,7 +500,7 @@ static int load_ranks(HfTokenizer *t, const char *text, size_t len)
             if (((unsigned char)s[i] & 0xC0) == 0x80) continue;
             int a = map_get(&t->vocab, s, i), b = map_get(&t->vocab, s + i, sl - i);
             if (a < 0 || b < 0) continue;
-            int32_t *key = xmalloc(8);
+            int32_t *key = t->merge_keys + 2 * k++;
             key[0] = a, key[1] = b;
             map_put(&t->merges, (const char *)key, 8, r);
         }
@@ -643,7 +647,9 @@ void hftok_free(HfTokenizer *t)
     for (int i = 0; i < t->n_vocab; i++) free(t->token[i]);
     free(t->token);
     free(t->vocab.slot);
-    for (size_t i = 0; i < t->merges.cap; i++) free((void *)t->merges.slot[i].key);
+    if (t->merge_keys) free(t->merge_keys);
+    else
+        for (size_t i = 0; i < t->merges.cap; i++) free((void *)t->merges.slot[i].key);
     free(t->merges.slot);
     free(t->merged_id);
     for (int i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
