@@ -126,7 +126,7 @@ read -r passed failed skipped <"$TOP/build-sanitizers/counts"
 
 # the release tarball: every file the build and the tests need is in it
 echo "== make distcheck ($TOP/build)"
-if make -C "$TOP/build" distcheck >"$TOP/build/distcheck.out" 2>&1; then
+if make -C "$TOP/build" -j"$(nproc 2>/dev/null || echo 2)" distcheck >"$TOP/build/distcheck.out" 2>&1; then
     echo "   PASS: make distcheck"
     passed=$((passed + 1))
 else

@@ -442,7 +442,7 @@ static int base64_value(int c)
 static int load_ranks(HfTokenizer *t, const char *text, size_t len)
 {
     Buf *tok = NULL; /* per rank: the token's ByteLevel string */
-    int n = 0, line = 0, rc = 0;
+    int n = 0, cap = 0, line = 0, rc = 0;
     for (size_t at = 0; at < len && !rc; line++) {
         size_t end = at;
         while (end < len && text[end] != '\n') end++;
@@ -456,11 +456,13 @@ static int load_ranks(HfTokenizer *t, const char *text, size_t len)
             at = end + 1;
             continue;
         }
-        if (rank >= n) {
-            tok = xrealloc(tok, sizeof(Buf) * (size_t)(rank + 1));
-            memset(tok + n, 0, sizeof(Buf) * (size_t)(rank + 1 - n));
-            n = (int)rank + 1;
+        if (rank >= cap) { /* geometric: ranks arrive one by one */
+            int grown = (int)rank + 1 > 2 * cap ? (int)rank + 1 : 2 * cap;
+            tok = xrealloc(tok, sizeof(Buf) * (size_t)grown);
+            memset(tok + cap, 0, sizeof(Buf) * (size_t)(grown - cap));
+            cap = grown;
         }
+        if (rank >= n) n = (int)rank + 1;
         if (tok[rank].s) rc = dcp_fail("%s:%d: rank %ld appears twice", t->path, line + 1, rank);
         uint32_t acc = 0;
         int bits = 0;
@@ -579,8 +581,21 @@ static HfTokenizer *build(const char *path, const char *text, size_t len, const 
          load_pre(t, json_object_get(root, "pre_tokenizer")) || load_decoder(t, json_object_get(root, "decoder"));
     if (!rc) {
         size_t i;
-        json_t *e;
-        json_array_foreach(json_object_get(root, "added_tokens"), i, e)
+        json_t *e, *added = json_object_get(root, "added_tokens");
+        /* room for every added token at once (a tiktoken folder adds
+         * thousands of reserved ids past the ranks) */
+        t->added = xmalloc(sizeof(Added) * (json_array_size(added) + 1));
+        json_int_t top = -1;
+        json_array_foreach(added, i, e)
+        {
+            json_int_t id = json_integer_value(json_object_get(e, "id"));
+            if (id > top && id < 1 << 24) top = id;
+        }
+        if (top >= t->n_vocab) {
+            t->token = xrealloc(t->token, sizeof(char *) * (size_t)(top + 2));
+            memset(t->token + t->n_vocab, 0, sizeof(char *) * (size_t)(top + 2 - t->n_vocab));
+        }
+        json_array_foreach(added, i, e)
         {
             const char *c = json_string_value(json_object_get(e, "content"));
             json_int_t id = json_integer_value(json_object_get(e, "id"));
@@ -598,13 +613,8 @@ static HfTokenizer *build(const char *path, const char *text, size_t len, const 
                               (long long)id, t->token[id]);
                 break;
             }
-            if (id >= t->n_vocab) {
-                t->token = xrealloc(t->token, sizeof(char *) * (size_t)(id + 2));
-                memset(t->token + t->n_vocab, 0, sizeof(char *) * (size_t)(id + 2 - t->n_vocab));
-                t->n_vocab = (int)id + 1;
-            }
+            if (id >= t->n_vocab) t->n_vocab = (int)id + 1;
             if (!t->token[id]) t->token[id] = xstrdup(c);
-            t->added = xrealloc(t->added, sizeof(Added) * (size_t)(t->n_added + 1));
             t->added[t->n_added++] = (Added){xstrdup(c), (int)id, json_is_true(json_object_get(e, "special")),
                                              json_is_true(json_object_get(e, "lstrip")),
                                              json_is_true(json_object_get(e, "rstrip")),
