@@ -70,11 +70,7 @@ static char *default_tokenizer(const char *model)
         free(p);
         return NULL;
     }
-    const char *slash = strrchr(model, '/');
-    size_t dir = slash ? (size_t)(slash - model + 1) : 0;
-    char *p = xmalloc(dir + 16);
-    memcpy(p, model, dir);
-    strcpy(p + dir, "tokenizer.bin");
+    char *p = path_beside(model, "tokenizer.bin");
     if (path_exists(p)) return p;
     free(p);
     return NULL;

@@ -235,3 +235,13 @@ int path_exists(const char *path)
     struct stat st;
     return stat(path, &st) == 0;
 }
+
+char *path_beside(const char *path, const char *name)
+{
+    const char *slash = strrchr(path, '/');
+    size_t dir = slash ? (size_t)(slash - path + 1) : 0;
+    char *p = xmalloc(dir + strlen(name) + 1);
+    memcpy(p, path, dir);
+    strcpy(p + dir, name);
+    return p;
+}

@@ -42,6 +42,8 @@ float f16_to_f32(uint16_t h);
 int read_file(const char *path, char **data_out, size_t *len_out);
 int path_is_dir(const char *path);
 int path_exists(const char *path);
+/* The file name in path's folder (path a file's name), malloc'ed. */
+char *path_beside(const char *path, const char *name);
 /* Continues *h over a file's identity: its size and its bytes, all of
  * them up to 1 GiB; above, its first head bytes (a header) and 17 blocks
  * of 4 KiB spread over the rest, its last bytes among them. Enough to tell

@@ -249,10 +249,9 @@ void st_checkpoint_close(StCheckpoint *ck)
     memset(ck, 0, sizeof *ck);
 }
 
-int st_checkpoint_unwrap(StCheckpoint *ck, const char *prefix, const char *const *skip)
+void st_checkpoint_unwrap(StCheckpoint *ck, const char *prefix, const char *const *skip)
 {
     size_t pl = strlen(prefix);
-    int skipped = 0;
     for (int i = 0; i < ck->n_files; i++) {
         StFile *f = &ck->files[i];
         for (int j = 0; j < f->n; j++) {
@@ -266,10 +265,8 @@ int st_checkpoint_unwrap(StCheckpoint *ck, const char *prefix, const char *const
             if (!drop) continue;
             free(name);
             f->tensors[j--] = f->tensors[--f->n];
-            skipped++;
         }
     }
-    return skipped;
 }
 
 const StTensor *st_find(const StCheckpoint *ck, const char *name)

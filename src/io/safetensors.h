@@ -47,9 +47,9 @@ void st_close(StFile *f);
 int st_checkpoint_open(StCheckpoint *ck, const char *dir);
 void st_checkpoint_close(StCheckpoint *ck);
 /* A wrapped checkpoint's tensors: prefix taken off the names that start
- * with it, those under a skip prefix (NULL-terminated list) dropped; how
- * many were dropped. Others stay as they are. */
-int st_checkpoint_unwrap(StCheckpoint *ck, const char *prefix, const char *const *skip);
+ * with it, those under a skip prefix (NULL-terminated list) dropped.
+ * Others stay as they are. */
+void st_checkpoint_unwrap(StCheckpoint *ck, const char *prefix, const char *const *skip);
 const StTensor *st_find(const StCheckpoint *ck, const char *name);
 
 /* Copies rows [row0, row0+nrows) x columns [col0, col0+ncols) of a 1-D or 2-D

@@ -87,16 +87,12 @@ char *tiktoken_pcre2_pattern(const char *pattern)
     return out;
 }
 
-HfTokenizer *tiktoken_load(const char *path, const char *pattern, const char *const *special, const int *special_id,
-                           int n_special)
+/* tiktoken_load with the ranks file's text (len bytes) already read */
+static HfTokenizer *load_ranks_text(const char *path, const char *ranks, size_t len, const char *pattern,
+                                    const char *const *special, const int *special_id, int n_special)
 {
-    char *re = tiktoken_pcre2_pattern(pattern), *ranks = NULL;
-    size_t len = 0;
+    char *re = tiktoken_pcre2_pattern(pattern);
     if (!re) return NULL;
-    if (check_regular_file(path, "tiktoken ranks") || read_file(path, &ranks, &len)) {
-        free(re);
-        return NULL;
-    }
     /* the pipeline transformers' TikTokenConverter writes: the pattern's
      * pieces, isolated, as ByteLevel bytes, and ByteLevel decoding */
     json_t *added = json_array();
@@ -112,20 +108,19 @@ HfTokenizer *tiktoken_load(const char *path, const char *pattern, const char *co
     HfTokenizer *t = hftok_from_ranks(path, ranks, len, pipeline);
     free(pipeline);
     json_decref(root);
-    free(ranks);
     free(re);
     return t;
 }
 
-/* the file name beside path (same folder), malloc'ed */
-static char *beside(const char *path, const char *name)
+HfTokenizer *tiktoken_load(const char *path, const char *pattern, const char *const *special, const int *special_id,
+                           int n_special)
 {
-    const char *slash = strrchr(path, '/');
-    size_t dir = slash ? (size_t)(slash - path + 1) : 0;
-    char *p = xmalloc(dir + strlen(name) + 1);
-    memcpy(p, path, dir);
-    strcpy(p + dir, name);
-    return p;
+    char *ranks = NULL;
+    size_t len = 0;
+    if (check_regular_file(path, "tiktoken ranks") || read_file(path, &ranks, &len)) return NULL;
+    HfTokenizer *t = load_ranks_text(path, ranks, len, pattern, special, special_id, n_special);
+    free(ranks);
+    return t;
 }
 
 /* tokenization_kimi.py's num_reserved_special_tokens, if the file is there
@@ -133,7 +128,7 @@ static char *beside(const char *path, const char *name)
 static int reserved_count(const char *path)
 {
     static const char key[] = "num_reserved_special_tokens";
-    char *py = beside(path, "tokenization_kimi.py"), *text = NULL;
+    char *py = path_beside(path, "tokenization_kimi.py"), *text = NULL;
     size_t len;
     int n = 256;
     if (path_exists(py) && !read_file(py, &text, &len))
@@ -154,8 +149,8 @@ static int reserved_count(const char *path)
 
 HfTokenizer *tiktoken_load_model(const char *path)
 {
-    char *cfg = beside(path, "tokenizer_config.json"), *text = NULL;
-    size_t len = 0;
+    char *cfg = path_beside(path, "tokenizer_config.json"), *text = NULL, *ranks = NULL;
+    size_t len = 0, ranks_len = 0;
     HfTokenizer *t = NULL;
     json_t *root = NULL;
     if (!path_exists(cfg)) {
@@ -179,12 +174,10 @@ HfTokenizer *tiktoken_load_model(const char *path)
         goto out;
     }
     /* the base ranks: one per non-empty line */
-    free(text);
-    text = NULL;
-    if (check_regular_file(path, "tiktoken ranks") || read_file(path, &text, &len)) goto out;
+    if (check_regular_file(path, "tiktoken ranks") || read_file(path, &ranks, &ranks_len)) goto out;
     int base = 0;
-    for (size_t i = 0; i < len; i++)
-        if (text[i] != '\n' && text[i] != '\r' && (i == 0 || text[i - 1] == '\n')) base++;
+    for (size_t i = 0; i < ranks_len; i++)
+        if (ranks[i] != '\n' && ranks[i] != '\r' && (i == 0 || ranks[i - 1] == '\n')) base++;
     /* the reserved ids after the ranks: named in added_tokens_decoder, else
      * <|reserved_token_ID|>; added tokens elsewhere keep their ids */
     json_t *dec = json_object_get(root, "added_tokens_decoder");
@@ -217,12 +210,13 @@ HfTokenizer *tiktoken_load_model(const char *path)
         snprintf(name, 48, "<|reserved_token_%d|>", base + r);
         special[k] = name, id[k++] = base + r;
     }
-    if (!rc) t = tiktoken_load(path, tiktoken_kimi_pattern, (const char *const *)special, id, k);
+    if (!rc) t = load_ranks_text(path, ranks, ranks_len, tiktoken_kimi_pattern, (const char *const *)special, id, k);
     for (int i = 0; i < k; i++) free(special[i]);
     free(special);
     free(id);
 out:
     json_decref(root);
+    free(ranks);
     free(text);
     free(cfg);
     return t;

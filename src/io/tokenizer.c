@@ -117,11 +117,7 @@ static int config_token(const HfTokenizer *hf, const char *path, json_t *root, c
  * bytes join the tokenizer's content hash */
 static int read_tokenizer_config(Tokenizer *t, const char *json)
 {
-    const char *slash = strrchr(json, '/');
-    size_t dir = slash ? (size_t)(slash - json + 1) : 0;
-    char *p = xmalloc(dir + 32), *text = NULL;
-    memcpy(p, json, dir);
-    strcpy(p + dir, "tokenizer_config.json");
+    char *p = path_beside(json, "tokenizer_config.json"), *text = NULL;
     size_t len = 0;
     if (!path_exists(p)) {
         free(p);

@@ -587,7 +587,7 @@ out:
 
 struct QuantRules {
     int glob;            /* names are shell patterns (ModelOpt's exclude_modules), else exact */
-    int wrapped;         /* a wrapper's rules may name modules under "language_model." too */
+    int wrapped;         /* a wrapper's rules may name modules under WRAPPED_PREFIX too */
     int n[2];            /* entries of targets [0] and ignore [1] */
     char **name[2];      /* a module or class name, or NULL for a pattern */
     pcre2_code **re[2];  /* the pattern of a "re:" entry */
@@ -675,7 +675,7 @@ static int rule_matches(const QuantRules *r, int k, const char *module, int line
 int quant_rules_quantized(const QuantRules *r, const char *module, int linear)
 {
     char full[256];
-    snprintf(full, sizeof full, "language_model.%s", module);
+    snprintf(full, sizeof full, WRAPPED_PREFIX "%s", module);
     int target = rule_matches(r, 0, module, linear) || (r->wrapped && rule_matches(r, 0, full, linear));
     int ignore = rule_matches(r, 1, module, linear) || (r->wrapped && rule_matches(r, 1, full, linear));
     return target && !ignore;

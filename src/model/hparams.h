@@ -53,6 +53,10 @@ typedef struct {
 #define MLA_MOE_LAYER(c, l)                                                                                       \
     ((c)->m.n_routed_experts > 0 && (l) >= (c)->m.first_k_dense_replace && (l) % (c)->m.moe_layer_freq == 0)
 
+/* where a multimodal wrapper (Kimi K2.5) keeps its language model's tensors
+ * and quantization names */
+#define WRAPPED_PREFIX "language_model."
+
 typedef struct {
     int dim;          /* hidden size */
     int hidden_dim;   /* feed-forward size */
@@ -68,7 +72,7 @@ typedef struct {
     RopeStyle rope_style;
     int tied_embeddings;
     int wrapped;             /* the language model of Kimi K2.5's multimodal checkpoint: text_config, tensors under
-                              * "language_model.", the vision tower's skipped (WRAPPED_PREFIX, model.c) */
+                              * WRAPPED_PREFIX, the vision tower's skipped (open_checkpoint, model.c) */
     int bos_id;         /* -1 when the model has none */
     int eos_ids[8];     /* generation stops on any of these */
     int n_eos;

@@ -325,8 +325,8 @@ static int write_mla(const ModelSpec *s, const char *dir)
     len += snprintf(hdr + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < n; i++) {
         size_t cnt = (size_t)(t[i].rows > 0 ? t[i].rows : 1) * t[i].cols, bytes = cnt * nt_types[t[i].kind].bits / 8;
-        /* Kimi K2.5: the language model's tensors under language_model. */
-        const char *pre = s->kimi_k25 && strncmp(t[i].name, "vision_tower.", 13) ? "language_model." : "";
+        /* Kimi K2.5: the language model's tensors under its prefix */
+        const char *pre = s->kimi_k25 && strncmp(t[i].name, "vision_tower.", 13) ? WRAPPED_PREFIX : "";
         if (t[i].rows < 0)
             len += snprintf(hdr + len, cap - len, ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[],\"data_offsets\":[%zu,%zu]}",
                             pre, t[i].name, nt_types[t[i].kind].dtype, off, off + bytes);
@@ -405,6 +405,8 @@ static int write_mla(const ModelSpec *s, const char *dir)
 /* the quantization_config line of a quantized DeepSeek model ("" if none) */
 static void mla_quant_config(const ModelSpec *s, char *buf, size_t n)
 {
+    /* a wrapper's ignore list names the LM head under its prefix */
+    const char *lm = s->kimi_k25 ? WRAPPED_PREFIX : "";
     if (s->fp8_block)
         snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
                    "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]},\n",
@@ -413,21 +415,21 @@ static void mla_quant_config(const ModelSpec *s, char *buf, size_t n)
         snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
                    "\"pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
                    "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, "
-                   "\"group_size\": %d, \"strategy\": \"group\", \"dynamic\": false}}}, \"ignore\": [\"lm_head\", "
+                   "\"group_size\": %d, \"strategy\": \"group\", \"dynamic\": false}}}, \"ignore\": [\"%slm_head\", "
                    "\"re:.*self_attn.*\", \"re:.*shared_experts.*\", \"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n",
-                s->int4_group);
+                s->int4_group, lm);
     if (s->nvfp4 == 1)
         snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
                    "\"nvfp4-pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
                    "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"symmetric\": "
                    "true, \"group_size\": 16, \"strategy\": \"tensor_group\", \"dynamic\": false, \"scale_dtype\": "
-                   "\"torch.float8_e4m3fn\"}}}, \"ignore\": [\"lm_head\", \"re:.*self_attn.*\", \"re:.*shared_experts.*\", "
-                   "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n");
+                   "\"torch.float8_e4m3fn\"}}}, \"ignore\": [\"%slm_head\", \"re:.*self_attn.*\", \"re:.*shared_experts.*\", "
+                   "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n", lm);
     if (s->nvfp4 == 2)
         snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\", "
-                   "\"group_size\": 16, \"kv_cache_quant_algo\": null, \"exclude_modules\": [\"lm_head\", "
+                   "\"group_size\": 16, \"kv_cache_quant_algo\": null, \"exclude_modules\": [\"%slm_head\", "
                    "\"model.layers.*.self_attn*\", \"model.layers.*.shared_experts*\", \"*.mlp.gate_proj\", "
-                   "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"]},\n");
+                   "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"]},\n", lm);
 }
 
 static int write_mla_config(const ModelSpec *s, const char *dir)
@@ -444,12 +446,6 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
     snprintf(qlora, sizeof qlora, m->q_lora_rank ? "%d" : "null", m->q_lora_rank);
     char quant[1024] = "";
     mla_quant_config(s, quant, sizeof quant);
-    char *lm = strstr(quant, "[\"lm_head\"");
-    if (s->kimi_k25 && lm) { /* the wrapper's ignore list names the LM head under its prefix */
-        char rest[1024];
-        snprintf(rest, sizeof rest, "%s", lm + 1);
-        snprintf(lm + 1, sizeof quant - (size_t)(lm + 1 - quant), "\"language_model.%s", rest + 1);
-    }
     if (s->kimi_k25) /* the wrapper's fields, then the language model's as text_config */
         fprintf(f, "{\n  \"architectures\": [\"KimiK25ForConditionalGeneration\"],\n  \"model_type\": \"kimi_k25\",\n"
                    "  \"vision_config\": {\"model_type\": \"kimi_k25_vision\", \"hidden_size\": 16},\n%s"

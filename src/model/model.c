@@ -436,7 +436,7 @@ static int open_checkpoint(StCheckpoint *ck, const char *path, const Config *c)
 {
     static const char *const vision[] = {"vision_tower.", "mm_projector.", "multi_modal_projector.", NULL};
     if (st_checkpoint_open(ck, path)) return -1;
-    if (c->wrapped) st_checkpoint_unwrap(ck, "language_model.", vision);
+    if (c->wrapped) st_checkpoint_unwrap(ck, WRAPPED_PREFIX, vision);
     return 0;
 }
 
