@@ -20,34 +20,16 @@ import json
 import os
 import sys
 
-import tiktoken
-from tiktoken.load import load_tiktoken_bpe
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mixed_text import write_roundtrip  # noqa: E402
+from kimi_tok import kimi_encoding  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(TOP), "shared")
 OUT = os.path.join(TOP, "tests", "data", "tok")
 LINES, SEED = 10000, 1
 
-KIMI_PATTERN = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
-NAMED = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|start_header_id|>",
-         "<|end_header_id|>", "[EOT]", "<|im_system|>", "<|im_middle|>"]
-
-ranks = load_tiktoken_bpe(os.path.join(SHARED, "tokenizers", "cl100k", "cl100k_base.tiktoken"))
-base = len(ranks)
-special = {("<|reserved_token_%d|>" % (base + i)) if i >= len(NAMED) else NAMED[i]: base + i for i in range(256)}
-enc = tiktoken.Encoding("kimi-cl100k", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+enc = kimi_encoding(SHARED)
 
 
 def encode(text):

@@ -1,0 +1,268 @@
+/* Chat templates against jinja2 as transformers configures it
+ * (tests/ref/make_chat_refs.py):
+ * - tests/data/chat/jinja-cases.jsonl: small templates, one feature each,
+ *   render byte-identically to jinja2, or fail where jinja2 fails;
+ * - tests/data/chat/templates.jsonl: the real templates in
+ *   ../shared/chat-templates x a dozen conversations give the text of
+ *   apply_chat_template and, through the model's tokenizer, its prompt ids;
+ * - templates with constructs outside the subset are refused at parse
+ *   time with the construct and its line, and chat_template_load finds a
+ *   template where transformers does. */
+#include <jansson.h>
+
+#include "chat.h"
+#include "hftok.h"
+#include "jinja.h"
+#include "tiktoken.h"
+#include "testutil.h"
+
+static const char *src_dir(void)
+{
+    const char *s = getenv("srcdir");
+    return s ? s : ".";
+}
+
+static json_t *load_jsonl(const char *name)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tests/data/chat/%s", src_dir(), name);
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    json_t *all = json_array();
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        json_error_t e;
+        json_t *j = json_loads(line, 0, &e);
+        if (j) json_array_append_new(all, j);
+    }
+    free(line);
+    fclose(f);
+    return all;
+}
+
+static void test_cases(void)
+{
+    json_t *cases = load_jsonl("jinja-cases.jsonl");
+    if (!CHECK_OK(cases && json_array_size(cases) > 80, "tests/data/chat/jinja-cases.jsonl missing or short")) return;
+    size_t i;
+    json_t *c;
+    int same = 0;
+    json_array_foreach(cases, i, c)
+    {
+        const char *tmpl = json_string_value(json_object_get(c, "template"));
+        json_t *want = json_object_get(c, "out");
+        char *err = NULL, *out = NULL;
+        size_t len = 0;
+        JinjaTemplate *t = jinja_parse("case", tmpl, strlen(tmpl), &err);
+        if (t) out = jinja_render(t, json_object_get(c, "vars"), &len, &err);
+        if (want) {
+            int ok = out && len == json_string_length(want) && !memcmp(out, json_string_value(want), len);
+            CHECK(ok, "case %zu %s: got [%s] (%s), jinja2 gives [%s]", i, tmpl, out ? out : "-", err ? err : "",
+                  json_string_value(want));
+            same += ok;
+        } else {
+            CHECK(!out, "case %zu %s: rendered [%s], jinja2 fails with: %s", i, tmpl, out,
+                  json_string_value(json_object_get(c, "message")));
+            same += !out;
+        }
+        free(out);
+        free(err);
+        jinja_free(t);
+    }
+    printf("jinja cases: %d of %zu as jinja2\n", same, json_array_size(cases));
+    json_decref(cases);
+}
+
+/* raise_exception's message is the error, as the template wrote it */
+static void test_raise(void)
+{
+    const char *tmpl = "{% if messages[0].role != 'user' %}{{ raise_exception('Roles must start with user, not ' + "
+                       "messages[0].role) }}{% endif %}ok";
+    char *err = NULL;
+    size_t len;
+    JinjaTemplate *t = jinja_parse("t", tmpl, strlen(tmpl), &err);
+    json_t *vars = json_pack("{s:[{s:s}]}", "messages", "role", "system");
+    char *out = t ? jinja_render(t, vars, &len, &err) : NULL;
+    CHECK(!out && err && !strcmp(err, "Roles must start with user, not system"), "raise_exception: [%s]",
+          err ? err : "(none)");
+    free(out);
+    free(err);
+    json_decref(vars);
+    jinja_free(t);
+}
+
+/* constructs outside the subset: refused when parsed, with their line */
+static void test_refusals(void)
+{
+    static const char *const cases[][2] = {
+        {"a\n{% include 'x.jinja' %}", "t:2: the tag 'include' is not supported"},
+        {"{{ x }}\n\n{{ x | wordcount }}", "t:3: the filter 'wordcount' is not supported"},
+        {"{{ x.title() }}", "t:1: the method 'title' is not supported"},
+        {"{{ cycler('a', 'b') }}", "t:1: the function 'cycler' is not supported"},
+        {"{% for x in xs recursive %}{% endfor %}", "t:1: recursive for loops are not supported"},
+        {"{{ x is divisibleby3 }}", "t:1: the test 'divisibleby3' is not supported"},
+        {"{% if x %}", "'endif' is missing"},
+        {"{% endif %}", "t:1: unexpected 'endif'"},
+        {"{% break %}", "t:1: 'break' outside a for loop"},
+        {"{{ x | map('upper') }}", "t:1: map is supported with attribute= only"},
+        {"{% raw %}{{ x }}{% endraw %}", "t:1: the tag 'raw' is not supported"},
+        {"{{ 'unclosed }}", "t:1: a string literal is not closed"},
+        {"{% set a, b = 1, 2 %}", "t:1: this form of set is not supported"},
+        {"{{ x }", "t:1: a {{ tag is not closed"},
+        {"{% for x in y %}{{ loop.cycle('a', 'b') }}{% endfor %}", "t:1: the method 'cycle' is not supported"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *err = NULL;
+        JinjaTemplate *t = jinja_parse("t", cases[i][0], strlen(cases[i][0]), &err);
+        CHECK(!t && err && strstr(err, cases[i][1]), "%s: want \"%s\", got \"%s\"", cases[i][0], cases[i][1],
+              err ? err : "(parsed)");
+        free(err);
+        jinja_free(t);
+    }
+    /* nesting past the bound is refused, not a stack overflow */
+    size_t n = 100000;
+    char *deep = xmalloc(3 * n + 16);
+    strcpy(deep, "{{ ");
+    memset(deep + 3, '(', n);
+    memset(deep + 3 + n, ')', n);
+    strcpy(deep + 3 + 2 * n, " }}");
+    char *err = NULL;
+    JinjaTemplate *t = jinja_parse("t", deep, strlen(deep), &err);
+    CHECK(!t && err && strstr(err, "nest more than"), "deep nesting: %s", err ? err : "(parsed)");
+    free(err);
+    free(deep);
+    /* rendering is bounded: steps, output, recursion */
+    static const char *const heavy[][2] = {
+        {"{% set r = range(1000) %}{% for a in r %}{% for b in r %}{% for c in r %}{% endfor %}{% endfor %}{% endfor %}",
+         "steps"},
+        {"{% set s = 'xxxxxxxxxxxxxxxx' %}{% for a in range(100000) %}{{ s * 100 }}{% endfor %}", "MiB"},
+        {"{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}", "nest more than"},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        char *out = NULL;
+        size_t len;
+        err = NULL;
+        t = jinja_parse("t", heavy[i][0], strlen(heavy[i][0]), &err);
+        json_t *vars = json_object();
+        if (t) out = jinja_render(t, vars, &len, &err);
+        CHECK(t && !out && err && strstr(err, heavy[i][1]), "%s: want an error with \"%s\", got %s", heavy[i][0],
+              heavy[i][1], err ? err : "output");
+        json_decref(vars);
+        free(out);
+        free(err);
+        jinja_free(t);
+    }
+}
+
+static HfTokenizer *kimi_tokenizer(const char *cl100k)
+{
+    /* tests/ref/kimi_tok.py: the ten named tokens, then reserved ones, after the ranks */
+    static const char *const named[] = {"[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>",
+                                        "<|start_header_id|>", "<|end_header_id|>", "[EOT]", "<|im_system|>",
+                                        "<|im_middle|>"};
+    const char *special[256];
+    int ids[256];
+    char names[256][40];
+    for (int i = 0; i < 256; i++) {
+        if (i < 10) special[i] = named[i];
+        else snprintf(names[i], sizeof names[i], "<|reserved_token_%d|>", 100256 + i), special[i] = names[i];
+        ids[i] = 100256 + i;
+    }
+    return tiktoken_load(cl100k, tiktoken_kimi_pattern, special, ids, 256);
+}
+
+static void test_templates(void)
+{
+    json_t *recs = load_jsonl("templates.jsonl");
+    if (!CHECK_OK(recs && json_array_size(recs) >= 48, "tests/data/chat/templates.jsonl missing or short")) return;
+    size_t i;
+    json_t *r;
+    int texts = 0, ids_same = 0, n = 0;
+    const char *last_tmpl = "", *last_tok = "";
+    ChatTemplate ct = {0};
+    HfTokenizer *tok = NULL;
+    json_array_foreach(recs, i, r)
+    {
+        const char *file = json_string_value(json_object_get(r, "template")),
+                   *tname = json_string_value(json_object_get(r, "tokenizer")),
+                   *conv = json_string_value(json_object_get(r, "conversation"));
+        if (strcmp(file, last_tmpl)) {
+            chat_template_free(&ct);
+            char rel[512];
+            snprintf(rel, sizeof rel, "chat-templates/%s", file);
+            char *path = shared_path(rel);
+            size_t len;
+            ct.specials = json_object();
+            if (!CHECK_OK(!read_file(path, &ct.text, &len), "%s: %s", path, dcp_error())) {
+                free(path);
+                continue;
+            }
+            char *err = NULL;
+            ct.tmpl = jinja_parse(file, ct.text, len, &err);
+            CHECK(ct.tmpl, "%s: %s", file, err);
+            free(err);
+            free(path);
+            last_tmpl = file;
+        }
+        if (strcmp(tname, last_tok)) {
+            hftok_free(tok);
+            char rel[512];
+            snprintf(rel, sizeof rel, !strcmp(tname, "kimi-cl100k") ? "tokenizers/cl100k/cl100k_base.tiktoken"
+                                                                     : "tokenizers/%s/tokenizer.json",
+                     tname);
+            char *path = shared_path(rel);
+            tok = !strcmp(tname, "kimi-cl100k") ? kimi_tokenizer(path) : hftok_load(path);
+            CHECK(tok, "%s: %s", path, dcp_error());
+            free(path);
+            last_tok = tname;
+        }
+        if (!ct.tmpl || !tok) continue;
+        json_decref(ct.specials);
+        ct.specials = json_incref(json_object_get(r, "special_tokens"));
+        json_t *req = json_pack("{s:O, s:O, s:O, s:O}", "messages", json_object_get(r, "messages"),
+                                "add_generation_prompt", json_object_get(r, "add_generation_prompt"),
+                                "continue_final_message", json_object_get(r, "continue_final_message"),
+                                "chat_template_kwargs", json_object_get(r, "chat_template_kwargs"));
+        char *err = NULL, *text = chat_render(&ct, req, &err);
+        json_t *want = json_object_get(r, "text");
+        n++;
+        if (!want) {
+            CHECK(!text, "%s / %s: rendered, transformers fails with %s", file, conv,
+                  json_string_value(json_object_get(r, "error")));
+        } else if (CHECK_OK(text && !strcmp(text, json_string_value(want)), "%s / %s: text [%s] (%s), transformers [%s]",
+                            file, conv, text ? text : "-", err ? err : "", json_string_value(want))) {
+            texts++;
+            int *ids = NULL, nid = 0;
+            if (!hftok_encode(tok, text, strlen(text), 0, &ids, &nid)) {
+                json_t *w = json_object_get(r, "ids");
+                int ok = (int)json_array_size(w) == nid;
+                for (int k = 0; ok && k < nid; k++) ok = json_integer_value(json_array_get(w, (size_t)k)) == ids[k];
+                CHECK(ok, "%s / %s: %d prompt ids differ from apply_chat_template's %zu", file, conv, nid,
+                      json_array_size(w));
+                ids_same += ok;
+            }
+            free(ids);
+        }
+        free(text);
+        free(err);
+        json_decref(req);
+    }
+    chat_template_free(&ct);
+    hftok_free(tok);
+    printf("real templates: %d conversations, %d texts and %d prompt-id lists as transformers\n", n, texts, ids_same);
+    json_decref(recs);
+}
+
+int main(void)
+{
+    test_cases();
+    test_raise();
+    test_refusals();
+    char *probe = shared_path("chat-templates/Qwen-Qwen3-0.6B.jinja");
+    if (path_exists(probe)) test_templates();
+    else printf("%s not found: real templates skipped\n", probe);
+    free(probe);
+    if (test_failures) fprintf(stderr, "%d check(s) failed\n", test_failures);
+    return test_failures ? 1 : 0;
+}
