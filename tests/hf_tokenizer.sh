@@ -15,11 +15,6 @@ P=$WORK/p.jsonl
 printf '{"id": "a", "prompt": "Hello world", "max_tokens": 3}\n{"id": "b", "prompt": "Once upon a time, there was a little girl named Lily.", "max_tokens": 3}\n{"id": "c", "prompt": "Emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️", "max_tokens": 3}\n' >"$P"
 # the reference ids (with special tokens) of a corpus text
 want() { grep -F "{\"text\": \"$1\"," "$REF" | sed 's/.*"with_special": \[\([^]]*\)\].*/\1/' | tr -d ' '; }
-prompts() { # FILE: each request's prompt ids, comma-joined, one line each
-    off=$(h5dump -y -d /requests/prompt_offsets "$1" | sed -n '/DATA {/,/}/p' | tr -c '0-9\n' ' ' | tr -s ' \n' '\n' | grep .)
-    ids=$(h5dump -y -d /requests/prompt_tokens "$1" | sed -n '/DATA {/,/}/p' | tr -c '0-9\n' ' ' | tr -s ' \n' '\n' | grep . | tr '\n' ' ')
-    echo "$off" | awk -v ids="$ids" 'BEGIN {n = split(ids, t, " ")} NR > 1 {s = ""; for (i = prev + 1; i <= $1; i++) s = s (s ? "," : "") t[i]; print s} {prev = $1}'
-}
 expected=$(printf '%s\n%s\n%s\n' "$(want "Hello world")" "$(want "Once upon a time, there was a little girl named Lily.")" \
     "$(want "Emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️")")
 for how in file folder model; do

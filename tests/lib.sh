@@ -61,6 +61,14 @@ story_prompt() { # I: the prompt field of request I
     if [ -n "$M" ]; then echo "\"prompt\": \"Once upon a time $1\""; else echo "\"prompt_token_ids\": [$(($1 + 1)), 7]"; fi
 }
 
+# prompts FILE: each request's prompt ids in an HDF5 result, comma-joined,
+# one line each (needs h5dump)
+prompts() { # FILE: each request's prompt ids, comma-joined, one line each
+    off=$(h5dump -y -d /requests/prompt_offsets "$1" | sed -n '/DATA {/,/}/p' | tr -c '0-9\n' ' ' | tr -s ' \n' '\n' | grep .)
+    ids=$(h5dump -y -d /requests/prompt_tokens "$1" | sed -n '/DATA {/,/}/p' | tr -c '0-9\n' ' ' | tr -s ' \n' '\n' | grep . | tr '\n' ' ')
+    echo "$off" | awk -v ids="$ids" 'BEGIN {n = split(ids, t, " ")} NR > 1 {s = ""; for (i = prev + 1; i <= $1; i++) s = s (s ? "," : "") t[i]; print s} {prev = $1}'
+}
+
 finish() {
     if [ "$failures" -gt 0 ]; then
         echo "$(basename "$0"): $failures of $checks checks failed" >&2

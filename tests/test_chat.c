@@ -9,6 +9,7 @@
  *   time with the construct and its line, and chat_template_load finds a
  *   template where transformers does. */
 #include <jansson.h>
+#include <time.h>
 
 #include "chat.h"
 #include "hftok.h"
@@ -55,7 +56,7 @@ static void test_cases(void)
         char *err = NULL, *out = NULL;
         size_t len = 0;
         JinjaTemplate *t = jinja_parse("case", tmpl, strlen(tmpl), &err);
-        if (t) out = jinja_render(t, json_object_get(c, "vars"), &len, &err);
+        if (t) out = jinja_render(t, json_object_get(c, "vars"), (long long)time(NULL), &len, &err);
         if (want) {
             int ok = out && len == json_string_length(want) && !memcmp(out, json_string_value(want), len);
             CHECK(ok, "case %zu %s: got [%s] (%s), jinja2 gives [%s]", i, tmpl, out ? out : "-", err ? err : "",
@@ -83,7 +84,7 @@ static void test_raise(void)
     size_t len;
     JinjaTemplate *t = jinja_parse("t", tmpl, strlen(tmpl), &err);
     json_t *vars = json_pack("{s:[{s:s}]}", "messages", "role", "system");
-    char *out = t ? jinja_render(t, vars, &len, &err) : NULL;
+    char *out = t ? jinja_render(t, vars, 0, &len, &err) : NULL;
     CHECK(!out && err && !strcmp(err, "Roles must start with user, not system"), "raise_exception: [%s]",
           err ? err : "(none)");
     free(out);
@@ -145,7 +146,7 @@ static void test_refusals(void)
         err = NULL;
         t = jinja_parse("t", heavy[i][0], strlen(heavy[i][0]), &err);
         json_t *vars = json_object();
-        if (t) out = jinja_render(t, vars, &len, &err);
+        if (t) out = jinja_render(t, vars, 0, &len, &err);
         CHECK(t && !out && err && strstr(err, heavy[i][1]), "%s: want an error with \"%s\", got %s", heavy[i][0],
               heavy[i][1], err ? err : "output");
         json_decref(vars);
@@ -224,7 +225,7 @@ static void test_templates(void)
                                 "add_generation_prompt", json_object_get(r, "add_generation_prompt"),
                                 "continue_final_message", json_object_get(r, "continue_final_message"),
                                 "chat_template_kwargs", json_object_get(r, "chat_template_kwargs"));
-        char *err = NULL, *text = chat_render(&ct, req, &err);
+        char *err = NULL, *text = chat_render(&ct, req, 0, &err);
         json_t *want = json_object_get(r, "text");
         n++;
         if (!want) {

@@ -9,9 +9,11 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
+#include "chat.h"
 #include "check.h"
 #include "device.h"
 #include "config.h"
@@ -76,13 +78,33 @@ static char *default_tokenizer(const char *model)
     return NULL;
 }
 
-/* Tokenizes text prompts and applies the context limit; failures stay with
+/* Renders chat requests with the chat template (strftime_now reading now),
+ * tokenizes text prompts and applies the context limit; failures stay with
  * their request. */
-static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const Config *c, int max_model_len)
+static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const ChatTemplate *chat, long long now,
+                            const Config *c, int max_model_len)
 {
     for (int i = 0; i < rs->n; i++) {
         Request *q = &rs->r[i];
         if (q->error) continue;
+        int rendered = 0;
+        if (q->chat) {
+            if (!tok) {
+                request_fail(q, "%s:%d: request \"%s\": \"messages\" need the model's tokenizer and chat template "
+                             "(give --tokenizer)",
+                             rs->path, q->line, q->id);
+                continue;
+            }
+            json_t *req = json_loads(q->chat, 0, NULL);
+            char *err = NULL, *text = chat_render(chat, req, now, &err);
+            json_decref(req);
+            if (!text) {
+                request_fail(q, "%s:%d: request \"%s\": %s", rs->path, q->line, q->id, err);
+                free(err);
+                continue;
+            }
+            q->prompt = text, rendered = 1;
+        }
         if (q->n_stop_str && !tok) {
             request_fail(q, "%s:%d: request \"%s\": \"stop\" strings need output text, but the model has no "
                          "tokenizer (give --tokenizer, or use stop_token_ids)",
@@ -96,7 +118,10 @@ static void prepare_prompts(RequestSet *rs, const Tokenizer *tok, const Config *
                              rs->path, q->line, q->id);
                 continue;
             }
-            if (tokenizer_encode(tok, q->prompt, c->bos_id, &q->prompt_tokens, &q->n_prompt)) {
+            /* a rendered conversation holds its special tokens already (as
+             * transformers' apply_chat_template, no BOS is added again) */
+            if (rendered ? tokenizer_encode_plain(tok, q->prompt, &q->prompt_tokens, &q->n_prompt)
+                         : tokenizer_encode(tok, q->prompt, c->bos_id, &q->prompt_tokens, &q->n_prompt)) {
                 request_fail(q, "%s:%d: request \"%s\": %s", rs->path, q->line, q->id, dcp_error());
                 continue;
             }
@@ -385,6 +410,7 @@ typedef struct {
     int max_model_len;
     Tokenizer tok_storage, *tok;
     char *tok_path;
+    ChatTemplate chat;
     RunIdentity id;
     OutputLock lock;
     /* requests finished by earlier runs (--resume): done on every rank,
@@ -462,7 +488,23 @@ static int read_inputs(Run *r)
     if (failed_anywhere(r->tok_path && (!loaded || check_tokenizer_vocab(r->tok, r->tok_path, cfg)), world))
         return EXIT_RUN_FAILED;
     if (r->tok) config_add_eos(cfg, r->tok->eos_id); /* tokenizer_config.json's eos_token ends generation too (as vLLM) */
-    prepare_prompts(&r->rs, r->tok, cfg, r->max_model_len);
+    /* the chat template, when a request is a conversation or one is named;
+     * its text joins the tokenizer's identity (it makes the prompts) */
+    int chats = 0;
+    for (int i = 0; i < r->rs.n; i++) chats += r->rs.r[i].chat != NULL;
+    if (failed_anywhere(o->chat_template && !r->tok &&
+                            dcp_fail("--chat-template %s: chat templates need the model's tokenizer (give --tokenizer)",
+                                     o->chat_template),
+                        world))
+        return EXIT_RUN_FAILED;
+    if (r->tok && (chats || o->chat_template)) {
+        if (failed_anywhere(chat_template_load(&r->chat, o->chat_template, r->tok->hf_file), world))
+            return EXIT_RUN_FAILED;
+        if (r->chat.text) r->tok->content_hash = fnv1a(r->tok->content_hash, r->chat.text, strlen(r->chat.text) + 1);
+    }
+    long long now = (long long)time(NULL); /* rank 0's clock: every rank renders the same prompts */
+    DCP_CHECK(MPI_Bcast(&now, 1, MPI_LONG_LONG, 0, world));
+    prepare_prompts(&r->rs, r->tok, &r->chat, now, cfg, r->max_model_len);
     r->tm.tokenize = now_s() - t0;
     return EXIT_OK;
 }
@@ -809,6 +851,7 @@ static void run_free(Run *r)
     free(r->earlier);
     free(r->done);
     if (r->tok) tokenizer_free(r->tok);
+    chat_template_free(&r->chat);
     free(r->tok_path);
     free(r->ranks);
     model_free(&r->model);

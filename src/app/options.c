@@ -18,12 +18,13 @@ enum {
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
     OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE,
-    OPT_PROGRESS_INTERVAL, OPT_CPU_ISA
+    OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE
 };
 
 static const struct option long_opts[] = {
     {"model", required_argument, 0, OPT_MODEL},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
+    {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
     {"output", required_argument, 0, OPT_OUTPUT},
     {"output-format", required_argument, 0, OPT_OUTPUT_FORMAT},
     {"backend", required_argument, 0, OPT_BACKEND},
@@ -84,6 +85,9 @@ void options_usage(FILE *f)
             "                           K2's tiktoken.model (or its folder), needed for text prompts.\n"
             "                           Default: tokenizer.bin beside a .bin model, tokenizer.json\n"
             "                           (or tiktoken.model) in an HF model folder.\n"
+            "  --chat-template FILE     Jinja chat template for \"messages\" requests, instead of the\n"
+            "                           tokenizer's (tokenizer_config.json's chat_template, or\n"
+            "                           chat_template.jinja beside it)\n"
             "  --max-model-len N        context limit, prompt + output tokens (default: the model's)\n"
             "  --backend NAME           cpu (default) or cuda (one GPU per rank, chosen from the\n"
             "                           launcher's local rank)\n"
@@ -194,6 +198,7 @@ int options_parse(Options *o, int argc, char **argv, int print)
         switch (c) {
         case OPT_MODEL: o->model = optarg; break;
         case OPT_TOKENIZER: o->tokenizer = optarg; break;
+        case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
         case OPT_OUTPUT: o->output = optarg; break;
         case OPT_OUTPUT_FORMAT:
             if (strcmp(optarg, "hdf5") && strcmp(optarg, "jsonl"))

@@ -24,7 +24,7 @@ int chat_template_load(ChatTemplate *t, const char *override, const char *tokeni
     json_t *root = NULL;
     if (cfg && path_exists(cfg) && !check_regular_file(cfg, "tokenizer config")) {
         json_error_t err;
-        root = json_load_file(cfg, 0, &err);
+        root = json_load_file(cfg, JSON_DECODE_INT_AS_REAL, &err); /* model_max_length may be 1e30 */
         if (!json_is_object(root)) rc = dcp_fail("%s:%d: not a JSON object: %s", cfg, err.line, root ? "" : err.text);
     }
     /* the special tokens transformers passes to the template */
@@ -163,7 +163,7 @@ static const char *find_last(const char *hay, size_t n, const char *needle)
     return NULL;
 }
 
-char *chat_render(const ChatTemplate *t, json_t *req, char **err)
+char *chat_render(const ChatTemplate *t, json_t *req, long long now, char **err)
 {
     *err = NULL;
     if (!t->tmpl) return *err = msg("a \"messages\" request needs a chat template, and the tokenizer has none "
@@ -225,7 +225,7 @@ char *chat_render(const ChatTemplate *t, json_t *req, char **err)
     json_object_set_new(vars, "documents", json_null());
     json_object_set_new(vars, "add_generation_prompt", json_boolean(gen));
     size_t len;
-    char *out = jinja_render(t->tmpl, vars, &len, err);
+    char *out = jinja_render(t->tmpl, vars, now, &len, err);
     json_decref(vars);
     if (out && final) {
         /* the final text (stripped) and the tag must both survive the template */

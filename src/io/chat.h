@@ -29,7 +29,8 @@ void chat_template_free(ChatTemplate *t);
  * "add_generation_prompt" (default true), "continue_final_message",
  * "chat_template_kwargs". Malloc'ed; NULL with *err (malloc'ed) when the
  * conversation is malformed, asks for something dcpinfer does not do (tools,
- * images) or the template fails (raise_exception's message). */
-char *chat_render(const ChatTemplate *t, json_t *req, char **err);
+ * images) or the template fails (raise_exception's message). now: the
+ * clock strftime_now reads (jinja_render). */
+char *chat_render(const ChatTemplate *t, json_t *req, long long now, char **err);
 
 #endif

@@ -144,6 +144,7 @@ static int in_list(const char *const *list, const char *s)
 
 typedef struct {
     Arena a;
+    time_t now; /* strftime_now's clock */
     Val *undef, *none, *yes, *no;
     long steps;
     int depth;
@@ -2175,9 +2176,8 @@ static Val *call_func(Ctx *C, Val *fn, const Args *a, int line)
     case F_STRFTIME: {
         check_args(C, a, 1, none, "strftime_now", line);
         const Val *f = want_str(C, a->n ? a->v[0] : NULL, "strftime_now", line);
-        time_t now = time(NULL);
         struct tm tm;
-        localtime_r(&now, &tm);
+        localtime_r(&C->now, &tm);
         char buf[512];
         size_t n = strftime(buf, sizeof buf, f->s.p, &tm);
         return mk_str(C, buf, n);
@@ -2598,10 +2598,11 @@ static int exec(Ctx *C, Frame *f, const Node *n)
     }
 }
 
-char *jinja_render(const JinjaTemplate *t, json_t *vars, size_t *len, char **err)
+char *jinja_render(const JinjaTemplate *t, json_t *vars, long long now, size_t *len, char **err)
 {
     Render *R = xcalloc(1, sizeof *R);
     Ctx *C = &R->c;
+    C->now = (time_t)now;
     jmp_buf jb;
     C->a.fail = &jb;
     R->name = t->name;

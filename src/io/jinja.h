@@ -24,10 +24,12 @@ JinjaTemplate *jinja_parse(const char *name, const char *src, size_t len, char *
 void jinja_free(JinjaTemplate *t);
 
 /* Renders with the variables of vars (a JSON object: messages,
- * add_generation_prompt, bos_token, ...); the text is malloc'ed (*len
- * bytes, NUL-terminated). NULL with *err (malloc'ed) on failure;
+ * add_generation_prompt, bos_token, ...); strftime_now reads the local
+ * time of now (seconds since the epoch), so that every rank of a run
+ * renders the same text. The text is malloc'ed (*len bytes,
+ * NUL-terminated). NULL with *err (malloc'ed) on failure;
  * raise_exception's message is the error's text as the template wrote it. */
-char *jinja_render(const JinjaTemplate *t, json_t *vars, size_t *len, char **err);
+char *jinja_render(const JinjaTemplate *t, json_t *vars, long long now, size_t *len, char **err);
 
 /* Limits of one render: beyond them it fails */
 #define JINJA_MAX_OUTPUT (64u << 20)  /* bytes of output */

@@ -51,7 +51,10 @@ static int int_array(json_t *a, int **out, int *n, const char *field, char *why,
     "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids", "stop",         \
         "include_stop_str_in_output", "ignore_eos", "min_tokens", "logprobs", "prompt_logprobs",                  \
         "skip_special_tokens", "max_completion_tokens", "n", "stream", "user"
-static const char *plain_keys[] = {"id", SAMPLING_KEYS, NULL};
+/* a chat request's conversation and the chat template's options */
+#define CHAT_KEYS "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools", \
+        "tool_choice"
+static const char *plain_keys[] = {"id", SAMPLING_KEYS, CHAT_KEYS, NULL};
 /* an OpenAI batch body: the same request fields; "model" names the model
  * the line was written for (the run's model is --model) */
 static const char *body_keys[] = {"model", SAMPLING_KEYS, NULL};
@@ -125,20 +128,29 @@ static int parse_stop(json_t *v, Request *r, char *why, size_t wn)
 static int parse_fields(json_t *o, Request *r, const char *const *keys, const char *where, char *why, size_t wn)
 {
     if (check_keys(o, keys, where, why, wn)) return -1;
-    json_t *p = json_object_get(o, "prompt"), *ids = json_object_get(o, "prompt_token_ids");
-    if (json_object_get(o, "messages")) {
-        snprintf(why, wn, "chat \"messages\" are not supported; give \"prompt\" or \"prompt_token_ids\"");
+    json_t *p = json_object_get(o, "prompt"), *ids = json_object_get(o, "prompt_token_ids"),
+           *messages = json_object_get(o, "messages");
+    if (messages && (p || ids)) {
+        snprintf(why, wn, "give \"messages\" or a prompt (\"prompt\", \"prompt_token_ids\"), not both");
         return -1;
     }
-    if (p && ids) {
+    if (messages) { /* rendered once the chat template is known */
+        static const char *const chat_keys[] = {CHAT_KEYS, NULL};
+        json_t *chat = json_object();
+        for (int k = 0; chat_keys[k]; k++)
+            if (json_object_get(o, chat_keys[k])) json_object_set(chat, chat_keys[k], json_object_get(o, chat_keys[k]));
+        r->chat = json_dumps(chat, JSON_COMPACT);
+        json_decref(chat);
+    } else if (p && ids) {
         snprintf(why, wn, "give either \"prompt\" or \"prompt_token_ids\", not both");
         return -1;
     }
-    if (!p && !ids) {
-        snprintf(why, wn, "missing \"prompt\" or \"prompt_token_ids\"");
+    if (!p && !ids && !messages) {
+        snprintf(why, wn, "missing \"prompt\", \"prompt_token_ids\" or \"messages\"");
         return -1;
     }
-    if (p && json_is_string(p)) {
+    if (messages) {
+    } else if (p && json_is_string(p)) {
         r->prompt = xstrdup(json_string_value(p));
     } else if (p && json_is_array(p)) { /* OpenAI completions also take token ids as "prompt" */
         if (int_array(p, &r->prompt_tokens, &r->n_prompt, "prompt", why, wn)) return -1;
@@ -148,7 +160,7 @@ static int parse_fields(json_t *o, Request *r, const char *const *keys, const ch
     } else if (int_array(ids, &r->prompt_tokens, &r->n_prompt, "prompt_token_ids", why, wn)) {
         return -1;
     }
-    if (!r->prompt && r->n_prompt == 0) {
+    if (!r->prompt && !r->chat && r->n_prompt == 0) {
         snprintf(why, wn, "empty token id list");
         return -1;
     }
@@ -381,7 +393,7 @@ int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid)
 {
     for (int i = 0; i < set->n; i++) {
         Request *r = &set->r[i];
-        if (r->error || r->prompt) continue;
+        if (r->error || r->prompt || r->chat) continue;
         for (int j = 0; j < r->n_prompt; j++) {
             if (r->prompt_tokens[j] >= 0 && r->prompt_tokens[j] < vocab) continue;
             request_fail(r, "%s:%d: token id %d at position %d is outside the vocabulary [0, %d)", set->path,
@@ -399,6 +411,7 @@ void requests_free(RequestSet *set)
         Request *r = &set->r[i];
         free(r->id);
         free(r->prompt);
+        free(r->chat);
         free(r->prompt_tokens);
         free(r->stop_ids);
         for (int k = 0; k < r->n_stop_str; k++) free(r->stop[k]);

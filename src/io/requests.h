@@ -1,6 +1,8 @@
 /* The prompt file: one JSON request per line, in dcpinfer's own form
  *   {"id": ..., "prompt": "text" | "prompt_token_ids": [..], "max_tokens": N, ...}
- * or the OpenAI batch form ({"custom_id": ..., "body": {"prompt": ...}}). */
+ * or the OpenAI batch form ({"custom_id": ..., "body": {"prompt": ...}}); a
+ * chat request carries "messages" (and the chat template's options) in
+ * place of the prompt, rendered by the model's chat template (chat.h). */
 #ifndef DCP_REQUESTS_H
 #define DCP_REQUESTS_H
 
@@ -18,6 +20,8 @@ typedef struct {
     char *id;
     int line;            /* 1-based line in the prompt file */
     char *prompt;        /* text, or NULL when token ids were given */
+    char *chat;          /* a chat request's messages and template options (a JSON object's text), until
+                          * rendered into prompt */
     int *prompt_tokens;  /* given ids, or the tokenizer's once encoded */
     int n_prompt;
     int max_tokens;

@@ -173,10 +173,9 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size)
                             path, n - 1, vocab_size);
         }
         t->path = xstrdup(path);
+        t->hf_file = json;
         t->vocab_size = vocab_size;
-        int rc = read_tokenizer_config(t, json);
-        free(json);
-        return rc;
+        return read_tokenizer_config(t, json);
     }
     struct stat st;
     if (check_regular_file(path, "tokenizer")) return -1;
@@ -203,6 +202,7 @@ void tokenizer_free(Tokenizer *t)
     free(t->scores);
     free(t->sorted);
     free(t->path);
+    free(t->hf_file);
     memset(t, 0, sizeof *t);
     t->eos_id = -1;
 }
@@ -317,6 +317,12 @@ static void merge_pairs(const Tokenizer *t, int *tok, int *n_io)
     free(next);
     free(prev);
     free(ver);
+}
+
+int tokenizer_encode_plain(const Tokenizer *t, const char *text, int **out, int *n_out)
+{
+    if (t->hf) return hftok_encode(t->hf, text, strlen(text), 0, out, n_out);
+    return tokenizer_encode(t, text, -1, out, n_out);
 }
 
 int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int **out, int *n_out)

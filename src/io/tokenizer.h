@@ -18,6 +18,7 @@ typedef struct {
     int *sorted;               /* ids ordered by piece, for lookup */
     unsigned char byte_pieces[512];
     char *path;
+    char *hf_file;             /* the tokenizer.json or tiktoken file read (NULL for llama2.c's) */
     int eos_id;                /* tokenizer_config.json's eos_token, or -1 */
     uint64_t content_hash;     /* of the files it was read from (the run identity) */
 } Tokenizer;
@@ -38,6 +39,9 @@ int tokenizer_ids(const Tokenizer *t);
 /* Encodes text, with BOS (id bos, when >= 0) first; a tokenizer.json adds
  * what its post-processor adds instead. *out is malloc'ed. */
 int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int **out, int *n_out);
+/* Encodes text as it is: no BOS, nothing of a post-processor's (a chat
+ * template's output, which holds its special tokens already). */
+int tokenizer_encode_plain(const Tokenizer *t, const char *text, int **out, int *n_out);
 
 /* The bytes that token stands for after prev (llama2.c's decode): the leading
  * space is dropped after BOS and <0xNN> pieces become the raw byte. */

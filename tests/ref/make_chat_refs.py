@@ -9,13 +9,16 @@ Writes
   (whitespace control, trim_blocks/lstrip_blocks, filters, tests, methods,
   slices, macros, loops, Python's str() and json.dumps), with their
   variables and jinja2's output, or "error": true where jinja2 fails;
+- tests/data/chat/requests-TOKENIZER.jsonl and .ids: the Llama 3.1 and
+  Qwen3 conversations as dcpinfer request lines, and per line the prompt
+  ids apply_chat_template gives (tests/chat.sh runs them end to end);
 - tests/data/chat/templates.jsonl: every template in
   ../shared/chat-templates x the conversations below, with the rendered
   text and the prompt ids of apply_chat_template(tokenize=True) with the
   tokenizer named (a tokenizer.json from ../shared/tokenizers; for Kimi K2,
   the cl100k ranks with Kimi's pattern and special tokens, as
   make_tiktoken_refs.py builds it, encoded by tiktoken).
-tests/test_chat.c reads both.
+tests/test_chat.c reads jinja-cases.jsonl and templates.jsonl.
 
 Usage: python3 tests/ref/make_chat_refs.py [SHARED_DIR]
 (needs transformers >= 5, jinja2 and tiktoken; no torch)
@@ -191,13 +194,17 @@ TEMPLATES = {
 }
 
 
+# templates run end to end through dcpinfer (tests/chat.sh)
+END_TO_END = ("meta-llama-Llama-3.1-8B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "jinja-cases.jsonl"), "w", encoding="utf-8") as f:
         for template, variables in CASES:
             f.write(json.dumps({"template": template, "vars": variables, **render_case(template, variables)},
                                ensure_ascii=False) + "\n")
-    toks = {}
+    toks, e2e = {}, {}
     with open(os.path.join(OUT, "templates.jsonl"), "w", encoding="utf-8") as f:
         for file, tok in TEMPLATES.items():
             template = open(os.path.join(SHARED, "chat-templates", file), encoding="utf-8").read()
@@ -231,6 +238,19 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     rec.update(error=str(e))
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                if file in END_TO_END and "ids" in rec:
+                    req = {"id": name, "messages": messages, "add_generation_prompt": agp,
+                           "continue_final_message": cont, "max_tokens": 1, "temperature": 0}
+                    if kwargs:
+                        req["chat_template_kwargs"] = kwargs
+                    e2e.setdefault(tok, []).append((req, rec["ids"]))
+    for tok, items in e2e.items():
+        with open(os.path.join(OUT, "requests-%s.jsonl" % tok), "w", encoding="utf-8") as f:
+            for req, _ in items:
+                f.write(json.dumps(req, ensure_ascii=False) + "\n")
+        with open(os.path.join(OUT, "requests-%s.ids" % tok), "w") as f:
+            for _, ids in items:
+                f.write(",".join(map(str, ids)) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+#!/bin/sh
+# Chat requests end to end: "messages" lines rendered by the chat template
+# (--chat-template, tokenizer_config.json's chat_template as a string or a
+# list of named ones, chat_template.jinja beside the tokenizer) give the
+# prompt ids of transformers' apply_chat_template (tests/data/chat, from
+# tests/ref/make_chat_refs.py) for Llama 3.1 and Qwen3; raise_exception's
+# message becomes the request's error; a conversation without a template,
+# with tools or images fails alone; a template with a construct outside the
+# engine's subset is refused at start-up with its line.
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
+CT=$SHARED/chat-templates
+[ -f "$CT/Qwen-Qwen3-0.6B.jinja" ] && [ -f "$SHARED/tokenizers/qwen3/tokenizer.json" ] ||
+    { echo "$CT or $SHARED/tokenizers not found: skipped" >&2; exit 77; }
+DATA=$SRC/tests/data/chat
+model() { # NAME VOCAB TOKENIZER: a one-layer model with that tokenizer's files
+    "$MKMODEL" --out "$WORK/$1" --layers 1 --dim 16 --heads 2 --kv-heads 1 --hidden 16 --vocab "$2" >/dev/null
+    for f in "$SHARED/tokenizers/$3"/*; do ln -s "$f" "$WORK/$1/"; done
+}
+model qwen 151936 qwen3
+model llama 128256 llama3
+for run in "llama llama3 meta-llama-Llama-3.1-8B-Instruct.jinja" "qwen qwen3 Qwen-Qwen3-0.6B.jinja" "qwen_config qwen3 -"; do
+    set -- $run
+    checks=$((checks + 1))
+    m=$1
+    [ "$m" = qwen_config ] && m=qwen
+    if [ "$3" = - ]; then args="--model $WORK/$m"; else args="--model $WORK/$m --chat-template $CT/$3"; fi
+    run_dcp "$1" $args --output "$WORK/$1.h5" "$DATA/requests-$2.jsonl"
+    got=$(prompts "$WORK/$1.h5")
+    if [ "$(cat "$WORK/$1.rc")" = 0 ] && [ -n "$got" ] && [ "$got" = "$(cat "$DATA/requests-$2.ids")" ]; then
+        pass "$1: $(grep -c . "$DATA/requests-$2.ids") conversations, the prompt ids of apply_chat_template"
+    else
+        fail "$1: exit $(cat "$WORK/$1.rc"), prompt ids differ from apply_chat_template's"
+        diff "$DATA/requests-$2.ids" - <<EOT >&2 | head -10
+$got
+EOT
+        head -5 "$WORK/$1.err" >&2
+    fi
+done
+# chat_template.jinja beside the tokenizer (Mistral Nemo's, whose
+# tokenizer_config.json names none): its raise_exception is the request's
+# error; without it, a conversation fails alone with the reason (exit 4:
+# results written, some requests failed)
+model mistral 32000 mistral-sp
+printf '%s\n' '{"id": "ok", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}' \
+    '{"id": "alt", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "max_tokens": 1}' \
+    '{"id": "tools", "messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}], "max_tokens": 1}' \
+    '{"id": "image", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "max_tokens": 1}' \
+    '{"id": "plain", "prompt": "Hi", "max_tokens": 1}' >"$WORK/m.jsonl"
+rm "$WORK/mistral/tokenizer_config.json"
+cp "$SHARED/tokenizers/mistral-sp/tokenizer_config.json" "$WORK/mistral/"
+ln -s "$CT/mistralai-Mistral-Nemo-Instruct-2407.jinja" "$WORK/mistral/chat_template.jinja"
+run_dcp mistral --model "$WORK/mistral" --output "$WORK/mistral.jsonl" "$WORK/m.jsonl"
+err_of() { grep "\"id\":\"$2\"" "$1" | sed 's/.*"error":\(.*\)}$/\1/'; }
+checks=$((checks + 1))
+alt=$(err_of "$WORK/mistral.jsonl" alt)
+ok_ids=$(grep '"id":"ok"' "$WORK/mistral.jsonl" | sed 's/.*"prompt_tokens":\([0-9]*\).*/\1/')
+# [INST]Hi[/INST] after BOS: 1, [INST], Hi, [/INST] as mistral-sp spells them
+if [ "$(cat "$WORK/mistral.rc")" = 4 ] &&
+    [ "$alt" = "\"$WORK/m.jsonl:2: request \\\"alt\\\": After the optional system message, conversation roles must alternate user/assistant/user/assistant/...\"" ] &&
+    err_of "$WORK/mistral.jsonl" tools | grep -q 'dcpinfer does not run tools' &&
+    err_of "$WORK/mistral.jsonl" image | grep -q 'not a text part (image_url)' &&
+    [ "$(err_of "$WORK/mistral.jsonl" ok)" = null ] && [ "$(err_of "$WORK/mistral.jsonl" plain)" = null ]; then
+    pass "chat_template.jinja: rendered ($ok_ids prompt ids); raise_exception, tools and images fail their request alone"
+else
+    fail "chat_template.jinja: exit $(cat "$WORK/mistral.rc"); alt error $alt"; cat "$WORK/mistral.jsonl" "$WORK/mistral.err" >&2
+fi
+rm "$WORK/mistral/chat_template.jinja"
+run_dcp none --model "$WORK/mistral" --output "$WORK/none.jsonl" "$WORK/m.jsonl"
+checks=$((checks + 1))
+if [ "$(cat "$WORK/none.rc")" = 4 ] && err_of "$WORK/none.jsonl" ok | grep -q 'needs a chat template, and the tokenizer has none'; then
+    pass "no chat template: a conversation fails alone, with the reason"
+else
+    fail "no chat template: exit $(cat "$WORK/none.rc")"; cat "$WORK/none.jsonl" >&2
+fi
+# tokenizer_config.json's chat_template as a list of named templates: "default"
+sed 's/^{/{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D:{{ messages[0].content }}"}],/' \
+    "$SHARED/tokenizers/mistral-sp/tokenizer_config.json" >"$WORK/mistral/tokenizer_config.json"
+head -1 "$WORK/m.jsonl" >"$WORK/one.jsonl"
+run_dcp named --model "$WORK/mistral" --output "$WORK/named.jsonl" "$WORK/one.jsonl"
+checks=$((checks + 1))
+# "D:Hi" without BOS: what the plain prompt "D:Hi" gives, less its BOS
+printf '{"id": "ok", "prompt": "D:Hi", "max_tokens": 1}\n' >"$WORK/plain.jsonl"
+run_dcp named_plain --model "$WORK/mistral" --output "$WORK/named_plain.jsonl" "$WORK/plain.jsonl"
+n_chat=$(sed 's/.*"prompt_tokens":\([0-9]*\).*/\1/' "$WORK/named.jsonl")
+n_plain=$(sed 's/.*"prompt_tokens":\([0-9]*\).*/\1/' "$WORK/named_plain.jsonl")
+if [ "$(cat "$WORK/named.rc")" = 0 ] && [ -n "$n_chat" ] && [ "$n_chat" = $((n_plain - 1)) ]; then
+    pass "a list of named chat templates: \"default\" rendered, no BOS added ($n_chat prompt ids)"
+else
+    fail "named templates: exit $(cat "$WORK/named.rc"), $n_chat prompt ids, plain $n_plain"; cat "$WORK/named.err" >&2
+fi
+# constructs outside the subset: refused at start-up, naming the line
+printf 'ok\n{{ messages | wordcount }}\n' >"$WORK/bad.jinja"
+expect_error bad_template 1 "$WORK/bad.jinja:2: the filter 'wordcount' is not supported" \
+    --model "$WORK/mistral" --chat-template "$WORK/bad.jinja" "$WORK/one.jsonl"
+finish
