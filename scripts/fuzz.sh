@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds dcpinfer's fuzz targets (clang: libFuzzer + AddressSanitizer +
 # UndefinedBehaviorSanitizer) and runs each for SECONDS (default 600):
-#   scripts/fuzz.sh [SECONDS] [TARGET...]      targets: requests config safetensors llama2c tokjson
+#   scripts/fuzz.sh [SECONDS] [TARGET...]      targets: requests config safetensors llama2c tokjson jinja
 # Each target first replays its regression inputs (tests/fuzz/regressions/
 # TARGET, crash reproducers kept from earlier findings), then mutates a
 # working copy of its seed corpus (tests/fuzz/corpus/TARGET) in
@@ -13,11 +13,11 @@ TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${FUZZ_OUT:-$TOP/build-fuzz}
 secs=${1:-600}
 shift $(($# ? 1 : 0))
-targets=${*:-requests config safetensors llama2c tokjson}
+targets=${*:-requests config safetensors llama2c tokjson jinja}
 CLANG=${CLANG:-clang}
 command -v "$CLANG" >/dev/null || { echo "fuzz: $CLANG not found (apt-get install clang)" >&2; exit 77; }
 mkdir -p "$OUT"
-SRCS="src/base/util.c src/io/requests.c src/model/hparams.c src/model/model.c src/model/arch.c src/model/mkmodel.c src/io/safetensors.c src/io/tokenizer.c src/io/hftok.c src/io/tiktoken.c"
+SRCS="src/base/util.c src/io/requests.c src/model/hparams.c src/model/model.c src/model/arch.c src/model/mkmodel.c src/io/safetensors.c src/io/tokenizer.c src/io/hftok.c src/io/tiktoken.c src/io/jinja.c"
 findings=0
 for t in $targets; do
     bin=$OUT/fuzz_$t
@@ -37,7 +37,12 @@ for t in $targets; do
     fi
     mkdir -p "$OUT/corpus/$t"
     cp -n "$TOP/tests/fuzz/corpus/$t/"* "$OUT/corpus/$t/"
-    ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 "$bin" -dict="$TOP/tests/fuzz/json.dict" \
+    # the real chat templates beside the checkout seed the template target too
+    shared=${DCP_SHARED:-$TOP/../shared}/chat-templates
+    if [ "$t" = jinja ] && [ -d "$shared" ]; then cp -n "$shared"/*.jinja "$OUT/corpus/$t/" 2>/dev/null; fi
+    dict=$TOP/tests/fuzz/$t.dict
+    [ -f "$dict" ] || dict=$TOP/tests/fuzz/json.dict
+    ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 "$bin" -dict="$dict" \
         -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$OUT/$t-" "$OUT/corpus/$t" >"$OUT/$t.log" 2>&1
     rc=$?

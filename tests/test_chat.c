@@ -132,6 +132,18 @@ static void test_refusals(void)
     JinjaTemplate *t = jinja_parse("t", deep, strlen(deep), &err);
     CHECK(!t && err && strstr(err, "nest more than"), "deep nesting: %s", err ? err : "(parsed)");
     free(err);
+    /* so do chains of attributes, filters and operators, which nest the same way */
+    static const char *const links[] = {".b", "|trim", " and x", " ~ x", "[0]"};
+    for (int k = 0; k < 5; k++) {
+        strcpy(deep, "{{ x");
+        for (int i = 0; i < 1000; i++) strcat(deep + 4 + i * strlen(links[k]), links[k]);
+        strcat(deep, " }}");
+        err = NULL;
+        t = jinja_parse("t", deep, strlen(deep), &err);
+        CHECK(!t && err && strstr(err, "nest more than"), "a chain of 1000 '%s': %s", links[k], err ? err : "(parsed)");
+        free(err);
+        jinja_free(t);
+    }
     free(deep);
     /* rendering is bounded: steps, output, recursion */
     static const char *const heavy[][2] = {
@@ -139,8 +151,10 @@ static void test_refusals(void)
          "steps"},
         {"{% set s = 'xxxxxxxxxxxxxxxx' %}{% for a in range(100000) %}{{ s * 100 }}{% endfor %}", "MiB"},
         {"{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}", "nest more than"},
+        {"{% set ns = namespace(x=1) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x == [ns.x] }}",
+         "a value nests more than"},
     };
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < sizeof heavy / sizeof heavy[0]; i++) {
         char *out = NULL;
         size_t len;
         err = NULL;

@@ -888,6 +888,14 @@ struct Node {
     Val *val;          /* E_CONST */
 };
 
+/* One more level of the tree (an operand chain like a.b.c or x|f|g nests
+ * as deeply as brackets do, and is bounded the same way); the caller puts
+ * P->depth back when its expression is done. */
+static void nest(Parser *P, int line)
+{
+    if (++P->depth > JINJA_MAX_DEPTH) perr(P, line, "expressions nest more than %d deep", JINJA_MAX_DEPTH);
+}
+
 static Node *node(Parser *P, int k, int line)
 {
     Node *n = alloc(&P->a, sizeof *n);
@@ -1079,8 +1087,10 @@ static void note_call(Parser *P, const char *name, int line)
 
 static Node *parse_postfix(Parser *P, Node *n)
 {
+    int depth = P->depth;
     for (;;) {
         int line = cur(P)->line;
+        nest(P, line);
         if (is_op(P, ".")) {
             next(P);
             Node *a;
@@ -1129,7 +1139,10 @@ static Node *parse_postfix(Parser *P, Node *n)
                     perr(P, line, "the method '%s' is not supported", n->name);
             } else perr(P, line, "only names and methods can be called");
             n = a;
-        } else return n;
+        } else {
+            P->depth = depth;
+            return n;
+        }
     }
 }
 
@@ -1188,13 +1201,15 @@ static Node *parse_unary(Parser *P, int with_filter)
         next(P);
         n->a = parse_unary(P, 0);
     } else n = parse_postfix(P, parse_primary(P));
+    int depth = P->depth;
     while (with_filter) {
+        nest(P, line);
         if (is_op(P, "|")) n = parse_filter(P, n);
         else if (is_name(P, "is")) n = parse_test(P, n);
         else if (is_op(P, "(")) perr(P, cur(P)->line, "only names and methods can be called");
         else break;
     }
-    P->depth--;
+    P->depth = depth - 1;
     return n;
 }
 
@@ -1208,37 +1223,49 @@ static Node *binary(Parser *P, int k, const char *op, Node *a, Node *b, int line
 static Node *parse_pow(Parser *P)
 {
     Node *n = parse_unary(P, 1);
+    int depth = P->depth;
     while (is_op(P, "**")) {
         int line = next(P)->line;
+        nest(P, line);
         n = binary(P, E_BINARY, "**", n, parse_unary(P, 1), line);
     }
+    P->depth = depth;
     return n;
 }
 static Node *parse_math2(Parser *P)
 {
     Node *n = parse_pow(P);
+    int depth = P->depth;
     while (is_op(P, "*") || is_op(P, "/") || is_op(P, "//") || is_op(P, "%")) {
         Tok *t = next(P);
+        nest(P, t->line);
         n = binary(P, E_BINARY, t->p, n, parse_pow(P), t->line);
     }
+    P->depth = depth;
     return n;
 }
 static Node *parse_concat(Parser *P)
 {
     Node *n = parse_math2(P);
+    int depth = P->depth;
     while (is_op(P, "~")) {
         int line = next(P)->line;
+        nest(P, line);
         n = binary(P, E_CONCAT, "~", n, parse_math2(P), line);
     }
+    P->depth = depth;
     return n;
 }
 static Node *parse_math1(Parser *P)
 {
     Node *n = parse_concat(P);
+    int depth = P->depth;
     while (is_op(P, "+") || is_op(P, "-")) {
         Tok *t = next(P);
+        nest(P, t->line);
         n = binary(P, E_BINARY, t->p, n, parse_concat(P), t->line);
     }
+    P->depth = depth;
     return n;
 }
 static Node *parse_compare(Parser *P)
@@ -1277,19 +1304,25 @@ static Node *parse_not(Parser *P)
 static Node *parse_and(Parser *P)
 {
     Node *n = parse_not(P);
+    int depth = P->depth;
     while (is_name(P, "and")) {
         int line = next(P)->line;
+        nest(P, line);
         n = binary(P, E_AND, "and", n, parse_not(P), line);
     }
+    P->depth = depth;
     return n;
 }
 static Node *parse_or(Parser *P)
 {
     Node *n = parse_and(P);
+    int depth = P->depth;
     while (is_name(P, "or")) {
         int line = next(P)->line;
+        nest(P, line);
         n = binary(P, E_OR, "or", n, parse_and(P), line);
     }
+    P->depth = depth;
     return n;
 }
 static Node *parse_expr(Parser *P)
@@ -1641,7 +1674,18 @@ static int is_num(const Val *v) { return v->t == V_INT || v->t == V_FLOAT || v->
 static double num(const Val *v) { return v->t == V_FLOAT ? v->f : v->t == V_INT ? (double)v->i : v->b; }
 static long long inum(const Val *v) { return v->t == V_INT ? v->i : v->b; }
 
+static int val_eq_at(Ctx *C, const Val *a, const Val *b);
+
+/* a value's comparison recursion is bounded like its printing */
 static int val_eq(Ctx *C, const Val *a, const Val *b)
+{
+    if (++C->depth > JINJA_MAX_DEPTH) fail(&C->a, "a value nests more than %d deep", JINJA_MAX_DEPTH);
+    int r = val_eq_at(C, a, b);
+    C->depth--;
+    return r;
+}
+
+static int val_eq_at(Ctx *C, const Val *a, const Val *b)
 {
     if (a == b) return 1;
     if (is_num(a) && is_num(b)) {
@@ -1672,6 +1716,7 @@ static int val_eq(Ctx *C, const Val *a, const Val *b)
 /* Python's ordering: <0, 0, >0 */
 static int val_cmp(Ctx *C, const Val *a, const Val *b, const char *op, int line)
 {
+    if (C->depth > JINJA_MAX_DEPTH) fail(&C->a, "a value nests more than %d deep", JINJA_MAX_DEPTH);
     if (a->t == V_UNDEF) undefined_error(C, a, line);
     if (b->t == V_UNDEF) undefined_error(C, b, line);
     if (is_num(a) && is_num(b)) {
@@ -1685,7 +1730,12 @@ static int val_cmp(Ctx *C, const Val *a, const Val *b, const char *op, int line)
     }
     if (a->t == V_LIST && b->t == V_LIST && a->tuple == b->tuple) {
         for (int i = 0; i < a->l.n && i < b->l.n; i++)
-            if (!val_eq(C, a->l.v[i], b->l.v[i])) return val_cmp(C, a->l.v[i], b->l.v[i], op, line);
+            if (!val_eq(C, a->l.v[i], b->l.v[i])) {
+                C->depth++;
+                int c = val_cmp(C, a->l.v[i], b->l.v[i], op, line);
+                C->depth--;
+                return c;
+            }
         return (a->l.n > b->l.n) - (a->l.n < b->l.n);
     }
     rfail(C, line, "TypeError: '%s' not supported between instances of '%s' and '%s'", op, type_name(a),
