@@ -89,6 +89,29 @@ if [ "$(cat "$WORK/named.rc")" = 0 ] && [ -n "$n_chat" ] && [ "$n_chat" = $((n_p
 else
     fail "named templates: exit $(cat "$WORK/named.rc"), $n_chat prompt ids, plain $n_plain"; cat "$WORK/named.err" >&2
 fi
+# --reasoning-parser: the results carry each text's reasoning and content
+# beside it (vLLM's split: tests/test_chat.c); a random model writes no
+# "</think>", so deepseek_r1 takes the whole text as reasoning and qwen3 as
+# content, in the JSON Lines and the HDF5 results alike
+head -2 "$DATA/requests-qwen3.jsonl" >"$WORK/r.jsonl"
+for p in deepseek_r1 qwen3; do
+    run_dcp "rp_$p" --model "$WORK/qwen" --reasoning-parser "$p" --output "$WORK/rp_$p.jsonl" "$WORK/r.jsonl"
+    run_dcp "rph_$p" --model "$WORK/qwen" --reasoning-parser "$p" --output "$WORK/rp_$p.h5" "$WORK/r.jsonl"
+done
+text1=$(head -1 "$WORK/rp_qwen3.jsonl" | sed 's/^{"id":"[^"]*","text":\("[^"]*"\),.*/\1/')
+h5data() { h5dump -y -d "/requests/$2" "$1" | sed -n '/DATA {/,/}/p'; }
+checks=$((checks + 1))
+if grep -q "\"text\":$text1,\"reasoning_content\":$text1,\"content\":null" "$WORK/rp_deepseek_r1.jsonl" &&
+    grep -q "\"text\":$text1,\"reasoning_content\":null,\"content\":$text1" "$WORK/rp_qwen3.jsonl" &&
+    [ "$(h5data "$WORK/rp_deepseek_r1.h5" reasoning_content)" = "$(h5data "$WORK/rp_deepseek_r1.h5" text)" ] &&
+    [ "$(h5data "$WORK/rp_qwen3.h5" content)" = "$(h5data "$WORK/rp_qwen3.h5" text)" ] &&
+    [ -z "$(h5data "$WORK/rp_qwen3.h5" reasoning_content | sed -n '2,$p' | grep -v '^ *}' | tr -d ' ",')" ]; then
+    pass "--reasoning-parser: reasoning_content and content beside the text ($text1), JSON Lines and HDF5"
+else
+    fail "--reasoning-parser: $(head -1 "$WORK/rp_deepseek_r1.jsonl" | cut -c1-200)"
+fi
+expect_error bad_parser 2 "--reasoning-parser granite: choose deepseek_r1, qwen3 or kimi_k2" \
+    --model "$WORK/qwen" --reasoning-parser granite "$WORK/r.jsonl"
 # constructs outside the subset: refused at start-up, naming the line
 printf 'ok\n{{ messages | wordcount }}\n' >"$WORK/bad.jinja"
 expect_error bad_template 1 "$WORK/bad.jinja:2: the filter 'wordcount' is not supported" \

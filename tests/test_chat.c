@@ -14,6 +14,7 @@
 #include "chat.h"
 #include "hftok.h"
 #include "jinja.h"
+#include "reasoning.h"
 #include "tiktoken.h"
 #include "testutil.h"
 
@@ -269,8 +270,52 @@ static void test_templates(void)
     json_decref(recs);
 }
 
+/* The three parsers on the outputs their models write, as vLLM's
+ * extract_reasoning splits them (NULL: None) */
+static void test_reasoning(void)
+{
+    static const struct {
+        const char *parser, *text;
+        int thinking_off;
+        const char *reasoning, *content;
+    } cases[] = {
+        {"deepseek_r1", "<think>a b</think>answer", 0, "a b", "answer"},
+        {"deepseek_r1", "a b</think>answer", 0, "a b", "answer"},             /* <think> in the prompt */
+        {"deepseek_r1", "still thinking", 0, "still thinking", NULL},        /* no end: all reasoning */
+        {"deepseek_r1", "<think>r</think>", 0, "r", NULL},                   /* empty content is None */
+        {"deepseek_r1", "x<think>r</think>c", 0, "r", "c"},                  /* text before <think> dropped */
+        {"deepseek_r1", "<think></think>\n\nc", 0, "", "\n\nc"},
+        {"qwen3", "<think>\nr\n</think>\n\nanswer", 0, "\nr\n", "\n\nanswer"},
+        {"qwen3", "r</think>c", 0, "r", "c"},
+        {"qwen3", "no tags at all", 0, NULL, "no tags at all"},              /* no end: all content */
+        {"qwen3", "<think>unfinished", 0, NULL, "<think>unfinished"},
+        {"qwen3", "a</think>b</think>c", 0, "a", "b</think>c"},
+        {"kimi_k2", "<think>r</think>c", 0, "r", "c"},
+        {"kimi_k2", "r</think>c", 0, "r", "c"},
+        {"kimi_k2", "x<think>r</think>c", 0, "x<think>r", "c"},              /* <think> dropped only at the start */
+        {"kimi_k2", "r</thinking>c", 0, "r", "c"},
+        {"kimi_k2", "r<|tool_calls_section_begin|>t", 0, "r", "<|tool_calls_section_begin|>t"},
+        {"kimi_k2", "thinking on", 0, "thinking on", NULL},
+        {"kimi_k2", "<think>r</think>c", 1, NULL, "<think>r</think>c"},      /* "thinking": false */
+        {"none", "<think>r</think>c", 0, NULL, "<think>r</think>c"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TextSpan r, c;
+        reasoning_split(reasoning_parser(cases[i].parser), cases[i].text, strlen(cases[i].text), cases[i].thinking_off,
+                        &r, &c);
+        int ok = (cases[i].reasoning ? r.n == (long)strlen(cases[i].reasoning) && !memcmp(r.p, cases[i].reasoning, (size_t)r.n)
+                                     : r.n < 0) &&
+                 (cases[i].content ? c.n == (long)strlen(cases[i].content) && !memcmp(c.p, cases[i].content, (size_t)c.n)
+                                   : c.n < 0);
+        CHECK(ok, "%s \"%s\": reasoning [%.*s] content [%.*s]", cases[i].parser, cases[i].text, (int)(r.n > 0 ? r.n : 0),
+              r.p, (int)(c.n > 0 ? c.n : 0), c.p);
+    }
+    CHECK(reasoning_parser("granite") < 0, "an unknown parser is refused");
+}
+
 int main(void)
 {
+    test_reasoning();
     test_cases();
     test_raise();
     test_refusals();

@@ -798,7 +798,8 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
                     .interleave = r->topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
                     .threads_per_rank = r->threads, .backend = r->be->name, .mpi_buffers = r->mpi_buffers,
                     .cpu_kernels = r->cpu_kernels, .seed = o->seed, .prompts_path = o->prompts, .identity = identity,
-                    .resumed_requests = r->n_done, .run_tokens = run_tokens, .run_requests = run_requests};
+                    .resumed_requests = r->n_done, .run_tokens = run_tokens, .run_requests = run_requests,
+                    .reasoning_parser = o->reasoning_parser};
     RankReports rep = {r->ranks, all_tm, all_comm, all_kv, all_w, all_rss};
     StepReport sr = {g->steps, g->step_dp, g->n_steps, g->kv_blocks, g->block_size, g->capacity, gen_s};
     int rc = !strcmp(o->output_format, "jsonl") ? output_write_jsonl(o->output, &info, rs, res, texts, r->tok)

@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include "reasoning.h"
+
 #include <errno.h>
 #include <float.h>
 #include <getopt.h>
@@ -10,6 +12,7 @@
 
 #include "config.h"
 #include "kvcache.h"
+#include "reasoning.h"
 #include "requests.h"
 #include "util.h"
 
@@ -18,13 +21,14 @@ enum {
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
     OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE,
-    OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE
+    OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER
 };
 
 static const struct option long_opts[] = {
     {"model", required_argument, 0, OPT_MODEL},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
     {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
+    {"reasoning-parser", required_argument, 0, OPT_REASONING_PARSER},
     {"output", required_argument, 0, OPT_OUTPUT},
     {"output-format", required_argument, 0, OPT_OUTPUT_FORMAT},
     {"backend", required_argument, 0, OPT_BACKEND},
@@ -88,6 +92,9 @@ void options_usage(FILE *f)
             "  --chat-template FILE     Jinja chat template for \"messages\" requests, instead of the\n"
             "                           tokenizer's (tokenizer_config.json's chat_template, or\n"
             "                           chat_template.jinja beside it)\n"
+            "  --reasoning-parser P     deepseek_r1, qwen3 or kimi_k2 (vLLM's parsers): split each\n"
+            "                           output into reasoning_content (its think tags' text) and\n"
+            "                           content, in the results beside the whole text\n"
             "  --max-model-len N        context limit, prompt + output tokens (default: the model's)\n"
             "  --backend NAME           cpu (default) or cuda (one GPU per rank, chosen from the\n"
             "                           launcher's local rank)\n"
@@ -199,6 +206,10 @@ int options_parse(Options *o, int argc, char **argv, int print)
         case OPT_MODEL: o->model = optarg; break;
         case OPT_TOKENIZER: o->tokenizer = optarg; break;
         case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
+        case OPT_REASONING_PARSER:
+            o->reasoning_parser = reasoning_parser(optarg);
+            if (o->reasoning_parser < 0) rc = dcp_fail("--reasoning-parser %s: choose deepseek_r1, qwen3 or kimi_k2", optarg);
+            break;
         case OPT_OUTPUT: o->output = optarg; break;
         case OPT_OUTPUT_FORMAT:
             if (strcmp(optarg, "hdf5") && strcmp(optarg, "jsonl"))

@@ -10,6 +10,7 @@ typedef struct {
     const char *model;     /* NULL: generated default model */
     const char *tokenizer;
     const char *chat_template; /* a file overriding the tokenizer's chat template */
+    int reasoning_parser;      /* reasoning.h: how the output splits into reasoning and content */
     const char *output;
     const char *output_format; /* hdf5 | jsonl, from --output-format or the output's extension */
     const char *backend;

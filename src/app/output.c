@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "durable.h"
+#include "reasoning.h"
 #include "util.h"
 
 static int write_array(hid_t g, const char *name, hid_t type, const void *data, size_t n)
@@ -243,7 +244,33 @@ static int write_stops_and_logprobs(hid_t g, const RequestSet *rs, const Result 
     return rc;
 }
 
-static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char *const *texts)
+/* With a reasoning parser: each text's reasoning and content ("" where
+ * the parser finds none) */
+static int write_reasoning(hid_t g, const RequestSet *rs, char *const *texts, int parser)
+{
+    int n = rs->n;
+    char **parts[2] = {xcalloc((size_t)n + 1, sizeof(char *)), xcalloc((size_t)n + 1, sizeof(char *))};
+    for (int i = 0; i < n; i++) {
+        TextSpan s[2];
+        const char *t = texts[i] ? texts[i] : "";
+        reasoning_split(parser, t, strlen(t), rs->r[i].thinking_off, &s[0], &s[1]);
+        for (int k = 0; k < 2; k++) {
+            size_t len = s[k].n > 0 ? (size_t)s[k].n : 0;
+            parts[k][i] = xmalloc(len + 1);
+            memcpy(parts[k][i], s[k].p, len);
+            parts[k][i][len] = '\0';
+        }
+    }
+    int rc = write_strings(g, "reasoning_content", (const char *const *)parts[0], (size_t)n) ||
+             write_strings(g, "content", (const char *const *)parts[1], (size_t)n);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < n; i++) free(parts[k][i]);
+        free(parts[k]);
+    }
+    return rc;
+}
+
+static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char *const *texts, int parser)
 {
     int n = rs->n;
     hid_t g = H5Gcreate2(f, "requests", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -294,6 +321,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
              write_array(g, "itl_offsets", H5T_NATIVE_INT64, ioff, n + 1) ||
              write_array(g, "itl_s", H5T_NATIVE_DOUBLE, itl, (size_t)ioff[n]);
     rc = rc || write_stops_and_logprobs(g, rs, res, poff, ooff);
+    if (parser != REASONING_NONE) rc = rc || write_reasoning(g, rs, texts, parser);
     free(ioff);
     free(itl);
     free(ids);
@@ -467,7 +495,7 @@ int output_write(const char *path, const RunInfo *info, const RequestSet *rs, co
     H5Pclose(fapl);
     if (f < 0) return dcp_fail("%s: HDF5 cannot create the file in memory", path);
     write_root_attrs(f, info);
-    int rc = write_requests(f, rs, res, texts) || write_layout(f, rep->ranks, info->world_size) ||
+    int rc = write_requests(f, rs, res, texts, info->reasoning_parser) || write_layout(f, rep->ranks, info->world_size) ||
              write_timings(f, rep->timings, info->world_size) ||
              write_comm(f, rep->comm, rep, info->world_size) || write_steps(f, steps);
     if (!rc) {

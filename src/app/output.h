@@ -71,6 +71,7 @@ typedef struct {
     int resumed_requests;    /* taken from an earlier run's journal */
     long long run_tokens;    /* output tokens and finished requests of this run (the rates' basis) */
     int run_requests;
+    int reasoning_parser;    /* reasoning.h: REASONING_NONE, or the split of each text the results carry */
 } RunInfo;
 
 /* Fails when the file's folder is missing or not writable, so that a run

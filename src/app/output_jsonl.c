@@ -9,6 +9,7 @@
 #include "durable.h"
 #include "hftok.h"
 #include "output.h"
+#include "reasoning.h"
 #include "util.h"
 
 /* How a token reads in log-probabilities: its own text, or "token_id:N"
@@ -85,6 +86,12 @@ static json_t *own_line(const RunInfo *in, const Request *q, const Result *r, co
     for (int j = 0; j < r->n; j++) json_array_append_new(ids, json_integer(r->tokens[j]));
     json_object_set_new(o, "id", json_string(q->id));
     json_object_set_new(o, "text", json_string(text));
+    if (in->reasoning_parser != REASONING_NONE) { /* the text's two parts; null where the parser finds none */
+        TextSpan s[2];
+        reasoning_split(in->reasoning_parser, text, strlen(text), q->thinking_off, &s[0], &s[1]);
+        json_object_set_new(o, "reasoning_content", s[0].n >= 0 ? json_stringn(s[0].p, (size_t)s[0].n) : json_null());
+        json_object_set_new(o, "content", s[1].n >= 0 ? json_stringn(s[1].p, (size_t)s[1].n) : json_null());
+    }
     json_object_set_new(o, "token_ids", ids);
     json_object_set_new(o, "finish_reason", json_string(r->finish_reason ? r->finish_reason : "error"));
     json_object_set_new(o, "stop_reason", stop_reason(in->cfg, r));

@@ -141,6 +141,7 @@ static int parse_fields(json_t *o, Request *r, const char *const *keys, const ch
             if (json_object_get(o, chat_keys[k])) json_object_set(chat, chat_keys[k], json_object_get(o, chat_keys[k]));
         r->chat = json_dumps(chat, JSON_COMPACT);
         json_decref(chat);
+        r->thinking_off = json_is_false(json_object_get(json_object_get(o, "chat_template_kwargs"), "thinking"));
     } else if (p && ids) {
         snprintf(why, wn, "give either \"prompt\" or \"prompt_token_ids\", not both");
         return -1;

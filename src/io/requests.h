@@ -20,8 +20,8 @@ typedef struct {
     char *id;
     int line;            /* 1-based line in the prompt file */
     char *prompt;        /* text, or NULL when token ids were given */
-    char *chat;          /* a chat request's messages and template options (a JSON object's text), until
-                          * rendered into prompt */
+    char *chat;          /* a chat request's messages and template options (a JSON object's text) */
+    int thinking_off;    /* chat_template_kwargs "thinking": false (Kimi's switch; reasoning.h) */
     int *prompt_tokens;  /* given ids, or the tokenizer's once encoded */
     int n_prompt;
     int max_tokens;
