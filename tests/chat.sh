@@ -112,6 +112,41 @@ else
 fi
 expect_error bad_parser 2 "--reasoning-parser granite: choose deepseek_r1, qwen3 or kimi_k2" \
     --model "$WORK/qwen" --reasoning-parser granite "$WORK/r.jsonl"
+# OpenAI batch lines, chat and completions mixed: the results are
+# chat.completion and text_completion objects that a reader written from
+# OpenAI's documentation accepts (tests/read_batch_output.c), the chat
+# ones with the message's reasoning_content split off, logprobs in the
+# chat form, and the conversation's prompt ids those of apply_chat_template
+think=$(sed -n '8p' "$DATA/requests-qwen3.jsonl" | sed 's/^{"id": "thinking-on", \("messages": .*\), "add_generation_prompt".*$/\1/')
+n_think=$(sed -n '8p' "$DATA/requests-qwen3.ids" | tr ',' '\n' | grep -c .)
+cat >"$WORK/batch.jsonl" <<JSON
+{"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "q", $think, "chat_template_kwargs": {"enable_thinking": true}, "max_completion_tokens": 3, "logprobs": true, "top_logprobs": 2}}
+{"custom_id": "p1", "method": "POST", "url": "/v1/completions", "body": {"model": "q", "prompt": "Hello", "max_tokens": 2}}
+{"custom_id": "c2", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "q", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0.7, "top_p": 0.9, "seed": 5, "stop": ["zz"]}}
+{"custom_id": "c3", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "q", "prompt": "Hi"}}
+{"custom_id": "c4", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "q", "messages": [{"role": "user", "content": "Hi"}], "logprobs": 2}}
+{"custom_id": "p2", "method": "POST", "url": "/v1/completions", "body": {"model": "q", "messages": [{"role": "user", "content": "Hi"}]}}
+JSON
+run_dcp batch --model "$WORK/qwen" --reasoning-parser deepseek_r1 --skip-invalid --output "$WORK/batch_out.jsonl" "$WORK/batch.jsonl"
+checks=$((checks + 1))
+if [ "$(cat "$WORK/batch.rc")" != 4 ] || ! "$BUILD/tests/read_batch_output" "$WORK/batch_out.jsonl" >"$WORK/read.txt"; then
+    fail "chat batch: exit $(cat "$WORK/batch.rc") (want 4), or the reader refused the file"; cat "$WORK/batch_out.jsonl" "$WORK/batch.err" >&2
+else
+    c1=$(grep '"custom_id":"c1"' "$WORK/batch_out.jsonl")
+    r1=$(awk -F '\t' '$1 == "c1" && $2 == 200 {print $3 "|" $4}' "$WORK/read.txt")
+    if echo "$c1" | grep -q '"object":"chat.completion"' && echo "$c1" | grep -q "\"prompt_tokens\":$n_think," &&
+        [ "$(echo "$c1" | grep -o '"top_logprobs":\[{"token"' | wc -l)" = 3 ] &&
+        [ "${r1%%|*}" = "(null)" ] && [ -n "${r1#*|}" ] &&
+        grep '"custom_id":"p1"' "$WORK/batch_out.jsonl" | grep -q '"object":"text_completion"' &&
+        grep '"custom_id":"c2"' "$WORK/batch_out.jsonl" | grep -q '"finish_reason":"length"' &&
+        awk -F '\t' '$1 == "c3" && $2 == "error"' "$WORK/read.txt" | grep -q 'needs "messages"' &&
+        awk -F '\t' '$1 == "c4" && $2 == "error"' "$WORK/read.txt" | grep -q '"logprobs" must be true or false' &&
+        awk -F '\t' '$1 == "p2" && $2 == "error"' "$WORK/read.txt" | grep -q 'url.*chat/completions'; then
+        pass "chat batch: chat.completion and text_completion lines the reader accepts; reasoning split, chat logprobs, $n_think prompt ids"
+    else
+        fail "chat batch: $(cat "$WORK/read.txt")"; echo "$c1" >&2
+    fi
+fi
 # constructs outside the subset: refused at start-up, naming the line
 printf 'ok\n{{ messages | wordcount }}\n' >"$WORK/bad.jinja"
 expect_error bad_template 1 "$WORK/bad.jinja:2: the filter 'wordcount' is not supported" \

@@ -6,9 +6,16 @@
  * "text", "index", "logprobs" (null, or "tokens", "token_logprobs",
  * "top_logprobs", "text_offset") and "finish_reason", and "usage" with
  * "prompt_tokens", "completion_tokens", "total_tokens"; "error" holds
- * "code" and "message"). It refuses a line missing any of these or of the
- * wrong type, and prints per line: custom_id, status (or "error"), and the
- * text (or the error message), tab-separated.
+ * "code" and "message"), or a chat completion object as OpenAI's chat API
+ * documents it: "object": "chat.completion", "choices" with "index",
+ * "message" ("role" "assistant", "content" a string or null, optional
+ * "refusal", "tool_calls" and the reasoning models' "reasoning_content"),
+ * "logprobs" (null, or "content": per token "token", "logprob", "bytes"
+ * and "top_logprobs" of the same three) and "finish_reason". It refuses a
+ * line missing any of these or of the wrong type, and prints per line:
+ * custom_id, status (or "error"), and the text or the message's content
+ * (or the error message), tab-separated; for a chat line with
+ * reasoning_content, that too, after another tab.
  * Usage: read_batch_output FILE.jsonl */
 #include <jansson.h>
 #include <stdio.h>
@@ -46,6 +53,63 @@ static int check_logprobs(json_t *lp, int line, json_int_t completion_tokens)
     return 0;
 }
 
+static int check_token(json_t *t, int line)
+{
+    json_t *bytes = json_object_get(t, "bytes"), *lp = json_object_get(t, "logprob");
+    NEED(json_is_object(t) && json_is_string(json_object_get(t, "token")), "a chat logprob needs a token string");
+    NEED(json_is_number(lp) && json_number_value(lp) <= 0, "a chat logprob is not a number <= 0");
+    NEED(json_is_null(bytes) || json_is_array(bytes), "a chat logprob's bytes must be null or a list");
+    size_t i;
+    json_t *b;
+    json_array_foreach(bytes, i, b) NEED(json_is_integer(b) && json_integer_value(b) >= 0 && json_integer_value(b) < 256,
+                                         "a chat logprob's bytes must be byte values");
+    if (json_is_array(bytes)) {
+        const char *s = json_string_value(json_object_get(t, "token"));
+        NEED(json_array_size(bytes) == strlen(s), "a chat logprob's bytes are not its token's");
+        for (i = 0; i < json_array_size(bytes); i++)
+            NEED(json_integer_value(json_array_get(bytes, i)) == (unsigned char)s[i], "a chat logprob's bytes are not its token's");
+    }
+    return 0;
+}
+
+static int check_chat_choice(json_t *c, int line, json_int_t completion_tokens)
+{
+    json_t *msg = json_object_get(c, "message"), *lp = json_object_get(c, "logprobs"), *fin = json_object_get(c, "finish_reason");
+    NEED(json_is_integer(json_object_get(c, "index")), "choice.index must be an integer");
+    NEED(json_is_object(msg), "choice.message must be an object");
+    json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content"),
+           *reason = json_object_get(msg, "reasoning_content"), *tools = json_object_get(msg, "tool_calls"),
+           *refusal = json_object_get(msg, "refusal");
+    NEED(json_is_string(role) && !strcmp(json_string_value(role), "assistant"), "message.role must be assistant");
+    NEED(content && (json_is_string(content) || json_is_null(content)), "message.content must be a string or null");
+    NEED(!reason || json_is_string(reason) || json_is_null(reason), "message.reasoning_content must be a string or null");
+    NEED(!refusal || json_is_string(refusal) || json_is_null(refusal), "message.refusal must be a string or null");
+    NEED(!tools || json_is_array(tools), "message.tool_calls must be a list");
+    NEED(json_is_string(fin) && (!strcmp(json_string_value(fin), "stop") || !strcmp(json_string_value(fin), "length") ||
+                                 !strcmp(json_string_value(fin), "tool_calls") ||
+                                 !strcmp(json_string_value(fin), "content_filter") ||
+                                 !strcmp(json_string_value(fin), "function_call")),
+         "choice.finish_reason must be stop, length, tool_calls, content_filter or function_call");
+    NEED(lp && (json_is_null(lp) || json_is_object(lp)), "choice.logprobs must be null or an object");
+    if (json_is_object(lp)) {
+        json_t *toks = json_object_get(lp, "content");
+        NEED(json_is_array(toks) || json_is_null(toks), "logprobs.content must be a list or null");
+        NEED((json_int_t)json_array_size(toks) == completion_tokens, "logprobs.content covers other than the completion tokens");
+        size_t i;
+        json_t *t;
+        json_array_foreach(toks, i, t)
+        {
+            json_t *top = json_object_get(t, "top_logprobs");
+            if (check_token(t, line)) return 1;
+            NEED(json_is_array(top), "a chat logprob's top_logprobs must be a list");
+            size_t k;
+            json_t *x;
+            json_array_foreach(top, k, x) if (check_token(x, line)) return 1;
+        }
+    }
+    return 0;
+}
+
 static int check_line(json_t *o, int line)
 {
     NEED(json_is_object(o), "not a JSON object");
@@ -67,7 +131,9 @@ static int check_line(json_t *o, int line)
     NEED(json_is_object(body), "response.body must be an object");
     NEED(json_is_string(json_object_get(body, "id")), "body.id must be a string");
     json_t *obj = json_object_get(body, "object");
-    NEED(json_is_string(obj) && !strcmp(json_string_value(obj), "text_completion"), "body.object must be text_completion");
+    int chat = json_is_string(obj) && !strcmp(json_string_value(obj), "chat.completion");
+    NEED(chat || (json_is_string(obj) && !strcmp(json_string_value(obj), "text_completion")),
+         "body.object must be text_completion or chat.completion");
     NEED(json_is_integer(json_object_get(body, "created")), "body.created must be an integer");
     NEED(json_is_string(json_object_get(body, "model")), "body.model must be a string");
     json_t *usage = json_object_get(body, "usage"), *choices = json_object_get(body, "choices");
@@ -77,6 +143,16 @@ static int check_line(json_t *o, int line)
     NEED(json_integer_value(pt) + json_integer_value(ct) == json_integer_value(tt), "usage does not add up");
     NEED(json_is_array(choices) && json_array_size(choices) >= 1, "body.choices must be a non-empty array");
     json_t *c = json_array_get(choices, 0), *fin = json_object_get(c, "finish_reason"), *lp = json_object_get(c, "logprobs");
+    if (chat) {
+        if (check_chat_choice(c, line, json_integer_value(ct))) return 1;
+        json_t *msg = json_object_get(c, "message"), *content = json_object_get(msg, "content"),
+               *reason = json_object_get(msg, "reasoning_content");
+        printf("%s\t%lld\t%s", json_string_value(cid), (long long)json_integer_value(status),
+               json_is_string(content) ? json_string_value(content) : "(null)");
+        if (reason) printf("\t%s", json_is_string(reason) ? json_string_value(reason) : "(null)");
+        printf("\n");
+        return 0;
+    }
     NEED(json_is_string(json_object_get(c, "text")), "choice.text must be a string");
     NEED(json_is_integer(json_object_get(c, "index")), "choice.index must be an integer");
     NEED(json_is_string(fin) && (!strcmp(json_string_value(fin), "stop") || !strcmp(json_string_value(fin), "length") ||

@@ -39,6 +39,19 @@ static size_t utf8_chars(const char *s)
 
 static json_t *real_or_null(float x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+/* A token in the chat API's logprobs: {"token", "logprob", "bytes"} (the
+ * UTF-8 bytes of its text) */
+static json_t *chat_token(const Tokenizer *tok, int bos, int id, float lp)
+{
+    json_t *e = json_object(), *t = token_text(tok, bos, id), *bytes = json_array();
+    const unsigned char *s = (const unsigned char *)json_string_value(t);
+    for (size_t i = 0; i < json_string_length(t); i++) json_array_append_new(bytes, json_integer(s[i]));
+    json_object_set_new(e, "token", t);
+    json_object_set_new(e, "logprob", real_or_null(lp));
+    json_object_set_new(e, "bytes", bytes);
+    return e;
+}
+
 /* One position's entry in dcpinfer's own form:
  * {"token_id", "token", "logprob", "top_logprobs": [{"token_id", "token", "logprob"}, ...]} */
 static json_t *position_json(const Tokenizer *tok, int bos, int id, float lp, const int *top_id, const float *top_lp,
@@ -149,6 +162,45 @@ static json_t *completion_logprobs(const RunInfo *in, const Request *q, const Re
     return o;
 }
 
+/* The chat API's logprobs object: {"content": [{"token", "logprob",
+ * "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}, ...]} */
+static json_t *chat_logprobs(const RunInfo *in, const Request *q, const Result *r, const Tokenizer *tok)
+{
+    int bos = in->cfg->bos_id, k = q->logprobs;
+    json_t *content = json_array();
+    for (int j = 0; j < r->n; j++) {
+        json_t *e = chat_token(tok, bos, r->tokens[j], r->lp[j]), *top = json_array();
+        for (int i = 0; i < k && r->top_id[(size_t)j * k + i] >= 0; i++)
+            json_array_append_new(top, chat_token(tok, bos, r->top_id[(size_t)j * k + i], r->top_lp[(size_t)j * k + i]));
+        json_object_set_new(e, "top_logprobs", top);
+        json_array_append_new(content, e);
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "content", content);
+    return o;
+}
+
+/* A chat.completion body's one choice: the assistant's message (its
+ * content, and its reasoning_content with --reasoning-parser) */
+static json_t *chat_choice(const RunInfo *in, const Request *q, const Result *r, const char *text, const Tokenizer *tok)
+{
+    json_t *choice = json_object(), *msg = json_object();
+    json_object_set_new(msg, "role", json_string("assistant"));
+    if (in->reasoning_parser != REASONING_NONE) {
+        TextSpan s[2];
+        reasoning_split(in->reasoning_parser, text, strlen(text), q->thinking_off, &s[0], &s[1]);
+        json_object_set_new(msg, "content", s[1].n >= 0 ? json_stringn(s[1].p, (size_t)s[1].n) : json_null());
+        json_object_set_new(msg, "reasoning_content", s[0].n >= 0 ? json_stringn(s[0].p, (size_t)s[0].n) : json_null());
+    } else json_object_set_new(msg, "content", json_string(text));
+    json_object_set_new(msg, "tool_calls", json_array());
+    json_object_set_new(choice, "index", json_integer(0));
+    json_object_set_new(choice, "message", msg);
+    json_object_set_new(choice, "logprobs", r->lp ? chat_logprobs(in, q, r, tok) : json_null());
+    json_object_set_new(choice, "finish_reason", json_string(r->finish_reason));
+    json_object_set_new(choice, "stop_reason", stop_reason(in->cfg, r));
+    return choice;
+}
+
 /* One line of the OpenAI batch output form:
  * {"id", "custom_id", "response": {"status_code", "request_id", "body"} | null, "error": {"code", "message"} | null} */
 static json_t *batch_line(const RunInfo *in, const Request *q, const Result *r, const char *text, const Tokenizer *tok,
@@ -167,12 +219,16 @@ static json_t *batch_line(const RunInfo *in, const Request *q, const Result *r, 
         json_object_set_new(o, "error", e);
         return o;
     }
-    json_t *choice = json_object(), *choices = json_array(), *body = json_object(), *resp = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
-    json_object_set_new(choice, "text", json_string(text));
-    json_object_set_new(choice, "logprobs", r->lp ? completion_logprobs(in, q, r, tok) : json_null());
-    json_object_set_new(choice, "finish_reason", json_string(r->finish_reason));
-    json_object_set_new(choice, "stop_reason", stop_reason(in->cfg, r));
+    json_t *choice, *choices = json_array(), *body = json_object(), *resp = json_object();
+    if (q->chat_api) choice = chat_choice(in, q, r, text, tok);
+    else {
+        choice = json_object();
+        json_object_set_new(choice, "index", json_integer(0));
+        json_object_set_new(choice, "text", json_string(text));
+        json_object_set_new(choice, "logprobs", r->lp ? completion_logprobs(in, q, r, tok) : json_null());
+        json_object_set_new(choice, "finish_reason", json_string(r->finish_reason));
+        json_object_set_new(choice, "stop_reason", stop_reason(in->cfg, r));
+    }
     if (r->plp) {
         json_t *own = own_line(in, q, r, text, tok);
         json_object_set(choice, "prompt_logprobs", json_object_get(own, "prompt_logprobs"));
@@ -180,8 +236,10 @@ static json_t *batch_line(const RunInfo *in, const Request *q, const Result *r, 
     }
     json_array_append_new(choices, choice);
     const char *slash = strrchr(in->model_path, '/');
-    json_object_set_new(body, "id", json_string(rid));
-    json_object_set_new(body, "object", json_string("text_completion"));
+    char body_id[80];
+    snprintf(body_id, sizeof body_id, "%s%s", q->chat_api ? "chatcmpl-" : "", rid);
+    json_object_set_new(body, "id", json_string(body_id));
+    json_object_set_new(body, "object", json_string(q->chat_api ? "chat.completion" : "text_completion"));
     json_object_set_new(body, "created", json_integer(created));
     json_object_set_new(body, "model", json_string(slash && slash[1] ? slash + 1 : in->model_path));
     json_object_set_new(body, "choices", choices);

@@ -58,6 +58,14 @@ static const char *plain_keys[] = {"id", SAMPLING_KEYS, CHAT_KEYS, NULL};
 /* an OpenAI batch body: the same request fields; "model" names the model
  * the line was written for (the run's model is --model) */
 static const char *body_keys[] = {"model", SAMPLING_KEYS, NULL};
+/* a /v1/chat/completions body: the conversation, the chat template's
+ * options, and the sampling fields without the prompt (logprobs is a
+ * boolean there, with top_logprobs its count) */
+static const char *chat_body_keys[] = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
+                                       "top_p", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
+                                       "ignore_eos", "min_tokens", "logprobs", "top_logprobs", "skip_special_tokens",
+                                       "n", "stream", "user", "add_generation_prompt", "continue_final_message",
+                                       "chat_template_kwargs", "tools", "tool_choice", NULL};
 static const char *batch_keys[] = {"custom_id", "method", "url", "body", NULL};
 
 /* The edit distance of a and b (insertions, deletions, substitutions and
@@ -229,7 +237,24 @@ static int parse_fields(json_t *o, Request *r, const char *const *keys, const ch
             }
             *flag_of[k] = json_is_true(v);
         }
-    static const char *counts[] = {"min_tokens", "logprobs", "prompt_logprobs"};
+    if (r->chat_api) { /* chat: "logprobs": true, and "top_logprobs" alternatives per token */
+        json_t *lp = json_object_get(o, "logprobs"), *top = json_object_get(o, "top_logprobs");
+        if (lp && !json_is_null(lp) && !json_is_boolean(lp)) {
+            snprintf(why, wn, "wrong field type: \"logprobs\" must be true or false in a chat request");
+            return -1;
+        }
+        if (top && !json_is_null(top) &&
+            (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > MAX_LOGPROBS)) {
+            snprintf(why, wn, "\"top_logprobs\" must be an integer in [0, %d]", MAX_LOGPROBS);
+            return -1;
+        }
+        if (top && !json_is_null(top) && !json_is_true(lp)) {
+            snprintf(why, wn, "\"top_logprobs\" needs \"logprobs\": true");
+            return -1;
+        }
+        if (json_is_true(lp)) r->logprobs = top && !json_is_null(top) ? (int)json_integer_value(top) : 0;
+    }
+    const char *counts[] = {"min_tokens", r->chat_api ? "" : "logprobs", "prompt_logprobs"};
     int *count_of[] = {&r->min_tokens, &r->logprobs, &r->prompt_logprobs};
     int limit[] = {INT32_MAX, MAX_LOGPROBS, MAX_LOGPROBS};
     for (int k = 0; k < 3; k++)
@@ -276,13 +301,24 @@ static int parse_line(json_t *o, Request *r, char *why, size_t wn)
             return -1;
         }
         json_t *url = json_object_get(o, "url");
-        if (url && (!json_is_string(url) || strcmp(json_string_value(url), "/v1/completions"))) {
-            snprintf(why, wn, "\"url\" must be \"/v1/completions\" (dcpinfer runs completions)");
+        const char *u = json_string_value(url);
+        if (url && (!u || (strcmp(u, "/v1/completions") && strcmp(u, "/v1/chat/completions")))) {
+            snprintf(why, wn, "\"url\" must be \"/v1/completions\" or \"/v1/chat/completions\"");
             return -1;
         }
         if (check_keys(o, batch_keys, " (OpenAI batch line)", why, wn)) return -1;
         r->batch = 1;
-        return parse_fields(body, r, body_keys, " in \"body\"", why, wn);
+        r->chat_api = u && !strcmp(u, "/v1/chat/completions");
+        if (!r->chat_api && json_object_get(body, "messages")) {
+            snprintf(why, wn, "\"messages\" in a \"/v1/completions\" body: chat requests go to \"url\": "
+                              "\"/v1/chat/completions\"");
+            return -1;
+        }
+        if (r->chat_api && !json_object_get(body, "messages")) {
+            snprintf(why, wn, "a \"/v1/chat/completions\" body needs \"messages\"");
+            return -1;
+        }
+        return parse_fields(body, r, r->chat_api ? chat_body_keys : body_keys, " in \"body\"", why, wn);
     }
     return parse_fields(o, r, plain_keys, "", why, wn);
 }

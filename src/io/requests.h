@@ -39,6 +39,7 @@ typedef struct {
     int prompt_logprobs; /* the same per prompt token; -1: none */
     int skip_special;    /* skip_special_tokens: special tokens are left out of the text */
     int batch;           /* an OpenAI batch line */
+    int chat_api;        /* of url /v1/chat/completions: its results are chat.completion objects */
     char *error;         /* set: the request failed with this reason */
 } Request;
 
