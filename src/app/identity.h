@@ -20,6 +20,7 @@
     X(max_tokens, "--max-tokens")                                                                            \
     X(temperature, "--temperature")                                                                          \
     X(top_p, "--top-p")                                                                                      \
+    X(sampling, "--top-k, --min-p and the penalties")                                                        \
     X(seed, "--seed")                                                                                        \
     X(reduction_order, "reduction order (the model's canonical sizes and --cp-kv-cache-interleave-size, or a "  \
                        "layout that does not divide them)")

@@ -460,7 +460,7 @@ static int read_inputs(Run *r)
     if (failed_anywhere(r->rank == 0 && (output_check_writable(o->output) || check_output_not_input(o, r->tok_path)),
                         world))
         return EXIT_RUN_FAILED;
-    RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed};
+    RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed, o->sampling};
     if (failed_anywhere(read_prompts(o->prompts, &defaults, o->skip_invalid, &r->rs, world, &r->prompts_hash), world))
         return EXIT_RUN_FAILED;
     Config *cfg = &r->cfg;
@@ -545,6 +545,9 @@ static int make_identity(Run *r)
     identity_set(id, ID_max_tokens, "%d", o->max_tokens);
     identity_set(id, ID_temperature, "%.9g", (double)o->temperature);
     identity_set(id, ID_top_p, "%.9g", (double)o->top_p);
+    identity_set(id, ID_sampling, "top_k %d min_p %.9g presence %.9g frequency %.9g repetition %.9g", o->sampling.top_k,
+                 (double)o->sampling.min_p, (double)o->sampling.presence_penalty,
+                 (double)o->sampling.frequency_penalty, (double)o->sampling.repetition_penalty);
     identity_set(id, ID_seed, "%llu", (unsigned long long)o->seed);
     /* the layout itself is not part of it: canonical layouts give the same
      * bits (docs/design.md, "Same bits at any layout") */

@@ -21,7 +21,8 @@ enum {
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
     OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE,
-    OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER
+    OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER, OPT_TOP_K, OPT_MIN_P,
+    OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION
 };
 
 static const struct option long_opts[] = {
@@ -50,6 +51,11 @@ static const struct option long_opts[] = {
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
+    {"top-k", required_argument, 0, OPT_TOP_K},
+    {"min-p", required_argument, 0, OPT_MIN_P},
+    {"presence-penalty", required_argument, 0, OPT_PRESENCE},
+    {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},
+    {"repetition-penalty", required_argument, 0, OPT_REPETITION},
     {"seed", required_argument, 0, OPT_SEED},
     {"max-model-len", required_argument, 0, OPT_MAX_MODEL_LEN},
     {"max-num-seqs", required_argument, 0, OPT_MAX_NUM_SEQS},
@@ -114,6 +120,12 @@ void options_usage(FILE *f)
             "  --max-tokens N           tokens to generate per request (default 16)\n"
             "  --temperature T          0 is greedy (default 1.0)\n"
             "  --top-p P                nucleus sampling mass in (0, 1] (default 1.0)\n"
+            "  --top-k K                sample among the K most likely tokens (default 0: all)\n"
+            "  --min-p P                drop tokens below P x the most likely one's probability\n"
+            "                           (default 0)\n"
+            "  --presence-penalty A, --frequency-penalty A  OpenAI's penalties in [-2, 2] on tokens\n"
+            "                           already generated (default 0)\n"
+            "  --repetition-penalty R   over prompt and output tokens, as vLLM (default 1: off)\n"
             "  --seed N                 run seed; a request without \"seed\" derives one from it and\n"
             "                           its line number (default 0)\n"
             "\n"
@@ -195,7 +207,7 @@ int options_parse(Options *o, int argc, char **argv, int print)
                    .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
                    .block_size = 16, .mpi_device_buffers = "auto",
                    .dtype = "auto", .kv_cache_dtype = "auto", .max_tokens = 16, .temperature = 1.0f,
-                   .top_p = 1.0f, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1,
+                   .top_p = 1.0f, .sampling = {.repetition_penalty = 1.0f}, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1,
                    .journal = 1};
     optind = 1;
     opterr = 0;
@@ -206,6 +218,18 @@ int options_parse(Options *o, int argc, char **argv, int print)
         case OPT_MODEL: o->model = optarg; break;
         case OPT_TOKENIZER: o->tokenizer = optarg; break;
         case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
+        case OPT_TOP_K:
+            rc = parse_int("--top-k", optarg, -1, INT32_MAX, &o->sampling.top_k);
+            if (o->sampling.top_k < 0) o->sampling.top_k = 0;
+            break;
+        case OPT_MIN_P: rc = parse_float("--min-p", optarg, 0, 1, 0, &o->sampling.min_p); break;
+        case OPT_PRESENCE: rc = parse_float("--presence-penalty", optarg, -2, 2, 0, &o->sampling.presence_penalty); break;
+        case OPT_FREQUENCY:
+            rc = parse_float("--frequency-penalty", optarg, -2, 2, 0, &o->sampling.frequency_penalty);
+            break;
+        case OPT_REPETITION:
+            rc = parse_float("--repetition-penalty", optarg, 0, 2e9f, 1, &o->sampling.repetition_penalty);
+            break;
         case OPT_REASONING_PARSER:
             o->reasoning_parser = reasoning_parser(optarg);
             if (o->reasoning_parser < 0) rc = dcp_fail("--reasoning-parser %s: choose deepseek_r1, qwen3 or kimi_k2", optarg);

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "requests.h"
+
 typedef struct {
     const char *prompts;
     const char *model;     /* NULL: generated default model */
@@ -20,6 +22,7 @@ typedef struct {
     float temperature;
     float top_p;
     uint64_t seed;
+    SamplingExtra sampling; /* --top-k, --min-p and the penalties: defaults for requests */
     int max_model_len;     /* 0: the model's */
     int max_num_seqs;
     int max_batched_tokens;

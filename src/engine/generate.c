@@ -197,6 +197,12 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
                              full + (size_t)(row + j) * vocab, vocab);
         b->rows[i] = sampling[i] ? full + (size_t)(row + rows - 1) * (full == local ? s->vocab : vocab) : NULL;
         const Request *q = &rs->r[p->req[i]];
+        const Result *res = &sch->res[p->req[i]];
+        /* logit_bias and the penalties: on the shard's logits before greedy's
+         * argmax and the gather, as vLLM applies them before either */
+        if (sampling[i] && sampler_adjusts(q))
+            sampler_adjust((float *)b->rows[i], full == local ? s->vocab0 : 0, full == local ? s->vocab : vocab, q,
+                           res->tokens, res->n);
         if (sampling[i] && sch->res[p->req[i]].n < q->min_tokens)
             mask_stop_tokens((float *)b->rows[i], full == local ? s->vocab0 : 0, full == local ? s->vocab : vocab,
                              &e->env.model->cfg, q);

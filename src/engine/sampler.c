@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 typedef struct {
     float prob;
     int index;
@@ -14,6 +16,8 @@ void sampler_init(Sampler *s, float temperature, float top_p, uint64_t seed)
 {
     s->temperature = temperature;
     s->top_p = top_p;
+    s->top_k = 0;
+    s->min_p = 0.0f;
     s->rng = seed ? seed : 0x2545F4914F6CDD1Dull; /* xorshift must not start at 0 */
 }
 
@@ -118,6 +122,117 @@ static void sort_desc(ProbIndex *pi, ProbIndex *tmp, int m)
     if (from != pi) memcpy(pi, from, sizeof *pi * (size_t)m);
 }
 
+void sampler_set_extra(Sampler *s, const SamplingExtra *x)
+{
+    s->top_k = x->top_k > 0 ? x->top_k : 0;
+    s->min_p = x->min_p > 0.0f ? x->min_p : 0.0f;
+}
+
+static int repetition_on(float r) { return r > 0.0f && r != 1.0f; }
+
+int sampler_adjusts(const Request *q)
+{
+    return q->n_bias || q->x.presence_penalty != 0.0f || q->x.frequency_penalty != 0.0f ||
+           repetition_on(q->x.repetition_penalty);
+}
+
+/* the ids of a..a+n in [v0, v0+vn), counted into count (vn) with the
+ * first sighting of each listed in seen */
+static void tally(const int *ids, int n, int v0, int vn, int *count, int *seen, int *n_seen)
+{
+    for (int i = 0; i < n; i++) {
+        int t = ids[i] - v0;
+        if (t < 0 || t >= vn) continue;
+        if (!count[t]++) seen[(*n_seen)++] = t;
+    }
+}
+
+void sampler_adjust(float *row, int v0, int vn, const Request *q, const int *out, int n_out)
+{
+    for (int j = 0; j < q->n_bias; j++)
+        if (q->bias_ids[j] >= v0 && q->bias_ids[j] < v0 + vn) row[q->bias_ids[j] - v0] += q->bias[j];
+    float rep = q->x.repetition_penalty, freq = q->x.frequency_penalty, pres = q->x.presence_penalty;
+    int use_rep = repetition_on(rep), use_out = freq != 0.0f || pres != 0.0f;
+    if (!use_rep && !use_out) return;
+    /* counts of the output's tokens, and the prompt's marked, over this
+     * shard: only the ids that occur are visited afterwards */
+    int *count = xcalloc((size_t)vn, sizeof(int)), *seen = xmalloc(sizeof(int) * ((size_t)n_out + 1));
+    int n_seen = 0;
+    tally(out, n_out, v0, vn, count, seen, &n_seen);
+    if (use_rep) {
+        char *in_prompt = xcalloc((size_t)vn, 1);
+        for (int i = 0; i < q->n_prompt; i++) {
+            int t = q->prompt_tokens[i] - v0;
+            if (t < 0 || t >= vn || in_prompt[t]) continue;
+            in_prompt[t] = 1;
+            if (!count[t]) row[t] = row[t] > 0.0f ? row[t] / rep : row[t] * rep;
+        }
+        for (int k = 0; k < n_seen; k++) {
+            int t = seen[k];
+            row[t] = row[t] > 0.0f ? row[t] / rep : row[t] * rep;
+        }
+        free(in_prompt);
+    }
+    if (use_out)
+        for (int k = 0; k < n_seen; k++) {
+            int t = seen[k];
+            row[t] -= (float)count[t] * freq; /* as vLLM: the frequency term, then the presence term */
+            row[t] -= pres;
+        }
+    free(count);
+    free(seen);
+}
+
+/* min_p, top_k and top_p over probs (n, softmaxed): the kept tokens, most
+ * likely first (equal ones lower id first), into pi; returns how many, and
+ * their probability mass in *mass. */
+static int keep_extra(const Sampler *s, const float *probs, int n, ProbIndex *pi, float *mass)
+{
+    float pmax = 0.0f;
+    for (int i = 0; i < n; i++) pmax = probs[i] > pmax ? probs[i] : pmax;
+    float floor_p = s->min_p > 0.0f ? pmax * s->min_p : 0.0f;
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (probs[i] > 0.0f && probs[i] >= floor_p) pi[m++] = (ProbIndex){probs[i], i};
+    sort_desc(pi, pi + n, m);
+    if (s->top_k > 0 && m > s->top_k) { /* the k most likely, and any equal to the k-th */
+        int k = s->top_k;
+        while (k < m && pi[k].prob == pi[s->top_k - 1].prob) k++;
+        m = k;
+    }
+    float total = 0.0f;
+    for (int i = 0; i < m; i++) total += pi[i].prob;
+    if (s->top_p > 0.0f && s->top_p < 1.0f) { /* the smallest head whose share of the kept mass exceeds top_p */
+        float cum = 0.0f;
+        for (int i = 0; i < m; i++) {
+            cum += pi[i].prob / total;
+            if (cum > s->top_p) {
+                m = i + 1;
+                break;
+            }
+        }
+        total = 0.0f;
+        for (int i = 0; i < m; i++) total += pi[i].prob;
+    }
+    *mass = total;
+    return m;
+}
+
+void sampler_distribution(const Sampler *s, float *logits, int n, float *probs, void *scratch)
+{
+    memset(probs, 0, sizeof(float) * (size_t)n);
+    if (s->temperature == 0.0f) {
+        probs[argmax_f32(logits, n)] = 1.0f;
+        return;
+    }
+    for (int i = 0; i < n; i++) logits[i] /= s->temperature;
+    softmax(logits, n);
+    ProbIndex *pi = scratch;
+    float mass;
+    int m = keep_extra(s, logits, n, pi, &mass);
+    for (int i = 0; i < m; i++) probs[pi[i].index] = pi[i].prob / mass;
+}
+
 int sampler_sample(Sampler *s, float *logits, int n, void *scratch)
 {
     if (!logits_finite(logits, n)) return SAMPLE_NONFINITE;
@@ -125,6 +240,17 @@ int sampler_sample(Sampler *s, float *logits, int n, void *scratch)
     for (int i = 0; i < n; i++) logits[i] /= s->temperature;
     softmax(logits, n);
     float coin = random_f32(&s->rng);
+    if (s->top_k > 0 || s->min_p > 0.0f) { /* vLLM's min_p and top_k, then top_p, over the kept tokens */
+        ProbIndex *pi = scratch;
+        float mass;
+        int m = keep_extra(s, logits, n, pi, &mass);
+        float r = coin * mass, cdf = 0.0f;
+        for (int i = 0; i < m; i++) {
+            cdf += pi[i].prob;
+            if (r < cdf) return pi[i].index;
+        }
+        return pi[m - 1].index;
+    }
     if (s->top_p <= 0.0f || s->top_p >= 1.0f) {
         float cdf = 0.0f;
         for (int i = 0; i < n; i++) {

@@ -1,7 +1,11 @@
 /* Token choice from one row of logits. Greedy is argmax (lowest index wins
  * ties); otherwise temperature and top-p sampling as llama2.c's run.c does
  * it, with a per-request xorshift generator, so a request's tokens depend on
- * its seed and logits only, never on the batch or the parallel layout. */
+ * its seed and logits only, never on the batch or the parallel layout.
+ * vLLM's further parameters come in vLLM's order: logit_bias, then the
+ * repetition, frequency and presence penalties on the logits
+ * (sampler_adjust, before greedy's argmax too), then temperature, min_p,
+ * top_k and top_p on the probabilities. */
 #ifndef DCP_SAMPLER_H
 #define DCP_SAMPLER_H
 
@@ -13,10 +17,27 @@
 typedef struct {
     float temperature;
     float top_p;
+    int top_k;   /* 0: off */
+    float min_p; /* 0: off */
     uint64_t rng;
 } Sampler;
 
 void sampler_init(Sampler *s, float temperature, float top_p, uint64_t seed);
+/* A request's top_k and min_p (its SamplingExtra) */
+void sampler_set_extra(Sampler *s, const SamplingExtra *x);
+/* 1 when the request adjusts logits (sampler_adjust has work) */
+int sampler_adjusts(const Request *q);
+/* logit_bias, then the repetition penalty (over the prompt's and the
+ * output's tokens), the frequency and the presence penalty (over the
+ * output's: OpenAI's logit - count x frequency - (count > 0) x presence)
+ * on row, the logits of ids v0..v0+vn-1 (a shard of the vocabulary, or
+ * all of it). out: the n_out tokens generated so far. */
+void sampler_adjust(float *row, int v0, int vn, const Request *q, const int *out, int n_out);
+/* The distribution the sampler draws from for these logits (n), into
+ * probs (n): after temperature, min_p, top_k and top_p, renormalized;
+ * zero for the tokens left out. Greedy (temperature 0): 1 at the argmax.
+ * logits are overwritten. */
+void sampler_distribution(const Sampler *s, float *logits, int n, float *probs, void *scratch);
 int argmax_f32(const float *x, int n);
 /* 1 when every logit is a finite number */
 int logits_finite(const float *x, int n);

@@ -65,6 +65,7 @@ void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg
         s->seq[i].admitted = -1;
         res[i].stop_token = -1;
         sampler_init(&s->seq[i].sampler, q->temperature, q->top_p, q->seed);
+        sampler_set_extra(&s->seq[i].sampler, &q->x);
         if (q->error) {
             res[i].finish_reason = "error";
             s->done++;

@@ -50,7 +50,8 @@ static int int_array(json_t *a, int **out, int *n, const char *field, char *why,
 #define SAMPLING_KEYS                                                                                         \
     "prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids", "stop",         \
         "include_stop_str_in_output", "ignore_eos", "min_tokens", "logprobs", "prompt_logprobs",                  \
-        "skip_special_tokens", "max_completion_tokens", "n", "stream", "user"
+        "skip_special_tokens", "max_completion_tokens", "n", "stream", "user", "top_k", "min_p",                 \
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"
 /* a chat request's conversation and the chat template's options */
 #define CHAT_KEYS "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools", \
         "tool_choice"
@@ -65,7 +66,9 @@ static const char *chat_body_keys[] = {"model", "messages", "max_tokens", "max_c
                                        "top_p", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
                                        "ignore_eos", "min_tokens", "logprobs", "top_logprobs", "skip_special_tokens",
                                        "n", "stream", "user", "add_generation_prompt", "continue_final_message",
-                                       "chat_template_kwargs", "tools", "tool_choice", NULL};
+                                       "chat_template_kwargs", "tools", "tool_choice", "top_k", "min_p",
+                                       "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                                       NULL};
 static const char *batch_keys[] = {"custom_id", "method", "url", "body", NULL};
 
 /* The edit distance of a and b (insertions, deletions, substitutions and
@@ -128,6 +131,65 @@ static int parse_stop(json_t *v, Request *r, char *why, size_t wn)
             return -1;
         }
         r->stop[r->n_stop_str++] = xstrdup(json_string_value(e));
+    }
+    return 0;
+}
+
+/* top_k, min_p, the penalties and logit_bias, with vLLM's (and OpenAI's)
+ * ranges */
+static int parse_sampling_extra(json_t *o, Request *r, char *why, size_t wn)
+{
+    json_t *v;
+    if ((v = json_object_get(o, "top_k")) && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > INT32_MAX) {
+            snprintf(why, wn, "\"top_k\" must be -1 or 0 (off) or a positive integer");
+            return -1;
+        }
+        r->x.top_k = json_integer_value(v) < 0 ? 0 : (int)json_integer_value(v);
+    }
+    static const struct {
+        const char *name;
+        double lo, hi;
+        int lo_open;
+    } ranges[] = {{"min_p", 0, 1, 0},
+                  {"presence_penalty", -2, 2, 0},
+                  {"frequency_penalty", -2, 2, 0},
+                  {"repetition_penalty", 0, 2e9, 1}};
+    float *dst[] = {&r->x.min_p, &r->x.presence_penalty, &r->x.frequency_penalty, &r->x.repetition_penalty};
+    for (int k = 0; k < 4; k++)
+        if ((v = json_object_get(o, ranges[k].name)) && !json_is_null(v)) {
+            double x = json_is_number(v) ? json_number_value(v) : NAN;
+            if (!(x >= ranges[k].lo && x <= ranges[k].hi) || (ranges[k].lo_open && x == ranges[k].lo)) {
+                if (k == 3) snprintf(why, wn, "\"repetition_penalty\" must be a number above 0 (1: off)");
+                else snprintf(why, wn, "\"%s\" must be a number in [%g, %g]", ranges[k].name, ranges[k].lo, ranges[k].hi);
+                return -1;
+            }
+            *dst[k] = (float)x;
+        }
+    if ((v = json_object_get(o, "logit_bias")) && !json_is_null(v)) {
+        if (!json_is_object(v)) {
+            snprintf(why, wn, "wrong field type: \"logit_bias\" must be an object of token ids (as strings) to numbers");
+            return -1;
+        }
+        size_t n = json_object_size(v);
+        r->bias_ids = xmalloc(sizeof(int) * (n + 1));
+        r->bias = xmalloc(sizeof(float) * (n + 1));
+        const char *key;
+        json_t *b;
+        json_object_foreach(v, key, b)
+        {
+            char *end;
+            long id = strtol(key, &end, 10);
+            if (!*key || *end || id < 0 || id >= 1 << 24) {
+                snprintf(why, wn, "\"logit_bias\": \"%.40s\" is not a token id", key);
+                return -1;
+            }
+            if (!json_is_number(b) || !(json_number_value(b) >= -100 && json_number_value(b) <= 100)) {
+                snprintf(why, wn, "\"logit_bias\" of token %ld must be a number in [-100, 100]", id);
+                return -1;
+            }
+            r->bias_ids[r->n_bias] = (int)id, r->bias[r->n_bias++] = (float)json_number_value(b);
+        }
     }
     return 0;
 }
@@ -217,6 +279,7 @@ static int parse_fields(json_t *o, Request *r, const char *const *keys, const ch
          * likely token, not "no top-p" */
         r->top_p = fmaxf((float)json_number_value(v), FLT_MIN);
     }
+    if (parse_sampling_extra(o, r, why, wn)) return -1;
     if ((v = json_object_get(o, "seed")) && !json_is_null(v)) {
         if (!json_is_integer(v)) {
             snprintf(why, wn, "wrong field type: \"seed\" must be an integer");
@@ -372,6 +435,7 @@ int requests_parse(const char *path, const char *data, size_t size, const Reques
         r->max_tokens = d->max_tokens;
         r->temperature = d->temperature;
         r->top_p = d->top_p;
+        r->x = d->x;
         r->logprobs = r->prompt_logprobs = -1;
         r->skip_special = 1;
         /* a request without a seed gets one from the run seed and its line,
@@ -430,6 +494,14 @@ int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid)
 {
     for (int i = 0; i < set->n; i++) {
         Request *r = &set->r[i];
+        if (r->error) continue;
+        for (int j = 0; j < r->n_bias; j++) {
+            if (r->bias_ids[j] < vocab) continue;
+            request_fail(r, "%s:%d: \"logit_bias\" names token %d, outside the vocabulary [0, %d)", set->path, r->line,
+                         r->bias_ids[j], vocab);
+            if (!skip_invalid) return dcp_fail("%s", r->error);
+            break;
+        }
         if (r->error || r->prompt || r->chat) continue;
         for (int j = 0; j < r->n_prompt; j++) {
             if (r->prompt_tokens[j] >= 0 && r->prompt_tokens[j] < vocab) continue;
@@ -451,6 +523,8 @@ void requests_free(RequestSet *set)
         free(r->chat);
         free(r->prompt_tokens);
         free(r->stop_ids);
+        free(r->bias_ids);
+        free(r->bias);
         for (int k = 0; k < r->n_stop_str; k++) free(r->stop[k]);
         free(r->stop);
         free(r->error);

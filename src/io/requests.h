@@ -9,11 +9,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* vLLM's sampling parameters beyond temperature and top_p (sampler.h
+ * applies them in vLLM's order) */
+typedef struct {
+    int top_k;                /* keep the k most likely tokens; 0: off (-1 in a request) */
+    float min_p;              /* drop tokens below min_p x the most likely one's probability; 0: off */
+    float presence_penalty;   /* OpenAI's: subtracted from each token generated at least once */
+    float frequency_penalty;  /* OpenAI's: subtracted per time a token was generated */
+    float repetition_penalty; /* over prompt and output tokens: positive logits divided, others multiplied; 1: off */
+} SamplingExtra;
+
 typedef struct {
     int max_tokens;
     float temperature;
     float top_p;
     uint64_t seed; /* run seed; a request without "seed" derives its own from it */
+    SamplingExtra x;
 } RequestDefaults;
 
 typedef struct {
@@ -28,6 +39,10 @@ typedef struct {
     float temperature;
     float top_p;
     uint64_t seed;
+    SamplingExtra x;
+    int *bias_ids;       /* logit_bias: token ids, and what is added to their logits */
+    float *bias;
+    int n_bias;
     int *stop_ids;       /* stop_token_ids */
     int n_stop;
     char **stop;         /* stop strings */
