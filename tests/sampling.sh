@@ -6,7 +6,7 @@
 # rank, -tp 4 -dcp 2 and -dp 2 (the adjustments act on each rank's shard of
 # the vocabulary before greedy's argmax and the gather); a logit_bias of
 # +100 makes greedy choose its token every time, on any layout; repetition
-# and frequency penalties change the draws.
+# and frequency penalties change the draws; n > 1 sequences per line.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 "$MKMODEL" --out "$WORK/m" --layers 2 --dim 64 --heads 8 --kv-heads 2 --hidden 128 --vocab 32000 >/dev/null ||
     { echo "FAIL: dcpinfer-mkmodel could not write the model" >&2; exit 1; }
@@ -63,6 +63,41 @@ if [ "$(cat "$WORK/cli.rc")" = 0 ] && [ "$cli" = "$body" ] && grep -q '"object":
     pass "--top-k 20 as a default equals a batch body's top_k 20"
 else
     fail "defaults: exit $(cat "$WORK/cli.rc"): '$cli' vs '$body'"; cat "$WORK/cli.err" >&2
+fi
+# n: a line's sequences as one result; the first draws as n = 1 does, the
+# others from seeds derived from its seed; the same at -tp 4 -dcp 2; in
+# HDF5 one row per sequence with its "choice"; in an OpenAI batch body, n
+# choices with usage over all of them
+printf '%s\n' '{"id": "n3", "prompt_token_ids": [5, 6, 7], "max_tokens": 8, "temperature": 1.0, "seed": 9, "n": 3, "top_k": 30}' \
+    '{"id": "n1", "prompt_token_ids": [5, 6, 7], "max_tokens": 8, "temperature": 1.0, "seed": 9, "top_k": 30}' >"$WORK/n.jsonl"
+run_dcp n_one --model "$WORK/m" --output "$WORK/n_one.jsonl" "$WORK/n.jsonl"
+NP=4 run_dcp n_tp4 --model "$WORK/m" -tp 4 -dcp 2 --output "$WORK/n_tp4.jsonl" "$WORK/n.jsonl"
+choice_ids() { grep '"id":"n3"' "$1" | grep -o '"index":[0-9]*,"text":"[^"]*","token_ids":\[[^]]*\]' | sed 's/.*"token_ids":\[\([^]]*\)\]/\1/'; }
+c=$(choice_ids "$WORK/n_one.jsonl")
+checks=$((checks + 1))
+if [ "$(echo "$c" | grep -c .)" = 3 ] && [ "$(echo "$c" | head -1)" = "$(ids "$WORK/n_one.jsonl" n1)" ] &&
+    [ "$(echo "$c" | sort -u | grep -c .)" = 3 ] && [ "$c" = "$(choice_ids "$WORK/n_tp4.jsonl")" ] &&
+    grep '"id":"n3"' "$WORK/n_one.jsonl" | grep -q '"completion_tokens":24,'; then
+    pass "n 3: three sequences in one line, the first n = 1's, the same at -tp 4 -dcp 2"
+else
+    fail "n: $(cat "$WORK/n_one.jsonl")"
+fi
+if command -v h5dump >/dev/null 2>&1; then
+    run_dcp n_h5 --model "$WORK/m" --output "$WORK/n.h5" "$WORK/n.jsonl"
+    checks=$((checks + 1))
+    choice=$(h5dump -y -d /requests/choice "$WORK/n.h5" | sed -n '/DATA {/,/}/p' | tr -d ' \n')
+    if [ "$choice" = "DATA{0,1,2,0}" ]; then pass "n in HDF5: one row per sequence, choice 0 1 2 0"
+    else fail "n in HDF5: $choice"; fi
+fi
+printf '{"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": [5, 6], "max_tokens": 3, "n": 2}}\n' >"$WORK/nc.jsonl"
+run_dcp nc --model "$WORK/m" --output "$WORK/nc_out.jsonl" "$WORK/nc.jsonl"
+checks=$((checks + 1))
+if [ "$(cat "$WORK/nc.rc")" = 0 ] && "$BUILD/tests/read_batch_output" "$WORK/nc_out.jsonl" >/dev/null &&
+    [ "$(grep -o '"index":[01]' "$WORK/nc_out.jsonl" | tr -d '\n')" = '"index":0"index":1' ] &&
+    grep -q '"completion_tokens":6,' "$WORK/nc_out.jsonl"; then
+    pass "n 2 in an OpenAI batch body: two choices, usage over both"
+else
+    fail "n in a batch body: $(cat "$WORK/nc_out.jsonl" "$WORK/nc.err")"
 fi
 expect_error bad_topk 2 "--top-k: -3 is out of range: it takes -1 to 2147483647" --model "$WORK/m" --top-k -3 "$P"
 printf '{"id": "x", "prompt_token_ids": [1], "logit_bias": {"40000": 1}}\n' >"$WORK/bad.jsonl"

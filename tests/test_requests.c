@@ -70,7 +70,8 @@ int main(int argc, char **argv)
                  ":1: unknown field \"max_token\" (did you mean \"max_tokens\"?)");
     expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"temprature\": 0}\n", "(did you mean \"temperature\"?)");
     expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"best_of\": 2}\n", ":1: unknown field \"best_of\"");
-    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"n\": 2}\n", ":1: \"n\" must be 1");
+    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"n\": 0}\n", ":1: \"n\" must be an integer in [1, 128]");
+    expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"n\": 129}\n", ":1: \"n\" must be an integer in [1, 128]");
     expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"stream\": true}\n", ":1: \"stream\" must be false");
     expect_error(dir, "{\"id\": \"a\", \"prompt\": \"x\", \"max_tokens\": 3, \"max_completion_tokens\": 4}\n",
                  "\"max_tokens\" and \"max_completion_tokens\" differ");

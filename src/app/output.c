@@ -278,7 +278,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
     const char **ids = xmalloc(sizeof(char *) * (n + 1));
     const char **fin = xmalloc(sizeof(char *) * (n + 1));
     const char **err = xmalloc(sizeof(char *) * (n + 1));
-    int *line = xmalloc(sizeof(int) * (n + 1));
+    int *line = xmalloc(sizeof(int) * (n + 1)), *choice = xmalloc(sizeof(int) * (n + 1));
     int64_t *poff = xmalloc(sizeof(int64_t) * (n + 1)), *ooff = xmalloc(sizeof(int64_t) * (n + 1));
     double *ttft = xmalloc(sizeof(double) * (n + 1)), *tpot = xmalloc(sizeof(double) * (n + 1)),
            *e2e = xmalloc(sizeof(double) * (n + 1));
@@ -289,6 +289,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
         fin[i] = res[i].finish_reason ? res[i].finish_reason : "error";
         err[i] = q->error ? q->error : "";
         line[i] = q->line;
+        choice[i] = q->choice;
         poff[i + 1] = poff[i] + (q->prompt_tokens ? q->n_prompt : 0);
         ooff[i + 1] = ooff[i] + res[i].n;
         ttft[i] = res[i].ttft_s;
@@ -309,6 +310,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
         if (res[i].n) memcpy(otok + ooff[i], res[i].tokens, sizeof(int) * (size_t)res[i].n);
     }
     int rc = write_strings(g, "id", ids, n) || write_array(g, "line", H5T_NATIVE_INT, line, n) ||
+             write_array(g, "choice", H5T_NATIVE_INT, choice, n) ||
              write_array(g, "prompt_offsets", H5T_NATIVE_INT64, poff, n + 1) ||
              write_array(g, "prompt_tokens", H5T_NATIVE_INT, ptok, (size_t)poff[n]) ||
              write_array(g, "output_offsets", H5T_NATIVE_INT64, ooff, n + 1) ||
@@ -328,6 +330,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
     free(fin);
     free(err);
     free(line);
+    free(choice);
     free(poff);
     free(ooff);
     free(ttft);

@@ -252,6 +252,56 @@ static json_t *batch_line(const RunInfo *in, const Request *q, const Result *r, 
     return o;
 }
 
+/* A line's n sequences (n > 1: requests i..i+n-1) as one result: in the
+ * own form a "choices" array (index, text, token_ids, finish_reason,
+ * stop_reason and the per-sequence fields), in the OpenAI forms the body's
+ * choices; usage counts the prompt once and every sequence's tokens. */
+static json_t *choices_line(const RunInfo *in, const RequestSet *rs, const Result *res, char *const *texts,
+                            const Tokenizer *tok, long created, int i)
+{
+    const Request *q = &rs->r[i];
+    int n = q->n_choices;
+    long completion = 0;
+    for (int k = 0; k < n; k++) completion += res[i + k].n;
+    if (rs->batch) {
+        json_t *o = batch_line(in, q, &res[i], texts[i], tok, created, i), *body;
+        if (!(body = json_object_get(json_object_get(o, "response"), "body"))) return o; /* failed: one error */
+        json_t *choices = json_object_get(body, "choices");
+        for (int k = 1; k < n; k++) {
+            json_t *other = batch_line(in, &rs->r[i + k], &res[i + k], texts[i + k], tok, created, i + k);
+            json_t *c = json_array_get(json_object_get(json_object_get(json_object_get(other, "response"), "body"),
+                                                       "choices"),
+                                       0);
+            if (c) {
+                json_object_set_new(c, "index", json_integer(k));
+                json_array_append(choices, c);
+            }
+            json_decref(other);
+        }
+        json_t *u = json_object_get(body, "usage");
+        json_object_set_new(u, "completion_tokens", json_integer(completion));
+        json_object_set_new(u, "total_tokens", json_integer(q->n_prompt + completion));
+        return o;
+    }
+    json_t *o = own_line(in, q, &res[i], texts[i], tok), *choices = json_array();
+    static const char *const per_choice[] = {"text", "reasoning_content", "content", "token_ids", "finish_reason",
+                                             "stop_reason", "logprobs", NULL};
+    for (int k = 0; k < n; k++) {
+        json_t *line = k ? own_line(in, &rs->r[i + k], &res[i + k], texts[i + k], tok) : o, *c = json_object();
+        json_object_set_new(c, "index", json_integer(k));
+        for (int f = 0; per_choice[f]; f++)
+            if (json_object_get(line, per_choice[f])) json_object_set(c, per_choice[f], json_object_get(line, per_choice[f]));
+        json_array_append_new(choices, c);
+        if (k) json_decref(line);
+    }
+    for (int f = 0; per_choice[f]; f++) json_object_del(o, per_choice[f]);
+    json_object_set_new(o, "choices", choices);
+    json_t *u = json_object_get(o, "usage");
+    json_object_set_new(u, "completion_tokens", json_integer(completion));
+    json_object_set_new(u, "total_tokens", json_integer(q->n_prompt + completion));
+    return o;
+}
+
 int output_write_jsonl(const char *path, const RunInfo *info, const RequestSet *rs, const Result *res,
                        char *const *texts, const Tokenizer *tok)
 {
@@ -259,8 +309,10 @@ int output_write_jsonl(const char *path, const RunInfo *info, const RequestSet *
     size_t len = 0, cap = 0;
     long created = (long)time(NULL);
     for (int i = 0; i < rs->n; i++) {
-        json_t *o = rs->batch ? batch_line(info, &rs->r[i], &res[i], texts[i], tok, created, i)
-                              : own_line(info, &rs->r[i], &res[i], texts[i], tok);
+        if (rs->r[i].choice) continue; /* in its first sequence's line */
+        json_t *o = rs->r[i].n_choices > 1 ? choices_line(info, rs, res, texts, tok, created, i)
+                    : rs->batch ? batch_line(info, &rs->r[i], &res[i], texts[i], tok, created, i)
+                                : own_line(info, &rs->r[i], &res[i], texts[i], tok);
         char *line = json_dumps(o, JSON_COMPACT);
         json_decref(o);
         size_t n = strlen(line);

@@ -236,12 +236,14 @@ static int parse_fields(json_t *o, Request *r, const char *const *keys, const ch
         return -1;
     }
     json_t *v, *mt = json_object_get(o, "max_tokens"), *mct = json_object_get(o, "max_completion_tokens");
-    /* fields OpenAI clients write that change nothing here: one completion
-     * (n 1), no streaming, and an end user's name */
-    if ((v = json_object_get(o, "n")) && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) != 1)) {
-        snprintf(why, wn, "\"n\" must be 1: dcpinfer makes one completion per request (write the request n times, "
-                          "with different ids and seeds, for more)");
-        return -1;
+    /* fields OpenAI clients write that change nothing here: no streaming,
+     * and an end user's name */
+    if ((v = json_object_get(o, "n")) && !json_is_null(v)) { /* n sequences: the request is copied n - 1 times */
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > MAX_CHOICES) {
+            snprintf(why, wn, "\"n\" must be an integer in [1, %d]", MAX_CHOICES);
+            return -1;
+        }
+        r->n_choices = (int)json_integer_value(v);
     }
     if ((v = json_object_get(o, "stream")) && !json_is_null(v) && !json_is_false(v)) {
         snprintf(why, wn, "\"stream\" must be false: a batch's results are written when it ends");
@@ -414,6 +416,34 @@ static int idset_add(IdSet *ids, const RequestSet *set, int index)
     }
 }
 
+static int *dup_ints(const int *a, int n)
+{
+    if (!a) return NULL;
+    int *d = xmalloc(sizeof(int) * ((size_t)n + 1));
+    memcpy(d, a, sizeof(int) * (size_t)n);
+    return d;
+}
+
+void request_copy(Request *dst, const Request *src)
+{
+    *dst = *src;
+    dst->id = xstrdup(src->id);
+    dst->prompt = src->prompt ? xstrdup(src->prompt) : NULL;
+    dst->chat = src->chat ? xstrdup(src->chat) : NULL;
+    dst->prompt_tokens = dup_ints(src->prompt_tokens, src->n_prompt);
+    dst->stop_ids = dup_ints(src->stop_ids, src->n_stop);
+    dst->bias_ids = dup_ints(src->bias_ids, src->n_bias);
+    if (src->bias) {
+        dst->bias = xmalloc(sizeof(float) * ((size_t)src->n_bias + 1));
+        memcpy(dst->bias, src->bias, sizeof(float) * (size_t)src->n_bias);
+    }
+    if (src->stop) {
+        dst->stop = xcalloc((size_t)src->n_stop_str + 1, sizeof(char *));
+        for (int k = 0; k < src->n_stop_str; k++) dst->stop[k] = xstrdup(src->stop[k]);
+    }
+    dst->error = src->error ? xstrdup(src->error) : NULL;
+}
+
 int requests_parse(const char *path, const char *data, size_t size, const RequestDefaults *d, int skip_invalid,
                    RequestSet *set)
 {
@@ -438,6 +468,7 @@ int requests_parse(const char *path, const char *data, size_t size, const Reques
         r->x = d->x;
         r->logprobs = r->prompt_logprobs = -1;
         r->skip_special = 1;
+        r->n_choices = 1;
         /* a request without a seed gets one from the run seed and its line,
          * so its samples do not depend on the other requests */
         uint64_t s = d->seed ^ ((uint64_t)lineno * 0x9E3779B97F4A7C15ull);
@@ -461,10 +492,22 @@ int requests_parse(const char *path, const char *data, size_t size, const Reques
             snprintf(why, sizeof why, "duplicate id \"%s\" (first on line %d)", r->id, set->r[first].line);
         if (why[0]) {
             request_fail(r, "%s:%d: %s", path, lineno, why);
+            r->n_choices = 1;
             if (!skip_invalid) {
                 rc = dcp_fail("%s", r->error);
                 break;
             }
+        }
+        /* n > 1: the other sequences, each a request of its own with a seed
+         * derived from the first's (which draws as with n = 1) */
+        int at = set->n - 1, copies = set->r[at].n_choices;
+        for (int k = 1; k < copies; k++) {
+            if (set->n == cap_r) set->r = xrealloc(set->r, sizeof(Request) * (size_t)(cap_r *= 2));
+            Request *c = &set->r[set->n++];
+            request_copy(c, &set->r[at]);
+            c->choice = k;
+            uint64_t st = set->r[at].seed ^ ((uint64_t)k * 0xD1B54A32D192ED03ull);
+            c->seed = splitmix64(&st);
         }
     }
     free(ids.slot);

@@ -54,6 +54,8 @@ typedef struct {
     int prompt_logprobs; /* the same per prompt token; -1: none */
     int skip_special;    /* skip_special_tokens: special tokens are left out of the text */
     int batch;           /* an OpenAI batch line */
+    int n_choices;       /* "n": the sequences of this line; its requests follow each other in the set */
+    int choice;          /* which of them (0: the first, seeded as n = 1 would be) */
     int chat_api;        /* of url /v1/chat/completions: its results are chat.completion objects */
     char *error;         /* set: the request failed with this reason */
 } Request;
@@ -118,5 +120,9 @@ int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid);
 float request_temperature(double t);
 void request_fail(Request *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void requests_free(RequestSet *set);
+/* A deep copy of src (n > 1 makes one per sequence). */
+void request_copy(Request *dst, const Request *src);
+/* The most sequences one line may ask for ("n") */
+#define MAX_CHOICES 128
 
 #endif
