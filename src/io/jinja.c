@@ -1220,53 +1220,56 @@ static Node *binary(Parser *P, int k, const char *op, Node *a, Node *b, int line
     return n;
 }
 
-static Node *parse_pow(Parser *P)
+/* One level of left-associative binary operators (a op b op c ...), its
+ * operands parsed by the next level; chains nest as brackets do. */
+typedef struct {
+    const char *const *ops;
+    int names; /* the operators are words (and, or), not symbols */
+    int kind;
+    Node *(*operand)(Parser *P);
+} Level;
+
+static Node *binary_chain(Parser *P, const Level *L)
 {
-    Node *n = parse_unary(P, 1);
+    Node *n = L->operand(P);
     int depth = P->depth;
-    while (is_op(P, "**")) {
+    for (;;) {
+        const char *op = NULL;
+        for (int k = 0; L->ops[k] && !op; k++)
+            if (L->names ? is_name(P, L->ops[k]) : is_op(P, L->ops[k])) op = L->ops[k];
+        if (!op) break;
         int line = next(P)->line;
         nest(P, line);
-        n = binary(P, E_BINARY, "**", n, parse_unary(P, 1), line);
+        n = binary(P, L->kind, op, n, L->operand(P), line);
     }
     P->depth = depth;
     return n;
+}
+
+static Node *filtered_unary(Parser *P) { return parse_unary(P, 1); }
+static Node *parse_pow(Parser *P)
+{
+    static const char *const ops[] = {"**", NULL};
+    static const Level L = {ops, 0, E_BINARY, filtered_unary};
+    return binary_chain(P, &L);
 }
 static Node *parse_math2(Parser *P)
 {
-    Node *n = parse_pow(P);
-    int depth = P->depth;
-    while (is_op(P, "*") || is_op(P, "/") || is_op(P, "//") || is_op(P, "%")) {
-        Tok *t = next(P);
-        nest(P, t->line);
-        n = binary(P, E_BINARY, t->p, n, parse_pow(P), t->line);
-    }
-    P->depth = depth;
-    return n;
+    static const char *const ops[] = {"*", "/", "//", "%", NULL};
+    static const Level L = {ops, 0, E_BINARY, parse_pow};
+    return binary_chain(P, &L);
 }
 static Node *parse_concat(Parser *P)
 {
-    Node *n = parse_math2(P);
-    int depth = P->depth;
-    while (is_op(P, "~")) {
-        int line = next(P)->line;
-        nest(P, line);
-        n = binary(P, E_CONCAT, "~", n, parse_math2(P), line);
-    }
-    P->depth = depth;
-    return n;
+    static const char *const ops[] = {"~", NULL};
+    static const Level L = {ops, 0, E_CONCAT, parse_math2};
+    return binary_chain(P, &L);
 }
 static Node *parse_math1(Parser *P)
 {
-    Node *n = parse_concat(P);
-    int depth = P->depth;
-    while (is_op(P, "+") || is_op(P, "-")) {
-        Tok *t = next(P);
-        nest(P, t->line);
-        n = binary(P, E_BINARY, t->p, n, parse_concat(P), t->line);
-    }
-    P->depth = depth;
-    return n;
+    static const char *const ops[] = {"+", "-", NULL};
+    static const Level L = {ops, 0, E_BINARY, parse_concat};
+    return binary_chain(P, &L);
 }
 static Node *parse_compare(Parser *P)
 {
@@ -1303,27 +1306,15 @@ static Node *parse_not(Parser *P)
 }
 static Node *parse_and(Parser *P)
 {
-    Node *n = parse_not(P);
-    int depth = P->depth;
-    while (is_name(P, "and")) {
-        int line = next(P)->line;
-        nest(P, line);
-        n = binary(P, E_AND, "and", n, parse_not(P), line);
-    }
-    P->depth = depth;
-    return n;
+    static const char *const ops[] = {"and", NULL};
+    static const Level L = {ops, 1, E_AND, parse_not};
+    return binary_chain(P, &L);
 }
 static Node *parse_or(Parser *P)
 {
-    Node *n = parse_and(P);
-    int depth = P->depth;
-    while (is_name(P, "or")) {
-        int line = next(P)->line;
-        nest(P, line);
-        n = binary(P, E_OR, "or", n, parse_and(P), line);
-    }
-    P->depth = depth;
-    return n;
+    static const char *const ops[] = {"or", NULL};
+    static const Level L = {ops, 1, E_OR, parse_and};
+    return binary_chain(P, &L);
 }
 static Node *parse_expr(Parser *P)
 {
