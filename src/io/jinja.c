@@ -293,6 +293,18 @@ static int py_space(unsigned c)
            (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
+/* whether strip() takes c: one of chars (cn bytes), or whitespace without them */
+static int stripped(unsigned c, const char *chars, size_t cn)
+{
+    if (!chars) return py_space(c);
+    for (size_t i = 0; i < cn;) {
+        int l;
+        if (utf8_at(chars + i, cn - i, &l) == c) return 1;
+        i += (size_t)l;
+    }
+    return 0;
+}
+
 /* the length of s's whitespace-stripped span: from the left (*from), the right (n - *to) or both */
 static void py_strip(const char *s, size_t n, const char *chars, size_t cn, int left, int right, size_t *from,
                      size_t *to)
@@ -301,30 +313,13 @@ static void py_strip(const char *s, size_t n, const char *chars, size_t cn, int 
     int l;
     while (left && a < b) {
         unsigned c = utf8_at(s + a, b - a, &l);
-        int hit = 0;
-        if (!chars) hit = py_space(c);
-        else
-            for (size_t i = 0; i < cn && !hit;) {
-                int l2;
-                hit = utf8_at(chars + i, cn - i, &l2) == c;
-                i += (size_t)l2;
-            }
-        if (!hit) break;
+        if (!stripped(c, chars, cn)) break;
         a += (size_t)l;
     }
     while (right && b > a) {
         size_t p = b - 1;
         while (p > a && ((unsigned char)s[p] & 0xC0) == 0x80) p--;
-        unsigned c = utf8_at(s + p, b - p, &l);
-        int hit = 0;
-        if (!chars) hit = py_space(c);
-        else
-            for (size_t i = 0; i < cn && !hit;) {
-                int l2;
-                hit = utf8_at(chars + i, cn - i, &l2) == c;
-                i += (size_t)l2;
-            }
-        if (!hit) break;
+        if (!stripped(utf8_at(s + p, b - p, &l), chars, cn)) break;
         b = p;
     }
     *from = a, *to = b;
