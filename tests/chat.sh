@@ -147,6 +147,24 @@ else
         fail "chat batch: $(cat "$WORK/read.txt")"; echo "$c1" >&2
     fi
 fi
+# a real split: a logit_bias on Qwen3's "</think>" (151668) makes the
+# model close its reasoning mid-output; the own form's text is
+# reasoning_content + "</think>" + content, and the chat.completion line's
+# message carries the same two parts
+printf '{"id": "t", "messages": [{"role": "user", "content": "Think about it."}], "chat_template_kwargs": {"enable_thinking": true}, "max_tokens": 12, "temperature": 1.0, "seed": 3, "logit_bias": {"151668": 11}}\n' >"$WORK/think.jsonl"
+sed 's/^{"id": "t", /{"custom_id": "t", "method": "POST", "url": "\/v1\/chat\/completions", "body": {"model": "q", /; s/}$/}}/' \
+    "$WORK/think.jsonl" >"$WORK/think_batch.jsonl"
+run_dcp think --model "$WORK/qwen" --reasoning-parser qwen3 --output "$WORK/think_out.jsonl" "$WORK/think.jsonl"
+run_dcp think_b --model "$WORK/qwen" --reasoning-parser qwen3 --output "$WORK/think_b_out.jsonl" "$WORK/think_batch.jsonl"
+field() { sed "s/.*\"$2\":\"\([^\"]*\)\".*/\1/" "$1"; }
+text=$(field "$WORK/think_out.jsonl" text) r=$(field "$WORK/think_out.jsonl" reasoning_content) c=$(field "$WORK/think_out.jsonl" content)
+checks=$((checks + 1))
+if [ -n "$r" ] && [ -n "$c" ] && [ "$text" = "$r</think>$c" ] &&
+    grep -qF "\"content\":\"$c\",\"reasoning_content\":\"$r\"" "$WORK/think_b_out.jsonl"; then
+    pass "qwen3 reasoning split: '$r' | '$c', in the own form and the chat.completion message"
+else
+    fail "reasoning split: text '$text', reasoning '$r', content '$c'"; cat "$WORK/think_b_out.jsonl" >&2
+fi
 # constructs outside the subset: refused at start-up, naming the line
 printf 'ok\n{{ messages | wordcount }}\n' >"$WORK/bad.jinja"
 expect_error bad_template 1 "$WORK/bad.jinja:2: the filter 'wordcount' is not supported" \
