@@ -136,16 +136,46 @@ int sampler_adjusts(const Request *q)
            repetition_on(q->x.repetition_penalty);
 }
 
-/* the ids of a..a+n in [v0, v0+vn), counted into count (vn) with the
- * first sighting of each listed in seen */
-static void tally(const int *ids, int n, int v0, int vn, int *count, int *seen, int *n_seen)
+/* Counts of token ids over a shard of the vocabulary, kept between calls
+ * and cleared entry by entry (the ids a call touched), so that a sampled
+ * token costs the prompt's and the output's lengths, never the
+ * vocabulary's; the forward pass, and with it sampler_adjust, runs on one
+ * thread. */
+static struct {
+    int *count, *seen; /* count (cap_v); the first sighting of each id (cap_s) */
+    char *in_prompt;   /* (cap_v) */
+    int cap_v, cap_s;
+} adj;
+
+static void adj_reserve(int vn, int n)
 {
+    if (vn > adj.cap_v) {
+        free(adj.count), free(adj.in_prompt);
+        adj.count = xcalloc((size_t)vn, sizeof(int));
+        adj.in_prompt = xcalloc((size_t)vn, 1);
+        adj.cap_v = vn;
+    }
+    if (n > adj.cap_s) {
+        free(adj.seen);
+        adj.seen = xmalloc(sizeof(int) * (size_t)n);
+        adj.cap_s = n;
+    }
+}
+
+/* the ids of ids[0..n) in [v0, v0+vn), counted into adj.count with the
+ * first sighting of each listed in adj.seen */
+static int tally(const int *ids, int n, int v0, int vn)
+{
+    int n_seen = 0;
     for (int i = 0; i < n; i++) {
         int t = ids[i] - v0;
         if (t < 0 || t >= vn) continue;
-        if (!count[t]++) seen[(*n_seen)++] = t;
+        if (!adj.count[t]++) adj.seen[n_seen++] = t;
     }
+    return n_seen;
 }
+
+static float repeated(float x, float rep) { return x > 0.0f ? x / rep : x * rep; }
 
 void sampler_adjust(float *row, int v0, int vn, const Request *q, const int *out, int n_out)
 {
@@ -156,31 +186,29 @@ void sampler_adjust(float *row, int v0, int vn, const Request *q, const int *out
     if (!use_rep && !use_out) return;
     /* counts of the output's tokens, and the prompt's marked, over this
      * shard: only the ids that occur are visited afterwards */
-    int *count = xcalloc((size_t)vn, sizeof(int)), *seen = xmalloc(sizeof(int) * ((size_t)n_out + 1));
-    int n_seen = 0;
-    tally(out, n_out, v0, vn, count, seen, &n_seen);
+    adj_reserve(vn, n_out + 1);
+    int n_seen = tally(out, n_out, v0, vn);
     if (use_rep) {
-        char *in_prompt = xcalloc((size_t)vn, 1);
         for (int i = 0; i < q->n_prompt; i++) {
             int t = q->prompt_tokens[i] - v0;
-            if (t < 0 || t >= vn || in_prompt[t]) continue;
-            in_prompt[t] = 1;
-            if (!count[t]) row[t] = row[t] > 0.0f ? row[t] / rep : row[t] * rep;
+            if (t < 0 || t >= vn || adj.in_prompt[t]) continue;
+            adj.in_prompt[t] = 1;
+            if (!adj.count[t]) row[t] = repeated(row[t], rep);
         }
-        for (int k = 0; k < n_seen; k++) {
-            int t = seen[k];
-            row[t] = row[t] > 0.0f ? row[t] / rep : row[t] * rep;
+        for (int k = 0; k < n_seen; k++) row[adj.seen[k]] = repeated(row[adj.seen[k]], rep);
+        for (int i = 0; i < q->n_prompt; i++) {
+            int t = q->prompt_tokens[i] - v0;
+            if (t >= 0 && t < vn) adj.in_prompt[t] = 0;
         }
-        free(in_prompt);
     }
-    if (use_out)
-        for (int k = 0; k < n_seen; k++) {
-            int t = seen[k];
-            row[t] -= (float)count[t] * freq; /* as vLLM: the frequency term, then the presence term */
+    for (int k = 0; k < n_seen; k++) {
+        int t = adj.seen[k];
+        if (use_out) {
+            row[t] -= (float)adj.count[t] * freq; /* as vLLM: the frequency term, then the presence term */
             row[t] -= pres;
         }
-    free(count);
-    free(seen);
+        adj.count[t] = 0;
+    }
 }
 
 /* min_p, top_k and top_p over probs (n, softmaxed): the kept tokens, most
