@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* memmem */
 #include "chat.h"
 
 #include <stdarg.h>
@@ -150,17 +151,18 @@ static json_t *template_message(json_t *m, size_t i, char **err)
 /* Python's str.rstrip() length of s[0..n) */
 static size_t rstrip_len(const char *s, size_t n)
 {
-    while (n && (s[n - 1] == ' ' || (s[n - 1] >= '\t' && s[n - 1] <= '\r') || (s[n - 1] >= 0x1C && s[n - 1] <= 0x1F)))
-        n--;
-    return n;
+    size_t a, b;
+    jinja_strip_span(s, n, 0, 1, &a, &b);
+    return b;
 }
 
+/* the last occurrence of needle in hay[0..n) */
 static const char *find_last(const char *hay, size_t n, const char *needle)
 {
     size_t k = strlen(needle);
-    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
-        if (!memcmp(hay + i, needle, k)) return hay + i;
-    return NULL;
+    const char *last = NULL, *end = hay + n;
+    for (const char *p = hay; (p = memmem(p, (size_t)(end - p), needle, k)); p++) last = p;
+    return last;
 }
 
 char *chat_render(const ChatTemplate *t, json_t *req, long long now, char **err)
@@ -229,9 +231,8 @@ char *chat_render(const ChatTemplate *t, json_t *req, long long now, char **err)
     json_decref(vars);
     if (out && final) {
         /* the final text (stripped) and the tag must both survive the template */
-        size_t a = 0, b = strlen(final);
-        while (a < b && (final[a] == ' ' || (final[a] >= '\t' && final[a] <= '\r'))) a++;
-        b = a + rstrip_len(final + a, b - a);
+        size_t a, b;
+        jinja_strip_span(final, strlen(final), 1, 1, &a, &b);
         final[b] = '\0';
         const char *at = find_last(out, len, "CONTINUE_FINAL_MESSAGE_TAG");
         if (!at || !strstr(out, final + a)) {

@@ -3,6 +3,7 @@
  * tree-walking renderer over Python-like values. All memory of a parse or
  * a render lives in one arena, and errors unwind to the entry point with
  * longjmp, so a failure anywhere frees everything at once. */
+#define _GNU_SOURCE /* memmem */
 #include "jinja.h"
 
 #include <errno.h>
@@ -145,7 +146,7 @@ static int in_list(const char *const *list, const char *s)
 typedef struct {
     Arena a;
     time_t now; /* strftime_now's clock */
-    Val *undef, *none, *yes, *no;
+    Val *none, *yes, *no;
     long steps;
     int depth;
     char *out; /* the output being written (arena) */
@@ -323,6 +324,11 @@ static void py_strip(const char *s, size_t n, const char *chars, size_t cn, int 
         b = p;
     }
     *from = a, *to = b;
+}
+
+void jinja_strip_span(const char *s, size_t n, int left, int right, size_t *from, size_t *to)
+{
+    py_strip(s, n, NULL, 0, left, right, from, to);
 }
 
 /* ---- output buffers --------------------------------------------------- */
@@ -1762,10 +1768,7 @@ static int contains(Ctx *C, const Val *box, const Val *x, int line)
     switch (box->t) {
     case V_STR:
         if (x->t != V_STR) rfail(C, line, "TypeError: 'in <string>' requires string as left operand, not %s", type_name(x));
-        if (!x->s.n) return 1;
-        for (size_t i = 0; i + x->s.n <= box->s.n; i++)
-            if (!memcmp(box->s.p + i, x->s.p, x->s.n)) return 1;
-        return 0;
+        return !x->s.n || memmem(box->s.p, box->s.n, x->s.p, x->s.n);
     case V_LIST:
         for (int i = 0; i < box->l.n; i++)
             if (val_eq(C, box->l.v[i], x)) return 1;
@@ -2649,7 +2652,7 @@ char *jinja_render(const JinjaTemplate *t, json_t *vars, long long now, size_t *
         free(R);
         return NULL;
     }
-    C->undef = mk(C, V_UNDEF), C->none = mk(C, V_NONE), C->yes = mk(C, V_BOOL), C->no = mk(C, V_BOOL);
+    C->none = mk(C, V_NONE), C->yes = mk(C, V_BOOL), C->no = mk(C, V_BOOL);
     C->yes->b = 1;
     Frame *g = new_frame(C, NULL);
     const char *key;

@@ -31,6 +31,10 @@ void jinja_free(JinjaTemplate *t);
  * raise_exception's message is the error's text as the template wrote it. */
 char *jinja_render(const JinjaTemplate *t, json_t *vars, long long now, size_t *len, char **err);
 
+/* Python's str.strip() (lstrip(), rstrip()) of s[0..n): the kept span
+ * [*from, *to), whitespace being what str.isspace() says (Unicode's) */
+void jinja_strip_span(const char *s, size_t n, int left, int right, size_t *from, size_t *to);
+
 /* Limits of one render: beyond them it fails */
 #define JINJA_MAX_OUTPUT (64u << 20)  /* bytes of output */
 #define JINJA_MAX_MEMORY (512u << 20) /* bytes of values */

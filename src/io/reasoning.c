@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* memmem */
 #include "reasoning.h"
 
 #include <string.h>
@@ -10,13 +11,7 @@ int reasoning_parser(const char *name)
     return -1;
 }
 
-static const char *find(const char *s, size_t n, const char *what)
-{
-    size_t k = strlen(what);
-    for (size_t i = 0; i + k <= n; i++)
-        if (!memcmp(s + i, what, k)) return s + i;
-    return NULL;
-}
+static const char *find(const char *s, size_t n, const char *what) { return memmem(s, n, what, strlen(what)); }
 
 static TextSpan span(const char *a, const char *b) { return (TextSpan){a, (long)(b - a)}; }
 /* vLLM's "content or None": an empty content is absent */
