@@ -121,9 +121,19 @@ static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
         void *d = cuda_alloc(bytes ? bytes : 1);
         upload_weights(d, host.data, bytes);
         size_t ns = n / (size_t)host.qcols;
+        w.data = d;
+        if (host.scale8) { // NVFP4's codes as stored, and their tables
+            size_t nt = weight_tables(host, n) * 256;
+            uint8_t *c = (uint8_t *)cuda_alloc(ns ? ns : 1);
+            float *t = (float *)cuda_alloc(sizeof(float) * nt);
+            upload_weights(c, host.scale8, ns);
+            upload_weights(t, host.tables, sizeof(float) * nt);
+            w.scale8 = c;
+            w.tables = t;
+            return w;
+        }
         float *s = (float *)cuda_alloc(sizeof(float) * (ns ? ns : 1));
         upload_weights(s, host.scale, sizeof(float) * ns);
-        w.data = d;
         w.scale = s;
         return w;
     }
@@ -221,35 +231,37 @@ static const __nv_bfloat16 *activations_bf16(const float *x, size_t n)
 struct Int4 { // compressed-tensors' packed INT4: element i in byte i / 2
     uint8_t b;
 };
-__device__ static inline float w_load(const float *w, const float *, int, int, size_t i) { return w[i]; }
-__device__ static inline float w_load(const __nv_bfloat16 *w, const float *, int, int, size_t i)
+__device__ static inline float w_load(const float *w, const WeightRef &, size_t i) { return w[i]; }
+__device__ static inline float w_load(const __nv_bfloat16 *w, const WeightRef &, size_t i)
 {
     return __bfloat162float(w[i]);
 }
-__device__ static inline float w_load(const uint8_t *w, const float *scale, int qcols, int qflags, size_t i)
+__device__ static inline float w_load(const uint8_t *w, const WeightRef &q, size_t i)
 {
-    return scaled_value(f8e4m3_to_f32(w[i]), scale[i / (size_t)qcols], qflags & QF_ROUND_BF16);
+    return scaled_value(f8e4m3_to_f32(w[i]), weight_run_scale(&q, i / (size_t)q.qcols), q.qflags & QF_ROUND_BF16);
 }
-__device__ static inline float w_load(const Int4 *w, const float *scale, int qcols, int qflags, size_t i)
+__device__ static inline float w_load(const Int4 *w, const WeightRef &q, size_t i)
 {
-    return scaled_value(i4_value((const uint8_t *)w, i), scale[i / (size_t)qcols], qflags & QF_ROUND_BF16);
+    return scaled_value(i4_value((const uint8_t *)w, i), weight_run_scale(&q, i / (size_t)q.qcols),
+                        q.qflags & QF_ROUND_BF16);
 }
 struct Fp4 { // NVFP4's E2M1 elements, packed as Int4
     uint8_t b;
 };
-__device__ static inline float w_load(const Fp4 *w, const float *scale, int qcols, int qflags, size_t i)
+__device__ static inline float w_load(const Fp4 *w, const WeightRef &q, size_t i)
 {
-    return scaled_value(fp4_value((const uint8_t *)w, i), scale[i / (size_t)qcols], qflags & QF_ROUND_BF16);
+    return scaled_value(fp4_value((const uint8_t *)w, i), weight_run_scale(&q, i / (size_t)q.qcols),
+                        q.qflags & QF_ROUND_BF16);
 }
 
 // n elements of a quantized matrix widened to fp32: weight_value's
 // arithmetic (w_load), so that the GEMM that follows reads the dequantized
 // twin's values
 template <typename W>
-__global__ void k_dequant(float *m, const W *q, const float *scale, int qcols, int qflags, size_t n)
+__global__ void k_dequant(float *m, const W *q, WeightRef qs, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) m[i] = w_load(q, scale, qcols, qflags, i);
+    if (i < n) m[i] = w_load(q, qs, i);
 }
 
 // A quantized matrix's values in fp32, in a scratch buffer grown on demand
@@ -261,14 +273,11 @@ static const float *dequantized(WeightRef w, size_t n)
         w_f32 = (float *)cuda_alloc(sizeof(float) * n);
     }
     if (w.dtype == DTYPE_I4)
-        DCP_LAUNCH(k_dequant<Int4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Int4 *)w.data, w.scale, w.qcols,
-                   w.qflags, n);
+        DCP_LAUNCH(k_dequant<Int4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Int4 *)w.data, w, n);
     else if (w.dtype == DTYPE_FP4)
-        DCP_LAUNCH(k_dequant<Fp4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Fp4 *)w.data, w.scale, w.qcols,
-                   w.qflags, n);
+        DCP_LAUNCH(k_dequant<Fp4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Fp4 *)w.data, w, n);
     else
-        DCP_LAUNCH(k_dequant<uint8_t>, blocks_for(n, 256), 256, 0, stream, w_f32, (const uint8_t *)w.data, w.scale,
-                   w.qcols, w.qflags, n);
+        DCP_LAUNCH(k_dequant<uint8_t>, blocks_for(n, 256), 256, 0, stream, w_f32, (const uint8_t *)w.data, w, n);
     DCP_CHECK_LAUNCH(stream);
     return w_f32;
 }
@@ -280,15 +289,14 @@ static const float *dequantized(WeightRef w, size_t n)
 #define QG_T 8
 #define QG_THREADS 128
 template <typename W>
-__global__ void k_qgemv(float *y, const float *x, const W *w, const float *scale, int qcols, int qflags, int T,
-                        int in, int out)
+__global__ void k_qgemv(float *y, const float *x, const W *w, WeightRef qs, int T, int in, int out)
 {
     __shared__ float red[QG_T][QG_THREADS];
     int row = blockIdx.x, tid = threadIdx.x;
     float acc[QG_T] = {0};
     size_t base = (size_t)row * in;
     for (int k = tid; k < in; k += QG_THREADS) {
-        float v = w_load(w, scale, qcols, qflags, base + k);
+        float v = w_load(w, qs, base + k);
 #pragma unroll
         for (int t = 0; t < QG_T; t++)
             if (t < T) acc[t] = fmaf(x[(size_t)t * in + k], v, acc[t]);
@@ -314,14 +322,11 @@ static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, in
     const float one = 1.0f, zero = 0.0f;
     if (dtype_quantized(w.dtype) && T <= QG_T) { // decode: read as stored
         if (w.dtype == DTYPE_I4)
-            DCP_LAUNCH(k_qgemv<Int4>, out, QG_THREADS, 0, stream, y, x, (const Int4 *)w.data, w.scale, w.qcols,
-                       w.qflags, T, in, out);
+            DCP_LAUNCH(k_qgemv<Int4>, out, QG_THREADS, 0, stream, y, x, (const Int4 *)w.data, w, T, in, out);
         else if (w.dtype == DTYPE_FP4)
-            DCP_LAUNCH(k_qgemv<Fp4>, out, QG_THREADS, 0, stream, y, x, (const Fp4 *)w.data, w.scale, w.qcols,
-                       w.qflags, T, in, out);
+            DCP_LAUNCH(k_qgemv<Fp4>, out, QG_THREADS, 0, stream, y, x, (const Fp4 *)w.data, w, T, in, out);
         else
-            DCP_LAUNCH(k_qgemv<uint8_t>, out, QG_THREADS, 0, stream, y, x, (const uint8_t *)w.data, w.scale, w.qcols,
-                       w.qflags, T, in, out);
+            DCP_LAUNCH(k_qgemv<uint8_t>, out, QG_THREADS, 0, stream, y, x, (const uint8_t *)w.data, w, T, in, out);
         DCP_CHECK_LAUNCH(stream);
         return;
     }
@@ -613,7 +618,7 @@ static void cuda_moe_route(const MoeRouting *r, const float *logits, const float
 static_assert(MM_THREADS == (MM_BM / 2) * (MM_BN / 4) && MM_BM / 2 == 16 && MM_BN / 4 == 16, "k_moe_matmul's thread grid");
 template <typename W>
 __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
-                             const W *w, const float *scale, int qcols, int qflags, size_t w_step, int in, int out)
+                             const W *w, WeightRef qs, size_t w_step, int in, int out)
 {
     __shared__ float xs[MM_BM][MM_BK + 1], ws[MM_BN][MM_BK + 1];
     int b = blockIdx.x, e = 0;
@@ -634,7 +639,7 @@ __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows,
         }
         for (int i = threadIdx.x; i < MM_BN * MM_BK; i += blockDim.x) {
             int n = i / MM_BK, k = i % MM_BK;
-            ws[n][k] = n0 + n < out && k0 + k < in ? w_load(w, scale, qcols, qflags, we + (size_t)(n0 + n) * in + k0 + k)
+            ws[n][k] = n0 + n < out && k0 + k < in ? w_load(w, qs, we + (size_t)(n0 + n) * in + k0 + k)
                                                    : 0.0f;
         }
         __syncthreads();
@@ -667,19 +672,19 @@ static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, 
     dim3 grid(pairs / MM_BM + experts, blocks_for(out, MM_BN));
     if (w.dtype == DTYPE_I4)
         DCP_LAUNCH(k_moe_matmul<Int4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const Int4 *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
+                   (const Int4 *)w.data, w, w_step, in, out);
     else if (w.dtype == DTYPE_FP4)
         DCP_LAUNCH(k_moe_matmul<Fp4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const Fp4 *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
+                   (const Fp4 *)w.data, w, w_step, in, out);
     else if (w.dtype == DTYPE_F8_E4M3)
         DCP_LAUNCH(k_moe_matmul<uint8_t>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const uint8_t *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
+                   (const uint8_t *)w.data, w, w_step, in, out);
     else if (w.dtype == DTYPE_BF16)
         DCP_LAUNCH(k_moe_matmul<__nv_bfloat16>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const __nv_bfloat16 *)w.data, w.scale, w.qcols, w.qflags, w_step, in, out);
+                   (const __nv_bfloat16 *)w.data, w, w_step, in, out);
     else
         DCP_LAUNCH(k_moe_matmul<float>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts, (const float *)w.data,
-                   w.scale, w.qcols, w.qflags, w_step, in, out);
+                   w, w_step, in, out);
     DCP_CHECK_LAUNCH(stream);
 }
 

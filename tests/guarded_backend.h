@@ -81,6 +81,14 @@ static WeightRef g_gemm_weights(WeightRef host, size_t n)
         g_copy(s, host.scale, sizeof(float) * ns);
         w.scale = s;
     }
+    if (host.scale8) { /* or NVFP4's codes and their tables */
+        size_t ns = n / (size_t)host.qcols, nt = weight_tables(host, n) * 256 * sizeof(float);
+        uint8_t *c = g_alloc(ns ? ns : 1);
+        float *t = g_alloc(nt);
+        g_copy(c, host.scale8, ns);
+        g_copy(t, host.tables, nt);
+        w.scale8 = c, w.tables = t;
+    }
     return w;
 }
 static void g_release_weights(const void *p) { g_release((void *)p); }

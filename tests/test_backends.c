@@ -38,13 +38,35 @@ static WeightRef rnd_quant(DType t, size_t n, int qcols, uint64_t *st)
     for (size_t i = 0; i < n / qcols; i++)
         scale[i] = ldexpf(t != DTYPE_F8_E4M3 ? 1.0f + (float)(splitmix64(st) % 128) / 128 : 1.0f,
                           -6 - (int)(splitmix64(st) % 4));
-    WeightRef w = {q, t, 0, scale, qcols, t != DTYPE_F8_E4M3 ? QF_ROUND_BF16 : 0};
+    WeightRef w = {.data = q, .dtype = t, .scale = scale, .qcols = qcols,
+                   .qflags = t != DTYPE_F8_E4M3 ? QF_ROUND_BF16 : 0};
     return w;
+}
+/* An FP4 one with its scales as stored (WeightRef.scale8): E4M3 codes,
+ * and per table_runs runs (a checkpoint matrix's, as an expert's) a table
+ * of the codes' values over its global scale; free q.data, scale8, tables. */
+static WeightRef rnd_fp4_codes(size_t n, int qcols, size_t table_runs, uint64_t *st)
+{
+    WeightRef w = rnd_quant(DTYPE_FP4, n, qcols, st);
+    free((void *)w.scale);
+    size_t ns = n / qcols, nt = (ns + table_runs - 1) / table_runs;
+    uint8_t *codes = xmalloc(ns);
+    float *tables = xmalloc(sizeof(float) * 256 * nt);
+    for (size_t i = 0; i < ns; i++) codes[i] = (uint8_t)(0x30 + splitmix64(st) % 0x20); /* 0.25 .. 7.5 */
+    for (size_t j = 0; j < nt; j++)
+        for (int b = 0; b < 256; b++) tables[256 * j + b] = f8e4m3_to_f32((uint8_t)b) / (448.0f + 37.0f * (float)j);
+    w.scale = NULL, w.scale8 = codes, w.tables = tables, w.table_runs = table_runs;
+    return w;
+}
+static void free_quant(WeightRef q)
+{
+    free((void *)q.data), free((void *)q.scale), free((void *)q.scale8), free((void *)q.tables);
 }
 static void release_matrix(WeightRef w)
 {
     gpu->release_weights(w.data);
     if (w.scale) gpu->release_weights(w.scale);
+    if (w.scale8) gpu->release_weights(w.scale8), gpu->release_weights(w.tables);
 }
 
 static float *back(const void *d, size_t n)
@@ -389,11 +411,13 @@ static void moe_ops(uint64_t *st)
         }
         gpu->set_gemm_dtype("float32");
         int cin = MH / 2; /* the second of two chunks of the pairs' hidden rows y (P, MH) */
-        for (int i4 = 0; i4 < 3; i4++) { /* FP8, INT4 and FP4 stacks: gathered rows, and the second K
-                                            chunk (scales stepped with weight_at) */
-            DType t = i4 == 2 ? DTYPE_FP4 : i4 ? DTYPE_I4 : DTYPE_F8_E4M3;
-            const char *tn = dtype_name(t);
-            WeightRef q = rnd_quant(t, (size_t)E * MH * DIM, 4, st),
+        for (int i4 = 0; i4 < 4; i4++) { /* FP8, INT4 and FP4 stacks (FP4's scales in fp32, and as stored
+                                            with a table per expert): gathered rows, and the second K chunk
+                                            (scales stepped with weight_at) */
+            DType t = i4 >= 2 ? DTYPE_FP4 : i4 ? DTYPE_I4 : DTYPE_F8_E4M3;
+            const char *tn = i4 == 3 ? "nvfp4 codes" : dtype_name(t);
+            WeightRef q = i4 == 3 ? rnd_fp4_codes((size_t)E * MH * DIM, 4, (size_t)MH * DIM / 4, st)
+                                  : rnd_quant(t, (size_t)E * MH * DIM, 4, st),
                       dq = gpu->gemm_weights(q, (size_t)E * MH * DIM);
             float *yq = xmalloc(sizeof(float) * P * DIM);
             cpu->moe_matmul(yq, x, DIM, rows, start, E, P, q, (size_t)MH * DIM, DIM, MH);
@@ -414,7 +438,7 @@ static void moe_ops(uint64_t *st)
             EXPECT_CLOSE(name, g, y2, (size_t)P * DIM, 5e-5);
             free(g), free(yq);
             release_matrix(dq);
-            free((void *)q.data), free((void *)q.scale);
+            free_quant(q);
         }
         WeightRef dw = gpu->gemm_weights(weight_ref(w, DTYPE_F32, 0), (size_t)E * MH * DIM);
         gpu->upload(dy, y, sizeof(float) * P * MH);
@@ -631,11 +655,14 @@ static void wide_ops(uint64_t *st)
     gpu->set_gemm_dtype("float32");
     /* FP8 as stored (DeepSeek's 128-column scale runs) and INT4 (groups of
      * 32, Kimi K2's experts), prefill and decode */
-    for (int i4 = 0; i4 < 3; i4++) {
-        DType t = i4 == 2 ? DTYPE_FP4 : i4 ? DTYPE_I4 : DTYPE_F8_E4M3;
-        int run = i4 == 2 ? 16 : i4 ? 32 : 128;
-        WeightRef q = rnd_quant(t, (size_t)OUT * IN, run, st), dq = gpu->gemm_weights(q, (size_t)OUT * IN);
-        CHECK(dq.dtype == t && dq.scale && dq.qcols == run && dq.qflags == q.qflags,
+    for (int i4 = 0; i4 < 4; i4++) { /* the last: FP4 with its scales as stored, a table per 144 rows */
+        DType t = i4 >= 2 ? DTYPE_FP4 : i4 ? DTYPE_I4 : DTYPE_F8_E4M3;
+        int run = i4 >= 2 ? 16 : i4 ? 32 : 128;
+        WeightRef q = i4 == 3 ? rnd_fp4_codes((size_t)OUT * IN, run, (size_t)OUT / 4 * IN / run, st)
+                              : rnd_quant(t, (size_t)OUT * IN, run, st),
+                  dq = gpu->gemm_weights(q, (size_t)OUT * IN);
+        CHECK(dq.dtype == t && !dq.scale == !q.scale && !dq.scale8 == !q.scale8 && dq.qcols == run &&
+                  dq.qflags == q.qflags && dq.table_runs == q.table_runs,
               "quantized weights changed type on the device");
         static const int rows[] = {T, 5, 1}; /* prefill (widened for cuBLAS), decode of a few and of one */
         for (int j = 0; j < 3; j++) {
@@ -644,12 +671,12 @@ static void wide_ops(uint64_t *st)
             cpu->matmul(y, x, q, tk, IN, OUT);
             gpu->matmul(dy, dx, dq, tk, IN, OUT);
             g = back(dy, (size_t)tk * OUT);
-            snprintf(name, sizeof name, "matmul 2048x576 %s, %d row(s)", dtype_name(t), tk);
+            snprintf(name, sizeof name, "matmul 2048x576 %s%s, %d row(s)", dtype_name(t), i4 == 3 ? " codes" : "", tk);
             EXPECT_CLOSE(name, g, y, (size_t)tk * OUT, 1e-4);
             free(g);
         }
         release_matrix(dq);
-        free((void *)q.data), free((void *)q.scale);
+        free_quant(q);
     }
     void *bufs[] = {dx, dw, dy, dpos};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);

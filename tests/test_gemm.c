@@ -99,7 +99,7 @@ static void fp8_shape(int T, int K, int N, int qcols, uint64_t *st)
         q[i] = b;
         twin[i] = e4m3_ref(b) * scale[i / qcols];
     }
-    WeightRef wq = {q, DTYPE_F8_E4M3, 0, scale, qcols, 0};
+    WeightRef wq = {.data = q, .dtype = DTYPE_F8_E4M3, .scale = scale, .qcols = qcols, .qflags = 0};
     expect_twin("fp8", x, wq, twin, T, K, N);
     free(x), free(twin), free(q), free(scale);
 }
@@ -118,7 +118,7 @@ static void fp8_nan(uint64_t *st)
         twin[i] = e4m3_ref(q[i]) * scale[i / Q];
     }
     q[3 * K + 17] = 0x7f, q[6 * K + 200] = 0xff;
-    WeightRef wq = {q, DTYPE_F8_E4M3, 0, scale, Q, 0};
+    WeightRef wq = {.data = q, .dtype = DTYPE_F8_E4M3, .scale = scale, .qcols = Q, .qflags = 0};
     CHECK(!cpu_set_isa("generic"), "%s", dcp_error());
     gemm_invariant(ref, x, weight_ref(twin, DTYPE_F32, 0), T, K, N);
     for (int i = 0; i < 3; i++) {
@@ -157,18 +157,34 @@ static void nibble_shape(DType t, int T, int K, int N, int qcols, uint64_t *st)
     uint8_t *q = xcalloc((size_t)N * K / 2 + 1, 1);
     size_t ns = (size_t)N * K / qcols;
     float *scale = xmalloc(sizeof(float) * ns);
+    /* FP4 also with its scales as stored (WeightRef.scale8): each run's
+     * E4M3 code and a table of the codes' values over the global scale of
+     * every 7 rows (a checkpoint matrix's, as an expert's in a stack) */
+    enum { TABLE_ROWS = 7 };
+    size_t table_runs = (size_t)TABLE_ROWS * K / qcols, nt = (ns + table_runs - 1) / table_runs;
+    uint8_t *codes = xmalloc(ns);
+    float *tables = xmalloc(sizeof(float) * 256 * nt);
+    for (size_t j = 0; j < nt; j++)
+        for (int b = 0; b < 256; b++) tables[256 * j + b] = e4m3_ref((uint8_t)b) / (437.5f + 61.25f * (float)j);
     for (int i = 0; i < T * K; i++) x[i] = frand(st);
-    for (size_t i = 0; i < ns; i++) /* bf16 for INT4; for FP4 an E4M3 value over a global scale */
+    for (size_t i = 0; i < ns; i++) { /* bf16 for INT4; for FP4 an E4M3 value over a global scale */
+        codes[i] = (uint8_t)(splitmix64(st) % 0x7e);
         scale[i] = t == DTYPE_I4 ? from_bf16(to_bf16(ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 8))))
-                                 : e4m3_ref((uint8_t)(splitmix64(st) % 0x7e)) / 437.5f;
+                                 : tables[256 * (i / table_runs) + codes[i]];
+    }
     for (size_t i = 0; i < (size_t)N * K; i++) {
         int v = (int)(splitmix64(st) % 16);
         q[i / 2] |= (uint8_t)(v << (4 * (i % 2)));
         twin[i] = from_bf16(to_bf16(nibble_ref(t, v) * scale[i / qcols]));
     }
-    WeightRef wq = {q, t, 0, scale, qcols, QF_ROUND_BF16};
+    WeightRef wq = {.data = q, .dtype = t, .scale = scale, .qcols = qcols, .qflags = QF_ROUND_BF16};
     expect_twin(t == DTYPE_I4 ? "int4" : "fp4", x, wq, twin, T, K, N);
-    free(x), free(twin), free(q), free(scale);
+    if (t == DTYPE_FP4) {
+        WeightRef wc = {.data = q, .dtype = t, .qcols = qcols, .qflags = QF_ROUND_BF16, .scale8 = codes,
+                        .tables = tables, .table_runs = table_runs};
+        expect_twin("fp4 codes", x, wc, twin, T, K, N);
+    }
+    free(x), free(twin), free(q), free(scale), free(codes), free(tables);
 }
 
 static void shape(int T, int K, int N, uint64_t *st)

@@ -63,7 +63,9 @@ static float *prompt_logits(const char *dir, int *n_out, int *vocab_out)
  * float32 twin, and holds its matrices as stored: every matrix the GEMMs
  * read that the checkpoint quantizes takes its stored bits per element
  * (FP8 8, INT4 and NVFP4 4) and a 4-byte scale per run of gcd(block or
- * group, its K chunk's columns) columns, against the twin's 4 bytes. */
+ * group, its K chunk's columns) columns (NVFP4: its 1-byte E4M3 code, and
+ * a 1 KiB table of the codes' values per matrix), against the twin's 4
+ * bytes. */
 static void quant_twin(const char *src, const char *name, DType t, int block)
 {
     char dir[4096], twin[4200];
@@ -86,7 +88,8 @@ static void quant_twin(const char *src, const char *name, DType t, int block)
                 long long e = (long long)mt[i].nrows * mt[i].ncols;
                 int run = block, cc = mt[i].ncols / mt[i].chunks;
                 while (cc % run) run /= 2; /* gcd(block, cc): both powers of two here */
-                want += e * (long long)dtype_bits(t) / 8 + 4 * e / run - 4 * e;
+                /* NVFP4: a 1-byte code per run and one table of 256 fp32 values per matrix */
+                want += e * (long long)dtype_bits(t) / 8 + (t == DTYPE_FP4 ? e / run + 1024 : 4 * e / run) - 4 * e;
                 kept += mt[i].mat->dtype == t;
                 unkept += mt[i].mat->dtype != t;
             }

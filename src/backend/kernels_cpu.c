@@ -1072,13 +1072,13 @@ TGT_AVX2 static void avx2_dequant(float *m, WeightRef w, size_t e0, size_t n)
         return;
     }
     const uint8_t *q = w.data;
-    const float *scale = w.scale + e0 / (size_t)w.qcols;
+    size_t j0 = e0 / (size_t)w.qcols;
     int nib = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16;
     const float *lv = levels_of(w.dtype);
     __m256 t0 = _mm256_loadu_ps(lv), t1 = _mm256_loadu_ps(lv + 8);
     for (size_t i = 0; i < n; i += 8) {
         __m256 v = nib ? avx2_lookup8(q + (e0 + i) / 2, t0, t1) : avx2_widen8_f8(q + e0 + i);
-        v = _mm256_mul_ps(v, _mm256_set1_ps(scale[i / (size_t)w.qcols]));
+        v = _mm256_mul_ps(v, _mm256_set1_ps(weight_run_scale(&w, j0 + i / (size_t)w.qcols)));
         _mm256_storeu_ps(m + i, bf ? avx2_round_bf16(v) : v);
     }
 }
@@ -1107,12 +1107,12 @@ TGT_AVX512 static void avx512_dequant(float *m, WeightRef w, size_t e0, size_t n
         return;
     }
     const uint8_t *q = w.data;
-    const float *scale = w.scale + e0 / (size_t)w.qcols;
+    size_t j0 = e0 / (size_t)w.qcols;
     int nib = dtype_nibbles(w.dtype), bf = w.qflags & QF_ROUND_BF16;
     __m512 levels = _mm512_loadu_ps(levels_of(w.dtype));
     for (size_t i = 0; i < n; i += 16) {
         __m512 v = nib ? _mm512_permutexvar_ps(avx512_nibbles16(q + (e0 + i) / 2), levels) : avx512_loadw_f8(q + e0 + i);
-        v = _mm512_mul_ps(v, _mm512_set1_ps(scale[i / (size_t)w.qcols]));
+        v = _mm512_mul_ps(v, _mm512_set1_ps(weight_run_scale(&w, j0 + i / (size_t)w.qcols)));
         _mm512_storeu_ps(m + i, bf ? avx512_round_bf16(v) : v);
     }
 }
@@ -1141,8 +1141,10 @@ typedef struct {
 static inline QNext qnext(WeightRef w, size_t e0, int K, int R)
 {
     size_t n = (size_t)R * K, runs = (size_t)K / (size_t)w.qcols;
-    QNext t = {(const char *)w.data + dtype_data_bytes(w.dtype, e0 + n), (const char *)(w.scale + (e0 + n) / w.qcols),
-               dtype_data_bytes(w.dtype, n) / 64, n / (size_t)w.qcols * sizeof(float) / 64, 0, 0};
+    size_t sb = w.scale ? sizeof(float) : 1; /* bytes per run's scale: fp32, or an FP8 code */
+    const char *scales = w.scale ? (const char *)w.scale : (const char *)w.scale8;
+    QNext t = {(const char *)w.data + dtype_data_bytes(w.dtype, e0 + n), scales + (e0 + n) / w.qcols * sb,
+               dtype_data_bytes(w.dtype, n) / 64, n / (size_t)w.qcols * sb / 64, 0, 0};
     t.data_per = (t.data_lines + runs - 1) / runs, t.scale_per = (t.scale_lines + runs - 1) / runs;
     return t;
 }
@@ -1153,6 +1155,35 @@ static inline __attribute__((always_inline)) void qnext_fetch(const QNext *t, in
     for (size_t l = (size_t)g * t->scale_per, end = l + t->scale_per; l < end && l < t->scale_lines; l++)
         _mm_prefetch(t->scale + 64 * l, _MM_HINT_T1);
 }
+/* The scales of R rows from element e0 on (row r's runs at r * runs):
+ * fp32, or FP8 codes and their table (weight_run_scale, the table found
+ * once: the R rows lie within one table, qrows_one_table) */
+typedef struct {
+    const float *f;
+    const uint8_t *codes;
+    const float *tab;
+} QRowScales;
+static inline size_t qrow_table(WeightRef w, size_t e)
+{
+    return (w.run0 + e / (size_t)w.qcols) / w.table_runs;
+}
+/* whether rows n .. n+R-1 of a matrix of K columns share a scale table */
+static inline int qrows_one_table(WeightRef w, int n, int K, int R)
+{
+    return !w.scale8 || qrow_table(w, (size_t)n * K) == qrow_table(w, (size_t)(n + R) * K - 1);
+}
+static inline QRowScales qrow_scales(WeightRef w, size_t e0)
+{
+    size_t j0 = e0 / (size_t)w.qcols;
+    QRowScales s = {w.scale ? w.scale + j0 : NULL, w.scale8 ? w.scale8 + j0 : NULL, NULL};
+    if (s.codes) s.tab = w.tables + qrow_table(w, e0) * 256;
+    return s;
+}
+static inline __attribute__((always_inline)) float qrow_scale(const QRowScales *s, int r, int runs, int g, int codes)
+{
+    size_t j = (size_t)r * runs + g;
+    return codes ? s->tab[s->codes[j]] : s->f[j];
+}
 TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, const float *x, WeightRef w, int n,
                                                                       int K, int R, int nib, int bf)
 {
@@ -1161,7 +1192,7 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, 
     const float *lv = levels_of(w.dtype);
     const __m256 l0 = _mm256_loadu_ps(lv), l1 = _mm256_loadu_ps(lv + 8);
     size_t e0 = (size_t)n * K;
-    const float *sc = w.scale + e0 / (size_t)Q; /* row r's runs at sc + r * runs */
+    QRowScales rs = qrow_scales(w, e0);
     __m256 lo[2], hi[2], t0[2], t1[2];
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
@@ -1170,7 +1201,7 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, 
         qnext_fetch(&next, g);
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
-            __m256 s = _mm256_set1_ps(sc[(size_t)r * runs + g]);
+            __m256 s = _mm256_set1_ps(qrow_scale(&rs, r, runs, g, nib == 2));
             if (nib) {
                 t0[r] = _mm256_mul_ps(l0, s), t1[r] = _mm256_mul_ps(l1, s);
                 if (bf) t0[r] = avx2_round_bf16(t0[r]), t1[r] = avx2_round_bf16(t1[r]);
@@ -1198,24 +1229,32 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, 
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++) y[n + r] = avx2_tree((V2){lo[r], hi[r]});
 }
-/* one function per (nibble type?, QF_ROUND_BF16?): the row functions'
- * tests made once, outside their loops */
+/* one function per (FP8, a nibble type with fp32 scales or with FP8
+ * codes; QF_ROUND_BF16?): the row functions' tests made once, outside
+ * their loops */
 #define QGEMV_VARIANTS(ISA, R)                                                                                    \
     QGEMV_VARIANT(ISA, R, f8, 0, 0)                                                                               \
     QGEMV_VARIANT(ISA, R, f8_bf16, 0, 1)                                                                          \
     QGEMV_VARIANT(ISA, R, nib, 1, 0)                                                                              \
     QGEMV_VARIANT(ISA, R, nib_bf16, 1, 1)                                                                         \
+    QGEMV_VARIANT(ISA, R, codes, 2, 0)                                                                            \
+    QGEMV_VARIANT(ISA, R, codes_bf16, 2, 1)                                                                       \
     static void ISA##_qgemv(float *y, const float *x, WeightRef w, int n0, int n1, int K)                        \
     {                                                                                                             \
         int bf = (w.qflags & QF_ROUND_BF16) != 0;                                                                 \
-        (dtype_nibbles(w.dtype) ? (bf ? ISA##_qgemv_nib_bf16 : ISA##_qgemv_nib)                                   \
-                                : (bf ? ISA##_qgemv_f8_bf16 : ISA##_qgemv_f8))(y, x, w, n0, n1, K);               \
+        (w.scale8                 ? (bf ? ISA##_qgemv_codes_bf16 : ISA##_qgemv_codes)                             \
+         : dtype_nibbles(w.dtype) ? (bf ? ISA##_qgemv_nib_bf16 : ISA##_qgemv_nib)                                 \
+                                  : (bf ? ISA##_qgemv_f8_bf16 : ISA##_qgemv_f8))(y, x, w, n0, n1, K);             \
     }
 #define QGEMV_VARIANT(ISA, R, NAME, NIB, BF)                                                                      \
     TGT_##ISA static void ISA##_qgemv_##NAME(float *y, const float *x, WeightRef w, int n0, int n1, int K)        \
     {                                                                                                             \
         int n = n0;                                                                                               \
-        for (; n + R <= n1; n += R) ISA##_qrows(y, x, w, n, K, R, NIB, BF);                                       \
+        for (; n + R <= n1; n += R)                                                                               \
+            if (qrows_one_table(w, n, K, R))                                                                      \
+                ISA##_qrows(y, x, w, n, K, R, NIB, BF);                                                           \
+            else /* rows of two checkpoint matrices (experts): each row alone */                                 \
+                for (int r = 0; r < R; r++) ISA##_qrows(y, x, w, n + r, K, 1, NIB, BF);                           \
         for (; n < n1; n++) ISA##_qrows(y, x, w, n, K, 1, NIB, BF);                                               \
     }
 #define TGT_avx2 TGT_AVX2
@@ -1241,7 +1280,7 @@ TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float 
     int Q = w.qcols, runs = K / Q;
     const __m512 levels = _mm512_loadu_ps(levels_of(w.dtype));
     size_t e0 = (size_t)n * K;
-    const float *sc = w.scale + e0 / (size_t)Q; /* row r's runs at sc + r * runs */
+    QRowScales rs = qrow_scales(w, e0);
     __m512 a[4], s[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();
@@ -1256,7 +1295,7 @@ TGT_AVX512 static inline __attribute__((always_inline)) void avx512_qrows(float 
         int fold = !nib;
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            float v = sc[(size_t)r * runs + g];
+            float v = qrow_scale(&rs, r, runs, g, nib == 2);
             fold = fold && fabsf(v) < 0x1p8f;
             s[r] = _mm512_set1_ps(v);
             if (nib) {

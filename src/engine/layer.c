@@ -98,6 +98,7 @@ WeightRef upload_matrix(const LayerEnv *env, Uploads *u, WeightRef host, size_t 
     WeightRef w = env->be->gemm_weights(host, n);
     track(u, w.data);
     if (w.scale) track(u, w.scale);
+    if (w.scale8) track(u, w.scale8), track(u, w.tables);
     return w;
 }
 

@@ -367,7 +367,7 @@ int st_read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, i
 
 int st_read_nibbles(const StTensor *packed, const StTensor *scale, const StTensor *shape, int group, float mul,
                     float div, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst,
-                    float *scale_dst)
+                    float *scale_dst, uint8_t *code_dst)
 {
     int per = packed->dtype == ST_I32 ? 8 : 2; /* elements per stored element */
     int64_t rows = packed->ndim == 2 ? packed->shape[0] : 0, cols = packed->ndim == 2 ? packed->shape[1] * per : 0;
@@ -392,6 +392,9 @@ int st_read_nibbles(const StTensor *packed, const StTensor *scale, const StTenso
         return dcp_fail("%s: tensor '%s': 4-bit elements need an I32 or U8 packing [rows, cols / %d] and BF16, F32 "
                         "or F8_E4M3 scales [rows, cols / %d]",
                         packed->file, packed->name, per == 8 ? 8 : 2, group);
+    if (code_dst && scale->dtype != ST_F8_E4M3)
+        return dcp_fail("%s: tensor '%s' is %s where NVFP4's scales are F8_E4M3", scale->file, scale->name,
+                        st_dtype_name(scale->dtype));
     if (qcols <= 0 || group % qcols || col0 % qcols || ncols % qcols || row0 < 0 || col0 < 0 || row0 + nrows > rows ||
         col0 + ncols > cols)
         return dcp_fail("%s: tensor '%s': slice [%lld+%lld, %lld+%lld] in runs of %d outside its shape or its groups "
@@ -412,6 +415,11 @@ int st_read_nibbles(const StTensor *packed, const StTensor *scale, const StTenso
                 uint8_t *b = dst + (at + c) / 2;
                 *b = (uint8_t)((*b & (i ? 0x0f : 0xf0)) | v << (4 * i));
             }
+        if (code_dst) {
+            const unsigned char *codes = scale->data + (size_t)(row0 + r) * gs;
+            for (int64_t c = 0; c < ncols; c += qcols) code_dst[(at + c) / qcols] = codes[(col0 + c) / group];
+            continue;
+        }
         if (scale->dtype == ST_F8_E4M3)
             for (size_t g = 0; g < gs; g++) srow[g] = f8e4m3_to_f32(scale->data[(size_t)(row0 + r) * gs + g]);
         else if (st_read_f32(scale, row0 + r, 1, 0, (int64_t)gs, srow)) {

@@ -78,9 +78,11 @@ int st_read_f8_scaled(const StTensor *t, const StTensor *scale_inv, int block_ro
  * per qcols columns of each row, in order: the stored scale times mul, or
  * divided by div when div is not 0 (NVFP4's global scale: ModelOpt
  * multiplies, compressed-tensors divides). qcols must divide group, col0
- * and ncols. */
+ * and ncols. With code_dst (and scale_dst NULL), the scales must be
+ * F8_E4M3 and code_dst gets their codes as stored, one per run, for a
+ * table of what each code's scale is (mul and div then unused). */
 int st_read_nibbles(const StTensor *packed, const StTensor *scale, const StTensor *shape, int group, float mul,
                     float div, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, int qcols, uint8_t *dst,
-                    float *scale_dst);
+                    float *scale_dst, uint8_t *code_dst);
 
 #endif

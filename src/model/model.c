@@ -81,7 +81,7 @@ float weight_value(WeightRef w, size_t i)
 {
     const uint8_t *p = w.data;
     float v = w.dtype == DTYPE_I4 ? i4_value(p, i) : w.dtype == DTYPE_FP4 ? fp4_value(p, i) : f8e4m3_to_f32(p[i]);
-    return scaled_value(v, w.scale[i / (size_t)w.qcols], w.qflags & QF_ROUND_BF16);
+    return scaled_value(v, weight_run_scale(&w, i / (size_t)w.qcols), w.qflags & QF_ROUND_BF16);
 }
 
 /* ---- config readers ---------------------------------------------------- */
@@ -787,9 +787,11 @@ static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
 /* This rank's slice of a 4-bit matrix (t: its packed elements) in its
  * stored form: elements into dst, each run's fp32 scale into scale_dst
- * (NVFP4: the FP8 scale and the global one applied) */
+ * (NVFP4: the FP8 scale and the global one applied); or, with code_dst,
+ * NVFP4's scales as stored into code_dst and what each of the 256 codes
+ * stands for, the global scale applied, into table */
 static int read_nibbles(Source *src, const MlaTensor *mt, const StTensor *t, const QuantFormat *f, int64_t col0,
-                        int64_t ncols, int qcols, uint8_t *dst, float *scale_dst)
+                        int64_t ncols, int qcols, uint8_t *dst, float *scale_dst, uint8_t *code_dst, float *table)
 {
     char module[128], name[160];
     snprintf(module, sizeof module, "%.*s", (int)strlen(mt->name) - 7, mt->name);
@@ -805,8 +807,13 @@ static int read_nibbles(Source *src, const MlaTensor *mt, const StTensor *t, con
         if (st_scalar(st_find(&src->ck, name), &global))
             return dcp_fail("%s: tensor '%s' must be one F32 value", src->path, name);
     }
-    return st_read_nibbles(t, scale, shape, f->group, f->divide ? 1 : global, f->divide ? global : 0, mt->row0,
-                           mt->nrows, col0, ncols, qcols, dst, scale_dst);
+    float mul = f->divide ? 1 : global, div = f->divide ? global : 0;
+    for (int b = 0; table && b < 256; b++) { /* st_read_nibbles' arithmetic, for every code */
+        float sv = f8e4m3_to_f32((uint8_t)b);
+        table[b] = div != 0 ? sv / div : sv * mul;
+    }
+    return st_read_nibbles(t, scale, shape, f->group, mul, div, mt->row0, mt->nrows, col0, ncols, qcols, dst,
+                           scale_dst, code_dst);
 }
 
 /* whether a 4-bit matrix's values round to bf16: INT4 with bf16 scales,
@@ -830,8 +837,9 @@ static int read_nibbles_as_f32(Source *src, const MlaTensor *mt, const StTensor 
     size_t n = (size_t)mt->nrows * mt->ncols;
     uint8_t *q = xcalloc(n / 2 + 1, 1);
     float *s = xmalloc(sizeof(float) * (n / (size_t)qcols + 1));
-    int rc = read_nibbles(src, mt, t, &f, mt->col0, mt->ncols, qcols, q, s);
-    WeightRef w = {q, f.dtype, 0, s, qcols, nibbles_round_bf16(src, mt, &f) ? QF_ROUND_BF16 : 0};
+    int rc = read_nibbles(src, mt, t, &f, mt->col0, mt->ncols, qcols, q, s, NULL, NULL);
+    WeightRef w = {.data = q, .dtype = f.dtype, .scale = s, .qcols = qcols,
+                   .qflags = nibbles_round_bf16(src, mt, &f) ? QF_ROUND_BF16 : 0};
     for (size_t i = 0; i < n && !rc; i++) to[i] = weight_value(w, i);
     free(q), free(s);
     return rc;
@@ -855,11 +863,21 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
     int qcols = fp8 || nib ? gcd(gcd(fp8 ? c->m.fp8_block[1] : f.group, cc), mt->col0) : 0;
     int qflags = nib && nibbles_round_bf16(src, mt, &f) ? QF_ROUND_BF16 : 0;
     DType want = fp8 ? DTYPE_F8_E4M3 : nib ? f.dtype : DTYPE_F32;
+    /* NVFP4's scales stay FP8 codes, with a table of their values per
+     * checkpoint matrix (an expert's, in a stack) */
+    int codes = nib && f.dtype == DTYPE_FP4;
+    size_t per = (size_t)mt->nrows * mt->ncols, runs = per / (size_t)(qcols ? qcols : 1);
     if (!w->data) { /* the first of its stack: the stack's storage */
         *w = (WeightRef){.data = owned_alloc(&m->w, dtype_data_bytes(want, mt->mat_n)), .dtype = want,
                          .qcols = qcols, .qflags = qflags};
-        if (fp8 || nib) w->scale = owned_alloc(&m->w, mt->mat_n / (size_t)qcols * sizeof(float));
-    } else if (w->dtype != want || w->qcols != qcols || w->qflags != qflags) {
+        if (codes) {
+            w->scale8 = owned_alloc(&m->w, mt->mat_n / (size_t)qcols);
+            w->tables = owned_alloc(&m->w, mt->mat_n / per * 256 * sizeof(float));
+            w->table_runs = runs;
+        } else if (fp8 || nib) {
+            w->scale = owned_alloc(&m->w, mt->mat_n / (size_t)qcols * sizeof(float));
+        }
+    } else if (w->dtype != want || w->qcols != qcols || w->qflags != qflags || (codes && w->table_runs != runs)) {
         return dcp_fail("%s: tensor '%s' is %s, unlike the other experts of its layer: their matrices must share one "
                         "format",
                         src->path, mt->name, st_dtype_name(t->dtype));
@@ -873,8 +891,11 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
         if (fp8)
             rc = st_read_f8_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt->row0,
                                    mt->nrows, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale);
+        else if (codes)
+            rc = read_nibbles(src, mt, t, &f, col0, cc, qcols, (uint8_t *)to.data, NULL, (uint8_t *)to.scale8,
+                              ch ? NULL : (float *)w->tables + mt->mat_at / per * 256);
         else if (nib)
-            rc = read_nibbles(src, mt, t, &f, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale);
+            rc = read_nibbles(src, mt, t, &f, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale, NULL, NULL);
         else
             rc = st_read_f32(t, mt->row0, mt->nrows, col0, cc, (float *)to.data);
         if (rc) return -1;

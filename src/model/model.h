@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "hparams.h"
+#include "quant.h"
 
 
 
@@ -39,7 +40,9 @@ typedef struct {
  *                  compressed-tensors packs them (i4_value)
  *   DTYPE_FP4      FP4 E2M1 (NVFP4's elements), packed as DTYPE_I4
  *                  (fp4_value); the scale per run is the checkpoint's FP8
- *                  scale with its global scale applied, in fp32 */
+ *                  scale with its global scale applied: held as stored
+ *                  (WeightRef.scale8) and looked up in a table of the
+ *                  256 codes' values, or given in fp32 */
 typedef enum { DTYPE_F32, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_I4, DTYPE_FP4 } DType;
 
 static inline size_t dtype_bits(DType t)
@@ -74,7 +77,14 @@ const char *dtype_name(DType t);
  * steps the scales in proportion. A block-scaled checkpoint's blocks of
  * rows share a scale; it is repeated for each row (a few per cent of the
  * FP8 bytes at 128 x 128 blocks), which lets a tensor-parallel slice or a
- * K chunk start at any row. */
+ * K chunk start at any row.
+ * NVFP4 scales may instead be held as stored (scale NULL, scale8 set):
+ * each run's E4M3 code, whose value with the global scale of its matrix
+ * applied is tables[256 * t + code], t = (run0 + run) / table_runs. One
+ * table per checkpoint matrix (an expert's, in a stack), each of
+ * table_runs runs; run0 is the first run's place in that count, so that
+ * weight_at can start anywhere. The table holds the very fp32 values the
+ * fp32 scales would, at a quarter of their bytes. */
 typedef struct {
     const void *data;
     DType dtype;
@@ -82,13 +92,16 @@ typedef struct {
     const float *scale; /* quantized: one per qcols elements, in order */
     int qcols;
     int qflags;         /* QF_ROUND_BF16: each value rounded to bf16 */
+    const uint8_t *scale8; /* NVFP4 scales as stored, one per qcols elements (scale NULL) */
+    const float *tables;   /* their values, 256 per table */
+    size_t table_runs, run0;
 } WeightRef;
 enum { QF_ROUND_BF16 = 1 };
 
 /* an unquantized matrix */
 static inline WeightRef weight_ref(const void *data, DType dtype, int group)
 {
-    WeightRef w = {data, dtype, group, NULL, 0, 0};
+    WeightRef w = {data, dtype, group, NULL, 0, 0, NULL, NULL, 0, 0};
     return w;
 }
 
@@ -97,12 +110,24 @@ static inline WeightRef weight_at(WeightRef w, size_t elements)
     WeightRef r = w;
     r.data = (const char *)w.data + dtype_data_bytes(w.dtype, elements);
     if (w.scale) r.scale = w.scale + elements / (size_t)w.qcols;
+    if (w.scale8) r.scale8 = w.scale8 + elements / (size_t)w.qcols, r.run0 = w.run0 + elements / (size_t)w.qcols;
     return r;
+}
+/* The scale of run j of a quantized matrix (its elements j * qcols on) */
+DCP_QUANT_FN float weight_run_scale(const WeightRef *w, size_t j)
+{
+    return w->scale ? w->scale[j] : w->tables[(w->run0 + j) / w->table_runs * 256 + w->scale8[j]];
+}
+/* How many scale tables a matrix of n elements from w on reaches into */
+static inline size_t weight_tables(WeightRef w, size_t n)
+{
+    return w.scale8 ? (w.run0 + n / (size_t)w.qcols + w.table_runs - 1) / w.table_runs : 0;
 }
 /* The bytes a matrix of n elements takes: its elements and its scales. */
 static inline size_t weight_bytes(WeightRef w, size_t n)
 {
-    return dtype_data_bytes(w.dtype, n) + (w.scale ? n / (size_t)w.qcols * sizeof(float) : 0);
+    return dtype_data_bytes(w.dtype, n) + (w.scale ? n / (size_t)w.qcols * sizeof(float) : 0) +
+           (w.scale8 ? n / (size_t)w.qcols + weight_tables(w, n) * 256 * sizeof(float) : 0);
 }
 /* Element i of a quantized matrix's values (dtype_quantized): the stored
  * element times its scale, in fp32, as the kernels widen it. */

@@ -110,33 +110,45 @@ static double gemv_rate(DType t, double seconds)
  * for SECONDS: the decode of a DeepSeek-V3 expert's gate or up projection.
  * Quantized types come with their scales (FP8: a scale per 128 columns;
  * INT4: per 32, NVFP4: per 16, the values rounded to bf16), counted in the
- * stored bytes (as held: an fp32 scale per run). */
+ * stored bytes as held: an fp32 scale per run, or NVFP4's 1-byte code per
+ * run with a table of the codes' values per matrix. */
 static double qgemv_rate(DType t, double seconds, double *gws)
 {
     enum { OUT = 2048, IN = 7168 };
     size_t per = (size_t)OUT * IN, mats = ((size_t)1 << 28) / per, n = mats * per;
     int qcols = t == DTYPE_I4 ? 32 : t == DTYPE_FP4 ? 16 : 128;
     size_t bytes = dtype_data_bytes(t, n), nscale = dtype_quantized(t) ? n / (size_t)qcols : 0;
+    int codes = t == DTYPE_FP4;
+    size_t sbytes = codes ? nscale + mats * 256 * sizeof(float) : nscale * sizeof(float);
     char *w = xmalloc_huge(bytes);
-    float *scale = nscale ? xmalloc_huge(nscale * sizeof(float)) : NULL;
+    float *scale = nscale && !codes ? xmalloc_huge(nscale * sizeof(float)) : NULL, *tables = NULL;
+    uint8_t *code = codes ? xmalloc_huge(nscale) : NULL;
     uint64_t st = 5;
     for (size_t i = 0; i < bytes; i++) w[i] = (char)(splitmix64(&st) & (t == DTYPE_F8_E4M3 ? 0x77 : 0x3f));
     if (t == DTYPE_F32 || t == DTYPE_BF16) memset(w, 0x3c, bytes); /* small finite values */
-    for (size_t i = 0; i < nscale; i++) scale[i] = 1.0f / 64;
+    for (size_t i = 0; scale && i < nscale; i++) scale[i] = 1.0f / 64;
+    if (codes) {
+        memset(code, 0x38, nscale); /* E4M3 1.0 */
+        tables = xmalloc(mats * 256 * sizeof(float));
+        for (size_t i = 0; i < mats * 256; i++) tables[i] = f8e4m3_to_f32((uint8_t)(i % 256)) / 64;
+    }
     float x[IN], y[OUT];
     for (int i = 0; i < IN; i++) x[i] = 1e-3f * (float)i;
     int steps = 0;
     double start = now_s();
     for (; now_s() - start < seconds; steps++)
         for (size_t m = 0; m < mats; m++) {
-            WeightRef r = {w + dtype_data_bytes(t, m * per), t, 0, scale ? scale + m * per / (size_t)qcols : NULL,
-                           scale ? qcols : 0, dtype_nibbles(t) ? QF_ROUND_BF16 : 0};
+            WeightRef r = {.data = w + dtype_data_bytes(t, m * per), .dtype = t,
+                           .scale = scale ? scale + m * per / (size_t)qcols : NULL, .qcols = nscale ? qcols : 0,
+                           .qflags = dtype_nibbles(t) ? QF_ROUND_BF16 : 0,
+                           .scale8 = code ? code + m * per / (size_t)qcols : NULL,
+                           .tables = tables ? tables + 256 * m : NULL, .table_runs = per / (size_t)qcols};
             gemm_invariant(y, x, r, 1, IN, OUT);
         }
     double dt = now_s() - start;
     *gws = (double)steps * n / dt / 1e9;
-    double gbs = (double)steps * (bytes + nscale * sizeof(float)) / dt / 1e9;
-    free(w), free(scale);
+    double gbs = (double)steps * (bytes + sbytes) / dt / 1e9;
+    free(w), free(scale), free(code), free(tables);
     return gbs;
 }
 
