@@ -178,7 +178,7 @@ static void mla_values(const ModelSpec *s, const char *name, int rows, int cols,
  * scales after it, or compressed-tensors INT4 (weight_packed, then its
  * weight_scale and weight_shape) */
 typedef enum { NT_F32, NT_F8, NT_F8_SCALE, NT_I4, NT_I4_SCALE, NT_I4_SHAPE, NT_FP4, NT_FP4_SCALE, NT_FP4_GLOBAL,
-               NT_FP4_INPUT } NtKind;
+               NT_FP4_INPUT, NT_BF16 } NtKind;
 typedef struct {
     char name[160];
     int rows, cols; /* rows 0: a vector; the shape as stored */
@@ -189,7 +189,7 @@ static const struct {
     const char *dtype;
     int bits;
 } nt_types[] = {{"F32", 32}, {"F8_E4M3", 8}, {"F32", 32}, {"I32", 32}, {"BF16", 16}, {"I64", 64},
-                {"U8", 8},   {"F8_E4M3", 8}, {"F32", 32}, {"F32", 32}};
+                {"U8", 8},   {"F8_E4M3", 8}, {"F32", 32}, {"F32", 32}, {"BF16", 16}};
 
 /* the routed experts, which --quant int4-w4a16 quantizes (Kimi K2's
  * choice: attention, shared experts, dense layers and the LM head stay) */
@@ -267,7 +267,9 @@ static float quantize_fp4(const float *v, int rows, int cols, int modelopt, uint
     return g;
 }
 
-static int write_mla(const ModelSpec *s, const char *dir)
+/* bf16: every tensor the quantization leaves is BF16 (values rounded to
+ * nearest even), as a bf16 checkpoint (Kimi K2.x's) stores them */
+static int write_mla(const ModelSpec *s, const char *dir, int bf16)
 {
     Config c;
     mkmodel_config(s, &c);
@@ -318,6 +320,8 @@ static int write_mla(const ModelSpec *s, const char *dir)
     t[n++] = (NamedTensor){"model.norm.weight", 0, c.dim, NT_F32};
     if (!s->tied) t[n++] = (NamedTensor){"lm_head.weight", c.vocab_size, c.dim, NT_F32};
     if (s->kimi_k25) t[n++] = (NamedTensor){"vision_tower.patch_embed.proj.weight", 4, 4, NT_F32}; /* never read */
+    for (int i = 0; i < n && bf16; i++)
+        if (t[i].kind == NT_F32) t[i].kind = NT_BF16;
     free(mt);
     /* header, then the data */
     size_t cap = 256 + (size_t)n * 272, len = 0, off = 0;
@@ -379,6 +383,11 @@ static int write_mla(const ModelSpec *s, const char *dir)
         mla_values(s, name, rows, cols, v);
         if (t[i].kind == NT_F32) {
             rc = write_all(f, v, bytes, path);
+        } else if (t[i].kind == NT_BF16) {
+            uint16_t *h = xmalloc(bytes);
+            f32_to_bf16_n(h, v, vals);
+            rc = write_all(f, h, bytes, path);
+            free(h);
         } else {
             uint8_t *q = xmalloc(bytes);
             if (t[i].kind == NT_F8) {
@@ -477,9 +486,9 @@ int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
 {
     if (mkmodel_check_spec(s)) return -1;
     if (arch_table[s->arch].mla) {
-        if (bf16 || shards > 1) return dcp_fail("DeepSeek models are written as one float32 (or --quant) file");
+        if (shards > 1) return dcp_fail("DeepSeek models are written as one file");
         if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
-        return write_mla_config(s, dir) || write_mla(s, dir) ? -1 : 0;
+        return write_mla_config(s, dir) || write_mla(s, dir, bf16) ? -1 : 0;
     }
     if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
     if (write_config_json(s, dir)) return -1;
