@@ -2,7 +2,7 @@
 # dcpinfer-mkmodel writes DeepSeek-V2/V3 models (float32, block-scaled FP8
 # with F8_E4M3 tensors and their weight_scale_inv, INT4 W4A16 experts as
 # compressed-tensors packs them, and NVFP4 experts as compressed-tensors
-# and as ModelOpt write them) that dcpinfer runs,
+# and as ModelOpt write them; bf16) that dcpinfer runs,
 # each giving the same greedy tokens at one rank and at -tp 4 -dcp 4 and
 # -tp 8 -dcp 8 (latent cache split over the DCP group). (That transformers
 # loads the float32 folders as its classes with no missing or unexpected
@@ -47,6 +47,38 @@ for m in v3 v3fp8 v3int4 v3nvfp4 v3modelopt v2; do
             pass "$m: ${layout#"$np" } gives one rank's tokens"
         else
             fail "$m: ${layout#"$np" }: exit $(cat "$WORK/$m-1.rc") $(cat "$WORK/$m-$np.rc")"; cat "$WORK/$m-$np.err" >&2
+        fi
+    done
+done
+# bf16 checkpoints (Kimi K2.x stores everything but its INT4 experts so)
+# stay bf16 in memory under --dtype auto: the same tokens and log-probs,
+# to the bit, as the same checkpoint widened to float32 (--dtype float32),
+# at one rank and at -tp 4 -dcp 4, in less weight memory (one rank: the
+# bf16 matrices half their float32 bytes; the INT4 experts as they were)
+"$MKMODEL" --out "$WORK/v3bf16" --arch deepseek_v3 $SHAPE --q-lora-rank 24 --norm-topk-prob --quant int4-w4a16 \
+    --dtype bf16 >/dev/null &&
+    "$MKMODEL" --out "$WORK/v2bf16" --arch deepseek_v2 $SHAPE --n-group 4 --topk-group 2 --dtype bf16 >/dev/null ||
+    { echo "FAIL: dcpinfer-mkmodel could not write the bf16 models" >&2; exit 1; }
+PL=$WORK/pl.jsonl
+sed 's/"temperature": 0}/"temperature": 0, "logprobs": 3}/' "$P" >"$PL"
+results() { sed 's/"metrics":{[^}]*}//' "$1"; } # all but the timings
+weight_mib() { sed -n 's/^# weights: .*; \([0-9.]*\) MiB on this rank.*/\1/p' "$1"; }
+for m in v3bf16 v2bf16; do
+    run_dcp "$m-f32" --model "$WORK/$m" --dtype float32 --output "$WORK/$m-f32.jsonl" "$PL"
+    for layout in "1" "4 -tp 4 -dcp 4 --max-num-batched-tokens 8 --max-num-seqs 4"; do
+        checks=$((checks + 1))
+        np=${layout%% *}
+        NP=$np run_dcp "$m-$np" --model "$WORK/$m" ${layout#"$np"} --output "$WORK/$m-$np.jsonl" "$PL"
+        a=$(weight_mib "$WORK/$m-$np.out") f=$(weight_mib "$WORK/$m-f32.out")
+        if [ "$(cat "$WORK/$m-f32.rc")$(cat "$WORK/$m-$np.rc")" = 00 ] && grep -q '"token_logprob"\|"logprob"' "$WORK/$m-$np.jsonl" &&
+            [ "$(results "$WORK/$m-$np.jsonl")" = "$(results "$WORK/$m-f32.jsonl")" ] &&
+            grep -q '^# weights: .*attention bfloat16' "$WORK/$m-$np.out" &&
+            grep -q '^# weights: .*attention float32' "$WORK/$m-f32.out" &&
+            awk -v a="$a" -v f="$f" -v np="$np" 'BEGIN { exit !(a > 0 && (np > 1 || a < 0.75 * f)) }'; then
+            pass "$m at $np rank(s): bf16 as stored ($a MiB per rank; widened at one rank $f), the widened results to the bit"
+        else
+            fail "$m at $np rank(s): exit $(cat "$WORK/$m-f32.rc") $(cat "$WORK/$m-$np.rc"), weights $a against $f MiB"
+            cat "$WORK/$m-$np.err" >&2
         fi
     done
 done

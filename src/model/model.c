@@ -845,11 +845,26 @@ static int read_nibbles_as_f32(Source *src, const MlaTensor *mt, const StTensor 
     return rc;
 }
 
+/* A slice of a matrix as bf16: copied from a BF16 tensor, else its values
+ * rounded to nearest even */
+static int read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col0, int64_t ncols, uint16_t *dst)
+{
+    if (t->dtype == ST_BF16) return st_read_bf16(t, row0, nrows, col0, ncols, dst);
+    size_t n = (size_t)(nrows * ncols);
+    float *tmp = xmalloc(sizeof(float) * (n ? n : 1));
+    int rc = st_read_f32(t, row0, nrows, col0, ncols, tmp);
+    if (!rc) f32_to_bf16_n(dst, tmp, n);
+    free(tmp);
+    return rc;
+}
+
 /* One matrix of an MLA layer (an expert: its place in its kind's stack)
  * into this rank's storage, in the checkpoint's type: block-scaled FP8 as
  * stored with its scales (WeightRef), 4-bit formats (INT4, NVFP4) packed
- * as stored with theirs, anything else as fp32. A K-chunked matrix
- * (row-parallel) is stored chunk by chunk (load_matrix_chunked). */
+ * as stored with theirs, anything else in the GEMM type (model_gemm_dtype:
+ * a bf16 checkpoint's matrices stay bf16, in the backend's row groups). A
+ * K-chunked matrix (row-parallel) is stored chunk by chunk
+ * (load_matrix_chunked). */
 static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StTensor *t)
 {
     const Config *c = &m->cfg;
@@ -862,7 +877,7 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
      * run then repeats its scale) */
     int qcols = fp8 || nib ? gcd(gcd(fp8 ? c->m.fp8_block[1] : f.group, cc), mt->col0) : 0;
     int qflags = nib && nibbles_round_bf16(src, mt, &f) ? QF_ROUND_BF16 : 0;
-    DType want = fp8 ? DTYPE_F8_E4M3 : nib ? f.dtype : DTYPE_F32;
+    DType want = fp8 ? DTYPE_F8_E4M3 : nib ? f.dtype : m->gemm_dtype;
     /* NVFP4's scales stay FP8 codes, with a table of their values per
      * checkpoint matrix (an expert's, in a stack) */
     int codes = nib && f.dtype == DTYPE_FP4;
@@ -896,9 +911,19 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
                               ch ? NULL : (float *)w->tables + mt->mat_at / per * 256);
         else if (nib)
             rc = read_nibbles(src, mt, t, &f, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale, NULL, NULL);
+        else if (want == DTYPE_BF16)
+            rc = read_bf16(t, mt->row0, mt->nrows, col0, cc, (uint16_t *)to.data);
         else
             rc = st_read_f32(t, mt->row0, mt->nrows, col0, cc, (float *)to.data);
         if (rc) return -1;
+        /* bf16 in the backend's row groups, each K chunk (each expert's) on its own */
+        int g = want == DTYPE_BF16 && m->bf16_group
+                    ? weight_group_rows((void *)to.data, mt->nrows, cc, sizeof(uint16_t), m->bf16_group)
+                    : 0;
+        if (!w->group && !mt->mat_at && !ch) w->group = g;
+        else if (w->group != g)
+            return dcp_fail("%s: tensor '%s' cannot be laid out as the other matrices of its stack", src->path,
+                            mt->name);
     }
     return 0;
 }
@@ -1005,15 +1030,19 @@ int model_gemm_dtype(const char *path, const Config *c, const char *dtype, DType
     if (strcmp(dtype, "auto") && strcmp(dtype, "float32") && strcmp(dtype, "bfloat16"))
         return dcp_fail("--dtype %s: choose auto, float32 or bfloat16", dtype);
     *out = DTYPE_F32;
-    if (c->mla) return 0; /* DeepSeek matrices load as fp32 */
     if (!strcmp(dtype, "bfloat16")) *out = DTYPE_BF16;
     if (strcmp(dtype, "auto") || c->format != FORMAT_HF) return 0;
-    /* "auto": as the checkpoint stores its first layer's q projection */
+    /* "auto": as the checkpoint stores its first layer's q projection (an
+     * MLA model's latent KV projection, which every variant has; where that
+     * is quantized, as the LM head, or the embedding it is tied to) */
     StCheckpoint ck;
-    if (st_checkpoint_open(&ck, path)) return -1;
+    if (open_checkpoint(&ck, path, c)) return -1;
     char name[128];
-    tensor_hf_name(T_WQ, 0, name, sizeof name);
+    if (c->mla) snprintf(name, sizeof name, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight");
+    else tensor_hf_name(T_WQ, 0, name, sizeof name);
     const StTensor *t = st_find(&ck, name);
+    if (c->mla && (!t || (t->dtype != ST_BF16 && t->dtype != ST_F32 && t->dtype != ST_F16)))
+        t = st_find(&ck, c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     if (t && t->dtype == ST_BF16) *out = DTYPE_BF16;
     st_checkpoint_close(&ck);
     return 0;

@@ -136,8 +136,9 @@ float weight_value(WeightRef w, size_t i);
 /* One layer of a DeepSeek-V2/V3 model, this rank's shard: q_b/q and kv_b
  * by heads, o_proj by its head columns, the feed-forward and each expert
  * by intermediate rows; the rest whole. The matrices the GEMMs read are
- * fp32 or, from a block-scaled FP8 checkpoint, FP8 as stored; kv_b (folded
- * into the attention at load, layer_mla.c) and the router are fp32. */
+ * quantized ones as stored (FP8, INT4, NVFP4), the others in the model's
+ * gemm_dtype (fp32 or bf16); kv_b (folded into the attention at load,
+ * layer_mla.c) and the router are fp32. */
 typedef struct {
     float *rms_att, *rms_ffn;            /* (dim) */
     WeightRef q_a, q_b;                  /* (q_lora, dim), (H*(nope+rope), q_lora); q_lora_rank > 0 */
