@@ -1155,6 +1155,18 @@ static inline __attribute__((always_inline)) void qnext_fetch(const QNext *t, in
     for (size_t l = (size_t)g * t->scale_per, end = l + t->scale_per; l < end && l < t->scale_lines; l++)
         _mm_prefetch(t->scale + 64 * l, _MM_HINT_T1);
 }
+/* Eight E4M3 elements from p times s2, a scale times 2^120: each
+ * element's sign, exponent and mantissa moved to fp32's places (its value
+ * times 2^-120, exact) and multiplied once; the NaN codes (0x7f, 0xff)
+ * give NaN (avx512_f8_times in 8 lanes) */
+TGT_AVX2 static inline __m256 avx2_f8_times(const uint8_t *p, __m256 s2)
+{
+    __m256i u = _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)), 20);
+    u = _mm256_and_si256(u, _mm256_set1_epi32((int)0x87f00000u));
+    __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(u), s2);
+    __m256i nan = _mm256_cmpeq_epi32(_mm256_slli_epi32(u, 1), _mm256_set1_epi32(0x0fe00000));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(__builtin_nanf("")), _mm256_castsi256_ps(nan));
+}
 /* The scales of R rows from element e0 on (row r's runs at r * runs):
  * fp32, or FP8 codes and their table (weight_run_scale, the table found
  * once: the R rows lie within one table, qrows_one_table) */
@@ -1199,9 +1211,12 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, 
     QNext next = qnext(w, e0, K, R);
     for (int g = 0, k0 = 0; g < runs; g++, k0 += Q) {
         qnext_fetch(&next, g);
+        int fold = !nib; /* FP8: 2^120 folded into the scale, as avx512_qrows */
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
-            __m256 s = _mm256_set1_ps(qrow_scale(&rs, r, runs, g, nib == 2));
+            float v = qrow_scale(&rs, r, runs, g, nib == 2);
+            fold = fold && fabsf(v) < 0x1p8f;
+            __m256 s = _mm256_set1_ps(v);
             if (nib) {
                 t0[r] = _mm256_mul_ps(l0, s), t1[r] = _mm256_mul_ps(l1, s);
                 if (bf) t0[r] = avx2_round_bf16(t0[r]), t1[r] = avx2_round_bf16(t1[r]);
@@ -1209,6 +1224,9 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, 
                 t0[r] = s;
             }
         }
+        if (fold)
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) t0[r] = _mm256_mul_ps(t0[r], _mm256_set1_ps(0x1p120f));
         for (int k = k0; k < k0 + Q; k += 16) {
             __m256 xa = _mm256_loadu_ps(x + k), xb = _mm256_loadu_ps(x + k + 8);
 #pragma GCC unroll 2
@@ -1217,6 +1235,9 @@ TGT_AVX2 static inline __attribute__((always_inline)) void avx2_qrows(float *y, 
                 __m256 a, b;
                 if (nib) {
                     a = avx2_lookup8(q + e / 2, t0[r], t1[r]), b = avx2_lookup8(q + e / 2 + 4, t0[r], t1[r]);
+                } else if (fold) {
+                    a = avx2_f8_times(q + e, t0[r]), b = avx2_f8_times(q + e + 8, t0[r]);
+                    if (bf) a = avx2_round_bf16(a), b = avx2_round_bf16(b);
                 } else {
                     a = _mm256_mul_ps(avx2_widen8_f8(q + e), t0[r]), b = _mm256_mul_ps(avx2_widen8_f8(q + e + 8), t0[r]);
                     if (bf) a = avx2_round_bf16(a), b = avx2_round_bf16(b);

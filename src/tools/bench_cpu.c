@@ -18,7 +18,9 @@
  * Usage: dcpinfer-bench-cpu [threads] [M K N]
  *        dcpinfer-bench-cpu --read SECONDS [threads]
  *        dcpinfer-bench-cpu --gemv SECONDS [threads]
- *        dcpinfer-bench-cpu --qgemv SECONDS [threads] */
+ *        dcpinfer-bench-cpu --qgemv SECONDS [threads [isa]]
+ *   (isa: avx2 or avx512, to measure a kernel other than the
+ *   best this CPU runs) */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -202,10 +204,14 @@ int main(int argc, char **argv)
     int M = argc > 4 ? atoi(argv[2]) : 512, K = argc > 4 ? atoi(argv[3]) : 768, N = argc > 4 ? atoi(argv[4]) : 2048;
     if (threads < 1 || (timed ? seconds <= 0 : M < 1 || K < 1 || N < 1)) {
         fprintf(stderr, "usage: dcpinfer-bench-cpu [threads] [M K N] | --read SECONDS [threads] | --gemv SECONDS "
-                        "[threads] | --qgemv SECONDS [threads]\n");
+                        "[threads] | --qgemv SECONDS [threads [isa]]\n");
         return 2;
     }
     backend_set_threads(threads);
+    if (qgemv && argc > 4 && cpu_set_isa(argv[4])) {
+        fprintf(stderr, "dcpinfer-bench-cpu: %s\n", dcp_error());
+        return 2;
+    }
     if (strcmp(cpu_isa(), "generic") == 0) { /* the read loop is AVX2 as well */
         fprintf(stderr, "dcpinfer-bench-cpu: needs AVX2 and FMA\n");
         return 1;
