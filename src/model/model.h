@@ -123,12 +123,6 @@ static inline size_t weight_tables(WeightRef w, size_t n)
 {
     return w.scale8 ? (w.run0 + n / (size_t)w.qcols + w.table_runs - 1) / w.table_runs : 0;
 }
-/* The bytes a matrix of n elements takes: its elements and its scales. */
-static inline size_t weight_bytes(WeightRef w, size_t n)
-{
-    return dtype_data_bytes(w.dtype, n) + (w.scale ? n / (size_t)w.qcols * sizeof(float) : 0) +
-           (w.scale8 ? n / (size_t)w.qcols + weight_tables(w, n) * 256 * sizeof(float) : 0);
-}
 /* Element i of a quantized matrix's values (dtype_quantized): the stored
  * element times its scale, in fp32, as the kernels widen it. */
 float weight_value(WeightRef w, size_t i);
