@@ -254,14 +254,29 @@ __device__ static inline float w_load(const Fp4 *w, const WeightRef &q, size_t i
                         q.qflags & QF_ROUND_BF16);
 }
 
+// A quantized matrix's scales travel to the kernels as scalars and
+// pointers (QS_PARAMS, QS_ARGS), not as the WeightRef struct, which
+// HIP-CPU's SIMD clones of a kernel cannot take; qs_ref gathers them again
+#define QS_PARAMS                                                                                                 \
+    const float *scale, const uint8_t *scale8, const float *tables, size_t table_runs, size_t run0, int qcols,    \
+        int qflags
+#define QS_ARGS(w) (w).scale, (w).scale8, (w).tables, (w).table_runs, (w).run0, (w).qcols, (w).qflags
+__device__ static inline WeightRef qs_ref(QS_PARAMS)
+{
+    WeightRef q = {};
+    q.scale = scale, q.scale8 = scale8, q.tables = tables, q.table_runs = table_runs, q.run0 = run0;
+    q.qcols = qcols, q.qflags = qflags;
+    return q;
+}
+
 // n elements of a quantized matrix widened to fp32: weight_value's
 // arithmetic (w_load), so that the GEMM that follows reads the dequantized
 // twin's values
 template <typename W>
-__global__ void k_dequant(float *m, const W *q, WeightRef qs, size_t n)
+__global__ void k_dequant(float *m, const W *q, QS_PARAMS, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) m[i] = w_load(q, qs, i);
+    if (i < n) m[i] = w_load(q, qs_ref(scale, scale8, tables, table_runs, run0, qcols, qflags), i);
 }
 
 // A quantized matrix's values in fp32, in a scratch buffer grown on demand
@@ -273,11 +288,12 @@ static const float *dequantized(WeightRef w, size_t n)
         w_f32 = (float *)cuda_alloc(sizeof(float) * n);
     }
     if (w.dtype == DTYPE_I4)
-        DCP_LAUNCH(k_dequant<Int4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Int4 *)w.data, w, n);
+        DCP_LAUNCH(k_dequant<Int4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Int4 *)w.data, QS_ARGS(w), n);
     else if (w.dtype == DTYPE_FP4)
-        DCP_LAUNCH(k_dequant<Fp4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Fp4 *)w.data, w, n);
+        DCP_LAUNCH(k_dequant<Fp4>, blocks_for(n, 256), 256, 0, stream, w_f32, (const Fp4 *)w.data, QS_ARGS(w), n);
     else
-        DCP_LAUNCH(k_dequant<uint8_t>, blocks_for(n, 256), 256, 0, stream, w_f32, (const uint8_t *)w.data, w, n);
+        DCP_LAUNCH(k_dequant<uint8_t>, blocks_for(n, 256), 256, 0, stream, w_f32, (const uint8_t *)w.data, QS_ARGS(w),
+                   n);
     DCP_CHECK_LAUNCH(stream);
     return w_f32;
 }
@@ -289,8 +305,9 @@ static const float *dequantized(WeightRef w, size_t n)
 #define QG_T 8
 #define QG_THREADS 128
 template <typename W>
-__global__ void k_qgemv(float *y, const float *x, const W *w, WeightRef qs, int T, int in, int out)
+__global__ void k_qgemv(float *y, const float *x, const W *w, QS_PARAMS, int T, int in, int out)
 {
+    WeightRef qs = qs_ref(scale, scale8, tables, table_runs, run0, qcols, qflags);
     __shared__ float red[QG_T][QG_THREADS];
     int row = blockIdx.x, tid = threadIdx.x;
     float acc[QG_T] = {0};
@@ -322,11 +339,12 @@ static void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, in
     const float one = 1.0f, zero = 0.0f;
     if (dtype_quantized(w.dtype) && T <= QG_T) { // decode: read as stored
         if (w.dtype == DTYPE_I4)
-            DCP_LAUNCH(k_qgemv<Int4>, out, QG_THREADS, 0, stream, y, x, (const Int4 *)w.data, w, T, in, out);
+            DCP_LAUNCH(k_qgemv<Int4>, out, QG_THREADS, 0, stream, y, x, (const Int4 *)w.data, QS_ARGS(w), T, in, out);
         else if (w.dtype == DTYPE_FP4)
-            DCP_LAUNCH(k_qgemv<Fp4>, out, QG_THREADS, 0, stream, y, x, (const Fp4 *)w.data, w, T, in, out);
+            DCP_LAUNCH(k_qgemv<Fp4>, out, QG_THREADS, 0, stream, y, x, (const Fp4 *)w.data, QS_ARGS(w), T, in, out);
         else
-            DCP_LAUNCH(k_qgemv<uint8_t>, out, QG_THREADS, 0, stream, y, x, (const uint8_t *)w.data, w, T, in, out);
+            DCP_LAUNCH(k_qgemv<uint8_t>, out, QG_THREADS, 0, stream, y, x, (const uint8_t *)w.data, QS_ARGS(w), T, in,
+                       out);
         DCP_CHECK_LAUNCH(stream);
         return;
     }
@@ -618,8 +636,9 @@ static void cuda_moe_route(const MoeRouting *r, const float *logits, const float
 static_assert(MM_THREADS == (MM_BM / 2) * (MM_BN / 4) && MM_BM / 2 == 16 && MM_BN / 4 == 16, "k_moe_matmul's thread grid");
 template <typename W>
 __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
-                             const W *w, WeightRef qs, size_t w_step, int in, int out)
+                             const W *w, QS_PARAMS, size_t w_step, int in, int out)
 {
+    WeightRef qs = qs_ref(scale, scale8, tables, table_runs, run0, qcols, qflags);
     __shared__ float xs[MM_BM][MM_BK + 1], ws[MM_BN][MM_BK + 1];
     int b = blockIdx.x, e = 0;
     for (; e < experts; e++) {
@@ -672,19 +691,19 @@ static void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, 
     dim3 grid(pairs / MM_BM + experts, blocks_for(out, MM_BN));
     if (w.dtype == DTYPE_I4)
         DCP_LAUNCH(k_moe_matmul<Int4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const Int4 *)w.data, w, w_step, in, out);
+                   (const Int4 *)w.data, QS_ARGS(w), w_step, in, out);
     else if (w.dtype == DTYPE_FP4)
         DCP_LAUNCH(k_moe_matmul<Fp4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const Fp4 *)w.data, w, w_step, in, out);
+                   (const Fp4 *)w.data, QS_ARGS(w), w_step, in, out);
     else if (w.dtype == DTYPE_F8_E4M3)
         DCP_LAUNCH(k_moe_matmul<uint8_t>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const uint8_t *)w.data, w, w_step, in, out);
+                   (const uint8_t *)w.data, QS_ARGS(w), w_step, in, out);
     else if (w.dtype == DTYPE_BF16)
         DCP_LAUNCH(k_moe_matmul<__nv_bfloat16>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const __nv_bfloat16 *)w.data, w, w_step, in, out);
+                   (const __nv_bfloat16 *)w.data, QS_ARGS(w), w_step, in, out);
     else
         DCP_LAUNCH(k_moe_matmul<float>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts, (const float *)w.data,
-                   w, w_step, in, out);
+                   QS_ARGS(w), w_step, in, out);
     DCP_CHECK_LAUNCH(stream);
 }
 
