@@ -64,6 +64,11 @@ DCP_QUANT_FN float scaled_value(float v, float s, int round_bf16)
     return x;
 }
 
+/* A stored scale s with its matrix's global scale applied: divided by div
+ * when div is not 0 (compressed-tensors' NVFP4), else times mul (ModelOpt's
+ * NVFP4; 1 for INT4) */
+DCP_QUANT_FN float global_scaled(float s, float mul, float div) { return div != 0 ? s / div : s * mul; }
+
 /* x to FP8 E4M3, rounded to nearest even, saturating at +-448 (the
  * largest finite value, as vLLM's FP8 quantization clamps); NaN stays NaN.
  * Normal results: the fp32 mantissa rounded from 23 to 3 bits and the

@@ -428,7 +428,7 @@ int st_read_nibbles(const StTensor *packed, const StTensor *scale, const StTenso
         }
         for (int64_t c = 0; c < ncols; c += qcols) {
             float sv = srow[(col0 + c) / group];
-            scale_dst[(at + c) / qcols] = div != 0 ? sv / div : sv * mul;
+            scale_dst[(at + c) / qcols] = global_scaled(sv, mul, div);
         }
     }
     free(srow);

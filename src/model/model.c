@@ -808,10 +808,7 @@ static int read_nibbles(Source *src, const MlaTensor *mt, const StTensor *t, con
             return dcp_fail("%s: tensor '%s' must be one F32 value", src->path, name);
     }
     float mul = f->divide ? 1 : global, div = f->divide ? global : 0;
-    for (int b = 0; table && b < 256; b++) { /* st_read_nibbles' arithmetic, for every code */
-        float sv = f8e4m3_to_f32((uint8_t)b);
-        table[b] = div != 0 ? sv / div : sv * mul;
-    }
+    for (int b = 0; table && b < 256; b++) table[b] = global_scaled(f8e4m3_to_f32((uint8_t)b), mul, div);
     return st_read_nibbles(t, scale, shape, f->group, mul, div, mt->row0, mt->nrows, col0, ncols, qcols, dst,
                            scale_dst, code_dst);
 }
@@ -920,7 +917,7 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
         int g = want == DTYPE_BF16 && m->bf16_group
                     ? weight_group_rows((void *)to.data, mt->nrows, cc, sizeof(uint16_t), m->bf16_group)
                     : 0;
-        if (!w->group && !mt->mat_at && !ch) w->group = g;
+        if (!mt->mat_at && !ch) w->group = g; /* the stack's first matrix sets it */
         else if (w->group != g)
             return dcp_fail("%s: tensor '%s' cannot be laid out as the other matrices of its stack", src->path,
                             mt->name);
