@@ -708,7 +708,7 @@ static void generate_all(Run *r, Generated *g)
     dp_select(rs, group, topo->dp_rank, &mine, index);
     GenOptions go = {.max_model_len = r->max_model_len, .max_num_seqs = o->max_num_seqs,
                      .max_batched_tokens = o->max_batched_tokens, .progress = r->rank == 0 ? progress_mode(o) : 0,
-                     .dp = topo->dp, .dp_rank = topo->dp_rank, .tok = r->tok};
+                     .dp = topo->dp, .dp_rank = topo->dp_rank, .tok = r->tok, .prefix_caching = o->prefix_caching};
     go.progress_interval = o->progress_interval > 0 ? o->progress_interval
                            : go.progress == PROGRESS_TERMINAL ? 1.0
                                                               : 10.0;
@@ -779,6 +779,7 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
         if (r->world_size > 1) report_comm(all_comm, all_kv, r->world_size);
     }
     report_steps(g->steps, g->step_dp, g->n_steps, r->topo.dp, g->kv_blocks);
+    if (o->prefix_caching) report_prefix_cache(rs, res, r->done);
     long long w_max = 0, kv_max = 0, rss_max = 0;
     for (int k = 0; k < r->world_size; k++) {
         w_max = all_w[k] > w_max ? all_w[k] : w_max;

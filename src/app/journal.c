@@ -176,6 +176,7 @@ static json_t *record_object(int i, const Request *q, const Result *r)
     json_object_set_new(o, "ttft", json_real(r->ttft_s));
     json_object_set_new(o, "tpot", json_real(r->tpot_s));
     json_object_set_new(o, "e2e", json_real(r->e2e_s));
+    json_object_set_new(o, "cached", json_integer(r->num_cached_tokens));
     json_object_set_new(o, "tokens", json_ints(r->tokens, (size_t)r->n));
     json_object_set_new(o, "times", times);
     if (r->stop_token >= 0) json_object_set_new(o, "stop_token", json_integer(r->stop_token));
@@ -275,6 +276,12 @@ static const char *check_record(json_t *o, const RequestSet *rs, const JournalCh
     }
     if (!strcmp(fin, "stop") && !st && !ss) return "finished by stop with neither a stop token nor a stop string";
     if (!json_is_string(json_object_get(o, "text")) != !chk->has_text) return "a text where the run makes none, or none where it does";
+    /* the prompt positions taken from the prefix cache: absent in a journal
+     * from before prefix caching; else whole positions short of the prompt */
+    json_t *cached = json_object_get(o, "cached");
+    if (cached && (!json_is_integer(cached) || json_integer_value(cached) < 0 ||
+                   json_integer_value(cached) >= (q->n_prompt > 0 ? q->n_prompt : 1)))
+        return "a cached token count that is not a whole number below its prompt's length";
     static const char *lat[] = {"ttft", "tpot", "e2e"};
     for (int k = 0; k < 3; k++) {
         json_t *v = json_object_get(o, lat[k]);
@@ -330,6 +337,7 @@ static void parse_record(json_t *o, const Request *q, Result *r)
     r->ttft_s = json_number_value(json_object_get(o, "ttft"));
     r->tpot_s = json_number_value(json_object_get(o, "tpot"));
     r->e2e_s = json_number_value(json_object_get(o, "e2e"));
+    r->num_cached_tokens = (int)json_integer_value(json_object_get(o, "cached"));
 }
 
 static int same_tokens(const Result *a, const Result *b)

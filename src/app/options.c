@@ -22,7 +22,7 @@ enum {
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
     OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE,
     OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER, OPT_TOP_K, OPT_MIN_P,
-    OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION
+    OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_PREFIX_CACHING, OPT_NO_PREFIX_CACHING
 };
 
 static const struct option long_opts[] = {
@@ -45,6 +45,8 @@ static const struct option long_opts[] = {
     {"dcp-comm-backend", required_argument, 0, OPT_DCP_BACKEND},
     {"kv-cache-memory", required_argument, 0, OPT_KV_MEMORY},
     {"block-size", required_argument, 0, OPT_BLOCK_SIZE},
+    {"enable-prefix-caching", no_argument, 0, OPT_PREFIX_CACHING},
+    {"no-enable-prefix-caching", no_argument, 0, OPT_NO_PREFIX_CACHING},
     {"mpi-device-buffers", required_argument, 0, OPT_MPI_DEVICE_BUFFERS},
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"kv-cache-dtype", required_argument, 0, OPT_KV_DTYPE},
@@ -146,6 +148,10 @@ void options_usage(FILE *f)
             "                           attention still accumulates in fp32\n"
             "  --block-size B           positions per KV block per rank (default 16); a block id\n"
             "                           spans B x dcp positions of the DCP group\n"
+            "  --enable-prefix-caching, --no-enable-prefix-caching  reuse the K/V of full blocks\n"
+            "                           (B x dcp positions) that an earlier prompt or output\n"
+            "                           already computed (default on; outputs are the same bits\n"
+            "                           either way; requests with prompt_logprobs compute all)\n"
             "\n"
             "Batching:\n"
             "  --max-num-seqs N         requests decoding together (default 256)\n"
@@ -208,7 +214,7 @@ int options_parse(Options *o, int argc, char **argv, int print)
                    .block_size = 16, .mpi_device_buffers = "auto",
                    .dtype = "auto", .kv_cache_dtype = "auto", .max_tokens = 16, .temperature = 1.0f,
                    .top_p = 1.0f, .sampling = {.repetition_penalty = 1.0f}, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1,
-                   .journal = 1};
+                   .journal = 1, .prefix_caching = 1};
     optind = 1;
     opterr = 0;
     int c;
@@ -253,6 +259,8 @@ int options_parse(Options *o, int argc, char **argv, int print)
                               optarg);
             break;
         case OPT_BLOCK_SIZE: rc = parse_int("--block-size", optarg, 1, 1 << 16, &o->block_size); break;
+        case OPT_PREFIX_CACHING: o->prefix_caching = 1; break;
+        case OPT_NO_PREFIX_CACHING: o->prefix_caching = 0; break;
         case OPT_DTYPE:
             o->dtype = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16"))

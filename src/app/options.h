@@ -35,6 +35,7 @@ typedef struct {
     const char *dcp_comm_backend; /* ag_rs | a2a */
     size_t kv_cache_memory;  /* bytes of K/V per rank */
     int block_size;          /* positions per KV block per rank */
+    int prefix_caching;      /* reuse cached full KV blocks (default on) */
     const char *mpi_device_buffers; /* auto | yes | no */
     const char *dtype;               /* auto | float32 | bfloat16: GEMM weights */
     const char *kv_cache_dtype;      /* auto (float32) | float32 | bfloat16 | fp8 | fp8_e4m3 */

@@ -278,7 +278,8 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
     const char **ids = xmalloc(sizeof(char *) * (n + 1));
     const char **fin = xmalloc(sizeof(char *) * (n + 1));
     const char **err = xmalloc(sizeof(char *) * (n + 1));
-    int *line = xmalloc(sizeof(int) * (n + 1)), *choice = xmalloc(sizeof(int) * (n + 1));
+    int *line = xmalloc(sizeof(int) * (n + 1)), *choice = xmalloc(sizeof(int) * (n + 1)),
+        *cached = xmalloc(sizeof(int) * (n + 1));
     int64_t *poff = xmalloc(sizeof(int64_t) * (n + 1)), *ooff = xmalloc(sizeof(int64_t) * (n + 1));
     double *ttft = xmalloc(sizeof(double) * (n + 1)), *tpot = xmalloc(sizeof(double) * (n + 1)),
            *e2e = xmalloc(sizeof(double) * (n + 1));
@@ -290,6 +291,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
         err[i] = q->error ? q->error : "";
         line[i] = q->line;
         choice[i] = q->choice;
+        cached[i] = res[i].num_cached_tokens;
         poff[i + 1] = poff[i] + (q->prompt_tokens ? q->n_prompt : 0);
         ooff[i + 1] = ooff[i] + res[i].n;
         ttft[i] = res[i].ttft_s;
@@ -313,6 +315,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
              write_array(g, "choice", H5T_NATIVE_INT, choice, n) ||
              write_array(g, "prompt_offsets", H5T_NATIVE_INT64, poff, n + 1) ||
              write_array(g, "prompt_tokens", H5T_NATIVE_INT, ptok, (size_t)poff[n]) ||
+             write_array(g, "num_cached_tokens", H5T_NATIVE_INT, cached, n) ||
              write_array(g, "output_offsets", H5T_NATIVE_INT64, ooff, n + 1) ||
              write_array(g, "output_tokens", H5T_NATIVE_INT, otok, (size_t)ooff[n]) ||
              write_strings(g, "text", (const char *const *)texts, n) ||
@@ -331,6 +334,7 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
     free(err);
     free(line);
     free(choice);
+    free(cached);
     free(poff);
     free(ooff);
     free(ttft);
@@ -435,6 +439,7 @@ static int write_steps(hid_t f, const StepReport *sr)
     STEP_DOUBLE(seconds)
     STEP_INT(decode_tokens)
     STEP_INT(prefill_tokens)
+    STEP_INT(cached_tokens)
     STEP_INT(running)
     STEP_INT(waiting)
     STEP_INT(preempted)

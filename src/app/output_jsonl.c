@@ -89,6 +89,9 @@ static json_t *usage(const Request *q, const Result *r)
     json_object_set_new(u, "prompt_tokens", json_integer(q->n_prompt));
     json_object_set_new(u, "completion_tokens", json_integer(r->n));
     json_object_set_new(u, "total_tokens", json_integer(q->n_prompt + r->n));
+    json_t *details = json_object(); /* as OpenAI names the prompt tokens served from a cache */
+    json_object_set_new(details, "cached_tokens", json_integer(r->num_cached_tokens));
+    json_object_set_new(u, "prompt_tokens_details", details);
     return u;
 }
 

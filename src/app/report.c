@@ -163,6 +163,18 @@ void report_steps(const StepRecord *steps, const int *step_dp, int n_steps, int 
     free(secs);
 }
 
+void report_prefix_cache(const RequestSet *rs, const Result *res, const char *skip)
+{
+    long long cached = 0, prompt = 0;
+    for (int i = 0; i < rs->n; i++) {
+        if ((skip && skip[i]) || rs->r[i].error) continue;
+        cached += res[i].num_cached_tokens;
+        prompt += rs->r[i].n_prompt;
+    }
+    printf("# prefix cache hit rate: %.1f%% (%lld of %lld prompt tokens)\n", prompt ? 100.0 * cached / prompt : 0.0,
+           cached, prompt);
+}
+
 double percentile_nearest_rank(const double *sorted, long n, double p)
 {
     long rank = (long)ceil(p / 100.0 * (double)n); /* 1-based */

@@ -20,6 +20,10 @@ void report_comm(const CommStats *cs, const long long *kv_peak, int world);
 /* The steps' summary. DP groups step concurrently, each on its own
  * requests: their step counts and decode-only times are given per group. */
 void report_steps(const StepRecord *steps, const int *step_dp, int n_steps, int dp, int kv_blocks);
+/* "prefix cache hit rate: X% (N of M prompt tokens)" over the requests
+ * this run computed (skip[i] set: resumed from the journal; failed ones
+ * carry none): each request's first admission's cached positions. */
+void report_prefix_cache(const RequestSet *rs, const Result *res, const char *skip);
 /* Mean, median and 99th percentile of TTFT, TPOT and ITL over the
  * requests that produced tokens. */
 void report_latency(const RequestSet *rs, const Result *res);

@@ -311,6 +311,10 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     memset(res, 0, sizeof(Result) * (size_t)rs->n);
     Scheduler sch;
     SchedulerLimits limits = {o->max_model_len, o->max_num_seqs, o->max_batched_tokens};
+    /* every position's logits (on_logits) need every position computed */
+    const Topology *topo = e->env.topo;
+    pool_prefix_caching(&e->att.pool, o->prefix_caching && !o->on_logits, topo->dcp, topo->interleave,
+                        (int)e->att.kv_dtype);
     scheduler_init(&sch, rs, res, c, e->env.topo, &e->att.pool, &limits);
     sch.tok = o->tok;
     sch.bos = c->bos_id;
@@ -371,7 +375,8 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         double t2 = now_s();
         tm->sampling += t2 - t1;
         StepRecord rec = {.t_start = t0 - t_start, .seconds = t2 - t0, .decode_tokens = plan.decode_tokens,
-                          .prefill_tokens = plan.prefill_tokens, .running = plan.nc, .waiting = sch.tail - sch.head,
+                          .prefill_tokens = plan.prefill_tokens, .cached_tokens = plan.cached_tokens,
+                          .running = plan.nc, .waiting = sch.tail - sch.head,
                           .preempted = plan.preempted, .kv_blocks_used = pool_used(&e->att.pool)};
         scheduler_commit(&sch, &plan, sampled, t2 - t_start);
         int n_finished = 0;
@@ -397,7 +402,9 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     st->preemptions = sch.preemptions;
     st->kv_positions_peak = sch.kv_positions_peak;
     st->kv_blocks_left = pool_used(&e->att.pool);
+    st->evictions = e->att.pool.evictions;
     scheduler_free(&sch);
+    pool_prefix_caching(&e->att.pool, 0, 1, 1, 0); /* the cache lives for one run */
     plan_free(&plan);
     free(local);
     free(bufs.full);

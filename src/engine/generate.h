@@ -17,6 +17,7 @@ typedef struct {
     double progress_interval; /* seconds between updates */
     int dp, dp_rank;         /* the DP groups, for the progress line's label */
     const Tokenizer *tok;    /* when set: output text as tokens arrive, and stop strings */
+    int prefix_caching;      /* reuse cached KV blocks of earlier prompts (off with on_logits) */
     /* When set, called with the logits of every position of every request
      * (forces logits for all prompt tokens too). */
     void (*on_logits)(void *ctx, int request, int pos, const float *logits, int vocab);
@@ -34,7 +35,8 @@ enum { PROGRESS_TERMINAL = 1, PROGRESS_LINES = 2 };
 /* One scheduler step, as recorded. */
 typedef struct {
     double t_start, seconds;
-    int decode_tokens, prefill_tokens;
+    int decode_tokens, prefill_tokens; /* prefill_tokens: computed, not taken from the cache */
+    int cached_tokens;  /* prompt positions taken from the prefix cache */
     int running;        /* requests in the step */
     int waiting;        /* requests queued after it */
     int preempted;      /* requests preempted to make room for it */
@@ -47,6 +49,7 @@ typedef struct {
     long long preemptions;
     long long kv_positions_peak; /* most positions this rank stored at once */
     int kv_blocks_left;          /* blocks still held after the run: 0 */
+    long long evictions;         /* cached blocks evicted for other content */
 } GenStats;
 
 /* Requests that carry an error are skipped (finish_reason "error"), as are

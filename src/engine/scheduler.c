@@ -57,12 +57,17 @@ void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg
     s->max_model_len = o->max_model_len;
     int n = rs->n ? rs->n : 1;
     s->seq = xcalloc((size_t)n, sizeof(SeqState));
+    if (pool->caching) {
+        s->match = xmalloc(sizeof(int) * (size_t)(kv_blocks_for(topo, s->max_model_len, pool->block_size) + 1));
+        s->block_buf = xmalloc(sizeof(int) * (size_t)pool->block_tokens);
+    }
     s->waiting = xmalloc(sizeof(int) * (size_t)n);
     s->running = xmalloc(sizeof(int) * (size_t)n);
     requests_check_kv(rs, topo, pool, s->max_model_len);
     for (int i = 0; i < rs->n; i++) {
         Request *q = &rs->r[i];
         s->seq[i].admitted = -1;
+        s->seq[i].chain_hash = pool->root;
         res[i].stop_token = -1;
         sampler_init(&s->seq[i].sampler, q->temperature, q->top_p, q->seed);
         sampler_set_extra(&s->seq[i].sampler, &q->x);
@@ -82,6 +87,8 @@ void scheduler_free(Scheduler *s)
         table_free(&s->seq[i].table);
     }
     free(s->seq);
+    free(s->match);
+    free(s->block_buf);
     free(s->waiting);
     free(s->running);
     memset(s, 0, sizeof *s);
@@ -107,12 +114,68 @@ void plan_free(StepPlan *p)
     memset(p, 0, sizeof *p);
 }
 
+/* The tokens of logical block b of request r: in its prompt, or copied
+ * into block_buf where the block reaches its output. */
+static const int *block_tokens(Scheduler *s, int r, int b)
+{
+    const Request *q = &s->rs->r[r];
+    int n = s->pool->block_tokens, p0 = b * n;
+    if (p0 + n <= q->n_prompt) return q->prompt_tokens + p0;
+    for (int j = 0; j < n; j++) s->block_buf[j] = token_at(s, r, p0 + j);
+    return s->block_buf;
+}
+
+static void chain_reset(Scheduler *s, SeqState *q)
+{
+    q->chain_blocks = 0;
+    q->chain_hash = s->pool->root;
+    q->chain_serial = 0;
+}
+
+/* The cached blocks request r can start from (into s->match): the longest
+ * chain of them holding its first tokens, short of its last token, whose
+ * logits it needs. A request that scores its prompt (prompt_logprobs)
+ * computes every position. Advances r's chain over them. */
+static int match_prefix(Scheduler *s, int r)
+{
+    const Request *rq = &s->rs->r[r];
+    SeqState *q = &s->seq[r];
+    if (!s->pool->caching || rq->prompt_logprobs >= 0) return 0;
+    int most = (seq_len(s, r) - 1) / s->pool->block_tokens, b;
+    for (b = 0; b < most; b++) {
+        const int *t = block_tokens(s, r, b);
+        uint64_t h = prefix_hash(s->pool, q->chain_hash, t);
+        int id = prefix_find(s->pool, h, q->chain_serial, t);
+        if (id < 0) break;
+        s->match[b] = id;
+        q->chain_hash = h;
+        q->chain_serial = prefix_serial(s->pool, id);
+    }
+    q->chain_blocks = b;
+    return b;
+}
+
+/* Records request r's blocks that are full of stored positions. */
+static void record_full_blocks(Scheduler *s, int r)
+{
+    SeqState *q = &s->seq[r];
+    int n = s->pool->block_tokens;
+    for (; (q->chain_blocks + 1) * n <= q->computed; q->chain_blocks++) {
+        const int *t = block_tokens(s, r, q->chain_blocks);
+        uint64_t h = prefix_hash(s->pool, q->chain_hash, t);
+        q->chain_serial = prefix_record(s->pool, q->table.ids[q->chain_blocks], h, q->chain_serial, t);
+        q->chain_hash = h;
+    }
+}
+
 /* Frees the request's blocks and puts it back at the front of the queue;
- * its output so far stays and is recomputed on readmission. */
+ * its output so far stays and is recomputed on readmission, from whatever
+ * of its blocks are still cached then. */
 static void preempt_last(Scheduler *s)
 {
     int r = s->running[--s->n_running];
     table_release(s->pool, &s->seq[r].table);
+    chain_reset(s, &s->seq[r]);
     s->seq[r].computed = 0;
     s->seq[r].admitted = -1;
     s->waiting[--s->head] = r;
@@ -138,7 +201,7 @@ static void add_chunk(Scheduler *s, StepPlan *p, int r, int n)
 
 int scheduler_plan(Scheduler *s, StepPlan *p)
 {
-    p->nc = p->T = p->prefill_tokens = p->decode_tokens = p->preempted = 0;
+    p->nc = p->T = p->prefill_tokens = p->decode_tokens = p->preempted = p->cached_tokens = 0;
     if (s->done == s->rs->n) return 0;
     int budget = s->max_batched_tokens, B = s->pool->block_size;
     long long before = s->preemptions;
@@ -166,12 +229,21 @@ int scheduler_plan(Scheduler *s, StepPlan *p)
     while (!p->preempted && s->head < s->tail && s->n_running < s->max_num_seqs && budget > 0) {
         int r = s->waiting[s->head];
         SeqState *q = &s->seq[r];
-        int n = seq_len(s, r);
+        int hit = match_prefix(s, r), cached = hit * s->pool->block_tokens;
+        int n = seq_len(s, r) - cached;
         if (n > budget) n = budget;
-        if (table_reserve(s->pool, &q->table, kv_blocks_for(s->topo, n, B)) != 0) break;
+        if (table_share_reserve(s->pool, &q->table, s->match, hit, kv_blocks_for(s->topo, cached + n, B)) != 0) {
+            chain_reset(s, q);
+            break;
+        }
         s->head++;
+        /* its first admission's hit is the request's figure; a readmission's
+         * counts in the step's */
+        if (!q->ever_admitted) s->res[r].num_cached_tokens = cached;
+        q->ever_admitted = 1;
         q->admitted = s->admissions++;
-        q->computed = 0;
+        q->computed = cached;
+        p->cached_tokens += cached;
         s->running[s->n_running++] = r;
         add_chunk(s, p, r, n);
         budget -= n;
@@ -223,7 +295,10 @@ static void apply_stop_rules(Scheduler *s, const Request *q, Result *out, int to
 
 void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, double now)
 {
-    for (int i = 0; i < p->nc; i++) s->seq[p->req[i]].computed += p->chunks[i].n;
+    for (int i = 0; i < p->nc; i++) {
+        s->seq[p->req[i]].computed += p->chunks[i].n;
+        if (s->pool->caching) record_full_blocks(s, p->req[i]);
+    }
     long long held = scheduler_kv_positions(s);
     if (held > s->kv_positions_peak) s->kv_positions_peak = held;
     for (int i = 0; i < p->nc; i++) {
@@ -264,5 +339,6 @@ long long scheduler_kv_positions(const Scheduler *s)
     long long n = 0;
     for (int i = 0; i < s->n_running; i++)
         n += kv_local_len(s->topo, s->seq[s->running[i]].computed, s->topo->dcp_rank);
-    return n;
+    /* a shared block is full and stored once */
+    return n - s->pool->shared * s->pool->block_size;
 }

@@ -12,7 +12,13 @@
  *     recently admitted request is preempted: its blocks are freed, it goes
  *     back to the front of the queue, and its prompt and output so far are
  *     recomputed when it is admitted again (its sampler state is kept);
- *   - a finished request frees its blocks at once. */
+ *   - a finished request frees its blocks at once;
+ *   - with prefix caching on in the pool, a request starts from the
+ *     longest run of cached blocks that hold its first tokens (short of
+ *     its last token, which is recomputed for its logits), unless it asks
+ *     for prompt_logprobs; each of its blocks is recorded in the cache once
+ *     full. The cache is the pool's, so it is the same on every rank of the
+ *     group, and a preempted request finds its own blocks again. */
 #ifndef DCP_SCHEDULER_H
 #define DCP_SCHEDULER_H
 
@@ -27,7 +33,12 @@ typedef struct {
     BlockTable table;
     int computed;   /* positions whose K/V are stored */
     long admitted;  /* admission order; -1 while waiting */
+    int ever_admitted;
     Sampler sampler;
+    /* prefix caching: its first chain_blocks logical blocks are matched or
+     * recorded, the last with this hash and record serial */
+    int chain_blocks;
+    uint64_t chain_hash, chain_serial;
 } SeqState;
 
 typedef struct {
@@ -48,6 +59,8 @@ typedef struct {
     long long kv_positions_peak; /* most positions this rank stored at once */
     const Tokenizer *tok; /* when set, output text is made as tokens arrive and stop strings apply */
     int bos;
+    int *match;           /* a request's matched cached blocks, for its admission */
+    int *block_buf;       /* one logical block's tokens */
 } Scheduler;
 
 typedef struct {
@@ -58,6 +71,7 @@ typedef struct {
     int *tokens;           /* T token ids, chunk after chunk */
     TokenLogprobs *lp;     /* per chunk: the sampled token's log-probabilities, where its request asks */
     int prefill_tokens, decode_tokens, preempted;
+    int cached_tokens;     /* positions admitted requests took from the prefix cache */
 } StepPlan;
 
 /* The limits a scheduler works within (GenOptions in generate.h has the same fields). */
