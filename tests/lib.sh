@@ -69,6 +69,13 @@ prompts() { # FILE: each request's prompt ids, comma-joined, one line each
     echo "$off" | awk -v ids="$ids" 'BEGIN {n = split(ids, t, " ")} NR > 1 {s = ""; for (i = prev + 1; i <= $1; i++) s = s (s ? "," : "") t[i]; print s} {prev = $1}'
 }
 
+# h5_numbers FILE DATASET: a numeric dataset's values, one per line (h5dump)
+h5_numbers() {
+    h5dump -y -d "$2" "$1" 2>/dev/null | sed -n '/DATA {/,/}/p' | sed '1d;$d' | tr -c '0-9.eE+\n-' ' ' | tr -s ' \n' '\n' | grep .
+}
+# h5_sum FILE DATASET: the sum of a numeric dataset
+h5_sum() { h5_numbers "$1" "$2" | awk '{s += $1} END {print s + 0}'; }
+
 finish() {
     if [ "$failures" -gt 0 ]; then
         echo "$(basename "$0"): $failures of $checks checks failed" >&2
