@@ -35,6 +35,9 @@ static char *path_in(const char *dir, const char *name)
     return p;
 }
 
+/* the cached prompt positions of each request the last load took */
+static int loaded_cached[8];
+
 /* journal_load of out into fresh results; returns taken, fills st */
 static int load(const char *out, const RunIdentity *id, const RequestSet *rs, JournalLoad *st, int *rc)
 {
@@ -42,6 +45,7 @@ static int load(const char *out, const RunIdentity *id, const RequestSet *rs, Jo
     Result *res = xcalloc((size_t)rs->n, sizeof(Result));
     char *done = xcalloc((size_t)rs->n, 1);
     *rc = journal_load(out, id, rs, &chk, res, done, st);
+    for (int i = 0; i < rs->n && i < 8; i++) loaded_cached[i] = res[i].num_cached_tokens;
     results_free(res, rs->n);
     free(res);
     free(done);
@@ -84,6 +88,7 @@ int main(int argc, char **argv)
     CHECK(journal_open(&j, out, 0, &id, 10.0) == 0, "journal_open: %s", dcp_error());
     for (int i = 0; i < 3; i++) {
         Result r = result_of(8, 10 * i);
+        r.num_cached_tokens = i; /* prompt positions from the prefix cache: fewer than the prompt's 3 */
         journal_append(&j, i, &rs.r[i], &r);
         results_free(&r, 1);
     }
@@ -107,6 +112,8 @@ int main(int argc, char **argv)
           rc ? dcp_error() : st.first_drop);
     CHECK(strstr(st.first_drop, "out.h5.journal.dp0:5: a token id outside the vocabulary"), "first drop: %s",
           st.first_drop);
+    CHECK(loaded_cached[0] == 0 && loaded_cached[1] == 1 && loaded_cached[2] == 2, "cached positions kept: %d %d %d",
+          loaded_cached[0], loaded_cached[1], loaded_cached[2]);
 
     /* the record of request 4 fits a request that asks for 2 */
     rs.r[4].logprobs = 2;
