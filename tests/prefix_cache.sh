@@ -3,7 +3,8 @@
 # (dcpinfer-mktrace --sessions: every turn's prompt holds the previous
 # one's): the tokens are those of --no-enable-prefix-caching at 1 rank, at
 # -tp 2 -dcp 2, with --max-num-seqs 2, with -dp 2, and with a KV cache so
-# small that blocks are evicted and requests preempted. One request at a
+# small that blocks are evicted and requests preempted; a DeepSeek-V3
+# model's latent cache at -tp 2 -dcp 2 too. One request at a
 # time, each request's /requests/num_cached_tokens is exactly the whole
 # blocks (16 positions, 32 at dcp 2) of its prompt that earlier requests
 # stored, short of its last token; the steps' computed prefill tokens drop
@@ -111,6 +112,18 @@ if [ "$preempt" -gt 0 ] && [ "$blocks" -le 16 ]; then
 else
     fail "tight: $blocks blocks per rank, $preempt preemption(s): the cache is not small enough to test eviction"
 fi
+
+# DeepSeek-V3's latent cache (MLA + MoE), one request at a time: exact
+# counts again, the tokens of the run without the cache
+"$MKMODEL" --out "$WORK/mla" --arch deepseek_v3 --layers 2 --dim 64 --heads 4 --hidden 128 --vocab 300 --max-len 2048 \
+    --seed 4 --kv-lora-rank 16 --qk-rope-dim 8 --qk-nope-dim 8 --v-head-dim 8 --q-lora-rank 32 --experts 8 \
+    --experts-per-token 2 --moe-hidden 32 --first-dense 1 >/dev/null || exit 1
+ARGS="--model $WORK/mla --quiet"
+NP=1 run_dcp ref $ARGS --output "$WORK/ref.h5" --no-enable-prefix-caching --max-num-seqs 1 "$T"
+REF=$(outputs "$WORK/ref.h5")
+run_pair mla 2 -tp 2 -dcp 2 --max-num-seqs 1
+check_run mla 32 exact
+ARGS="--model $WORK/mqa --quiet"
 
 # JSONL usage and the summary line agree with the HDF5 counts
 checks=$((checks + 1))
