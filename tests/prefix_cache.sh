@@ -1,7 +1,7 @@
 #!/bin/bash
 # Prefix caching from the command line, on a multi-turn agentic trace
 # (dcpinfer-mktrace --sessions: every turn's prompt holds the previous
-# one's): the tokens are those of --no-enable-prefix-caching at 1 rank, at
+# one's; half the sessions sample, seeded): the tokens are those of --no-enable-prefix-caching at 1 rank, at
 # -tp 2 -dcp 2, with --max-num-seqs 2, with -dp 2, and with a KV cache so
 # small that blocks are evicted and requests preempted; a DeepSeek-V3
 # model's latent cache at -tp 2 -dcp 2 too. One request at a
@@ -16,7 +16,10 @@ command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: 
     --seed 3 >/dev/null || exit 1
 T=$WORK/trace.jsonl
 "$BUILD/dcpinfer-mktrace" --sessions 4 --turns 4 --median-input 150 --median-output 12 --median-turn 40 --vocab 300 \
-    --out "$T" || exit 1
+    --out "$WORK/greedy.jsonl" || exit 1
+# sessions 1 and 3 sample, each turn with its own seed
+awk '/"session-00[13]-/ { sub(/"temperature": 0,/, "\"temperature\": 0.8, \"seed\": " NR ",") } { print }' \
+    "$WORK/greedy.jsonl" >"$T"
 ARGS="--model $WORK/mqa --quiet"
 prompt_total=$(sed 's/.*"prompt_token_ids": \[\([^]]*\)\].*/\1/' "$T" | tr ',' '\n' | grep -c .)
 
