@@ -476,12 +476,7 @@ static int read_inputs(Run *r)
                                      o->model, be->name),
                         world))
         return EXIT_RUN_FAILED;
-    r->max_model_len = o->max_model_len ? o->max_model_len : cfg->max_seq_len;
-    if (failed_anywhere(r->max_model_len > cfg->max_seq_len &&
-                            dcp_fail("--max-model-len %d exceeds the model's maximum of %d positions", r->max_model_len,
-                                     cfg->max_seq_len),
-                        world))
-        return EXIT_RUN_FAILED;
+    if (failed_anywhere(options_max_model_len(o, cfg, &r->max_model_len), world)) return EXIT_RUN_FAILED;
     double t0 = now_s();
     int loaded = r->tok_path && tokenizer_load(&r->tok_storage, r->tok_path, cfg->vocab_size) == 0;
     if (loaded) r->tok = &r->tok_storage; /* released with the run, whatever follows */
@@ -510,11 +505,6 @@ static int read_inputs(Run *r)
 }
 
 /* The KV cache's element type for --kv-cache-dtype */
-static DType kv_dtype_of(const char *name)
-{
-    return !strcmp(name, "bfloat16") ? DTYPE_BF16 : !strncmp(name, "fp8", 3) ? DTYPE_F8_E4M3 : DTYPE_F32;
-}
-
 /* Everything this run's tokens and texts depend on (identity.h). */
 static int make_identity(Run *r)
 {
@@ -538,7 +528,7 @@ static int make_identity(Run *r)
     else identity_set(id, ID_tokenizer, "none");
     identity_set(id, ID_prompts, "%016llx", (unsigned long long)r->prompts_hash);
     identity_set(id, ID_dtype, "%s", gemm == DTYPE_BF16 ? "bfloat16" : "float32");
-    identity_set(id, ID_kv_cache_dtype, "%s", dtype_name(kv_dtype_of(o->kv_cache_dtype)));
+    identity_set(id, ID_kv_cache_dtype, "%s", dtype_name(options_kv_dtype(o)));
     identity_set(id, ID_backend, "%s", r->be->name);
     identity_set(id, ID_cpu_gemm, "%s", r->be->host_memory ? o->cpu_gemm : "-");
     identity_set(id, ID_max_model_len, "%d", r->max_model_len);
@@ -688,16 +678,13 @@ static void generate_all(Run *r, Generated *g)
     Engine eng;
     EngineOptions eo = {strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, o->kv_cache_memory,
                         o->block_size, r->mpi_device, 0,
-                        kv_dtype_of(o->kv_cache_dtype)};
+                        options_kv_dtype(o)};
     engine_init(&eng, &r->model, r->be, topo, &eo, &r->tm, &g->comm);
     g->capacity = engine_kv_capacity(&eng);
-    if (r->rank == 0 && !o->quiet)
-        printf("# KV cache: %d blocks of %d positions per rank (%.1f MiB), %d ranks per DCP group\n"
-               "# KV cache size: %lld tokens\n"
-               "# Maximum concurrency for %d tokens per request: %.2fx\n",
-               eng.att.pool.n_blocks, eng.att.pool.block_size,
-               eng.att.pool.n_blocks * (double)eng.att.pool.block_size * engine_kv_bytes_per_token(&eng) / 1048576.0,
-               topo->dcp, g->capacity, r->max_model_len, (double)g->capacity / r->max_model_len);
+    if (r->rank == 0 && !o->quiet) {
+        KvSizing kv = {engine_kv_bytes_per_token(&eng), eng.att.pool.block_size, eng.att.pool.n_blocks, g->capacity};
+        report_kv_cache(&kv, topo->dcp, r->max_model_len);
+    }
     RequestSet *rs = &r->rs;
     requests_check_kv(rs, topo, &eng.att.pool, r->max_model_len);
 

@@ -207,8 +207,23 @@ static int parse_float(const char *opt, const char *s, float lo, float hi, int l
     return 0;
 }
 
-int options_parse(Options *o, int argc, char **argv, int print)
+DType options_kv_dtype(const Options *o)
 {
+    const char *name = o->kv_cache_dtype;
+    return !strcmp(name, "bfloat16") ? DTYPE_BF16 : !strncmp(name, "fp8", 3) ? DTYPE_F8_E4M3 : DTYPE_F32;
+}
+
+int options_max_model_len(const Options *o, const Config *c, int *out)
+{
+    *out = o->max_model_len ? o->max_model_len : c->max_seq_len;
+    if (*out > c->max_seq_len)
+        return dcp_fail("--max-model-len %d exceeds the model's maximum of %d positions", *out, c->max_seq_len);
+    return 0;
+}
+
+int options_parse(Options *o, int argc, char **argv, int flags)
+{
+    int print = flags & OPTIONS_PRINT;
     *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .cpu_isa = "auto", .tp = 1, .dcp = 1,
                    .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
                    .block_size = 16, .mpi_device_buffers = "auto",
@@ -336,9 +351,14 @@ int options_parse(Options *o, int argc, char **argv, int print)
         size_t n = strlen(o->output);
         o->output_format = n > 6 && !strcmp(o->output + n - 6, ".jsonl") ? "jsonl" : "hdf5";
     }
-    if (optind >= argc) return dcp_fail("no prompt file given (usage: dcpinfer [OPTIONS] PROMPTS.jsonl)");
-    if (optind + 1 < argc) return dcp_fail("one prompt file expected, got '%s' and '%s'", argv[optind], argv[optind + 1]);
-    o->prompts = argv[optind];
+    if (flags & OPTIONS_NO_PROMPTS) {
+        if (optind < argc) return dcp_fail("unexpected argument '%s' (see --help)", argv[optind]);
+    } else {
+        if (optind >= argc) return dcp_fail("no prompt file given (usage: dcpinfer [OPTIONS] PROMPTS.jsonl)");
+        if (optind + 1 < argc)
+            return dcp_fail("one prompt file expected, got '%s' and '%s'", argv[optind], argv[optind + 1]);
+        o->prompts = argv[optind];
+    }
 
     if (o->resume && !o->journal)
         return dcp_fail("--resume and --no-journal: a resumed run records its own finished requests too");

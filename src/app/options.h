@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "model.h"
 #include "requests.h"
 
 typedef struct {
@@ -44,8 +45,16 @@ typedef struct {
     double step_timeout;   /* seconds without a finished step before the job ends; 0: off */
 } Options;
 
-/* 0: run; 1: --help or --version printed, exit 0; -1: error in dcp_error(). */
-int options_parse(Options *o, int argc, char **argv, int print);
+/* flags: OPTIONS_PRINT prints --help and --version; OPTIONS_NO_PROMPTS
+ * takes no prompt file (dcpinfer-plan). 0: run; 1: --help or --version
+ * printed, exit 0; -1: error in dcp_error(). */
+enum { OPTIONS_PRINT = 1, OPTIONS_NO_PROMPTS = 2 };
+int options_parse(Options *o, int argc, char **argv, int flags);
+/* The KV cache's element type --kv-cache-dtype names. */
+DType options_kv_dtype(const Options *o);
+/* The context limit: --max-model-len, else the model's; -1 when it
+ * exceeds the model's (dcp_error() says so). */
+int options_max_model_len(const Options *o, const Config *c, int *out);
 void options_usage(FILE *f);
 /* --version: release, configure options, backends, libraries (version.c) */
 void print_version(FILE *f);

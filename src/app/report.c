@@ -163,6 +163,15 @@ void report_steps(const StepRecord *steps, const int *step_dp, int n_steps, int 
     free(secs);
 }
 
+void report_kv_cache(const KvSizing *kv, int dcp, int max_model_len)
+{
+    printf("# KV cache: %d blocks of %d positions per rank (%.1f MiB), %d ranks per DCP group\n"
+           "# KV cache size: %lld tokens\n"
+           "# Maximum concurrency for %d tokens per request: %.2fx\n",
+           kv->n_blocks, kv->block_size, kv->n_blocks * (double)kv->block_size * kv->bytes_per_token / 1048576.0, dcp,
+           kv->capacity, max_model_len, (double)kv->capacity / max_model_len);
+}
+
 void report_prefix_cache(const RequestSet *rs, const Result *res, const char *skip)
 {
     long long cached = 0, prompt = 0;

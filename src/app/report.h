@@ -11,6 +11,10 @@
 #include "requests.h"
 
 void report_rank_map(const RankInfo *ri, int world);
+/* The KV cache's lines, as vLLM words its last two: blocks and MiB per
+ * rank, "KV cache size: N tokens", "Maximum concurrency for L tokens per
+ * request: X.XXx" (the run's and dcpinfer-plan's). */
+void report_kv_cache(const KvSizing *kv, int dcp, int max_model_len);
 /* One line per request: id, prompt and output tokens, finish, TTFT,
  * latency and the start of its text (or of its token ids). */
 void report_requests(const RequestSet *rs, const Result *res, char *const *texts);

@@ -5,14 +5,20 @@
 
 #include "util.h"
 
-size_t attention_kv_bytes_per_token(const Attention *a)
-{
-    const AttnShape *s = &a->shape;
-    size_t kv = kv_bytes_per_position(s->n_layers, s->kv_heads, s->head_dim, dtype_bytes(a->kv_dtype));
-    return s->keys_only ? kv / 2 : kv;
-}
+size_t attention_kv_bytes_per_token(const Attention *a) { return a->bytes_per_token; }
 
 long long attention_kv_capacity(const Attention *a) { return (long long)a->pool.n_blocks * a->pool.block_size * a->topo->dcp; }
+
+void kv_sizing(const AttnShape *shape, DType kv_dtype, size_t kv_memory, int block_size, int dcp, KvSizing *out)
+{
+    size_t kv = kv_bytes_per_position(shape->n_layers, shape->kv_heads, shape->head_dim, dtype_bytes(kv_dtype));
+    out->bytes_per_token = shape->keys_only ? kv / 2 : kv;
+    size_t memory = kv_memory ? kv_memory : (size_t)256 << 20;
+    out->block_size = block_size ? block_size : 16;
+    size_t n_blocks = memory / (out->bytes_per_token * (size_t)out->block_size);
+    out->n_blocks = (int)(n_blocks > (1u << 30) ? 1u << 30 : n_blocks);
+    out->capacity = (long long)out->n_blocks * out->block_size * dcp;
+}
 
 void attention_init(Attention *a, const Backend *be, const Topology *topo, CommStats *comm, const AttnShape *shape,
                     size_t kv_memory, int block_size, DType kv_dtype, MergeBackend merge)
@@ -28,14 +34,12 @@ void attention_init(Attention *a, const Backend *be, const Topology *topo, CommS
      * their count attends its whole shard as one */
     int C = shape->key_shards > 0 ? shape->key_shards : 1;
     a->shards = C % topo->dcp ? 1 : C / topo->dcp;
-    size_t memory = kv_memory ? kv_memory : (size_t)256 << 20;
-    int B = block_size ? block_size : 16;
-    size_t per_block = attention_kv_bytes_per_token(a) * B;
-    size_t n_blocks = memory / per_block;
-    if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
-    pool_init(&a->pool, (int)n_blocks, B);
+    KvSizing kv;
+    kv_sizing(shape, kv_dtype, kv_memory, block_size, topo->dcp, &kv);
+    a->bytes_per_token = kv.bytes_per_token;
+    pool_init(&a->pool, kv.n_blocks, kv.block_size);
     /* on the CPU, untouched pages of the pool cost no memory until used */
-    size_t bytes = n_blocks * per_block / (shape->keys_only ? 1 : 2);
+    size_t bytes = (size_t)kv.n_blocks * kv.block_size * kv.bytes_per_token / (shape->keys_only ? 1 : 2);
     a->k_pool = be->alloc(bytes ? bytes : sizeof(float));
     a->v_pool = shape->keys_only ? NULL : be->alloc(bytes ? bytes : sizeof(float));
 }

@@ -22,6 +22,13 @@ size_t engine_kv_bytes_per_token(const Engine *e) { return attention_kv_bytes_pe
 
 long long engine_kv_capacity(const Engine *e) { return attention_kv_capacity(&e->att); }
 
+void engine_kv_sizing(const Model *m, int dcp, const EngineOptions *eo, KvSizing *out)
+{
+    AttnShape a;
+    engine_layer_ops(arch_family(&m->cfg))->attn_shape(m, &a);
+    kv_sizing(&a, eo ? eo->kv_dtype : DTYPE_F32, eo ? eo->kv_cache_memory : 0, eo ? eo->block_size : 0, dcp, out);
+}
+
 long engine_step_token_limit(const Model *m, const Topology *topo)
 {
     AttnShape a;

@@ -46,6 +46,9 @@ void engine_free(Engine *e);
 
 /* Bytes of K/V this rank stores per position it owns. */
 size_t engine_kv_bytes_per_token(const Engine *e);
+/* The KV pool engine_init would give a model (only its cfg and shard are
+ * read, so a Model without weights will do) at a DCP size and options. */
+void engine_kv_sizing(const Model *m, int dcp, const EngineOptions *eo, KvSizing *out);
 /* Logical KV capacity of the DCP group in positions: blocks x B x dcp. */
 long long engine_kv_capacity(const Engine *e);
 
