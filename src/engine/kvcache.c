@@ -62,14 +62,8 @@ static void grow_blocks(BlockPool *p, int n)
     p->cap = cap;
 }
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
+/* a 64-bit mix of x: splitmix64's output at state x */
+static uint64_t mix64(uint64_t x) { return splitmix64(&x); }
 
 static uint64_t hash_bits(uint64_t h)
 {
@@ -78,7 +72,7 @@ static uint64_t hash_bits(uint64_t h)
 
 uint64_t prefix_hash(const BlockPool *p, uint64_t parent, const int *tokens)
 {
-    uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ULL);
+    uint64_t h = mix64(parent);
     for (int i = 0; i < p->block_tokens; i++) h = mix64(h ^ ((uint64_t)(uint32_t)tokens[i] | (uint64_t)(i + 1) << 32));
     return hash_bits(h);
 }
