@@ -681,10 +681,7 @@ static void generate_all(Run *r, Generated *g)
                         options_kv_dtype(o)};
     engine_init(&eng, &r->model, r->be, topo, &eo, &r->tm, &g->comm);
     g->capacity = engine_kv_capacity(&eng);
-    if (r->rank == 0 && !o->quiet) {
-        KvSizing kv = {engine_kv_bytes_per_token(&eng), eng.att.pool.block_size, eng.att.pool.n_blocks, g->capacity};
-        report_kv_cache(&kv, topo->dcp, r->max_model_len);
-    }
+    if (r->rank == 0 && !o->quiet) report_kv_cache(&eng.att.kv, topo->dcp, r->max_model_len);
     RequestSet *rs = &r->rs;
     requests_check_kv(rs, topo, &eng.att.pool, r->max_model_len);
 

@@ -5,9 +5,9 @@
 
 #include "util.h"
 
-size_t attention_kv_bytes_per_token(const Attention *a) { return a->bytes_per_token; }
+size_t attention_kv_bytes_per_token(const Attention *a) { return a->kv.bytes_per_token; }
 
-long long attention_kv_capacity(const Attention *a) { return (long long)a->pool.n_blocks * a->pool.block_size * a->topo->dcp; }
+long long attention_kv_capacity(const Attention *a) { return a->kv.capacity; }
 
 void kv_sizing(const AttnShape *shape, DType kv_dtype, size_t kv_memory, int block_size, int dcp, KvSizing *out)
 {
@@ -34,12 +34,11 @@ void attention_init(Attention *a, const Backend *be, const Topology *topo, CommS
      * their count attends its whole shard as one */
     int C = shape->key_shards > 0 ? shape->key_shards : 1;
     a->shards = C % topo->dcp ? 1 : C / topo->dcp;
-    KvSizing kv;
-    kv_sizing(shape, kv_dtype, kv_memory, block_size, topo->dcp, &kv);
-    a->bytes_per_token = kv.bytes_per_token;
-    pool_init(&a->pool, kv.n_blocks, kv.block_size);
+    kv_sizing(shape, kv_dtype, kv_memory, block_size, topo->dcp, &a->kv);
+    const KvSizing *kv = &a->kv;
+    pool_init(&a->pool, kv->n_blocks, kv->block_size);
     /* on the CPU, untouched pages of the pool cost no memory until used */
-    size_t bytes = (size_t)kv.n_blocks * kv.block_size * kv.bytes_per_token / (shape->keys_only ? 1 : 2);
+    size_t bytes = (size_t)kv->n_blocks * kv->block_size * kv->bytes_per_token / (shape->keys_only ? 1 : 2);
     a->k_pool = be->alloc(bytes ? bytes : sizeof(float));
     a->v_pool = shape->keys_only ? NULL : be->alloc(bytes ? bytes : sizeof(float));
 }

@@ -65,6 +65,16 @@ typedef struct {
     const int **d_cache_tables; /* the same in backend memory */
 } Step;
 
+/* What a KV pool holds, from the family's shape alone: one
+ * implementation for the run (attention_init) and for planning without
+ * the hardware (dcpinfer-plan). */
+typedef struct {
+    size_t bytes_per_token; /* K/V bytes a rank stores per position it owns */
+    int block_size;         /* B: positions per block per rank */
+    int n_blocks;           /* blocks per rank */
+    long long capacity;     /* positions the DCP group holds: blocks x B x dcp */
+} KvSizing;
+
 typedef struct {
     const Backend *be;
     const Topology *topo;
@@ -75,7 +85,7 @@ typedef struct {
     BlockPool pool;
     void *k_pool, *v_pool; /* elements of kv_dtype; v_pool NULL when keys_only */
     DType kv_dtype;
-    size_t bytes_per_token; /* K/V bytes per position this rank owns (KvSizing) */
+    KvSizing kv;            /* the pool's sizing */
     Step step;
     /* capacities of the step arrays (tokens, chunks, table entries) */
     int cap_T, cap_chunks, cap_tables;
@@ -86,15 +96,6 @@ typedef struct {
     float *q_all, *o_all, *lse_all, *parts;
 } Attention;
 
-/* What a KV pool holds, from the family's shape alone: one
- * implementation for the run (attention_init) and for planning without
- * the hardware (dcpinfer-plan). */
-typedef struct {
-    size_t bytes_per_token; /* K/V bytes a rank stores per position it owns */
-    int block_size;         /* B: positions per block per rank */
-    int n_blocks;           /* blocks per rank */
-    long long capacity;     /* positions the DCP group holds: blocks x B x dcp */
-} KvSizing;
 /* kv_memory: bytes of K/V per rank (0: 256 MiB); block_size 0: 16. */
 void kv_sizing(const AttnShape *shape, DType kv_dtype, size_t kv_memory, int block_size, int dcp, KvSizing *out);
 
