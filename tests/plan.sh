@@ -19,10 +19,11 @@ PLAN=$BUILD/dcpinfer-plan
 echo '{"id": "a", "prompt_token_ids": [1, 5, 9], "max_tokens": 1, "temperature": 0}' >"$WORK/p.jsonl"
 S=$SHARED/models/stories260K
 
-# same NAME NP MODEL-ARGS -- OPTIONS: the plan's KV lines against a run's
+# same NAME NP MODEL-ARGS -- OPTIONS: the plan's KV lines against a run's,
+# and its weight bytes of each TP rank against the run's /memory/weight_bytes
 same() {
     local name=$1 np=$2 model=$3; shift 3
-    checks=$((checks + 1))
+    checks=$((checks + 2))
     "$PLAN" $model "$@" >"$WORK/$name.plan" 2>&1
     NP=$np run_dcp "$name" $model "$@" --output "$WORK/$name.h5" "$WORK/p.jsonl"
     local want got
@@ -30,10 +31,22 @@ same() {
     got=$(grep -E '^# (KV cache|Maximum concurrency)' "$WORK/$name.plan")
     if [ "$(cat "$WORK/$name.rc")" != 0 ]; then
         fail "$name: dcpinfer exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" >&2
+        return
     elif [ -z "$want" ] || [ "$got" != "$want" ]; then
         fail "$name: plan says '$got', the run '$want'"
     else
         pass "$name: $(echo "$got" | sed -n 2,3p | tr '\n' ' ')"
+    fi
+    # every DP group holds the TP ranks' weights again
+    local tp_ranks dp
+    tp_ranks=$(sed -n 's/^# weight bytes by TP rank: //p' "$WORK/$name.plan")
+    dp=$((np / $(echo $tp_ranks | wc -w)))
+    want=$(h5_numbers "$WORK/$name.h5" /memory/weight_bytes | tr '\n' ' ' | sed 's/ $//')
+    got=$(for g in $(seq "$dp"); do echo $tp_ranks; done | tr '\n' ' ' | sed 's/ $//')
+    if [ -n "$tp_ranks" ] && [ "$got" = "$want" ]; then
+        pass "$name: weight bytes per rank $got, as the run's /memory/weight_bytes"
+    else
+        fail "$name: plan's weight bytes '$got', the run's /memory/weight_bytes '$want'"
     fi
 }
 
@@ -52,13 +65,124 @@ same v3-tp4-dcp4 4 "--model $WORK/v3" -tp 4 -dcp 4 --kv-cache-memory 1500K
 same v3-tp2-bf16 2 "--model $WORK/v3" -tp 2 --kv-cache-memory 2G --kv-cache-dtype bfloat16 --block-size 32
 same v2-tp2-dcp2 2 "--model $WORK/v2" -tp 2 -dcp 2 --kv-cache-memory 900K
 same default-model 1 "" --kv-cache-memory 64M
+same gqa-tp2-bf16 2 "--model $WORK/gqa" -tp 2 --dtype bfloat16 --kv-cache-memory 1M
+# the checkpoints' own formats: block-scaled FP8, INT4 W4A16, NVFP4 (both
+# layouts), a V2 with softmax routing
+Q=$DCP_SRCDIR/tests/data/deepseek
+for q in v3_fp8 v3_int4 v3_nvfp4 v3_nvfp4_modelopt v2_softmax; do
+    same "$q-tp2" 2 "--model $Q/$q" -tp 2 --kv-cache-memory 1M
+done
+same v3_int4-tp4-dcp2 4 "--model $Q/v3_int4" -tp 4 -dcp 2 --kv-cache-memory 1M
 
+# a bare config.json plans as its folder does: the stored formats its
+# quantization_config implies are those of the checkpoint
+bare() {
+    local name=$1 config=$2; shift 2
+    checks=$((checks + 1))
+    "$PLAN" --model "$config" "$@" | sed 1d >"$WORK/$name.bare"
+    if sed 1d "$WORK/$name.plan" | cmp -s - "$WORK/$name.bare"; then
+        pass "$name: its config.json alone plans the same: $(grep '^# weight bytes' "$WORK/$name.bare")"
+    else
+        fail "$name: config.json alone: $(cat "$WORK/$name.bare")"
+    fi
+}
+bare v3-tp4-dcp4 "$WORK/v3/config.json" -tp 4 -dcp 4 --kv-cache-memory 1500K
+for q in v3_fp8 v3_int4 v3_nvfp4 v3_nvfp4_modelopt v2_softmax; do
+    bare "$q-tp2" "$Q/$q/config.json" -tp 2 --kv-cache-memory 1M
+done
+bare gqa-tp2-bf16 "$WORK/gqa/config.json" -tp 2 --dtype bfloat16 --kv-cache-memory 1M
+
+# comm NAME NP MODEL -- OPTIONS: a greedy request of G tokens decodes in
+# G - 1 steps of one token; each collective's bytes on rank 0 in
+# /comm/decode/ are those steps x (layers x the plan's per-layer bytes +
+# its per-step bytes)
+G=5
+echo '{"id": "c", "prompt_token_ids": [3, 1, 4, 1, 5, 9, 2, 6], "max_tokens": '$G', "temperature": 0, "ignore_eos": true}' \
+    >"$WORK/c.jsonl"
+comm() {
+    local name=$1 np=$2 model=$3 layers=$4; shift 4
+    "$PLAN" --model "$model" --max-num-seqs 1 "$@" >"$WORK/$name.plan" 2>&1
+    NP=$np run_dcp "$name" --model "$model" "$@" --no-enable-prefix-caching --output "$WORK/$name.h5" "$WORK/c.jsonl"
+    local line k per step want got
+    line=$(grep '^# decode step of 1 request' "$WORK/$name.plan")
+    for k in tp_sum q_allgather merge_exchange all_to_all argmax; do
+        checks=$((checks + 1))
+        per=$(echo "${line%%; per step*}" | grep -o "$k [0-9]* B" | awk '{print $2}')
+        step=$(echo "${line#*; per step}" | grep -o "$k [0-9]* B" | awk '{print $2}')
+        want=$(( (G - 1) * (layers * ${per:-0} + ${step:-0}) ))
+        got=$(h5_numbers "$WORK/$name.h5" /comm/decode/$k/bytes | head -1)
+        if [ -n "$line" ] && [ "$got" = "$want" ]; then
+            pass "$name $k: $got bytes = $((G - 1)) steps x ($layers layers x ${per:-0} + ${step:-0})"
+        else
+            fail "$name $k: the run's rank 0 sent '$got' bytes, the plan says $want ($line)"
+        fi
+    done
+}
+comm comm-gqa-tp4-dcp2 4 "$WORK/gqa" 2 -tp 4 -dcp 2
+comm comm-v3-tp4-dcp4-a2a 4 "$WORK/v3" 2 -tp 4 -dcp 4 --dcp-comm-backend a2a
+comm comm-mqa-tp4-dcp4 4 "$WORK/mqa" 3 -tp 4 -dcp 4
+
+# The shipped real configs on 8 GPUs: every layout listed (tp dividing 8,
+# dcp dividing tp); an MLA model's KV cache at dcp 8 holds 8 times the
+# tokens of dcp 1 at tp 8 (the same weights, so the same KV memory per
+# rank); a GQA model's dcp is capped by its KV heads.
+C=$DCP_SRCDIR/tests/data/configs
+for cfg in deepseek-v3 kimi-k2-instruct kimi-k2-thinking llama-3.1-70b-instruct; do
+    checks=$((checks + 2))
+    "$PLAN" --model "$C/$cfg.config.json" --gpus 8 --sweep --gpu B200 --input-len 67000 --output-len 1000 \
+        --kv-cache-dtype bfloat16 >"$WORK/$cfg.sweep" 2>&1
+    rows=$(grep -v '^#' "$WORK/$cfg.sweep" | awk '{print $1 "/" $2 "/" $3}' | tr '\n' ' ')
+    if [ "$rows" = "1/1/8 2/1/4 2/2/4 4/1/2 4/2/2 4/4/2 8/1/1 8/2/1 8/4/1 8/8/1 " ]; then
+        pass "$cfg: --sweep lists the 10 layouts of 8 GPUs"
+    else
+        fail "$cfg: --sweep lists '$rows'"; cat "$WORK/$cfg.sweep" >&2
+    fi
+    case $cfg in
+    llama*)
+        capped=$(awk '!/^#/ && $2 > 1 && /refused: invalid layout: -dcp [0-9]+ needs -tp above the model.s 8 KV heads/' \
+            "$WORK/$cfg.sweep" | wc -l)
+        valid=$(awk '!/^#/ && $2 == 1 && !/refused/' "$WORK/$cfg.sweep" | wc -l)
+        if [ "$capped" = 6 ] && [ "$valid" = 4 ]; then
+            pass "$cfg: 8 KV heads: every dcp > 1 refused (6 layouts), every dcp 1 planned (4)"
+        else
+            fail "$cfg: $capped layouts with dcp > 1 refused for the KV heads, $valid with dcp 1 planned"
+        fi ;;
+    *)
+        t1=$(awk '!/^#/ && $1 == 8 && $2 == 1 {print $7}' "$WORK/$cfg.sweep")
+        t8=$(awk '!/^#/ && $1 == 8 && $2 == 8 {print $7}' "$WORK/$cfg.sweep")
+        if [ -n "$t1" ] && [ "$t1" -gt 0 ] && [ "$t8" = $((8 * t1)) ]; then
+            pass "$cfg: tp 8 dcp 8 holds $t8 tokens, 8 x dcp 1's $t1"
+        else
+            fail "$cfg: tp 8: dcp 1 holds '$t1' tokens, dcp 8 '$t8'"
+        fi ;;
+    esac
+done
+
+# Llama-3.1-70B at tp 8, bf16 as its torch_dtype says, by hand: the fp32
+# embedding whole on every rank; per layer 8 of 64 query heads, 1 of 8 KV
+# heads, o's 1,024 columns, 3,584 of 28,672 feed-forward rows, two fp32
+# norms; 16,032 LM head rows and the final norm.
 checks=$((checks + 1))
-"$PLAN" --model "$WORK/v3/config.json" -tp 4 -dcp 4 --kv-cache-memory 1500K >"$WORK/json.plan" 2>&1
-if cmp -s "$WORK/json.plan" "$WORK/v3-tp4-dcp4.plan"; then
-    pass "a bare config.json plans as its folder does"
+vocab=128256 dim=8192 hd=128
+attn=$(( (8 * hd * dim + 2 * hd * dim + dim * 8 * hd) * 2 + dim * 4 ))
+mlp=$(( 3 * 3584 * dim * 2 + dim * 4 ))
+want=$(( vocab * dim * 4 + 80 * (attn + mlp) + 16032 * dim * 2 + dim * 4 ))
+got=$("$PLAN" --model "$C/llama-3.1-70b-instruct.config.json" -tp 8 | sed -n 's/^# weight bytes by TP rank: \([0-9]*\) .*/\1/p')
+if [ "$got" = "$want" ]; then
+    pass "Llama-3.1-70B tp 8: $got weight bytes on rank 0, as counted by hand"
 else
-    fail "config.json: $(cat "$WORK/json.plan")"
+    fail "Llama-3.1-70B tp 8: the plan says '$got' weight bytes on rank 0, by hand $want"
+fi
+
+# an architecture dcpinfer does not run is refused once, in its words
+checks=$((checks + 1))
+"$PLAN" --model "$C/qwen3-235b-a22b.config.json" --gpus 8 --sweep >"$WORK/qwen.plan" 2>&1
+rc=$?
+if [ "$rc" = 2 ] && grep -q "architecture Qwen3MoeForCausalLM is not supported" "$WORK/qwen.plan" &&
+    [ "$(wc -l <"$WORK/qwen.plan")" = 1 ]; then
+    pass "Qwen3-235B-A22B: $(cat "$WORK/qwen.plan")"
+else
+    fail "Qwen3-235B-A22B: exit $rc: $(cat "$WORK/qwen.plan")"
 fi
 
 checks=$((checks + 1))

@@ -44,6 +44,33 @@ long engine_step_token_limit(const Model *m, const Topology *topo)
     return (long)(INT_MAX / most);
 }
 
+void engine_decode_comm(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long layer_calls[COMM_N],
+                        long long layer_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N])
+{
+    AttnShape a;
+    engine_layer_ops(arch_family(&m->cfg))->attn_shape(m, &a);
+    for (int k = 0; k < COMM_N; k++) layer_calls[k] = layer_bytes[k] = step_calls[k] = step_bytes[k] = 0;
+    long long tp = m->shard.tp, N = dcp, D = a.v_dim ? a.v_dim : a.head_dim, rows = (long long)T * a.q_heads;
+    if (tp > 1) {
+        /* layer_residual, after attention and after the feed-forward block */
+        long long n = (long long)T * m->cfg.dim, mine = n * (tp_rank + 1) / tp - n * tp_rank / tp;
+        layer_calls[COMM_tp_sum] = 2;
+        layer_bytes[COMM_tp_sum] = 2 * 4 * (n - mine + (tp - 1) * mine);
+        step_calls[COMM_argmax] = 1;
+        step_bytes[COMM_argmax] = 8LL * T;
+    }
+    if (N == 1) return;
+    layer_calls[COMM_q_allgather] = 1;
+    layer_bytes[COMM_q_allgather] = rows * a.head_dim * 4;
+    if (merge == MERGE_AG_RS && (N & (N - 1)) == 0) { /* merge_ranks: log2 N exchanges, N - 1 blocks in all */
+        for (long long h = N / 2; h >= 1; h /= 2) layer_calls[COMM_merge_exchange]++;
+        layer_bytes[COMM_merge_exchange] = (N - 1) * rows * (D + 1) * 4;
+    } else {
+        layer_calls[COMM_all_to_all] = 1;
+        layer_bytes[COMM_all_to_all] = N * rows * (D + 1) * 4;
+    }
+}
+
 void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, const EngineOptions *eo,
                  Timings *tm, CommStats *stats)
 {

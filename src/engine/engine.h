@@ -57,6 +57,15 @@ long long engine_kv_capacity(const Engine *e);
  * count more than 2^31 - 1 elements, which MPI's int counts cannot say. */
 long engine_step_token_limit(const Model *m, const Topology *topo);
 
+/* What a decode step of T tokens (one per running request) sends on TP
+ * rank tp_rank of a layout (m's shard: tp; dcp, merge), by comm.h's
+ * formulas: per layer, the two TP sums and, with DCP, the gathered
+ * queries and the merge (layer_calls, layer_bytes); per step, greedy
+ * sampling's MAXLOC (step_calls, step_bytes). A run's /comm/decode/ counts
+ * steps x (layers x the first + the second). */
+void engine_decode_comm(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long layer_calls[COMM_N],
+                        long long layer_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N]);
+
 /* Runs the model on the chunks' tokens (concatenated in chunk order) and
  * writes their K/V into the owners' caches. logits (host memory) receives,
  * per chunk (its last token) or with all_logits per token, this rank's

@@ -579,6 +579,11 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
     add_eos_ids(json_object_get(root, "eos_token_id"), c);
     rc = 0;
 out:
+    if (!rc) {
+        const char *td = json_string_value(json_object_get(root, "torch_dtype"));
+        if (!td) td = json_string_value(json_object_get(root, "dtype")); /* transformers 5's name */
+        c->stored_bf16 = td && !strcmp(td, "bfloat16");
+    }
     json_decref(root);
     return rc;
 }

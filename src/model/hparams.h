@@ -71,6 +71,8 @@ typedef struct {
     float norm_eps;
     RopeStyle rope_style;
     int tied_embeddings;
+    int stored_bf16;         /* config.json's torch_dtype (or dtype) is bfloat16: how a checkpoint stores the
+                              * tensors its quantization_config leaves alone (sizing from a bare config.json) */
     int wrapped;             /* the language model of Kimi K2.5's multimodal checkpoint: text_config, tensors under
                               * WRAPPED_PREFIX, the vision tower's skipped (open_checkpoint, model.c) */
     int bos_id;         /* -1 when the model has none */

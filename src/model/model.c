@@ -566,6 +566,10 @@ typedef struct {
     StCheckpoint ck;
     /* generated */
     ModelSpec spec;
+    /* a bare config.json (model_size): no tensors, the stored types its
+     * quantization_config implies (stored_dtype) */
+    int bare;
+    QuantRules *rules;
 } Source;
 
 /* The checkpoint tensor of a kind and layer, its shape checked against the
@@ -657,16 +661,30 @@ static void source_close(Source *src)
 {
     if (src->map) munmap((void *)src->map, src->map_size);
     st_checkpoint_close(&src->ck);
+    quant_rules_free(src->rules);
+}
+
+const char *const weight_part_names[WPART_N] = {"attention", "mlp", "experts", "embedding", "lm_head"};
+
+/* What a sizing run's weights point at: nothing is written there. */
+static char sizing_only;
+
+static void count_bytes(Weights *w, size_t bytes)
+{
+    w->bytes += bytes;
+    w->part_bytes[w->part] += bytes;
 }
 
 /* Weight buffers: large ones in huge pages (xmalloc_huge), so that
- * decode's weight streams do not miss the TLB every 4 KiB. */
+ * decode's weight streams do not miss the TLB every 4 KiB. A sizing run
+ * counts them only. */
 static void *owned_alloc(Weights *w, size_t bytes)
 {
+    count_bytes(w, bytes);
+    if (w->sizing) return &sizing_only;
     w->owned = xrealloc(w->owned, sizeof(void *) * (size_t)(w->n_owned + 1));
     void *p = xmalloc_huge(bytes ? bytes : 1); /* an empty shard still has an address */
     w->owned[w->n_owned++] = p;
-    w->bytes += bytes;
     return p;
 }
 
@@ -698,11 +716,12 @@ static int load_kind_chunked(Source *src, Weights *w, float **dst, TensorKind k,
         chunks == 1) {
         TensorKind at = k == T_LM_HEAD && src->cfg->tied_embeddings ? T_EMBED : k;
         *dst = (float *)(src->map + src->offset[at]); /* 4-byte aligned: 28-byte header, f32 data */
-        if (at == k) w->bytes += (size_t)nl * rows * cols * sizeof(float); /* a tied head is counted once */
+        if (at == k) count_bytes(w, (size_t)nl * rows * cols * sizeof(float)); /* a tied head is counted once */
         return 0;
     }
     size_t per = (size_t)nrows * ncols, cc = (size_t)(ncols / chunks);
     *dst = owned_alloc(w, per * nl * sizeof(float));
+    if (w->sizing) return 0;
     for (int l = 0; l < nl; l++)
         for (int ch = 0; ch < chunks; ch++)
             if (source_read(src, k, l, row0, nrows, col0 + ch * (int)cc, (int)cc, *dst + per * l + nrows * cc * ch))
@@ -735,6 +754,10 @@ static int load_matrix_chunked(Source *src, Model *m, WeightRef *dst, TensorKind
     int cc = ncols / chunks;
     size_t per = (size_t)nrows * cc; /* one chunk's matrix */
     uint16_t *out = owned_alloc(&m->w, per * chunks * nl * sizeof(uint16_t));
+    if (m->w.sizing) {
+        *dst = weight_ref(out, DTYPE_BF16, 0);
+        return 0;
+    }
     float *tmp = NULL;
     int rc = 0;
     for (int l = 0; l < nl && !rc; l++) {
@@ -894,6 +917,7 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
                         "format",
                         src->path, mt->name, st_dtype_name(t->dtype));
     }
+    if (m->w.sizing) return 0;
     char sc[160];
     snprintf(sc, sizeof sc, "%s_scale_inv", mt->name);
     size_t chunk = (size_t)mt->nrows * cc;
@@ -925,6 +949,30 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
     return 0;
 }
 
+/* The part of the weights an MLA tensor belongs to (WeightPart) */
+static WeightPart mla_part(const char *name)
+{
+    if (strstr(name, ".self_attn.") || strstr(name, ".input_layernorm.")) return WPART_ATTENTION;
+    if (strstr(name, ".mlp.experts.") || strstr(name, ".mlp.gate.")) return WPART_EXPERTS;
+    return WPART_MLP;
+}
+
+/* How a bare config.json's checkpoint stores an MLA tensor (model_size):
+ * 4-bit where its quantization_config's rules quantize the module, FP8
+ * for every matrix but the router under block-scaled FP8, else its
+ * torch_dtype. The matrices are those model_check_checkpoint quantizes. */
+static StDtype stored_dtype(const Source *src, const MlaTensor *mt)
+{
+    const Config *c = src->cfg;
+    int linear = mt->rows && !strstr(mt->name, "mlp.gate.weight");
+    char module[128];
+    snprintf(module, sizeof module, "%.*s", (int)strlen(mt->name) - 7, mt->name);
+    if (linear && src->rules && quant_rules_quantized(src->rules, module, 1))
+        return c->m.int4_group ? ST_I32 : ST_U8;
+    if (linear && c->m.fp8_block[0]) return ST_F8_E4M3;
+    return c->stored_bf16 ? ST_BF16 : ST_F32;
+}
+
 /* Every layer of an MLA model: this rank's shard of it. */
 static int load_mla(Source *src, Model *m)
 {
@@ -936,7 +984,9 @@ static int load_mla(Source *src, Model *m)
     for (int l = 0; l < c->n_layers && !rc; l++) {
         int n = mla_tensors(c, &m->shard, l, &w->mla[l], mt);
         for (int i = 0; i < n && !rc; i++) {
-            const StTensor *t = st_find(&src->ck, mt[i].name);
+            w->part = mla_part(mt[i].name);
+            StTensor stand_in = {.dtype = src->bare ? stored_dtype(src, &mt[i]) : ST_F32};
+            const StTensor *t = src->bare ? &stand_in : st_find(&src->ck, mt[i].name);
             char packed[160];
             snprintf(packed, sizeof packed, "%.*s.weight_packed", (int)strlen(mt[i].name) - 7, mt[i].name);
             if (!t && !(t = st_find(&src->ck, packed))) {
@@ -948,6 +998,7 @@ static int load_mla(Source *src, Model *m)
                 continue;
             }
             float *to = *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
+            if (w->sizing) continue;
             char sc[160];
             snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
             if (t->dtype == ST_F8_E4M3) /* kv_b: dequantized here, this rank's slice only */
@@ -1050,62 +1101,109 @@ int model_load(Model *m, const char *path, int tp, int tp_rank)
     return model_load_as(m, path, tp, tp_rank, "float32", 0);
 }
 
-int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group)
+/* A path model_size takes as a bare config.json */
+static int bare_config(const char *path)
+{
+    size_t n = path ? strlen(path) : 0;
+    return n >= 5 && !strcmp(path + n - 5, ".json") && !path_is_dir(path);
+}
+
+int model_read_any_config(const char *path, Config *c)
+{
+    if (!bare_config(path)) return model_read_config(path, c);
+    size_t len;
+    char *text;
+    if (read_file(path, &text, &len)) return -1;
+    int rc = config_from_json(path, text, len, c);
+    free(text);
+    return rc;
+}
+
+/* model_load_as, or with sizing model_size: the same calls, in the same
+ * order, counting the same bytes (Weights.sizing) */
+static int load(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group, int sizing)
 {
     memset(m, 0, sizeof *m);
     m->bf16_group = bf16_group;
-    if (model_read_config(path, &m->cfg) || model_check_checkpoint(path, &m->cfg) ||
-        model_gemm_dtype(path, &m->cfg, dtype, &m->gemm_dtype))
+    m->w.sizing = sizing;
+    int bare = sizing && bare_config(path);
+    if (bare) {
+        /* "auto": as the config says the checkpoint stores its tensors */
+        if (model_read_any_config(path, &m->cfg) ||
+            model_gemm_dtype(NULL, &m->cfg, strcmp(dtype, "auto") ? dtype : m->cfg.stored_bf16 ? "bfloat16" : "float32",
+                             &m->gemm_dtype))
+            return -1;
+    } else if (model_read_config(path, &m->cfg) || model_check_checkpoint(path, &m->cfg) ||
+               model_gemm_dtype(path, &m->cfg, dtype, &m->gemm_dtype)) {
         return -1;
+    }
     m->path = xstrdup(path ? path : "(generated default model)");
     const Config *c = &m->cfg;
     shard_init(&m->shard, c, tp, tp_rank);
     const Shard *s = &m->shard;
     Source src;
-    if (source_open(&src, path, c)) {
+    QuantFormat qf;
+    if (bare) {
+        memset(&src, 0, sizeof src);
+        src.cfg = c;
+        src.path = path;
+        src.bare = 1;
+        if (c->mla && quant_format(c, &qf) && !(src.rules = quant_rules_read(path))) {
+            model_free(m);
+            return -1;
+        }
+    } else if (source_open(&src, path, c)) {
         model_free(m);
         return -1;
     }
     int D = c->head_dim, dim = c->dim;
     Weights *w = &m->w;
     if (c->mla) {
-        int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim) ||
-                 load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
-                 load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim) || load_mla(&src, m);
+        w->part = WPART_EMBED;
+        int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim);
+        w->part = WPART_LM_HEAD;
+        rc = rc || load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
+             load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim) || load_mla(&src, m);
         source_close(&src);
         if (rc) model_free(m);
         return rc ? -1 : 0;
     }
-    int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim) ||
-             load_kind(&src, w, &w->rms_att, T_RMS_ATT, 0, 1, 0, dim) ||
-             load_matrix(&src, m, &w->wq, T_WQ, s->q_head0 * D, s->q_heads * D, 0, dim) ||
-             load_matrix(&src, m, &w->wk, T_WK, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
-             load_matrix(&src, m, &w->wv, T_WV, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
-             load_matrix_chunked(&src, m, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D, s->chunks) ||
-             load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim) ||
-             load_matrix(&src, m, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
-             load_matrix(&src, m, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
-             load_matrix_chunked(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden, s->chunks) ||
-             load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim);
+    w->part = WPART_EMBED;
+    int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim);
+    w->part = WPART_ATTENTION;
+    rc = rc || load_kind(&src, w, &w->rms_att, T_RMS_ATT, 0, 1, 0, dim) ||
+         load_matrix(&src, m, &w->wq, T_WQ, s->q_head0 * D, s->q_heads * D, 0, dim) ||
+         load_matrix(&src, m, &w->wk, T_WK, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
+         load_matrix(&src, m, &w->wv, T_WV, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
+         load_matrix_chunked(&src, m, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D, s->chunks);
+    w->part = WPART_MLP;
+    rc = rc || load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim) ||
+         load_matrix(&src, m, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
+         load_matrix(&src, m, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
+         load_matrix_chunked(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden, s->chunks);
     /* a tied LM head that is the whole embedding in the GEMM type is the
      * embedding itself: one copy */
+    w->part = WPART_LM_HEAD;
+    rc = rc || load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim);
     if (!rc && c->tied_embeddings && s->vocab == c->vocab_size && m->gemm_dtype == DTYPE_F32)
         w->lm_head = weight_ref(w->token_embedding, DTYPE_F32, 0);
     else if (!rc) rc = load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
     /* biases follow their matrices' split: column-parallel ones are
      * sharded, row-parallel ones (o, down) are whole and added once after
      * the TP sum; q/k norms act within a head and are whole */
+    w->part = WPART_ATTENTION;
     if (!rc && c->qkv_bias)
         rc = load_kind(&src, w, &w->bq, T_BQ, 0, 1, s->q_head0 * D, s->q_heads * D) ||
              load_kind(&src, w, &w->bk, T_BK, 0, 1, s->kv_head0 * D, s->kv_heads * D) ||
              load_kind(&src, w, &w->bv, T_BV, 0, 1, s->kv_head0 * D, s->kv_heads * D);
     if (!rc && c->o_bias) rc = load_kind(&src, w, &w->bo, T_BO, 0, 1, 0, dim);
+    if (!rc && c->qk_norm)
+        rc = load_kind(&src, w, &w->q_norm, T_Q_NORM, 0, 1, 0, D) || load_kind(&src, w, &w->k_norm, T_K_NORM, 0, 1, 0, D);
+    w->part = WPART_MLP;
     if (!rc && c->mlp_bias)
         rc = load_kind(&src, w, &w->b_gate, T_B_GATE, 0, 1, s->hidden0, s->hidden) ||
              load_kind(&src, w, &w->b_up, T_B_UP, 0, 1, s->hidden0, s->hidden) ||
              load_kind(&src, w, &w->b_down, T_B_DOWN, 0, 1, 0, dim);
-    if (!rc && c->qk_norm)
-        rc = load_kind(&src, w, &w->q_norm, T_Q_NORM, 0, 1, 0, D) || load_kind(&src, w, &w->k_norm, T_K_NORM, 0, 1, 0, D);
     /* the mapping stays while weights point into it */
     w->map = (void *)src.map;
     w->map_size = src.map_size;
@@ -1116,6 +1214,16 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
         return -1;
     }
     return 0;
+}
+
+int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group)
+{
+    return load(m, path, tp, tp_rank, dtype, bf16_group, 0);
+}
+
+int model_size(Model *m, const char *path, int tp, int tp_rank, const char *dtype)
+{
+    return load(m, path, tp, tp_rank, dtype, 0, 1);
 }
 
 void model_free(Model *m)

@@ -166,6 +166,14 @@ static inline size_t weight_row_step(int group, int r, int rows)
  * a multiple of 16, or fewer rows than G); returns the group it has. */
 int weight_group_rows(void *m, int rows, int cols, size_t esize, int G);
 
+/* The parts of a rank's weights, as dcpinfer-plan reports them:
+ * attention (projections and norms), the feed-forward blocks every token
+ * runs (dense layers' MLP, MoE layers' shared experts, their norms), the
+ * routed experts with their router, the token embedding (read by row),
+ * and the final norm with the LM head. */
+typedef enum { WPART_ATTENTION, WPART_MLP, WPART_EXPERTS, WPART_EMBED, WPART_LM_HEAD, WPART_N } WeightPart;
+extern const char *const weight_part_names[WPART_N];
+
 /* Per-rank weights; shapes are the shard's (tp = 1: the full model's). The
  * matrices the GEMMs read are in the model's gemm_dtype, the rest fp32. */
 typedef struct {
@@ -195,6 +203,9 @@ typedef struct {
     void **owned;
     int n_owned;
     size_t bytes; /* all of this rank's weights, owned or mapped */
+    size_t part_bytes[WPART_N]; /* the same by part */
+    WeightPart part;            /* the part being loaded */
+    int sizing;                 /* model_size: counted, nothing allocated or read */
     void *map;
     size_t map_size;
 } Weights;
@@ -256,6 +267,17 @@ int model_load(Model *m, const char *path, int tp, int tp_rank);
  * matrices stored in groups of that many rows where they can be (see
  * WeightRef; the backend's gemm_row_group), 0: row after row. */
 int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group);
+
+/* What model_load_as would hold on this rank, without reading a weight:
+ * m's cfg, shard, gemm_dtype and w.bytes / w.part_bytes, nothing else
+ * (free with model_free). path: what model_load_as takes, or a bare
+ * config.json, whose tensors are taken to be stored as its
+ * quantization_config says (4-bit where its rules quantize a module, FP8
+ * for every matrix but the router under block-scaled FP8, as DeepSeek-V3's
+ * checkpoints store them) and otherwise as its torch_dtype. */
+int model_size(Model *m, const char *path, int tp, int tp_rank, const char *dtype);
+/* A config from whatever model_size takes. */
+int model_read_any_config(const char *path, Config *c);
 
 void model_free(Model *m);
 /* One line on how the loaded weights are stored: each kind of matrix's

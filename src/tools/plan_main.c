@@ -1,41 +1,353 @@
 /* dcpinfer-plan: what a model gets at a layout, before any hardware. It
- * takes dcpinfer's own options (the same parser) and sizes the KV cache
- * with the very functions a run uses (engine_kv_sizing, report_kv_cache),
- * so that its "KV cache size" and "Maximum concurrency" lines are those
- * dcpinfer prints for the same options. The model is a checkpoint (its
- * config is read, no weights) or a bare config.json. */
+ * takes dcpinfer's own options (the same parser) and sizes everything
+ * with the very functions a run uses: the weights by the loader itself in
+ * its counting mode (model_size), the KV cache by engine_kv_sizing and
+ * report_kv_cache, the collectives by engine_decode_comm. So its "KV cache
+ * size" and "Maximum concurrency" lines are those dcpinfer prints for the
+ * same options, and its weight bytes are a run's /memory/weight_bytes.
+ * The model is a checkpoint (its config and tensor headers are read, no
+ * weights) or a bare config.json. On top: what fits on the GPUs named,
+ * and a roofline estimate of a decode step, marked as one. */
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "engine.h"
+#include "kvcache.h"
 #include "options.h"
 #include "report.h"
 #include "topology.h"
 #include "util.h"
 
+/* A GPU's memory (bytes), HBM bandwidth and the bandwidth one GPU sends
+ * at to its peers in the node (bytes/s, one direction), as their makers
+ * publish them. */
+typedef struct {
+    const char *name;
+    double memory, hbm, link;
+} GpuPreset;
+
+static const GpuPreset presets[] = {
+    /* NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 80 GB HBM3 at
+     * 3.35 TB/s; NVLink 900 GB/s (both directions together) */
+    {"H100", 80e9, 3.35e12, 450e9},
+    /* NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: 141 GB HBM3e at
+     * 4.8 TB/s; NVLink 900 GB/s (both directions together) */
+    {"H200", 141e9, 4.8e12, 450e9},
+    /* NVIDIA DGX B200 datasheet: 1,440 GB of HBM3e at 64 TB/s over its 8
+     * GPUs; fifth-generation NVLink 1.8 TB/s per GPU (both directions) */
+    {"B200", 180e9, 8e12, 900e9},
+    /* AMD Instinct MI300X data sheet: 192 GB HBM3 at 5.3 TB/s; 7 Infinity
+     * Fabric links to the other GPUs of an 8-GPU platform, 896 GB/s in
+     * all (both directions together) */
+    {"MI300X", 192e9, 5.3e12, 448e9},
+};
+enum { N_PRESETS = sizeof presets / sizeof *presets };
+
+typedef struct {
+    int gpus;             /* 0: tp x dp */
+    const GpuPreset *gpu; /* NULL: none named */
+    size_t gpu_memory;    /* 0: the preset's, or unknown */
+    double utilization;   /* of gpu_memory for weights, KV and the reserve */
+    size_t reserve;       /* per GPU: activations, workspaces, the runtime */
+    int kv_given;         /* --kv-cache-memory on the command line: KV bytes per rank as given */
+    int sweep, json, input_len, output_len;
+} PlanOptions;
+
+/* What one layout gets. */
+typedef struct {
+    int tp, dcp, dp;
+    char refused[512];          /* why the layout is invalid; "" when valid */
+    size_t weights;             /* the largest rank's weight bytes */
+    size_t part[WPART_N];       /* that rank's by part */
+    size_t *rank_weights;       /* (tp) each TP rank's */
+    size_t usable, kv_memory;   /* per GPU: memory for weights, KV and reserve; KV bytes per rank */
+    int fits;                   /* -1: unknown (no GPU memory given) */
+    KvSizing kv;
+    int max_model_len;
+    int running;                /* requests at once: by KV capacity and --max-num-seqs */
+    long long layer_calls[COMM_N], layer_bytes[COMM_N], step_calls[COMM_N], step_bytes[COMM_N];
+    double read_weights, read_kv, sent, step_s, tokens_s; /* the estimate, per decode step */
+} Layout;
+
 static void usage(FILE *f)
 {
-    fprintf(f, "Usage: dcpinfer-plan [--model PATH] [-tp N] [-dcp N] [-dp N] [--kv-cache-memory BYTES]\n"
-               "                     [--kv-cache-dtype T] [--block-size B] [--max-model-len N]\n"
-               "                     [--cp-kv-cache-interleave-size I]\n"
-               "Prints the KV cache dcpinfer would have with the same options: blocks and MiB per\n"
-               "rank, the tokens the DCP group holds and the concurrency at --max-model-len.\n"
-               "PATH: a llama2.c .bin, a Hugging Face folder or its config.json; default: the\n"
-               "generated default model. The options mean what they mean to dcpinfer (its --help).\n");
+    fprintf(f,
+            "Usage: dcpinfer-plan --model PATH [--gpus N] [--gpu H100|H200|B200|MI300X] [--gpu-memory SIZE]\n"
+            "                     [--gpu-memory-utilization F] [--reserve SIZE] [-tp N] [-dcp N] [-dp N] [--sweep]\n"
+            "                     [--input-len N] [--output-len N] [--format table|json] [dcpinfer's options]\n"
+            "What a model gets at a layout without running it: each rank's weight bytes (by part), whether\n"
+            "it fits, the KV cache dcpinfer would have (its own 'KV cache size' and 'Maximum concurrency'\n"
+            "lines), the bytes each collective sends per decode step, and a roofline estimate of the step.\n"
+            "  --model PATH          a llama2.c .bin, a Hugging Face folder or a bare config.json (its\n"
+            "                        quantization_config and torch_dtype say how the weights are stored)\n"
+            "  --gpus N              GPUs in all, one rank each (default: tp x dp)\n"
+            "  --gpu NAME            memory, HBM and link bandwidth of an H100 (80 GB), H200 (141 GB),\n"
+            "                        B200 (180 GB) or MI300X (192 GB), from their data sheets\n"
+            "  --gpu-memory SIZE     memory per GPU (default: the preset's)\n"
+            "  --gpu-memory-utilization F  share of it for weights, KV cache and reserve (default 0.9)\n"
+            "  --reserve SIZE        per GPU, for activations, workspaces and the runtime (default 4G)\n"
+            "  --kv-cache-memory SIZE  KV bytes per rank as dcpinfer takes it (default with a GPU: what is\n"
+            "                        left of its memory; without: dcpinfer's default)\n"
+            "  --sweep               every layout of the GPUs: tp dividing them, dcp dividing tp\n"
+            "  --input-len N, --output-len N  the workload's requests (default: --max-model-len each)\n"
+            "  --format json         one JSON object with a \"layouts\" array, for scripts\n"
+            "The other options mean what they mean to dcpinfer (its --help).\n");
 }
 
-/* a config.json by itself, or whatever dcpinfer's --model takes */
-static int read_config(const char *path, Config *c)
+/* "--name" or "-name" or "--name=value": the option's name, else NULL */
+static const char *opt_name(const char *arg, char *buf, size_t n)
 {
-    size_t n = path ? strlen(path) : 0;
-    if (n < 5 || strcmp(path + n - 5, ".json") || path_is_dir(path)) return model_read_config(path, c);
-    size_t len;
-    char *text;
-    if (read_file(path, &text, &len)) return -1;
-    int rc = config_from_json(path, text, len, c);
-    free(text);
-    return rc;
+    if (arg[0] != '-') return NULL;
+    arg += arg[1] == '-' ? 2 : 1;
+    snprintf(buf, n, "%.*s", (int)strcspn(arg, "="), arg);
+    return buf;
+}
+
+/* Takes the plan's own options out of argv (the rest go to
+ * options_parse); 0, or -1 with dcp_error() set. */
+static int plan_options(int *argc, char **argv, PlanOptions *p)
+{
+    *p = (PlanOptions){.utilization = 0.9, .reserve = (size_t)4 << 30};
+    int out = 1;
+    for (int i = 1; i < *argc; i++) {
+        char name[64];
+        const char *n = opt_name(argv[i], name, sizeof name), *eq = strchr(argv[i], '=');
+        static const char *const takes_value[] = {"gpus", "gpu", "gpu-memory", "gpu-memory-utilization", "reserve",
+                                                  "input-len", "output-len", "format", NULL};
+        int known = -1;
+        for (int k = 0; n && takes_value[k]; k++)
+            if (!strcmp(n, takes_value[k])) known = k;
+        if (n && !strcmp(n, "kv-cache-memory")) p->kv_given = 1;
+        if (n && !strcmp(n, "sweep")) {
+            p->sweep = 1;
+            continue;
+        }
+        if (n && !strcmp(n, "enable-expert-parallel"))
+            return dcp_fail("--enable-expert-parallel: dcpinfer does not run expert parallelism yet, so there is "
+                            "nothing to plan for it");
+        if (known < 0) {
+            argv[out++] = argv[i];
+            continue;
+        }
+        const char *v = eq ? eq + 1 : i + 1 < *argc ? argv[++i] : NULL;
+        if (!v) return dcp_fail("--%s needs a value (see --help)", n);
+        char *end;
+        double d = strtod(v, &end);
+        switch (known) {
+        case 0:
+            if (*end || d < 1 || d > 1 << 20 || d != floor(d)) return dcp_fail("--gpus: '%s' is not a count of GPUs", v);
+            p->gpus = (int)d;
+            break;
+        case 1:
+            for (int k = 0; k < N_PRESETS && !p->gpu; k++)
+                if (!strncasecmp(v, presets[k].name, strlen(presets[k].name))) p->gpu = &presets[k];
+            if (!p->gpu) return dcp_fail("--gpu: '%s' is not one of H100, H200, B200, MI300X", v);
+            break;
+        case 2:
+            if (parse_bytes(v, &p->gpu_memory))
+                return dcp_fail("--gpu-memory: '%s' is not a size from 1K to 1P (e.g. 80G, 141000000000)", v);
+            break;
+        case 3:
+            if (*end || !(d > 0 && d <= 1)) return dcp_fail("--gpu-memory-utilization: '%s' is not in (0, 1]", v);
+            p->utilization = d;
+            break;
+        case 4:
+            if (parse_bytes(v, &p->reserve) && strcmp(v, "0"))
+                return dcp_fail("--reserve: '%s' is not a size (e.g. 4G, 0)", v);
+            if (!strcmp(v, "0")) p->reserve = 0;
+            break;
+        case 5:
+        case 6:
+            if (*end || d < 1 || d > 1 << 30 || d != floor(d))
+                return dcp_fail("--%s: '%s' is not a positive number of tokens", n, v);
+            *(known == 5 ? &p->input_len : &p->output_len) = (int)d;
+            break;
+        case 7:
+            if (strcmp(v, "table") && strcmp(v, "json")) return dcp_fail("--format: '%s' is not table or json", v);
+            p->json = !strcmp(v, "json");
+            break;
+        }
+    }
+    argv[out] = NULL;
+    *argc = out;
+    if (p->gpu && !p->gpu_memory) p->gpu_memory = (size_t)p->gpu->memory;
+    return 0;
+}
+
+/* Everything about layout L that does not need the hardware, and what fits. */
+static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
+{
+    Config cfg;
+    if (model_read_any_config(o->model, &cfg) ||
+        topology_check(&cfg, L->tp * L->dp, L->tp, L->dcp, L->dp, o->interleave, o->block_size) ||
+        options_max_model_len(o, &cfg, &L->max_model_len)) {
+        snprintf(L->refused, sizeof L->refused, "%s", dcp_error());
+        return;
+    }
+    L->rank_weights = xcalloc((size_t)L->tp, sizeof(size_t));
+    Model m;
+    for (int r = 0; r < L->tp; r++) {
+        if (model_size(&m, o->model, L->tp, r, o->dtype)) {
+            snprintf(L->refused, sizeof L->refused, "%s", dcp_error());
+            return;
+        }
+        L->rank_weights[r] = m.w.bytes;
+        if (m.w.bytes > L->weights || !r) {
+            L->weights = m.w.bytes;
+            memcpy(L->part, m.w.part_bytes, sizeof L->part);
+        }
+        if (r < L->tp - 1) model_free(&m);
+    }
+    /* KV bytes per rank: as given, else what the GPU's usable memory
+     * leaves after the largest rank's weights and the reserve */
+    L->fits = -1;
+    L->kv_memory = o->kv_cache_memory;
+    if (p->gpu_memory) {
+        L->usable = (size_t)(p->gpu_memory * p->utilization);
+        size_t taken = L->weights + p->reserve;
+        if (!p->kv_given) L->kv_memory = L->usable > taken ? L->usable - taken : 0;
+        L->fits = L->kv_memory > 0 && taken + L->kv_memory <= L->usable;
+    }
+    EngineOptions eo = {.kv_cache_memory = L->kv_memory, .block_size = o->block_size, .kv_dtype = options_kv_dtype(o)};
+    engine_kv_sizing(&m, L->dcp, &eo, &L->kv);
+    if (L->fits == 1 && L->kv.n_blocks < 1) L->fits = 0;
+    /* the workload's requests at once, each holding its whole length */
+    long long per = p->input_len || p->output_len ? (long long)p->input_len + p->output_len : L->max_model_len;
+    long long running = L->kv.capacity / per;
+    L->running = (int)(running < o->max_num_seqs ? running : o->max_num_seqs);
+    MergeBackend merge = strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A;
+    engine_decode_comm(&m, 0, L->dcp, merge, L->running > 0 ? L->running : 1, L->layer_calls, L->layer_bytes,
+                       L->step_calls, L->step_bytes);
+    /* The roofline: a step reads this rank's weights (the embedding only
+     * by row; of the routed experts, the share T tokens' top-k choices
+     * reach if spread evenly) and its shard of every running request's
+     * context, and sends its collectives; HBM and link bandwidth bound it. */
+    int T = L->running > 0 ? L->running : 1;
+    const MlaConfig *mc = &m.cfg.m;
+    double reach = mc->n_routed_experts ? 1 - pow(1 - (double)mc->experts_per_token / mc->n_routed_experts, T) : 1;
+    L->read_weights = (double)L->part[WPART_ATTENTION] + L->part[WPART_MLP] + L->part[WPART_LM_HEAD] +
+                      reach * L->part[WPART_EXPERTS];
+    double context = p->input_len || p->output_len ? p->input_len + p->output_len / 2.0 : L->max_model_len;
+    L->read_kv = (double)T * context / L->dcp * L->kv.bytes_per_token;
+    L->sent = 0;
+    for (int k = 0; k < COMM_N; k++) L->sent += (double)m.cfg.n_layers * L->layer_bytes[k] + L->step_bytes[k];
+    if (p->gpu && L->running > 0) {
+        L->step_s = (L->read_weights + L->read_kv) / p->gpu->hbm + L->sent / p->gpu->link;
+        L->tokens_s = L->dp * T / L->step_s;
+    }
+    model_free(&m);
+}
+
+static double gib(double b) { return b / 1073741824.0; }
+
+static void print_layout(const PlanOptions *p, const Layout *L)
+{
+    printf("# layout: tp %d, dcp %d, dp %d\n", L->tp, L->dcp, L->dp);
+    if (*L->refused) {
+        printf("# refused: %s\n", L->refused);
+        return;
+    }
+    printf("# weights per rank: %.2f GiB (attention %.2f, mlp %.2f, experts %.2f, embedding %.2f, LM head %.2f GiB)\n",
+           gib(L->weights), gib(L->part[WPART_ATTENTION]), gib(L->part[WPART_MLP]), gib(L->part[WPART_EXPERTS]),
+           gib(L->part[WPART_EMBED]), gib(L->part[WPART_LM_HEAD]));
+    printf("# weight bytes by TP rank:");
+    for (int r = 0; r < L->tp; r++) printf(" %zu", L->rank_weights[r]);
+    printf("\n");
+    if (L->fits >= 0)
+        printf("# fits: %s (%.2f GiB usable per GPU: weights %.2f + reserve %.2f + KV %.2f GiB; "
+               "--kv-cache-memory %zu)\n",
+               L->fits ? "yes" : "no", gib(L->usable), gib(L->weights), gib(p->reserve), gib(L->kv_memory),
+               L->kv_memory);
+    if (L->fits == 0) return;
+    report_kv_cache(&L->kv, L->dcp, L->max_model_len);
+    printf("# KV bytes per token per rank: %zu\n", L->kv.bytes_per_token);
+    int T = L->running > 0 ? L->running : 1;
+    printf("# decode step of %d request(s) at once, rank 0 sends per layer:", T);
+    int any = 0;
+    for (int k = 0; k < COMM_N; k++)
+        if (L->layer_calls[k])
+            printf("%s %s %lld B in %lld call(s)", any++ ? "," : "", comm_kind_names[k], L->layer_bytes[k],
+                   L->layer_calls[k]);
+    printf("%s; per step:", any ? "" : " nothing");
+    any = 0;
+    for (int k = 0; k < COMM_N; k++)
+        if (L->step_calls[k])
+            printf("%s %s %lld B in %lld call(s)", any++ ? "," : "", comm_kind_names[k], L->step_bytes[k],
+                   L->step_calls[k]);
+    printf("%s\n", any ? "" : " nothing");
+    if (L->step_s > 0)
+        printf("# estimate (roofline, %s): decode step %.2f ms = %.2f GB of weights + %.2f GB of KV at %.2f TB/s + "
+               "%.1f MB sent at %.0f GB/s; %.0f tokens/s\n",
+               p->gpu->name, L->step_s * 1e3, L->read_weights / 1e9, L->read_kv / 1e9, p->gpu->hbm / 1e12,
+               L->sent / 1e6, p->gpu->link / 1e9, L->tokens_s);
+}
+
+/* --sweep's table: one row per layout */
+static void print_sweep(const Layout *ls, int n)
+{
+    printf("# %3s %4s %3s %13s %5s %12s %12s %8s %14s %14s\n", "tp", "dcp", "dp", "weights/rank", "fits", "KV tokens",
+           "concurrency", "running", "step ms (est)", "tokens/s (est)");
+    for (int i = 0; i < n; i++) {
+        const Layout *L = &ls[i];
+        printf("  %3d %4d %3d ", L->tp, L->dcp, L->dp);
+        if (*L->refused) {
+            printf("refused: %s\n", L->refused);
+            continue;
+        }
+        printf("%9.2f GiB %5s ", gib(L->weights), L->fits < 0 ? "?" : L->fits ? "yes" : "no");
+        if (!L->fits) {
+            printf("\n");
+            continue;
+        }
+        printf("%12lld %11.2fx %8d", L->kv.capacity, (double)L->kv.capacity / L->max_model_len, L->running);
+        if (L->step_s > 0) printf(" %14.2f %14.0f", L->step_s * 1e3, L->tokens_s);
+        printf("\n");
+    }
+}
+
+static json_t *comm_json(const long long *calls, const long long *bytes)
+{
+    json_t *j = json_object();
+    for (int k = 0; k < COMM_N; k++)
+        if (calls[k]) json_object_set_new(j, comm_kind_names[k], json_pack("{s:I,s:I}", "calls", calls[k], "bytes", bytes[k]));
+    return j;
+}
+
+static json_t *layout_json(const Layout *L)
+{
+    json_t *j = json_pack("{s:i,s:i,s:i}", "tp", L->tp, "dcp", L->dcp, "dp", L->dp);
+    if (*L->refused) {
+        json_object_set_new(j, "refused", json_string(L->refused));
+        return j;
+    }
+    json_t *parts = json_object(), *ranks = json_array();
+    for (int k = 0; k < WPART_N; k++) json_object_set_new(parts, weight_part_names[k], json_integer((json_int_t)L->part[k]));
+    for (int r = 0; r < L->tp; r++) json_array_append_new(ranks, json_integer((json_int_t)L->rank_weights[r]));
+    json_object_set_new(j, "weight_bytes_per_rank", json_integer((json_int_t)L->weights));
+    json_object_set_new(j, "weight_bytes_by_part", parts);
+    json_object_set_new(j, "weight_bytes_by_tp_rank", ranks);
+    json_object_set_new(j, "fits", L->fits < 0 ? json_null() : json_boolean(L->fits));
+    json_object_set_new(j, "kv_cache_memory_per_rank", json_integer((json_int_t)L->kv_memory));
+    if (L->fits == 0) return j;
+    json_object_set_new(j, "kv_bytes_per_token_per_rank", json_integer((json_int_t)L->kv.bytes_per_token));
+    json_object_set_new(j, "kv_blocks_per_rank", json_integer(L->kv.n_blocks));
+    json_object_set_new(j, "block_size", json_integer(L->kv.block_size));
+    json_object_set_new(j, "kv_cache_tokens", json_integer(L->kv.capacity));
+    json_object_set_new(j, "max_model_len", json_integer(L->max_model_len));
+    json_object_set_new(j, "max_concurrency", json_real((double)L->kv.capacity / L->max_model_len));
+    json_object_set_new(j, "running_requests", json_integer(L->running));
+    json_object_set_new(j, "comm_per_layer", comm_json(L->layer_calls, L->layer_bytes));
+    json_object_set_new(j, "comm_per_step", comm_json(L->step_calls, L->step_bytes));
+    if (L->step_s > 0)
+        json_object_set_new(j, "estimate",
+                            json_pack("{s:f,s:f,s:f,s:f,s:f}", "decode_step_seconds", L->step_s, "tokens_per_second",
+                                      L->tokens_s, "weight_bytes_read", L->read_weights, "kv_bytes_read", L->read_kv,
+                                      "bytes_sent", L->sent));
+    return j;
 }
 
 int main(int argc, char **argv)
@@ -45,24 +357,64 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         }
+    PlanOptions p;
     Options o;
-    Config cfg;
-    int max_model_len;
-    if (options_parse(&o, argc, argv, OPTIONS_NO_PROMPTS) || read_config(o.model, &cfg) ||
-        topology_check(&cfg, o.tp * (o.dp ? o.dp : 1), o.tp, o.dcp, o.dp, o.interleave, o.block_size) ||
-        options_max_model_len(&o, &cfg, &max_model_len)) {
+    if (plan_options(&argc, argv, &p) || options_parse(&o, argc, argv, OPTIONS_NO_PROMPTS)) {
         fprintf(stderr, "dcpinfer-plan: %s\n", dcp_error());
         return 2;
     }
-    Model m;
-    memset(&m, 0, sizeof m);
-    m.cfg = cfg;
-    shard_init(&m.shard, &cfg, o.tp, 0);
-    EngineOptions eo = {.kv_cache_memory = o.kv_cache_memory, .block_size = o.block_size,
-                        .kv_dtype = options_kv_dtype(&o)};
-    KvSizing kv;
-    engine_kv_sizing(&m, o.dcp, &eo, &kv);
-    printf("# layout: tp %d, dcp %d, dp %d\n", o.tp, o.dcp, o.dp ? o.dp : 1);
-    report_kv_cache(&kv, o.dcp, max_model_len);
-    return 0;
+    int dp = o.dp ? o.dp : 1, gpus = p.gpus ? p.gpus : o.tp * dp;
+    if (p.gpus && !p.sweep && !o.dp) dp = p.gpus / o.tp;
+    if (!p.sweep && o.tp * dp != gpus) {
+        fprintf(stderr, "dcpinfer-plan: --gpus %d is not -tp %d x -dp %d\n", gpus, o.tp, dp);
+        return 2;
+    }
+    Config cfg;
+    if (model_read_any_config(o.model, &cfg)) { /* nothing to plan at any layout */
+        fprintf(stderr, "dcpinfer-plan: %s\n", dcp_error());
+        return 2;
+    }
+    Layout *ls = xcalloc((size_t)gpus * 64, sizeof(Layout));
+    int n = 0;
+    for (int tp = 1; tp <= gpus; tp++)
+        for (int dcp = 1; dcp <= tp; dcp++) {
+            if (p.sweep ? gpus % tp || tp % dcp : tp != o.tp || dcp != o.dcp) continue;
+            ls[n] = (Layout){.tp = tp, .dcp = dcp, .dp = p.sweep ? gpus / tp : dp};
+            plan_layout(&o, &p, &ls[n++]);
+        }
+    int bad = !p.sweep && *ls[0].refused;
+    if (bad) {
+        fprintf(stderr, "dcpinfer-plan: %s\n", ls[0].refused);
+    } else if (p.json) {
+        json_t *root = json_pack("{s:s,s:i}", "model", o.model ? o.model : "(generated default model)", "gpus", gpus),
+               *arr = json_array();
+        if (p.gpu)
+            json_object_set_new(root, "gpu", json_pack("{s:s,s:f,s:f}", "name", p.gpu->name, "hbm_bytes_per_second",
+                                                       p.gpu->hbm, "link_bytes_per_second", p.gpu->link));
+        if (p.gpu_memory) {
+            json_object_set_new(root, "gpu_memory", json_integer((json_int_t)p.gpu_memory));
+            json_object_set_new(root, "gpu_memory_utilization", json_real(p.utilization));
+            json_object_set_new(root, "reserve", json_integer((json_int_t)p.reserve));
+        }
+        for (int i = 0; i < n; i++) json_array_append_new(arr, layout_json(&ls[i]));
+        json_object_set_new(root, "layouts", arr);
+        json_dumpf(root, stdout, JSON_INDENT(1));
+        printf("\n");
+        json_decref(root);
+    } else {
+        printf("# model: %s (%d layers), %d GPU(s)", o.model ? o.model : "(generated default model)", cfg.n_layers,
+               gpus);
+        if (p.gpu)
+            printf(" %s: %.0f GB, %.2f TB/s HBM, %.0f GB/s link each way", p.gpu->name, p.gpu->memory / 1e9,
+                   p.gpu->hbm / 1e12, p.gpu->link / 1e9);
+        if (p.gpu_memory)
+            printf("; %.2f GiB x %.2f per GPU for weights, reserve %.2f GiB and KV", gib(p.gpu_memory), p.utilization,
+                   gib(p.reserve));
+        printf("\n");
+        if (p.sweep) print_sweep(ls, n);
+        else print_layout(&p, &ls[0]);
+    }
+    for (int i = 0; i < n; i++) free(ls[i].rank_weights);
+    free(ls);
+    return bad ? 2 : 0;
 }
