@@ -383,8 +383,9 @@ static int write_comm(hid_t f, const CommStats *stats, const RankReports *rep, i
 {
     hid_t g = group(f, "comm");
     if (g < 0) return dcp_fail("HDF5: cannot create /comm");
-    attr_str(g, "bytes", "bytes each rank sent: allreduce, q_allgather, lse_allgather, logits_gather, logprob_gather: count*4; "
-                         "reduce_scatter: N*recvcount*4; all_to_all: N*count*4; argmax: rows*8");
+    attr_str(g, "bytes", "bytes each rank sent (comm.h): tp_sum: 4*(count - s + (N-1)*s), s this rank's slice of count; "
+                         "q_allgather, merge_exchange, logits_gather: count*4; all_to_all: N*count*4; argmax: rows*8; "
+                         "logprob_gather: count*4 + rows*8");
     long long *calls = xmalloc(sizeof(long long) * (size_t)world), *bytes = xmalloc(sizeof(long long) * (size_t)world);
     double *secs = xmalloc(sizeof(double) * (size_t)world);
     int rc = 0;
