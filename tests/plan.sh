@@ -174,6 +174,50 @@ else
     fail "Llama-3.1-70B tp 8: the plan says '$got' weight bytes on rank 0, by hand $want"
 fi
 
+# --format json says what the table says; Kimi K2 Thinking's INT4 experts
+# by hand: 60 MoE layers of 384 experts, each rank 256 of 2,048 rows; gate
+# and up 256 x 7,168 nibbles with an fp32 scale per row and group of 32,
+# down 7,168 x 256 the same; the router fp32 (one float of slack per
+# vector, as the loader allocates it)
+checks=$((checks + 2))
+k2=(--model "$C/kimi-k2-thinking.config.json" --gpu H200 -tp 8 -dcp 8 --kv-cache-dtype bfloat16 --input-len 67000
+    --output-len 1000)
+"$PLAN" "${k2[@]}" >"$WORK/k2.table"
+"$PLAN" "${k2[@]}" --format json >"$WORK/k2.json"
+tokens=$(sed -n 's/^# KV cache size: \([0-9]*\) tokens/\1/p' "$WORK/k2.table")
+weights=$(sed -n 's/^# weight bytes by TP rank: \([0-9]*\) .*/\1/p' "$WORK/k2.table")
+if [ -n "$tokens" ] && grep -q "\"kv_cache_tokens\": $tokens," "$WORK/k2.json" &&
+    grep -q "\"weight_bytes_per_rank\": $weights," "$WORK/k2.json" && grep -q '"fits": true' "$WORK/k2.json" &&
+    grep -q '"decode_step_seconds"' "$WORK/k2.json"; then
+    pass "Kimi K2 Thinking on 8 H200 at tp 8 dcp 8: JSON and table agree ($tokens KV tokens, $weights weight bytes)"
+else
+    fail "Kimi K2 Thinking: the JSON does not say the table's $tokens tokens and $weights bytes"; cat "$WORK/k2.json" >&2
+fi
+expert=$(( 2 * (256 * 7168 / 2 + 256 * 224 * 4) + 7168 * 256 / 2 + 7168 * 8 * 4 ))
+want=$(( 60 * (384 * expert + (384 * 7168 + 1) * 4 + (384 + 1) * 4) ))
+if grep -q "\"experts\": $want," "$WORK/k2.json"; then
+    pass "Kimi K2 Thinking tp 8: $want bytes of routed experts and router per rank, as counted by hand"
+else
+    fail "Kimi K2 Thinking tp 8: by hand $want bytes of experts, the plan: $(grep '"experts"' "$WORK/k2.json")"
+fi
+
+# the plan's own options refuse what they cannot mean
+refuse() {
+    local why=$1; shift
+    checks=$((checks + 1))
+    "$PLAN" --model "$WORK/gqa" "$@" >"$WORK/refuse.out" 2>&1
+    local rc=$?
+    if [ "$rc" = 2 ] && grep -qF -- "$why" "$WORK/refuse.out"; then
+        pass "$*: refused: $(cat "$WORK/refuse.out")"
+    else
+        fail "$*: exit $rc: $(cat "$WORK/refuse.out")"
+    fi
+}
+refuse "--gpu: 'X100' is not one of H100, H200, B200, MI300X" --gpu X100
+refuse "--gpus 8 is not -tp 4 x -dp 4" --gpus 8 -tp 4 -dp 4
+refuse "--gpu-memory-utilization: '1.5' is not in (0, 1]" --gpu-memory-utilization 1.5
+refuse "dcpinfer does not run expert parallelism yet" --enable-expert-parallel
+
 # an architecture dcpinfer does not run is refused once, in its words
 checks=$((checks + 1))
 "$PLAN" --model "$C/qwen3-235b-a22b.config.json" --gpus 8 --sweep >"$WORK/qwen.plan" 2>&1

@@ -92,7 +92,8 @@ static void usage(FILE *f)
             "  --reserve SIZE        per GPU, for activations, workspaces and the runtime (default 4G)\n"
             "  --kv-cache-memory SIZE  KV bytes per rank as dcpinfer takes it (default with a GPU: what is\n"
             "                        left of its memory; without: dcpinfer's default)\n"
-            "  --sweep               every layout of the GPUs: tp dividing them, dcp dividing tp\n"
+            "  --sweep               every layout of the GPUs (instead of -tp, -dcp, -dp): tp dividing them,\n"
+            "                        dcp dividing tp, dp the rest\n"
             "  --input-len N, --output-len N  the workload's requests (default: --max-model-len each)\n"
             "  --format json         one JSON object with a \"layouts\" array, for scripts\n"
             "The other options mean what they mean to dcpinfer (its --help).\n");
@@ -139,7 +140,8 @@ static int plan_options(int *argc, char **argv, PlanOptions *p)
         double d = strtod(v, &end);
         switch (known) {
         case 0:
-            if (*end || d < 1 || d > 1 << 20 || d != floor(d)) return dcp_fail("--gpus: '%s' is not a count of GPUs", v);
+            if (*end || d < 1 || d > 1 << 16 || d != floor(d))
+                return dcp_fail("--gpus: '%s' is not a count of GPUs from 1 to 65536", v);
             p->gpus = (int)d;
             break;
         case 1:
@@ -374,14 +376,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "dcpinfer-plan: %s\n", dcp_error());
         return 2;
     }
-    Layout *ls = xcalloc((size_t)gpus * 64, sizeof(Layout));
-    int n = 0;
-    for (int tp = 1; tp <= gpus; tp++)
-        for (int dcp = 1; dcp <= tp; dcp++) {
-            if (p.sweep ? gpus % tp || tp % dcp : tp != o.tp || dcp != o.dcp) continue;
-            ls[n] = (Layout){.tp = tp, .dcp = dcp, .dp = p.sweep ? gpus / tp : dp};
-            plan_layout(&o, &p, &ls[n++]);
-        }
+    /* the layout asked for, or with --sweep every tp dividing the GPUs
+     * and every dcp dividing tp */
+    int n = 0, cap = 1;
+    for (int tp = 1; p.sweep && tp <= gpus; tp++)
+        for (int dcp = 1; !(gpus % tp) && dcp <= tp; dcp++) cap += !(tp % dcp);
+    Layout *ls = xcalloc((size_t)cap, sizeof(Layout));
+    if (!p.sweep) ls[n++] = (Layout){.tp = o.tp, .dcp = o.dcp, .dp = dp};
+    for (int tp = 1; p.sweep && tp <= gpus; tp++)
+        for (int dcp = 1; !(gpus % tp) && dcp <= tp; dcp++)
+            if (!(tp % dcp)) ls[n++] = (Layout){.tp = tp, .dcp = dcp, .dp = gpus / tp};
+    for (int i = 0; i < n; i++) plan_layout(&o, &p, &ls[i]);
     int bad = !p.sweep && *ls[0].refused;
     if (bad) {
         fprintf(stderr, "dcpinfer-plan: %s\n", ls[0].refused);
