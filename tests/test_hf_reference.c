@@ -2,7 +2,8 @@
  * tests/data/hf (written by tests/ref/make_hf_refs.py: Llama with llama3,
  * linear, yarn and rope_parameters-style RoPE, Mistral with a sliding
  * window shorter than the prompt, Qwen2 with biases, Qwen3 with q/k norms,
- * Llama with MLP and attention biases) and under tests/data/deepseek
+ * Llama with MLP and attention biases, Qwen3-MoE with 8 experts of which 2
+ * per token) and under tests/data/deepseek
  * (tests/ref/make_deepseek_refs.py: DeepSeek-V3 with q_lora_rank, YaRN and
  * 8 experts in 4 groups, DeepSeek-V2 without q_lora_rank and with softmax
  * routing), dcpinfer's logits at every prompt
@@ -18,7 +19,7 @@
 
 static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/linear",
                               "hf/yarn",          "hf/mistral_window",  "hf/qwen2_bias",
-                              "hf/qwen3_qk_norm", "hf/mlp_bias",        "deepseek/v3_yarn",
+                              "hf/qwen3_qk_norm", "hf/mlp_bias",        "hf/qwen3_moe",       "deepseek/v3_yarn",
                               "deepseek/v2_softmax", "deepseek/v3_fp8", "deepseek/v3_int4", "deepseek/v3_nvfp4",
                               "deepseek/v3_nvfp4_modelopt"};
 

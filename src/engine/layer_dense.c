@@ -1,14 +1,16 @@
-/* The Llama family's decoder layer (Llama, Mistral, Qwen2, Qwen3):
- * grouped-query attention with optional q/k/v/o biases, per-head q/k norms
- * and a sliding window, then a SwiGLU feed-forward block. Under TP the
- * Q/K/V and gate/up projections are column-parallel (this rank's heads and
- * hidden rows), o_proj and down_proj row-parallel, summed over the group. */
+/* The Llama family's decoder layer (Llama, Mistral, Qwen2, Qwen3,
+ * Qwen3-MoE): grouped-query attention with optional q/k/v/o biases,
+ * per-head q/k norms and a sliding window, then a SwiGLU feed-forward
+ * block, or Qwen3-MoE's mixture of experts (moe.c). Under TP the Q/K/V and
+ * gate/up projections are column-parallel (this rank's heads and hidden
+ * rows), o_proj and down_proj row-parallel, summed over the group. */
 #include "layer_dense.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe.h"
 #include "util.h"
 
 /* One layer's weights as the backend holds them; shapes are this rank's
@@ -20,6 +22,8 @@ typedef struct {
     WeightRef wo;           /* (dim, q_heads*head_dim) as Shard.chunks column chunks */
     const float *rms_ffn;   /* (dim) */
     SwiGlu ffn;             /* (hidden, dim) x 2, (dim, hidden) as column chunks */
+    MoeWeights moe;         /* instead, Qwen3-MoE's experts (is_moe) */
+    int is_moe;
     /* NULL unless the config has them (Weights in model.h) */
     const float *bq, *bk, *bv, *bo, *b_down, *q_norm, *k_norm;
     int sliding;            /* this layer attends within the sliding window */
@@ -34,6 +38,7 @@ typedef struct {
     /* scratch for cap tokens */
     int cap;
     float *q, *k, *v, *att, *lse, *hb, *hb2;
+    MoeScratch moe;
 } Dense;
 
 static void dense_attn_shape(const Model *m, AttnShape *a)
@@ -59,8 +64,12 @@ static void *dense_load(const LayerEnv *env)
     const float *rms_att = upload_vector(env, u, h->rms_att, L * dim), *rms_ffn = upload_vector(env, u, h->rms_ffn, L * dim);
     WeightRef wq = upload_matrix(env, u, h->wq, L * qd * dim), wk = upload_matrix(env, u, h->wk, L * kvd * dim),
               wv = upload_matrix(env, u, h->wv, L * kvd * dim), wo = upload_matrix(env, u, h->wo, L * dim * qd),
-              gate = upload_matrix(env, u, h->w_gate, L * hid * dim), up = upload_matrix(env, u, h->w_up, L * hid * dim),
-              down = upload_matrix(env, u, h->w_down, L * dim * hid);
+              gate = {0}, up = {0}, down = {0};
+    if (!h->moe) {
+        gate = upload_matrix(env, u, h->w_gate, L * hid * dim);
+        up = upload_matrix(env, u, h->w_up, L * hid * dim);
+        down = upload_matrix(env, u, h->w_down, L * dim * hid);
+    }
     /* the optional vectors: biases and q/k norms, one row per layer */
     const float *const host_vec[] = {h->bq, h->bk, h->bv, h->bo, h->b_gate, h->b_up, h->b_down, h->q_norm, h->k_norm};
     const size_t per_layer[] = {qd, kvd, kvd, dim, hid, hid, dim, D, D};
@@ -80,6 +89,11 @@ static void *dense_load(const LayerEnv *env)
         lw->wk = weight_at(wk, l * kvd * dim);
         lw->wv = weight_at(wv, l * kvd * dim);
         lw->wo = weight_at(wo, l * dim * qd);
+        lw->is_moe = h->moe != NULL;
+        if (lw->is_moe) {
+            moe_load(env, u, &h->moe[l], &lw->moe);
+            continue;
+        }
         lw->ffn.gate = weight_at(gate, l * hid * dim);
         lw->ffn.up = weight_at(up, l * hid * dim);
         lw->ffn.down = weight_at(down, l * dim * hid);
@@ -94,6 +108,7 @@ static void free_scratch(const LayerEnv *env, Dense *d)
         if (*bufs[i]) env->be->release(*bufs[i]);
         *bufs[i] = NULL;
     }
+    moe_free_scratch(env, &d->moe);
     d->cap = 0;
 }
 
@@ -102,6 +117,7 @@ static void dense_release(const LayerEnv *env, void *state)
     Dense *d = state;
     free_scratch(env, d);
     uploads_release(env, &d->up);
+    for (int l = 0; l < env->model->cfg.n_layers; l++) moe_free(&d->layer[l].moe);
     free(d->layer);
     free(d->rope_host);
     free(d);
@@ -114,7 +130,8 @@ static void dense_reserve(const LayerEnv *env, void *state, int T)
     free_scratch(env, d);
     const Shard *s = &env->model->shard;
     size_t t = (size_t)T, D = (size_t)env->model->cfg.head_dim, f = sizeof(float);
-    size_t qd = (size_t)s->q_heads * D, kvd = (size_t)s->kv_heads * D, hid = s->hidden ? (size_t)s->hidden : 1;
+    size_t qd = (size_t)s->q_heads * D, kvd = (size_t)s->kv_heads * D,
+           hid = s->hidden && !env->model->w.moe ? (size_t)s->hidden : 1; /* experts: their own scratch */
     const Backend *be = env->be;
     d->q = be->alloc(f * t * qd);
     d->k = be->alloc(f * t * kvd);
@@ -123,12 +140,13 @@ static void dense_reserve(const LayerEnv *env, void *state, int T)
     d->lse = be->alloc(f * t * (size_t)s->q_heads);
     d->hb = be->alloc(f * t * hid);
     d->hb2 = be->alloc(f * t * hid);
+    if (env->model->w.moe) moe_reserve(env, &d->moe, T);
     d->cap = T;
 }
 
 static void dense_forward(const LayerEnv *env, void *state, int l)
 {
-    const Dense *d = state;
+    Dense *d = state;
     const DenseLayer *lw = &d->layer[l];
     const Config *c = &env->model->cfg;
     const Shard *s = &env->model->shard;
@@ -157,9 +175,11 @@ static void dense_forward(const LayerEnv *env, void *state, int l)
     layer_matmul_rows(env, env->parts, d->att, lw->wo, T, qd, dim);
     layer_residual(env, lw->bo, T);
 
-    /* feed-forward block: column-parallel gate/up, row-parallel down */
+    /* feed-forward block: column-parallel gate/up, row-parallel down; or
+     * the experts, each split the same way */
     be->rmsnorm(env->xb, env->x, lw->rms_ffn, T, dim, c->norm_eps);
-    layer_swiglu(env, &lw->ffn, env->parts, env->xb, T, s->hidden, d->hb, d->hb2);
+    if (lw->is_moe) moe_forward(env, &lw->moe, &d->moe, env->parts, env->xb, T);
+    else layer_swiglu(env, &lw->ffn, env->parts, env->xb, T, s->hidden, d->hb, d->hb2);
     layer_residual(env, lw->b_down, T);
 }
 

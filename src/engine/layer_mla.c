@@ -93,7 +93,7 @@ static void *mla_load(const LayerEnv *env)
         lw->uv = upload_f32_matrix(env, u, uv, H * vd * kvl);
         lw->is_moe = MLA_MOE_LAYER(c, l);
         if (lw->is_moe) {
-            moe_load(env, u, l, &lw->moe);
+            moe_load(env, u, &hl->moe, &lw->moe);
         } else {
             size_t hid = (size_t)s->hidden;
             lw->ffn = (SwiGlu){.gate = upload_matrix(env, u, hl->gate, hid * dim),

@@ -6,11 +6,10 @@
 
 #include "util.h"
 
-void moe_load(const LayerEnv *env, Uploads *u, int layer, MoeWeights *w)
+void moe_load(const LayerEnv *env, Uploads *u, const MoeLayer *h, MoeWeights *w)
 {
     const Config *c = &env->model->cfg;
     const Shard *s = &env->model->shard;
-    const MlaLayer *h = &env->model->w.mla[layer];
     size_t E = (size_t)c->m.n_routed_experts, per = (size_t)s->moe_hidden * c->dim;
     w->router = upload_f32_matrix(env, u, h->router, E * (size_t)c->dim);
     w->router_bias = h->router_bias ? upload_vector(env, u, h->router_bias, E) : NULL;
@@ -66,7 +65,7 @@ void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float 
         P = T * K, chunks = env->model->shard.chunks, cin = mh / chunks;
     MoeRouting r = {.experts = E, .per_token = K, .groups = m->n_group > 0 ? m->n_group : 1,
                     .topk_group = m->topk_group, .v3 = m->v3,
-                    .grouped = m->v3 || m->route == ROUTE_GROUP_LIMITED_GREEDY, .norm_topk = m->v3 && m->norm_topk_prob,
+                    .grouped = m->v3 || m->route == ROUTE_GROUP_LIMITED_GREEDY, .norm_topk = m->norm_topk_prob,
                     .scaling = m->routed_scaling_factor};
     layer_matmul(env, s->logits, x, w->router, T, dim, E);
     /* routing, the experts' GEMMs and the weighted sum all stay on the

@@ -1,4 +1,4 @@
-/* A mixture-of-experts feed-forward block (DeepSeek-V2/V3): a router picks
+/* A mixture-of-experts feed-forward block (DeepSeek-V2/V3, Qwen3-MoE): a router picks
  * each token's experts, the step's (token, expert) pairs are grouped by
  * expert and the experts' SwiGLU blocks run as grouped GEMMs over them;
  * outputs are added, weighted, in expert order, then the shared experts'.
@@ -30,8 +30,8 @@ typedef struct {
     int *rows, *slots, *start;
 } MoeScratch;
 
-/* Layer l's experts (a MoE layer of the model) into the backend. */
-void moe_load(const LayerEnv *env, Uploads *u, int layer, MoeWeights *w);
+/* A MoE layer's weights as loaded (model.h) into the backend. */
+void moe_load(const LayerEnv *env, Uploads *u, const MoeLayer *h, MoeWeights *w);
 void moe_free(MoeWeights *w);
 void moe_reserve(const LayerEnv *env, MoeScratch *s, int T);
 void moe_free_scratch(const LayerEnv *env, MoeScratch *s);

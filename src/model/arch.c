@@ -12,13 +12,14 @@
 #include "util.h"
 
 const Arch arch_table[] = {
-    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window  mla family */
-    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0, FAMILY_DENSE, NULL},
-    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0, FAMILY_DENSE, NULL},
-    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL},
-    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL},
-    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1, FAMILY_MLA, NULL},
-    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2, FAMILY_MLA, "kimi_k2"},
+    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window  mla family alias moe */
+    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0, FAMILY_DENSE, NULL, 0},
+    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0, FAMILY_DENSE, NULL, 0},
+    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 0},
+    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 0},
+    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1, FAMILY_MLA, NULL, 0},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2, FAMILY_MLA, "kimi_k2", 0},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", 0,     1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 1},
 };
 const int arch_count = (int)(sizeof arch_table / sizeof *arch_table);
 
@@ -278,6 +279,7 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
     int method = get_choice(root, "topk_method", v3 ? v3_methods : v2_methods, arch, path);
     if (method < 0 || get_choice(root, "scoring_func", v3 ? v3_scores : v2_scores, arch, path) < 0) return -1;
     m.route = v3 ? ROUTE_NOAUX_TC : (RouteMethod)method;
+    if (!v3) m.norm_topk_prob = 0; /* transformers' DeepSeek-V2 weights its top-k as scored, whatever it says */
     if (m.n_routed_experts > 0) {
         if (m.experts_per_token <= 0 || m.experts_per_token > m.n_routed_experts || m.moe_hidden <= 0)
             return dcp_fail("%s: num_experts_per_tok %d must be from 1 to n_routed_experts %d, and "
@@ -491,6 +493,42 @@ static int is_wrapper(json_t *root)
     return (name && !strcmp(name, WRAPPER_NAME)) || (type && !strcmp(type, "kimi_k25"));
 }
 
+/* Qwen3-MoE's experts into c->m: every layer a mixture of num_experts
+ * of moe_intermediate_size rows, num_experts_per_tok per token by softmax
+ * scores (renormalized when norm_topk_prob), no shared experts. */
+static int read_qwen_moe(json_t *root, const char *arch, const char *path, Config *c)
+{
+    MlaConfig *m = &c->m;
+    memset(m, 0, sizeof *m);
+    m->n_group = m->topk_group = m->moe_layer_freq = 1;
+    m->routed_scaling_factor = 1.0f;
+    m->route = ROUTE_GREEDY;
+    int step = 1;
+    json_t *only = json_object_get(root, "mlp_only_layers");
+    static const char *required[] = {"num_experts", "num_experts_per_tok", "moe_intermediate_size"};
+    int *req[] = {&m->n_routed_experts, &m->experts_per_token, &m->moe_hidden};
+    for (int i = 0; i < 3; i++) {
+        json_t *v = json_object_get(root, required[i]);
+        if (!v || json_is_null(v)) return dcp_fail("%s: missing \"%s\"", path, required[i]);
+        if (get_int(root, required[i], req[i], path)) return -1;
+    }
+    if (get_int(root, "decoder_sparse_step", &step, path) || get_bool(root, "norm_topk_prob", &m->norm_topk_prob, path))
+        return -1;
+    if (m->n_routed_experts < 1 || m->n_routed_experts > 1 << 16 || m->experts_per_token < 1 ||
+        m->experts_per_token > m->n_routed_experts || m->moe_hidden < 1 || m->moe_hidden > 1 << 20)
+        return dcp_fail("%s: num_experts %d (1 to 65536), num_experts_per_tok %d (1 to num_experts) and "
+                        "moe_intermediate_size %d (1 to 2^20) out of range",
+                        path, m->n_routed_experts, m->experts_per_token, m->moe_hidden);
+    if (step != 1 || (only && !json_is_null(only) && (!json_is_array(only) || json_array_size(only))))
+        return dcp_fail("%s: %s with dense layers (decoder_sparse_step %d, mlp_only_layers) is not supported: "
+                        "dcpinfer runs every layer's feed-forward block as its experts",
+                        path, arch, step);
+    json_t *q = json_object_get(root, "quantization_config");
+    if (q && !json_is_null(q))
+        return dcp_fail("%s: quantization_config is not supported for %s (bf16 or fp32 checkpoints)", path, arch);
+    return 0;
+}
+
 int arch_read_config(const char *path, const char *text, size_t len, Config *c)
 {
     json_error_t jerr;
@@ -571,6 +609,7 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
                  c->dim, c->n_heads);
         goto out;
     }
+    if (a->moe && read_qwen_moe(root, a->name, path, c)) goto out;
     c->qkv_bias = a->qkv_bias || attention_bias;
     c->o_bias = attention_bias;
     c->mlp_bias = mlp_bias;

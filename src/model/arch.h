@@ -37,6 +37,8 @@ typedef struct {
     int mla;                 /* DeepSeek: 1 for V2 (softmax router), 2 for V3 (sigmoid with a correction bias) */
     LayerFamily family;
     const char *alias;       /* another model_type of the same architecture (Kimi K2's "kimi_k2"), or NULL */
+    int moe;                 /* reads num_experts...: every layer's feed-forward block a mixture of experts
+                              * (Qwen3-MoE's softmax router, no shared experts) */
 } Arch;
 
 extern const Arch arch_table[];

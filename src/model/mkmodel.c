@@ -48,7 +48,14 @@ int mkmodel_check_spec(const ModelSpec *s)
             return dcp_fail("DeepSeek shape: kv-lora-rank, qk dims (rope even), v-head-dim and moe-hidden must be "
                             "positive, experts-per-token at most experts, n-group dividing the experts (V3: two per "
                             "group) and topk-group at most n-group");
-    } else if (s->fp8_block || s->int4_group || s->nvfp4) {
+    } else if (a->moe) {
+        const MlaConfig *m = &s->mla;
+        if (m->n_routed_experts < 1 || m->experts_per_token < 1 || m->experts_per_token > m->n_routed_experts ||
+            m->moe_hidden < 1 || m->n_shared_experts)
+            return dcp_fail("Qwen3-MoE shape: experts and moe-hidden positive, experts-per-token at most experts, no "
+                            "shared experts");
+    }
+    if (!a->mla && (s->fp8_block || s->int4_group || s->nvfp4)) {
         return dcp_fail("--quant: only for deepseek_v2 / deepseek_v3 models");
     }
     if (!!s->fp8_block + !!s->int4_group + !!s->nvfp4 > 1) return dcp_fail("--quant: one format per model");
@@ -79,6 +86,19 @@ void mkmodel_mla_defaults(ModelSpec *s)
     if (!m->routed_scaling_factor) m->routed_scaling_factor = m->v3 ? 2.5f : 1.0f;
     m->route = m->v3 ? ROUTE_NOAUX_TC : m->n_group > 1 ? ROUTE_GROUP_LIMITED_GREEDY : ROUTE_GREEDY;
     m->rope_interleave = 1;
+}
+
+void mkmodel_moe_defaults(ModelSpec *s)
+{
+    MlaConfig *m = &s->mla;
+    if (!m->n_routed_experts) m->n_routed_experts = 8;
+    if (m->n_shared_experts < 0) m->n_shared_experts = 0;
+    if (!m->experts_per_token) m->experts_per_token = 2;
+    if (!m->moe_hidden) m->moe_hidden = 32;
+    m->n_group = m->topk_group = m->moe_layer_freq = 1;
+    m->routed_scaling_factor = 1.0f;
+    m->route = ROUTE_GREEDY;
+    m->norm_topk_prob = 1; /* as Qwen3-MoE's releases */
 }
 
 void mkmodel_config(const ModelSpec *s, Config *c)
@@ -118,6 +138,10 @@ void mkmodel_config(const ModelSpec *s, Config *c)
     c->n_eos = 0;
     if (s->eos >= 0) c->eos_ids[c->n_eos++] = s->eos;
     c->format = FORMAT_GENERATED;
+    if (a->moe) { /* as arch.c reads it back */
+        c->m = s->mla;
+        c->format = FORMAT_HF;
+    }
     if (a->mla) { /* as arch.c reads it back */
         c->mla = 1;
         c->m = s->mla;

@@ -43,5 +43,7 @@ void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out);
 
 /* DeepSeek defaults for what the options left at 0 (small, 8 experts in 4 groups). */
 void mkmodel_mla_defaults(ModelSpec *s);
+/* Qwen3-MoE's: 8 experts of 32 rows, 2 per token, renormalized */
+void mkmodel_moe_defaults(ModelSpec *s);
 
 #endif

@@ -85,6 +85,12 @@ static int write_config_json(const ModelSpec *s, const char *dir)
     write_rope(f, s);
     if (a->attention_bias) fprintf(f, "  \"attention_bias\": %s,\n", s->attention_bias ? "true" : "false");
     if (a->mlp_bias) fprintf(f, "  \"mlp_bias\": %s,\n", s->mlp_bias ? "true" : "false");
+    if (a->moe)
+        fprintf(f,
+                "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
+                "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
+                s->mla.n_routed_experts, s->mla.experts_per_token, s->mla.moe_hidden,
+                s->mla.norm_topk_prob ? "true" : "false");
     if (a->window == WINDOW_ALL) {
         if (s->sliding_window) fprintf(f, "  \"sliding_window\": %d,\n", s->sliding_window);
         else fprintf(f, "  \"sliding_window\": null,\n");
@@ -267,18 +273,36 @@ static float quantize_fp4(const float *v, int rows, int cols, int modelopt, uint
     return g;
 }
 
-/* bf16: every tensor the quantization leaves is BF16 (values rounded to
- * nearest even), as a bf16 checkpoint (Kimi K2.x's) stores them */
-static int write_mla(const ModelSpec *s, const char *dir, int bf16)
+/* A Qwen3-MoE layer's tensors as named ones: the dense family's of the
+ * layer (attention, norms), then its experts (moe_tensors) */
+static int moe_layer_tensors(const Config *c, int l, MlaTensor *mt)
+{
+    int n = 0;
+    for (int k = T_RMS_ATT; k < T_COUNT; k++) {
+        if (!tensor_is_per_layer((TensorKind)k) || !tensor_present(c, (TensorKind)k)) continue;
+        int rows, cols;
+        tensor_full_shape(c, (TensorKind)k, &rows, &cols);
+        int vector = k == T_RMS_ATT || k == T_RMS_FFN || k >= T_BQ;
+        mt[n] = (MlaTensor){.rows = vector ? 0 : rows, .cols = cols};
+        tensor_hf_name((TensorKind)k, l, mt[n++].name, sizeof mt->name);
+    }
+    return n + moe_tensors(c, NULL, l, NULL, mt + n);
+}
+
+/* A DeepSeek or Qwen3-MoE model's tensors by name, values by name
+ * (mla_values). bf16: every tensor the quantization leaves is BF16
+ * (values rounded to nearest even), as a bf16 checkpoint (Kimi K2.x's)
+ * stores them */
+static int write_named(const ModelSpec *s, const char *dir, int bf16)
 {
     Config c;
     mkmodel_config(s, &c);
-    MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(&c));
-    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(4 * mla_max_tensors(&c) * c.n_layers + 8));
+    MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)(mla_max_tensors(&c) + T_COUNT));
+    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(4 * (mla_max_tensors(&c) + T_COUNT) * c.n_layers + 8));
     int n = 0, B = s->fp8_block, G = s->int4_group;
     t[n++] = (NamedTensor){"model.embed_tokens.weight", c.vocab_size, c.dim, NT_F32};
     for (int l = 0; l < c.n_layers; l++) {
-        int k = mla_tensors(&c, NULL, l, NULL, mt);
+        int k = c.mla ? mla_tensors(&c, NULL, l, NULL, mt) : moe_layer_tensors(&c, l, mt);
         for (int i = 0; i < k; i++) {
             int matrix = mt[i].rows && !strstr(mt[i].name, "mlp.gate.weight");
             NamedTensor x = {"", mt[i].rows, mt[i].cols, NT_F32};
@@ -485,10 +509,11 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
 int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
 {
     if (mkmodel_check_spec(s)) return -1;
-    if (arch_table[s->arch].mla) {
-        if (shards > 1) return dcp_fail("DeepSeek models are written as one file");
+    const Arch *a = &arch_table[s->arch];
+    if (a->mla || a->moe) {
+        if (shards > 1) return dcp_fail("DeepSeek and Qwen3-MoE models are written as one file");
         if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
-        return write_mla_config(s, dir) || write_mla(s, dir, bf16) ? -1 : 0;
+        return (a->mla ? write_mla_config(s, dir) : write_config_json(s, dir)) || write_named(s, dir, bf16) ? -1 : 0;
     }
     if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
     if (write_config_json(s, dir)) return -1;

@@ -35,7 +35,7 @@ void shard_init(Shard *s, const Config *c, int tp, int tp_rank)
     }
     balanced_part(c->hidden_dim, tp, tp_rank, &s->hidden0, &s->hidden);
     balanced_part(c->vocab_size, tp, tp_rank, &s->vocab0, &s->vocab);
-    if (c->mla) {
+    if (c->mla || c->m.n_routed_experts) {
         balanced_part(c->m.moe_hidden, tp, tp_rank, &s->moe_hidden0, &s->moe_hidden);
         balanced_part(c->m.moe_hidden * c->m.n_shared_experts, tp, tp_rank, &s->shared_hidden0, &s->shared_hidden);
     }
@@ -47,8 +47,10 @@ void canonical_order(const Config *c, int *k_chunks, int *key_shards)
 {
     int kv = c->mla ? 1 : c->n_kv_heads, p = 16;
     for (; p > 1; p /= 2) {
-        int ok = c->n_heads % p == 0 && (kv % p == 0 || p % kv == 0) && c->hidden_dim % p == 0;
-        if (c->mla) ok &= c->m.moe_hidden % p == 0 && c->m.v_head_dim > 0;
+        int ok = c->n_heads % p == 0 && (kv % p == 0 || p % kv == 0) &&
+                 (c->hidden_dim % p == 0 || !tensor_present(c, T_GATE));
+        if (c->mla) ok &= c->m.v_head_dim > 0;
+        if (c->mla || c->m.n_routed_experts) ok &= c->m.moe_hidden % p == 0;
         if (ok) break;
     }
     *k_chunks = p;
@@ -249,7 +251,23 @@ int model_read_config(const char *path, Config *cfg)
     return read_llama2c_config(path, cfg);
 }
 
-/* ---- DeepSeek-V2/V3 tensors --------------------------------------------- */
+/* ---- DeepSeek-V2/V3 and Qwen3-MoE tensors ----------------------------- */
+
+/* In mla_tensors and moe_tensors: a tensor, its rows [r0, r0+nr) and
+ * columns [c0, c0+nc) held here, into the fp32 array *d or the matrix *mt
+ * (at its element at) */
+#define PUT(nm, r, cl, d, mt, at, total, r0, nr, c0, nc)                                                          \
+    do {                                                                                                          \
+        out[n] = (MlaTensor){.rows = (r), .cols = (cl), .dst = (d), .mat = (mt), .mat_at = (at),                  \
+                             .mat_n = (total), .row0 = (r0), .nrows = (nr), .col0 = (c0), .ncols = (nc),          \
+                             .chunks = 1};                                                                        \
+        snprintf(out[n].name, sizeof out[n].name, "model.layers.%d.%s", l, nm);                                   \
+        n++;                                                                                                      \
+    } while (0)
+#define SLICE(nm, r, cl, d, r0, nr, c0, nc) PUT(nm, r, cl, d, NULL, 0, 0, r0, nr, c0, nc)
+#define MSLICE(nm, r, cl, mt, r0, nr, c0, nc) PUT(nm, r, cl, NULL, mt, 0, (size_t)(nr) * (nc), r0, nr, c0, nc)
+#define ADD(nm, r, cl, d) SLICE(nm, r, cl, d, 0, (r) ? (r) : 1, 0, cl)
+#define MADD(nm, r, cl, mt) MSLICE(nm, r, cl, mt, 0, r, 0, cl)
 
 /* Each tensor of layer l of an MLA model: its name, shape and where its
  * weights go (dst may be NULL when only checking); returns the count. */
@@ -268,20 +286,6 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
         s = &whole;
     }
     int hq = s->q_heads, h0 = s->q_head0;
-    /* a tensor, its rows [r0, r0+nr) and columns [c0, c0+nc) held here,
-     * into the fp32 array *d or the matrix *mt (at its element at) */
-#define PUT(nm, r, cl, d, mt, at, total, r0, nr, c0, nc)                                                          \
-    do {                                                                                                          \
-        out[n] = (MlaTensor){.rows = (r), .cols = (cl), .dst = (d), .mat = (mt), .mat_at = (at),                  \
-                             .mat_n = (total), .row0 = (r0), .nrows = (nr), .col0 = (c0), .ncols = (nc),          \
-                             .chunks = 1};                                                                        \
-        snprintf(out[n].name, sizeof out[n].name, "model.layers.%d.%s", l, nm);                                   \
-        n++;                                                                                                      \
-    } while (0)
-#define SLICE(nm, r, cl, d, r0, nr, c0, nc) PUT(nm, r, cl, d, NULL, 0, 0, r0, nr, c0, nc)
-#define MSLICE(nm, r, cl, mt, r0, nr, c0, nc) PUT(nm, r, cl, NULL, mt, 0, (size_t)(nr) * (nc), r0, nr, c0, nc)
-#define ADD(nm, r, cl, d) SLICE(nm, r, cl, d, 0, (r) ? (r) : 1, 0, cl)
-#define MADD(nm, r, cl, mt) MSLICE(nm, r, cl, mt, 0, r, 0, cl)
     ADD("input_layernorm.weight", 0, dim, &w->rms_att);
     ADD("post_attention_layernorm.weight", 0, dim, &w->rms_ffn);
     if (m->q_lora_rank) {
@@ -304,6 +308,23 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
         out[n - 1].chunks = s->chunks;
         return n;
     }
+    return n + moe_tensors(c, s, l, &w->moe, out + n);
+}
+
+int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *out)
+{
+    const MlaConfig *m = &c->m;
+    MoeLayer dummy;
+    if (!w) {
+        memset(&dummy, 0, sizeof dummy);
+        w = &dummy;
+    }
+    Shard whole;
+    if (!s) {
+        shard_init(&whole, c, 1, 0);
+        s = &whole;
+    }
+    int n = 0, dim = c->dim;
     ADD("mlp.gate.weight", m->n_routed_experts, dim, &w->router);
     if (m->v3) ADD("mlp.gate.e_score_correction_bias", 0, m->n_routed_experts, &w->router_bias);
     for (int e = 0; e < m->n_routed_experts; e++) {
@@ -447,9 +468,10 @@ int model_check_checkpoint(const char *path, const Config *c)
     if (open_checkpoint(&ck, path, c)) return -1;
     /* every tensor the config implies, with its shape */
     int n_names = 0, rc = 0;
-    size_t per_layer = c->mla ? 3 * (size_t)mla_max_tensors(c) : T_COUNT; /* MLA: and quantization's */
+    int named = c->mla || c->m.n_routed_experts; /* tensors by name: MLA layers, Qwen3-MoE's experts */
+    size_t per_layer = named ? 3 * (size_t)mla_max_tensors(c) + T_COUNT : T_COUNT; /* and quantization's */
     char (*names)[160] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
-    MlaTensor *mt = c->mla ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
+    MlaTensor *mt = named ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
     QuantRules *rules = NULL;
     QuantFormat qf = {0};
     if (c->mla && quant_format(c, &qf)) {
@@ -457,8 +479,8 @@ int model_check_checkpoint(const char *path, const Config *c)
         snprintf(cfg, sizeof cfg, "%s/config.json", path);
         if (!(rules = quant_rules_read(cfg))) rc = -1;
     }
-    for (int l = 0; c->mla && l < c->n_layers && !rc; l++) {
-        int n = mla_tensors(c, NULL, l, NULL, mt);
+    for (int l = 0; named && l < c->n_layers && !rc; l++) {
+        int n = c->mla ? mla_tensors(c, NULL, l, NULL, mt) : moe_tensors(c, NULL, l, NULL, mt);
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&ck, mt[i].name);
             int vector = mt[i].rows == 0;
@@ -973,42 +995,53 @@ static StDtype stored_dtype(const Source *src, const MlaTensor *mt)
     return c->stored_bf16 ? ST_BF16 : ST_F32;
 }
 
-/* Every layer of an MLA model: this rank's shard of it. */
-static int load_mla(Source *src, Model *m)
+/* The named tensors mt[0..n) of a layer (mla_tensors, moe_tensors) into
+ * this rank's storage: matrices in their stored formats (load_mla_matrix),
+ * vectors and kv_b in fp32. */
+static int load_named(Source *src, Model *m, const MlaTensor *mt, int n)
 {
     const Config *c = &m->cfg;
     Weights *w = &m->w;
-    w->mla = xcalloc((size_t)c->n_layers, sizeof(MlaLayer));
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        w->part = mla_part(mt[i].name);
+        StTensor stand_in = {.dtype = src->bare ? stored_dtype(src, &mt[i]) : ST_F32};
+        const StTensor *t = src->bare ? &stand_in : st_find(&src->ck, mt[i].name);
+        char packed[160];
+        snprintf(packed, sizeof packed, "%.*s.weight_packed", (int)strlen(mt[i].name) - 7, mt[i].name);
+        if (!t && !(t = st_find(&src->ck, packed)))
+            return dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
+        if (mt[i].mat) {
+            rc = load_mla_matrix(src, m, &mt[i], t);
+            continue;
+        }
+        float *to = *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
+        if (w->sizing) continue;
+        char sc[160];
+        snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
+        if (t->dtype == ST_F8_E4M3) /* kv_b: dequantized here, this rank's slice only */
+            rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt[i].row0,
+                                    mt[i].nrows, mt[i].col0, mt[i].ncols, to);
+        else if (t->dtype == ST_I32 || t->dtype == ST_U8) /* a 4-bit kv_b: the same, through its stored form */
+            rc = read_nibbles_as_f32(src, &mt[i], t, to);
+        else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, to);
+    }
+    return rc;
+}
+
+/* Every layer of an MLA model, or the MoE blocks of a Qwen3-MoE model:
+ * this rank's shard of them. */
+static int load_layers(Source *src, Model *m)
+{
+    const Config *c = &m->cfg;
+    Weights *w = &m->w;
+    if (c->mla) w->mla = xcalloc((size_t)c->n_layers, sizeof(MlaLayer));
+    else w->moe = xcalloc((size_t)c->n_layers, sizeof(MoeLayer));
     MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(c));
     int rc = 0;
-    for (int l = 0; l < c->n_layers && !rc; l++) {
-        int n = mla_tensors(c, &m->shard, l, &w->mla[l], mt);
-        for (int i = 0; i < n && !rc; i++) {
-            w->part = mla_part(mt[i].name);
-            StTensor stand_in = {.dtype = src->bare ? stored_dtype(src, &mt[i]) : ST_F32};
-            const StTensor *t = src->bare ? &stand_in : st_find(&src->ck, mt[i].name);
-            char packed[160];
-            snprintf(packed, sizeof packed, "%.*s.weight_packed", (int)strlen(mt[i].name) - 7, mt[i].name);
-            if (!t && !(t = st_find(&src->ck, packed))) {
-                rc = dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
-                break;
-            }
-            if (mt[i].mat) {
-                rc = load_mla_matrix(src, m, &mt[i], t);
-                continue;
-            }
-            float *to = *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
-            if (w->sizing) continue;
-            char sc[160];
-            snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
-            if (t->dtype == ST_F8_E4M3) /* kv_b: dequantized here, this rank's slice only */
-                rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt[i].row0,
-                                        mt[i].nrows, mt[i].col0, mt[i].ncols, to);
-            else if (t->dtype == ST_I32 || t->dtype == ST_U8) /* a 4-bit kv_b: the same, through its stored form */
-                rc = read_nibbles_as_f32(src, &mt[i], t, to);
-            else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, to);
-        }
-    }
+    for (int l = 0; l < c->n_layers && !rc; l++)
+        rc = load_named(src, m, mt,
+                        c->mla ? mla_tensors(c, &m->shard, l, &w->mla[l], mt) : moe_tensors(c, &m->shard, l, &w->moe[l], mt));
     free(mt);
     return rc;
 }
@@ -1033,10 +1066,12 @@ void model_weights_summary(const Model *m, char *buf, size_t n)
     for (int l = 0; w->mla && l < c->n_layers; l++) { /* the first layer of each kind says */
         const MlaLayer *ml = &w->mla[l];
         if (!*a) format_name(c, ml->o, a, sizeof a);
-        if (!*e && ml->e_gate.data) format_name(c, ml->e_gate, e, sizeof e);
+        if (!*e && ml->moe.e_gate.data) format_name(c, ml->moe.e_gate, e, sizeof e);
         if (!*d && ml->gate.data) format_name(c, ml->gate, d, sizeof d);
     }
-    if (!w->mla) format_name(c, w->wq, a, sizeof a), format_name(c, w->w_gate, d, sizeof d);
+    if (!w->mla) format_name(c, w->wq, a, sizeof a);
+    if (!w->mla && w->w_gate.data) format_name(c, w->w_gate, d, sizeof d);
+    if (w->moe) format_name(c, w->moe[0].e_gate, e, sizeof e);
     format_name(c, w->lm_head, h, sizeof h);
     double mib = w->bytes / 1048576.0;
     snprintf(buf, n, "%d layers; attention %s%s%s%s%s, LM head %s; %.*f %s on this rank%s", c->n_layers, a,
@@ -1163,7 +1198,7 @@ static int load(Model *m, const char *path, int tp, int tp_rank, const char *dty
         int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim);
         w->part = WPART_LM_HEAD;
         rc = rc || load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
-             load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim) || load_mla(&src, m);
+             load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim) || load_layers(&src, m);
         source_close(&src);
         if (rc) model_free(m);
         return rc ? -1 : 0;
@@ -1177,10 +1212,13 @@ static int load(Model *m, const char *path, int tp, int tp_rank, const char *dty
          load_matrix(&src, m, &w->wv, T_WV, s->kv_head0 * D, s->kv_heads * D, 0, dim) ||
          load_matrix_chunked(&src, m, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D, s->chunks);
     w->part = WPART_MLP;
-    rc = rc || load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim) ||
-         load_matrix(&src, m, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
-         load_matrix(&src, m, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
-         load_matrix_chunked(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden, s->chunks);
+    rc = rc || load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim);
+    if (c->m.n_routed_experts) /* Qwen3-MoE: every layer's feed-forward block is one */
+        rc = rc || load_layers(&src, m);
+    else
+        rc = rc || load_matrix(&src, m, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
+             load_matrix(&src, m, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
+             load_matrix_chunked(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden, s->chunks);
     /* a tied LM head that is the whole embedding in the GEMM type is the
      * embedding itself: one copy */
     w->part = WPART_LM_HEAD;
@@ -1229,6 +1267,7 @@ int model_size(Model *m, const char *path, int tp, int tp_rank, const char *dtyp
 void model_free(Model *m)
 {
     free(m->w.mla);
+    free(m->w.moe);
     if (m->w.map) munmap(m->w.map, m->w.map_size);
     for (int i = 0; i < m->w.n_owned; i++) free(m->w.owned[i]);
     free(m->w.owned);

@@ -133,6 +133,17 @@ float weight_value(WeightRef w, size_t i);
  * quantized ones as stored (FP8, INT4, NVFP4), the others in the model's
  * gemm_dtype (fp32 or bf16); kv_b (folded into the attention at load,
  * layer_mla.c) and the router are fp32. */
+/* A mixture-of-experts block's weights (DeepSeek's MoE layers, Qwen3-MoE's
+ * layers): this rank's moe_hidden rows of each routed expert. */
+typedef struct {
+    float *router, *router_bias;         /* (experts, dim); (experts), DeepSeek-V3 only */
+    /* the routed experts of each kind as one stack, expert e's matrix at
+     * weight_at(e_gate, e * moe_hidden * dim): (moe_hidden, dim), ...,
+     * (dim, moe_hidden) */
+    WeightRef e_gate, e_up, e_down;
+    WeightRef s_gate, s_up, s_down;      /* shared experts: (moe_hidden*n_shared, dim), ...; data NULL when none */
+} MoeLayer;
+
 typedef struct {
     float *rms_att, *rms_ffn;            /* (dim) */
     WeightRef q_a, q_b;                  /* (q_lora, dim), (H*(nope+rope), q_lora); q_lora_rank > 0 */
@@ -142,12 +153,7 @@ typedef struct {
     float *kv_a_norm, *kv_b;             /* (kv_lora), (H*(nope+v), kv_lora) */
     WeightRef o;                         /* (dim, H*v) */
     WeightRef gate, up, down;            /* dense feed-forward: (hidden, dim), (hidden, dim), (dim, hidden) */
-    float *router, *router_bias;         /* MoE: (experts, dim); (experts), V3 only */
-    /* MoE: the routed experts of each kind as one stack, expert e's
-     * matrix at weight_at(e_gate, e * moe_hidden * dim): (moe_hidden,
-     * dim), ..., (dim, moe_hidden) */
-    WeightRef e_gate, e_up, e_down;
-    WeightRef s_gate, s_up, s_down;      /* shared experts: (moe_hidden*n_shared, dim), ...; data NULL when none */
+    MoeLayer moe;                        /* a MoE layer's */
 } MlaLayer;
 
 /* Where row r's first element is, and how many elements apart its steps
@@ -197,6 +203,7 @@ typedef struct {
     float *b_down;          /* (layer, dim): added once, after the TP sum */
     float *q_norm, *k_norm; /* (layer, head_dim) */
     MlaLayer *mla;          /* DeepSeek-V2/V3: per layer, instead of the stacks above */
+    MoeLayer *moe;          /* Qwen3-MoE: per layer, instead of w_gate, w_up, w_down */
     /* Buffers to release: weights are copied into these as shards, except
      * whole f32 tensors of a llama2.c file, which point into its mapping
      * (kept until model_free), and a tied LM head that is the embedding. */
@@ -245,6 +252,9 @@ typedef struct {
     int chunks; /* row-parallel: the columns read as this many (nrows, ncols / chunks) matrices in turn */
 } MlaTensor;
 int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out);
+/* The same for layer l's mixture-of-experts block (MLA_MOE_LAYER) alone:
+ * router, routed and shared experts */
+int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *out);
 int mla_max_tensors(const Config *c);
 
 /* Reads shapes only (cheap): llama2.c .bin header or HF config.json.

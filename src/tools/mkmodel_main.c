@@ -29,7 +29,9 @@ static void usage(FILE *f)
             "  --eos N           end-of-sequence token id (default: none)\n"
             "Hugging Face architectures (hf format):\n"
             "  --arch A          llama (default), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms),\n"
-            "                    deepseek_v2 or deepseek_v3 (latent attention and experts, below)\n"
+            "                    qwen3_moe (qwen3 with experts: --experts, --experts-per-token,\n"
+            "                    --moe-hidden, defaults 8, 2, 32, renormalized), deepseek_v2 or\n"
+            "                    deepseek_v3 (latent attention and experts, below)\n"
             "  --head-dim N      head size when it is not dim / heads\n"
             "  --attention-bias  q/k/v/o biases (llama, qwen3)\n"
             "  --mlp-bias        gate/up/down biases (llama)\n"
@@ -116,8 +118,8 @@ int main(int argc, char **argv)
             for (int i = 0; i < arch_count; i++)
                 if (!strcmp(optarg, arch_table[i].model_type)) found = i;
             if (found < 0) {
-                fprintf(stderr, "dcpinfer-mkmodel: --arch %s: choose llama, mistral, qwen2, qwen3, deepseek_v2 or "
-                                "deepseek_v3\n",
+                fprintf(stderr, "dcpinfer-mkmodel: --arch %s: choose llama, mistral, qwen2, qwen3, qwen3_moe, "
+                                "deepseek_v2 or deepseek_v3\n",
                         optarg);
                 return 2;
             }
@@ -181,6 +183,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (arch_table[s.arch].mla) mkmodel_mla_defaults(&s);
+    if (arch_table[s.arch].moe) mkmodel_moe_defaults(&s);
     if (quant && !strcmp(quant, "fp8-block")) {
         if (!s.fp8_block) s.fp8_block = 128;
     } else if (quant && !strcmp(quant, "int4-w4a16")) {

@@ -12,7 +12,8 @@ model:
   greedy.txt   the GREEDY token ids transformers generates greedily after the prompt
 tests/test_hf_reference.c compares dcpinfer with these files.
 
-Usage: python3 tests/ref/make_hf_refs.py [BUILD_DIR]   (needs torch, transformers >= 5)
+Usage: python3 tests/ref/make_hf_refs.py [BUILD_DIR [CASE ...]]   (needs torch, transformers >= 5)
+(CASE ...: only those, the others' files left as they are)
 """
 import os
 import subprocess
@@ -42,13 +43,19 @@ CASES = {
                    "1000000"],
     "qwen3_qk_norm": ["--arch", "qwen3", "--head-dim", "16", "--attention-bias"],
     "mlp_bias": ["--mlp-bias", "--attention-bias"],
+    # every feed-forward block 8 experts of 32 rows, 2 per token by softmax, renormalized
+    "qwen3_moe": ["--arch", "qwen3_moe", "--head-dim", "16", "--experts", "8", "--experts-per-token", "2",
+                  "--moe-hidden", "32"],
 }
 
 
 def main():
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+    only = sys.argv[2:]
     for name, extra in CASES.items():
+        if only and name not in only:
+            continue
         d = os.path.join(OUT, name)
         subprocess.run([os.path.join(BUILD, "dcpinfer-mkmodel"), "--out", d, "--seed", "77"] + SHAPE + extra,
                        check=True, stdout=subprocess.DEVNULL)

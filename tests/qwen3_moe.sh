@@ -1,0 +1,42 @@
+#!/bin/sh
+# Qwen3-MoE (every feed-forward block a mixture of experts, routed by
+# softmax and renormalized) gives transformers' 32 greedy tokens after its
+# 320-token prompt (tests/data/hf/qwen3_moe, tests/ref/make_hf_refs.py) at
+# one rank and at every kind of layout: its experts split by TP, its KV
+# cache by DCP (4 query heads share each of 2 KV heads), DP, chunked
+# prefill and a second request in the same steps. The plan's weight bytes
+# are the run's.
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+M=$SRC/tests/data/hf/qwen3_moe
+want=$(tr -s ' \n' ',' <"$M/greedy.txt" | sed 's/,$//')
+printf '{"id": "ref", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0, "ignore_eos": true}\n' \
+    "$(tr -s ' \n' ',' <"$M/prompt.txt" | sed 's/,$//')" >"$WORK/p.jsonl"
+printf '{"id": "b", "prompt_token_ids": [7, 7, 7, 1, 150, 3], "max_tokens": 20, "temperature": 0, "ignore_eos": true}\n' \
+    >>"$WORK/p.jsonl"
+ids() { grep "\"id\":\"$2\"" "$1" | grep -o '"token_ids":\[[^]]*\]' | sed 's/.*\[//; s/\]//'; }
+run_dcp one --model "$M" --output "$WORK/one.jsonl" "$WORK/p.jsonl"
+other=$(ids "$WORK/one.jsonl" b)
+for layout in "1 --max-num-batched-tokens 64" "2 -tp 2" "4 -tp 4 -dcp 2 --max-num-batched-tokens 100" \
+    "8 -tp 8 -dcp 4 --dcp-comm-backend a2a" "4 -tp 2 -dp 2" "8 -tp 4 -dcp 2 -dp 2 --max-num-batched-tokens 64"; do
+    checks=$((checks + 1))
+    np=${layout%% *}
+    name=$(echo "$layout" | tr -d ' -')
+    NP=$np run_dcp "$name" --model "$M" --max-num-seqs 4 ${layout#"$np"} --output "$WORK/$name.jsonl" "$WORK/p.jsonl"
+    if [ "$(cat "$WORK/$name.rc")" = 0 ] && [ "$(ids "$WORK/$name.jsonl" ref)" = "$want" ] && [ -n "$other" ] &&
+        [ "$(ids "$WORK/$name.jsonl" b)" = "$other" ]; then
+        pass "${layout#"$np" }: transformers' 32 greedy tokens, and one rank's for the second request"
+    else
+        fail "${layout#"$np" }: exit $(cat "$WORK/$name.rc"), '$(ids "$WORK/$name.jsonl" ref)' vs '$want'"
+        cat "$WORK/$name.err" >&2
+    fi
+done
+checks=$((checks + 1))
+NP=4 run_dcp w --model "$M" -tp 4 -dcp 2 --output "$WORK/w.h5" "$WORK/p.jsonl"
+plan=$("$BUILD/dcpinfer-plan" --model "$M" -tp 4 -dcp 2 | sed -n 's/^# weight bytes by TP rank: //p')
+run=$(h5_numbers "$WORK/w.h5" /memory/weight_bytes | tr '\n' ' ' | sed 's/ $//')
+if [ -n "$plan" ] && [ "$plan" = "$run" ]; then
+    pass "-tp 4 -dcp 2: the plan's weight bytes per rank are the run's ($run)"
+else
+    fail "-tp 4 -dcp 2: the plan says '$plan' weight bytes per rank, the run '$run'"
+fi
+finish
