@@ -269,22 +269,23 @@ int model_read_config(const char *path, Config *cfg)
 #define ADD(nm, r, cl, d) SLICE(nm, r, cl, d, 0, (r) ? (r) : 1, 0, cl)
 #define MADD(nm, r, cl, mt) MSLICE(nm, r, cl, mt, 0, r, 0, cl)
 
+/* s, or the whole model's shard (tp 1) in *whole when s is NULL */
+static const Shard *shard_or_whole(const Config *c, const Shard *s, Shard *whole)
+{
+    if (!s) shard_init(whole, c, 1, 0);
+    return s ? s : whole;
+}
+
 /* Each tensor of layer l of an MLA model: its name, shape and where its
  * weights go (dst may be NULL when only checking); returns the count. */
 int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out)
 {
     const MlaConfig *m = &c->m;
-    MlaLayer dummy;
-    if (!w) {
-        memset(&dummy, 0, sizeof dummy);
-        w = &dummy;
-    }
+    MlaLayer dummy = {0}; /* where nothing is loaded: only names and shapes are wanted */
+    if (!w) w = &dummy;
     int n = 0, H = c->n_heads, qk = m->qk_nope_head_dim + m->qk_rope_head_dim, dim = c->dim;
     Shard whole;
-    if (!s) {
-        shard_init(&whole, c, 1, 0);
-        s = &whole;
-    }
+    s = shard_or_whole(c, s, &whole);
     int hq = s->q_heads, h0 = s->q_head0;
     ADD("input_layernorm.weight", 0, dim, &w->rms_att);
     ADD("post_attention_layernorm.weight", 0, dim, &w->rms_ffn);
@@ -314,16 +315,10 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
 int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *out)
 {
     const MlaConfig *m = &c->m;
-    MoeLayer dummy;
-    if (!w) {
-        memset(&dummy, 0, sizeof dummy);
-        w = &dummy;
-    }
+    MoeLayer dummy = {0}; /* where nothing is loaded: only names and shapes are wanted */
+    if (!w) w = &dummy;
     Shard whole;
-    if (!s) {
-        shard_init(&whole, c, 1, 0);
-        s = &whole;
-    }
+    s = shard_or_whole(c, s, &whole);
     int n = 0, dim = c->dim;
     ADD("mlp.gate.weight", m->n_routed_experts, dim, &w->router);
     if (m->v3) ADD("mlp.gate.e_score_correction_bias", 0, m->n_routed_experts, &w->router_bias);
