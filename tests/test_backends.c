@@ -710,7 +710,7 @@ static void device_step_counts(void)
         Uploads u = {0};
         MoeWeights w = {0};
         MoeScratch sc = {0};
-        moe_load(&env, &u, l, &w);
+        moe_load(&env, &u, &m.w.mla[l].moe, &w);
         moe_reserve(&env, &sc, T);
         float *dx = be->alloc(sizeof(float) * T * dim);
         be->upload(dx, x, sizeof(float) * T * dim);
