@@ -127,12 +127,6 @@ static inline size_t weight_tables(WeightRef w, size_t n)
  * element times its scale, in fp32, as the kernels widen it. */
 float weight_value(WeightRef w, size_t i);
 
-/* One layer of a DeepSeek-V2/V3 model, this rank's shard: q_b/q and kv_b
- * by heads, o_proj by its head columns, the feed-forward and each expert
- * by intermediate rows; the rest whole. The matrices the GEMMs read are
- * quantized ones as stored (FP8, INT4, NVFP4), the others in the model's
- * gemm_dtype (fp32 or bf16); kv_b (folded into the attention at load,
- * layer_mla.c) and the router are fp32. */
 /* A mixture-of-experts block's weights (DeepSeek's MoE layers, Qwen3-MoE's
  * layers): this rank's moe_hidden rows of each routed expert. */
 typedef struct {
@@ -144,6 +138,12 @@ typedef struct {
     WeightRef s_gate, s_up, s_down;      /* shared experts: (moe_hidden*n_shared, dim), ...; data NULL when none */
 } MoeLayer;
 
+/* One layer of a DeepSeek-V2/V3 model, this rank's shard: q_b/q and kv_b
+ * by heads, o_proj by its head columns, the feed-forward and each expert
+ * by intermediate rows; the rest whole. The matrices the GEMMs read are
+ * quantized ones as stored (FP8, INT4, NVFP4), the others in the model's
+ * gemm_dtype (fp32 or bf16); kv_b (folded into the attention at load,
+ * layer_mla.c) and the router are fp32. */
 typedef struct {
     float *rms_att, *rms_ffn;            /* (dim) */
     WeightRef q_a, q_b;                  /* (q_lora, dim), (H*(nope+rope), q_lora); q_lora_rank > 0 */
@@ -238,9 +238,10 @@ void canonical_order(const Config *c, int *k_chunks, int *key_shards);
  * i1" where tp or dcp does not divide them. Returns 1 when canonical. */
 int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf, size_t n);
 
-/* The tensors of layer l of an MLA model: name, full shape, this rank's
- * slice of it (s; NULL: whole) and where its values go in w (may be NULL);
- * out holds mla_max_tensors(c); returns the count. */
+/* The tensors of layer l of an MLA model (or of a MoE block alone,
+ * moe_tensors): name, full shape, this rank's slice of it (s; NULL: whole)
+ * and where its values go in w (may be NULL); out holds
+ * mla_max_tensors(c); returns the count. */
 typedef struct {
     char name[128];
     int rows, cols; /* rows 0: a vector of cols */
