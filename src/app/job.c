@@ -466,6 +466,7 @@ static int read_inputs(Run *r)
     Config *cfg = &r->cfg;
     if (failed_anywhere(model_read_config(o->model, cfg) || model_check_checkpoint(o->model, cfg) ||
                             topology_check(cfg, r->world_size, o->tp, o->dcp, o->dp, o->interleave, o->block_size) ||
+                            (o->expert_parallel && expert_parallel_check(cfg, r->world_size)) ||
                             check_step_tokens(o, cfg, r->world_size) ||
                             requests_check_vocab(&r->rs, cfg->vocab_size, o->skip_invalid),
                         world))
@@ -542,7 +543,7 @@ static int make_identity(Run *r)
     /* the layout itself is not part of it: canonical layouts give the same
      * bits (docs/design.md, "Same bits at any layout") */
     char order[64];
-    reduction_order(&r->cfg, o->tp, o->dcp, o->interleave, order, sizeof order);
+    reduction_order(&r->cfg, o->tp, o->dcp, o->interleave, o->expert_parallel, order, sizeof order);
     identity_set(id, ID_reduction_order, "%s", order);
     return EXIT_OK;
 }
@@ -596,12 +597,15 @@ static int load_model(Run *r)
     if (failed_anywhere(r->be->host_memory && check_host_kv_memory(o->kv_cache_memory), r->world))
         return EXIT_RUN_FAILED;
     topology_init(&r->topo, r->world, o->tp, o->dcp, o->interleave);
+    if (o->expert_parallel) topology_enable_ep(&r->topo);
     r->topo_ready = 1;
     double t0 = now_s();
     const char *load_dtype = r->id.v[ID_dtype];
     /* bf16 matrices in the row groups the backend reads fastest (CPU: AVX2) */
     int bf16_group = r->be->gemm_row_group ? r->be->gemm_row_group(DTYPE_BF16) : 0;
-    if (failed_anywhere(model_load_as(&r->model, o->model, r->topo.tp, r->topo.tp_rank, load_dtype, bf16_group),
+    if (failed_anywhere(model_load_ep(&r->model, o->model, r->topo.tp, r->topo.tp_rank, r->topo.expert_parallel ? r->topo.ep : 0,
+                                      r->topo.ep_rank,
+                                      load_dtype, bf16_group),
                         r->world))
         return EXIT_RUN_FAILED;
     if (r->tok) config_add_eos(&r->model.cfg, r->tok->eos_id);
@@ -627,11 +631,16 @@ static int load_model(Run *r)
         printf("# weights: %s (rank 0)\n", weights);
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
                r->world_size, t->dp, t->tp, t->dcp, t->interleave, o->dcp_comm_backend, r->mpi_buffers);
+        if (t->expert_parallel)
+            printf("# expert parallel: %d routed experts over %d rank(s), %d whole experts each; shared experts and "
+                   "dense layers tensor-parallel\n",
+                   cfg->m.n_routed_experts, t->ep, r->model.shard.experts);
         char order[64];
-        if (reduction_order(cfg, t->tp, t->dcp, t->interleave, order, sizeof order))
-            printf("# reduction order: %s (K chunks, key shards, interleave): the same bits at every layout with tp "
-                   "dividing %d, dcp dividing %d and this interleave\n",
-                   order, r->model.shard.k_chunks, r->model.shard.key_shards);
+        if (reduction_order(cfg, t->tp, t->dcp, t->interleave, t->expert_parallel, order, sizeof order))
+            printf("# reduction order: %s (K chunks, key shards, interleave%s): the same bits at every layout with tp "
+                   "dividing %d, dcp dividing %d and this interleave%s\n",
+                   order, t->expert_parallel ? ", whole experts" : "", r->model.shard.k_chunks,
+                   r->model.shard.key_shards, t->expert_parallel ? ", with --enable-expert-parallel" : "");
         else
             printf("# reduction order: %s: -tp %d -dcp %d do not divide the model's %d K chunks and %d key shards, so "
                    "the bits equal those of this layout only\n",
@@ -667,7 +676,32 @@ typedef struct {
     long long kv_peak, capacity;
     int block_size, kv_blocks;
     CommStats comm;
+    /* expert parallelism (rank 0): every expert's tokens, every rank's idle passes */
+    MoeReport moe;
+    long long *expert_tokens, *idle_steps;
+    double *idle_seconds;
 } Generated;
+
+/* Expert parallelism's counts to rank 0: each expert's tokens from its
+ * owner, each rank's idle passes. */
+static void gather_moe(Run *r, const Engine *e, Generated *g)
+{
+    const Topology *t = &r->topo;
+    const Config *c = &r->model.cfg;
+    if (!t->expert_parallel) return;
+    size_t n = (size_t)c->n_layers * (size_t)c->m.n_routed_experts, W = (size_t)r->world_size;
+    if (r->rank == 0) {
+        g->expert_tokens = xmalloc(sizeof(long long) * n);
+        g->idle_steps = xmalloc(sizeof(long long) * W);
+        g->idle_seconds = xmalloc(sizeof(double) * W);
+    }
+    DCP_CHECK(MPI_Reduce(e->moe_counts.received, g->expert_tokens, (int)n, MPI_LONG_LONG, MPI_SUM, 0, r->world));
+    DCP_CHECK(MPI_Gather(&e->moe_counts.idle_steps, 1, MPI_LONG_LONG, g->idle_steps, 1, MPI_LONG_LONG, 0, r->world));
+    DCP_CHECK(MPI_Gather(&e->moe_counts.idle_seconds, 1, MPI_DOUBLE, g->idle_seconds, 1, MPI_DOUBLE, 0, r->world));
+    g->moe = (MoeReport){.layers = c->n_layers, .experts = c->m.n_routed_experts, .ep = t->ep,
+                         .expert_tokens = g->expert_tokens, .idle_steps = g->idle_steps,
+                         .idle_seconds = g->idle_seconds};
+}
 
 /* This rank's DP group's requests, less those done earlier, through the
  * engine; every group's results and steps to rank 0. */
@@ -718,6 +752,7 @@ static void generate_all(Run *r, Generated *g)
     g->kv_peak = gs.kv_positions_peak * (long long)engine_kv_bytes_per_token(&eng);
     g->block_size = eng.att.pool.block_size;
     g->kv_blocks = eng.att.pool.n_blocks;
+    gather_moe(r, &eng, g);
     engine_free(&eng);
     g->res = xcalloc((size_t)(rs->n ? rs->n : 1), sizeof(Result));
     for (int j = 0; j < mine.n; j++) g->res[index[j]] = mine_res[j];
@@ -763,6 +798,7 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
         if (r->world_size > 1) report_comm(all_comm, all_kv, r->world_size);
     }
     report_steps(g->steps, g->step_dp, g->n_steps, r->topo.dp, g->kv_blocks);
+    if (g->moe.expert_tokens) report_moe(&g->moe, r->world_size);
     if (o->prefix_caching) report_prefix_cache(rs, res, r->done);
     long long w_max = 0, kv_max = 0, rss_max = 0;
     for (int k = 0; k < r->world_size; k++) {
@@ -788,7 +824,7 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
                     .cpu_kernels = r->cpu_kernels, .seed = o->seed, .prompts_path = o->prompts, .identity = identity,
                     .resumed_requests = r->n_done, .run_tokens = run_tokens, .run_requests = run_requests,
                     .reasoning_parser = o->reasoning_parser};
-    RankReports rep = {r->ranks, all_tm, all_comm, all_kv, all_w, all_rss};
+    RankReports rep = {r->ranks, all_tm, all_comm, all_kv, all_w, all_rss, g->moe.expert_tokens ? &g->moe : NULL};
     StepReport sr = {g->steps, g->step_dp, g->n_steps, g->kv_blocks, g->block_size, g->capacity, gen_s};
     int rc = !strcmp(o->output_format, "jsonl") ? output_write_jsonl(o->output, &info, rs, res, texts, r->tok)
                                                  : output_write(o->output, &info, rs, res, texts, &rep, &sr);
@@ -877,6 +913,9 @@ int run_job(const Options *o, MPI_Comm world, int device)
         free(g.res);
         free(g.steps);
         free(g.step_dp);
+        free(g.expert_tokens);
+        free(g.idle_steps);
+        free(g.idle_seconds);
     }
     run_free(&r);
     return status;

@@ -22,7 +22,8 @@ enum {
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
     OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE,
     OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER, OPT_TOP_K, OPT_MIN_P,
-    OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_PREFIX_CACHING, OPT_NO_PREFIX_CACHING
+    OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_PREFIX_CACHING, OPT_NO_PREFIX_CACHING,
+    OPT_EXPERT_PARALLEL
 };
 
 static const struct option long_opts[] = {
@@ -47,6 +48,7 @@ static const struct option long_opts[] = {
     {"block-size", required_argument, 0, OPT_BLOCK_SIZE},
     {"enable-prefix-caching", no_argument, 0, OPT_PREFIX_CACHING},
     {"no-enable-prefix-caching", no_argument, 0, OPT_NO_PREFIX_CACHING},
+    {"enable-expert-parallel", no_argument, 0, OPT_EXPERT_PARALLEL},
     {"mpi-device-buffers", required_argument, 0, OPT_MPI_DEVICE_BUFFERS},
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"kv-cache-dtype", required_argument, 0, OPT_KV_DTYPE},
@@ -139,6 +141,10 @@ void options_usage(FILE *f)
             "  --cp-kv-cache-interleave-size I    consecutive positions per DCP rank (default 1)\n"
             "  --dcp-comm-backend B     ag_rs (default: allgather LSEs + reduce-scatter) or a2a\n"
             "                           (all-to-all of partial outputs)\n"
+            "  --enable-expert-parallel  MoE models: each rank of world (tp x dp) holds whole routed\n"
+            "                           experts, a contiguous 1/world of them; tokens travel to\n"
+            "                           their experts and back (MPI all-to-all); shared experts and\n"
+            "                           dense layers stay tensor-parallel\n"
             "\n"
             "KV cache:\n"
             "  --kv-cache-memory BYTES  K/V memory per rank, e.g. 512M or 2G (default 1G)\n"
@@ -276,6 +282,7 @@ int options_parse(Options *o, int argc, char **argv, int flags)
         case OPT_BLOCK_SIZE: rc = parse_int("--block-size", optarg, 1, 1 << 16, &o->block_size); break;
         case OPT_PREFIX_CACHING: o->prefix_caching = 1; break;
         case OPT_NO_PREFIX_CACHING: o->prefix_caching = 0; break;
+        case OPT_EXPERT_PARALLEL: o->expert_parallel = 1; break;
         case OPT_DTYPE:
             o->dtype = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16"))

@@ -34,6 +34,7 @@ typedef struct {
     int tp, dcp, dp;       /* dp 0: world / tp */
     int interleave;        /* --cp-kv-cache-interleave-size */
     const char *dcp_comm_backend; /* ag_rs | a2a */
+    int expert_parallel;   /* --enable-expert-parallel: routed experts whole over world */
     size_t kv_cache_memory;  /* bytes of K/V per rank */
     int block_size;          /* positions per KV block per rank */
     int prefix_caching;      /* reuse cached full KV blocks (default on) */

@@ -18,15 +18,22 @@
 #include "reasoning.h"
 #include "util.h"
 
-static int write_array(hid_t g, const char *name, hid_t type, const void *data, size_t n)
+/* A dataset of rows x cols (rows 0: one dimension of cols). */
+static int write_table(hid_t g, const char *name, hid_t type, const void *data, size_t rows, size_t cols)
 {
-    hsize_t dims[1] = {n};
-    hid_t sp = H5Screate_simple(1, dims, NULL);
+    hsize_t dims[2] = {rows ? rows : cols, cols};
+    hid_t sp = H5Screate_simple(rows ? 2 : 1, dims, NULL);
     hid_t ds = H5Dcreate2(g, name, type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t st = ds < 0 ? -1 : (n ? H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) : 0);
+    size_t n = rows ? rows * cols : cols;
+    herr_t st = ds < 0 ? -1 : (n > 0 ? H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) : 0);
     if (ds >= 0) H5Dclose(ds);
     H5Sclose(sp);
     return st < 0 ? dcp_fail("HDF5: cannot write dataset %s", name) : 0;
+}
+
+static int write_array(hid_t g, const char *name, hid_t type, const void *data, size_t n)
+{
+    return write_table(g, name, type, data, 0, n);
 }
 
 static hid_t string_type(void)
@@ -385,7 +392,9 @@ static int write_comm(hid_t f, const CommStats *stats, const RankReports *rep, i
     if (g < 0) return dcp_fail("HDF5: cannot create /comm");
     attr_str(g, "bytes", "bytes each rank sent (comm.h): tp_sum: 4*(count - s + (N-1)*s), s this rank's slice of count; "
                          "q_allgather, merge_exchange, logits_gather: count*4; all_to_all: N*count*4; argmax: rows*8; "
-                         "logprob_gather: count*4 + rows*8");
+                         "logprob_gather: count*4 + rows*8; moe_dispatch: 4*(N-1)*E/N + 4*dim*rows sent to other "
+                         "ranks; moe_combine: 4*dim*rows returned to other ranks + 4*dim*(tp-1)*rows combined here; "
+                         "ep_step: 4");
     long long *calls = xmalloc(sizeof(long long) * (size_t)world), *bytes = xmalloc(sizeof(long long) * (size_t)world);
     double *secs = xmalloc(sizeof(double) * (size_t)world);
     int rc = 0;
@@ -411,6 +420,18 @@ static int write_comm(hid_t f, const CommStats *stats, const RankReports *rep, i
         rc = write_array(gm, "kv_bytes_peak", H5T_NATIVE_LLONG, rep->kv_peak_bytes, (size_t)world) ||
              write_array(gm, "weight_bytes", H5T_NATIVE_LLONG, rep->weight_bytes, (size_t)world) ||
              write_array(gm, "rss_bytes_peak", H5T_NATIVE_LLONG, rep->rss_peak_bytes, (size_t)world);
+        H5Gclose(gm);
+    }
+    const MoeReport *mo = rep->moe;
+    if (!rc && mo && mo->expert_tokens) {
+        hid_t gm = group(f, "moe");
+        attr_int(gm, "expert_parallel_ranks", mo->ep);
+        attr_str(gm, "expert_tokens", "(layers, routed experts): the (token, expert) pairs each expert received in "
+                                      "each layer, summed over steps and DP groups; dense layers' rows are 0");
+        rc = write_table(gm, "expert_tokens", H5T_NATIVE_LLONG, mo->expert_tokens, (size_t)mo->layers,
+                         (size_t)mo->experts) ||
+             write_array(gm, "idle_steps", H5T_NATIVE_LLONG, mo->idle_steps, (size_t)world) ||
+             write_array(gm, "idle_seconds", H5T_NATIVE_DOUBLE, mo->idle_seconds, (size_t)world);
         H5Gclose(gm);
     }
     free(calls);

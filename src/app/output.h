@@ -9,6 +9,8 @@
  *   /timings/    one dataset per phase: seconds on each rank (world_size)
  *   /comm/PHASE/KIND/  calls, bytes, seconds of each collective per rank
  *   /memory/     kv_bytes_peak, weight_bytes, rss_bytes_peak per rank
+ *   /moe/        with expert parallelism: expert_tokens (layers x experts),
+ *                idle_steps and idle_seconds per rank
  *   /steps/      one row per scheduler step of each DP group */
 #ifndef DCP_OUTPUT_H
 #define DCP_OUTPUT_H
@@ -31,6 +33,14 @@ typedef struct {
     char host[64];
 } RankInfo;
 
+/* Expert parallelism's counts (moe.c, MoeCounts), gathered to rank 0. */
+typedef struct {
+    int layers, experts, ep;
+    const long long *expert_tokens; /* (layers, experts): pairs each expert received, all steps and DP groups */
+    const long long *idle_steps;    /* per rank: passes without tokens of its own (engine_idle) */
+    const double *idle_seconds;
+} MoeReport;
+
 /* Per-rank figures gathered to rank 0, world_size entries each. */
 typedef struct {
     const RankInfo *ranks;
@@ -39,6 +49,7 @@ typedef struct {
     const long long *kv_peak_bytes; /* most KV bytes the rank held at once */
     const long long *weight_bytes;  /* the rank's weights */
     const long long *rss_peak_bytes; /* its peak resident memory (getrusage) */
+    const MoeReport *moe;            /* NULL without expert parallelism */
 } RankReports;
 
 /* The scheduler's steps of every DP group, and the run's totals. */

@@ -107,6 +107,50 @@ void report_comm(const CommStats *cs, const long long *kv_peak, int world)
     printf("# KV cache bytes held at peak per rank: avg %lld, min %lld, max %lld\n", sum / world, lo, hi);
 }
 
+void report_moe(const MoeReport *m, int world)
+{
+    int L = m->layers, E = m->experts, per = E / m->ep, worst = -1, moe_layers = 0;
+    double worst_ratio = 0, ratio_sum = 0;
+    long long *rank_load = xcalloc((size_t)m->ep, sizeof(long long));
+    for (int l = 0; l < L; l++) {
+        const long long *t = m->expert_tokens + (size_t)l * E;
+        long long sum = 0, hi = 0;
+        for (int e = 0; e < E; e++) {
+            sum += t[e];
+            hi = t[e] > hi ? t[e] : hi;
+            rank_load[e / per] += t[e];
+        }
+        if (!sum) continue; /* a dense layer */
+        double r = (double)hi * E / (double)sum;
+        moe_layers++;
+        ratio_sum += r;
+        if (r > worst_ratio) worst_ratio = r, worst = l;
+    }
+    long long all = 0, hi = 0;
+    for (int r = 0; r < m->ep; r++) {
+        all += rank_load[r];
+        hi = rank_load[r] > hi ? rank_load[r] : hi;
+    }
+    free(rank_load);
+    printf("# experts: %d over %d rank(s), %d each; %lld (token, expert) pair(s) routed", E, m->ep, per, all);
+    if (moe_layers)
+        printf("; load max/mean: per expert %.2f on average over %d MoE layer(s) (worst %.2f, layer %d), per rank "
+               "%.2f",
+               ratio_sum / moe_layers, moe_layers, worst_ratio, worst, all ? (double)hi * m->ep / (double)all : 0.0);
+    printf("\n");
+    long long idle = 0, idle_hi = 0;
+    double secs = 0;
+    for (int r = 0; r < world; r++) {
+        idle += m->idle_steps[r];
+        idle_hi = m->idle_steps[r] > idle_hi ? m->idle_steps[r] : idle_hi;
+        secs = m->idle_seconds[r] > secs ? m->idle_seconds[r] : secs;
+    }
+    if (idle)
+        printf("# idle passes (a DP group without tokens, in step with the others through the MoE layers): up to %lld "
+               "on a rank, %.3f s at most\n",
+               idle_hi, secs);
+}
+
 void report_steps(const StepRecord *steps, const int *step_dp, int n_steps, int dp, int kv_blocks)
 {
     int max_running = 0, peak_blocks = 0, preempted = 0;

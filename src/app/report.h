@@ -23,6 +23,9 @@ void report_requests(const RequestSet *rs, const Result *res, char *const *texts
 void report_comm(const CommStats *cs, const long long *kv_peak, int world);
 /* The steps' summary. DP groups step concurrently, each on its own
  * requests: their step counts and decode-only times are given per group. */
+/* Expert parallelism: how evenly the routed tokens fell on the experts
+ * and on the ranks that hold them, and the DP groups' idle passes. */
+void report_moe(const MoeReport *m, int world);
 void report_steps(const StepRecord *steps, const int *step_dp, int n_steps, int dp, int kv_blocks);
 /* "prefix cache hit rate: X% (N of M prompt tokens)" over the requests
  * this run computed (skip[i] set: resumed from the journal; failed ones

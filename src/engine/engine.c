@@ -91,6 +91,12 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
                         .att = &e->att};
     e->ops = engine_layer_ops(arch_family(&m->cfg));
     const Config *c = &m->cfg;
+    if (topo->expert_parallel) {
+        size_t n = (size_t)c->n_layers * (size_t)c->m.n_routed_experts;
+        e->moe_counts = (MoeCounts){.experts = c->m.n_routed_experts, .received = xcalloc(n, sizeof(long long)),
+                                    .sent = xcalloc(n, sizeof(long long))};
+        e->env.moe_counts = &e->moe_counts;
+    }
     size_t dim = (size_t)c->dim;
     e->token_embedding = upload_vector(&e->env, &e->up, m->w.token_embedding, (size_t)c->vocab_size * dim);
     e->rms_final = upload_vector(&e->env, &e->up, m->w.rms_final, dim);
@@ -125,6 +131,8 @@ void engine_free(Engine *e)
     uploads_release(&e->env, &e->up);
     attention_free(&e->att);
     comm_stats_free(e->env.comm);
+    free(e->moe_counts.received);
+    free(e->moe_counts.sent);
     memset(e, 0, sizeof *e);
 }
 
@@ -134,7 +142,7 @@ static size_t row_parallel_width(const Model *m)
     const Config *c = &m->cfg;
     const Shard *s = &m->shard;
     int v = c->mla ? c->m.v_head_dim : c->head_dim, w = s->q_heads * v;
-    int widths[] = {s->hidden, s->moe_hidden, s->shared_hidden};
+    int widths[] = {s->hidden, s->expert_chunks > 1 ? s->moe_hidden : 0, s->shared_hidden};
     for (int i = 0; i < 3; i++) w = widths[i] > w ? widths[i] : w;
     return (size_t)w;
 }
@@ -160,6 +168,15 @@ static void reserve(Engine *e, int T)
     e->d_rows = be->alloc(sizeof(int) * t);
     e->rows = xmalloc(sizeof(int) * t);
     e->cap_T = T;
+}
+
+void engine_idle(Engine *e)
+{
+    double t0 = now_s();
+    reserve(e, 1);
+    for (int l = 0; l < e->env.model->cfg.n_layers; l++) e->ops->idle(&e->env, e->layers, l);
+    e->moe_counts.idle_steps++;
+    e->moe_counts.idle_seconds += now_s() - t0;
 }
 
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits)

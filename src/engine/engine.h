@@ -33,6 +33,7 @@ typedef struct {
     int cap_T, cap_R;
     float *xf, *logits;
     int *d_tokens, *d_rows, *rows;
+    MoeCounts moe_counts; /* expert parallelism's counts (layer.h); empty without it */
 } Engine;
 
 /* The layer of an architecture family (arch.h). */
@@ -71,5 +72,9 @@ void engine_decode_comm(const Model *m, int tp_rank, int dcp, MergeBackend merge
  * per chunk (its last token) or with all_logits per token, this rank's
  * vocabulary shard (shard.vocab floats per row). */
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits);
+/* With expert parallelism across DP groups, a DP group without a step to
+ * run while others run theirs: every MoE layer's exchange without tokens
+ * of its own, serving the rows the other groups send its experts. */
+void engine_idle(Engine *e);
 
 #endif

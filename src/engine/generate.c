@@ -354,16 +354,28 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     long generated = 0;
     int shown = 0, behind = 0; /* a line shown; a step since the last line */
 
-    while (scheduler_plan(&sch, &plan)) {
-        if (plan.nc == 0) { /* cannot happen while every request fits the cache alone */
+    /* expert parallelism across DP groups: every rank enters every MoE
+     * layer's exchange, so the groups step together while any has work,
+     * and one without runs an idle pass (engine_idle) */
+    int lockstep = topo->expert_parallel && topo->dp > 1, stuck = 0;
+    for (;;) {
+        int have = !stuck && scheduler_plan(&sch, &plan);
+        if (have && plan.nc == 0) { /* cannot happen while every request fits the cache alone */
             for (int i = 0; i < rs->n; i++)
                 if (!res[i].finish_reason) {
                     request_fail(&rs->r[i], "%s:%d: request \"%s\": the scheduler could not place it", rs->path,
                                  rs->r[i].line, rs->r[i].id);
                     res[i].finish_reason = "error";
                 }
-            break;
+            have = 0, stuck = 1;
         }
+        if (lockstep && comm_any(e->env.comm, have, topo->world) && !have) {
+            e->env.comm->phase = PHASE_DECODE;
+            engine_idle(e);
+            if (o->on_step) o->on_step(o->on_step_ctx, finished, 0); /* alive, for the watchdog */
+            continue;
+        }
+        if (!have) break;
         double t0 = now_s();
         e->env.comm->phase = plan.prefill_tokens ? PHASE_PREFILL : PHASE_DECODE;
         int all = o->on_logits || (prompt_lp && wants_prompt_logprobs(&sch, &plan));

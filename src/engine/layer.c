@@ -51,7 +51,7 @@ void layer_matmul_rows(const LayerEnv *env, float *parts, const float *x, Weight
     }
 }
 
-void layer_residual(const LayerEnv *env, const float *b, int T)
+void layer_sum_parts(const LayerEnv *env, int T)
 {
     int dim = env->model->cfg.dim, chunks = env->model->shard.chunks;
     size_t n = (size_t)T * dim;
@@ -61,8 +61,15 @@ void layer_residual(const LayerEnv *env, const float *b, int T)
     for (int w = 1; w < chunks; w *= 2)
         for (int c = 0; c + w < chunks; c += 2 * w) env->be->add(y + c * n, y + (c + w) * n, n);
     comm_sum_tree(env->comm, y, env->sum_scratch, comm_count(n), env->topo->tp_comm);
+}
+
+void layer_residual(const LayerEnv *env, const float *b, int T)
+{
+    int dim = env->model->cfg.dim;
+    float *y = env->parts;
+    layer_sum_parts(env, T);
     if (b) env->be->add_bias(y, b, T, dim); /* once, after the sum */
-    env->be->add(env->x, y, n);
+    env->be->add(env->x, y, (size_t)T * dim);
 }
 
 void layer_swiglu(const LayerEnv *env, const SwiGlu *w, float *parts, const float *x, int T, int hidden, float *h1,

@@ -16,6 +16,17 @@
 #include "timing.h"
 #include "topology.h"
 
+/* Expert parallelism's counts (moe_block), per layer and routed expert
+ * (layers x experts, summed over steps): received, the pairs this rank's
+ * experts received (its own experts' entries only); sent, the pairs of
+ * the tokens this rank routed, to each expert. */
+typedef struct {
+    int experts;
+    long long *received, *sent;
+    long long idle_steps; /* passes without tokens to serve other DP groups (engine_idle) */
+    double idle_seconds;
+} MoeCounts;
+
 /* The run's state a layer sees. */
 typedef struct {
     const Model *model;
@@ -33,6 +44,7 @@ typedef struct {
      * layer_residual; a chunk's input columns, (T, widest chunk); the
      * TP sum's receive buffer, (T, dim) */
     float *parts, *xchunk, *sum_scratch;
+    MoeCounts *moe_counts; /* with expert parallelism; else NULL */
 } LayerEnv;
 
 /* One family's decoder layer. `state` is what load returned: the family's
@@ -48,6 +60,9 @@ typedef struct {
     void (*reserve)(const LayerEnv *env, void *state, int T);
     /* layer l over the step's tokens: env->x in, env->x out */
     void (*forward)(const LayerEnv *env, void *state, int layer);
+    /* layer l without tokens: its expert-parallel exchange alone, serving
+     * other DP groups' tokens (engine_idle); NULL: a family without experts */
+    void (*idle)(const LayerEnv *env, void *state, int layer);
 } LayerOps;
 
 /* A clock reading; with timing_sync, after the device's queued work. */
@@ -70,6 +85,9 @@ void layer_matmul_rows(const LayerEnv *env, float *parts, const float *x, Weight
  * (docs/design.md, "Same bits at any layout"), then added to the residual
  * stream with the bias b (dim; NULL: none) added once. */
 void layer_residual(const LayerEnv *env, const float *b, int T);
+/* Its first half: env->parts summed in the canonical order over this
+ * rank's chunks and the TP group, into env->parts' first (T, dim). */
+void layer_sum_parts(const LayerEnv *env, int T);
 
 /* A SwiGLU feed-forward block: down . (silu(gate . x + b_gate) * (up . x + b_up)),
  * this rank's hidden rows (column-parallel gate/up, row-parallel down). */

@@ -178,9 +178,18 @@ static void dense_forward(const LayerEnv *env, void *state, int l)
     /* feed-forward block: column-parallel gate/up, row-parallel down; or
      * the experts, each split the same way */
     be->rmsnorm(env->xb, env->x, lw->rms_ffn, T, dim, c->norm_eps);
-    if (lw->is_moe) moe_forward(env, &lw->moe, &d->moe, env->parts, env->xb, T);
-    else layer_swiglu(env, &lw->ffn, env->parts, env->xb, T, s->hidden, d->hb, d->hb2);
+    if (lw->is_moe) {
+        moe_block(env, &lw->moe, &d->moe, l, env->xb, T);
+        return;
+    }
+    layer_swiglu(env, &lw->ffn, env->parts, env->xb, T, s->hidden, d->hb, d->hb2);
     layer_residual(env, lw->b_down, T);
+}
+
+static void dense_idle(const LayerEnv *env, void *state, int l)
+{
+    Dense *d = state;
+    if (d->layer[l].is_moe) moe_block(env, &d->layer[l].moe, &d->moe, l, NULL, 0);
 }
 
 const LayerOps dense_layer_ops = {
@@ -190,4 +199,5 @@ const LayerOps dense_layer_ops = {
     .release = dense_release,
     .reserve = dense_reserve,
     .forward = dense_forward,
+    .idle = dense_idle,
 };

@@ -190,9 +190,18 @@ static void mla_forward(const LayerEnv *env, void *state, int l)
     layer_residual(env, NULL, T);
 
     be->rmsnorm(env->xb, env->x, lw->rms_ffn, T, dim, eps);
-    if (lw->is_moe) moe_forward(env, &lw->moe, &st->moe, env->parts, env->xb, T);
-    else layer_swiglu(env, &lw->ffn, env->parts, env->xb, T, env->model->shard.hidden, b[B_HB], b[B_HB2]);
+    if (lw->is_moe) {
+        moe_block(env, &lw->moe, &st->moe, l, env->xb, T);
+        return;
+    }
+    layer_swiglu(env, &lw->ffn, env->parts, env->xb, T, env->model->shard.hidden, b[B_HB], b[B_HB2]);
     layer_residual(env, NULL, T);
+}
+
+static void mla_idle(const LayerEnv *env, void *state, int l)
+{
+    Mla *st = state;
+    if (st->layer[l].is_moe) moe_block(env, &st->layer[l].moe, &st->moe, l, NULL, 0);
 }
 
 const LayerOps mla_layer_ops = {
@@ -202,4 +211,5 @@ const LayerOps mla_layer_ops = {
     .release = mla_release,
     .reserve = mla_reserve,
     .forward = mla_forward,
+    .idle = mla_idle,
 };

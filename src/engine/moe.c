@@ -10,13 +10,13 @@ void moe_load(const LayerEnv *env, Uploads *u, const MoeLayer *h, MoeWeights *w)
 {
     const Config *c = &env->model->cfg;
     const Shard *s = &env->model->shard;
-    size_t E = (size_t)c->m.n_routed_experts, per = (size_t)s->moe_hidden * c->dim;
+    size_t E = (size_t)c->m.n_routed_experts, per = (size_t)s->moe_hidden * c->dim, held = (size_t)s->experts;
     w->router = upload_f32_matrix(env, u, h->router, E * (size_t)c->dim);
     w->router_bias = h->router_bias ? upload_vector(env, u, h->router_bias, E) : NULL;
     /* the experts of each kind are one array (model.c): one stack each */
-    w->gate = upload_matrix(env, u, h->e_gate, E * per);
-    w->up = upload_matrix(env, u, h->e_up, E * per);
-    w->down = upload_matrix(env, u, h->e_down, E * per);
+    w->gate = upload_matrix(env, u, h->e_gate, held * per);
+    w->up = upload_matrix(env, u, h->e_up, held * per);
+    w->down = upload_matrix(env, u, h->e_down, held * per);
     size_t sh = (size_t)s->shared_hidden, dim = (size_t)c->dim;
     if (h->s_gate.data)
         w->shared = (SwiGlu){.gate = upload_matrix(env, u, h->s_gate, sh * dim),
@@ -28,11 +28,16 @@ void moe_free(MoeWeights *w) { memset(w, 0, sizeof *w); }
 
 void moe_free_scratch(const LayerEnv *env, MoeScratch *s)
 {
-    void *dev[] = {s->logits, s->hg, s->hu, s->yd, s->rows, s->weights, s->slots, s->start};
+    void *dev[] = {s->logits, s->hg,   s->hu,   s->yd,     s->rows,   s->weights, s->slots, s->start, s->send,
+                   s->ret,    s->routed, s->recv, s->back, s->d_rows, s->d_perm,  s->d_start};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) env->be->release(dev[i]);
+    int *host[] = {s->h_start, s->h_count, s->h_rcount, s->h_rows, s->h_perm, s->h_lstart, s->h_ep};
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
     memset(s, 0, sizeof *s);
 }
+
+static int expert_parallel(const LayerEnv *env) { return env->topo && env->topo->expert_parallel; }
 
 void moe_reserve(const LayerEnv *env, MoeScratch *s, int T)
 {
@@ -44,16 +49,37 @@ void moe_reserve(const LayerEnv *env, MoeScratch *s, int T)
            K = (size_t)m->experts_per_token, f = sizeof(float),
            wide = (size_t)env->model->shard.moe_hidden, chunks = (size_t)env->model->shard.chunks;
     size_t sw = (size_t)env->model->shard.shared_hidden;
-    if (sw > wide * K) wide = (sw + K - 1) / K; /* the shared experts' T rows use the same scratch */
     s->logits = be->alloc(f * t * E);
-    s->hg = be->alloc(f * t * K * wide);
-    s->hu = be->alloc(f * t * K * wide);
-    s->yd = be->alloc(f * chunks * t * K * dim);
     s->rows = be->alloc(sizeof(int) * t * K);
     s->weights = be->alloc(f * t * K);
     s->slots = be->alloc(sizeof(int) * t * K);
     s->start = be->alloc(sizeof(int) * (E + 1));
     s->cap = T;
+    if (expert_parallel(env)) { /* the owners' buffers grow with the rows they receive (ep_reserve) */
+        int N = env->topo->ep;
+        s->send = be->alloc(f * t * K * dim);
+        s->ret = be->alloc(f * t * K * dim);
+        s->routed = be->alloc(f * t * dim);
+        s->h_start = xmalloc(sizeof(int) * (E + 1));
+        s->h_count = xmalloc(sizeof(int) * (E + 4 * (size_t)N));
+        s->h_rcount = xmalloc(sizeof(int) * E);
+        s->h_ep = xmalloc(sizeof(int) * 4 * (size_t)N);
+        s->h_lstart = xmalloc(sizeof(int) * (E / (size_t)N + 1));
+        s->d_start = be->alloc(sizeof(int) * (E / (size_t)N + 1));
+        return;
+    }
+    if (sw > wide * K) wide = (sw + K - 1) / K; /* the shared experts' T rows use the same scratch */
+    s->hg = be->alloc(f * t * K * wide);
+    s->hu = be->alloc(f * t * K * wide);
+    s->yd = be->alloc(f * chunks * t * K * dim);
+}
+
+static MoeRouting routing(const MlaConfig *m)
+{
+    return (MoeRouting){.experts = m->n_routed_experts, .per_token = m->experts_per_token,
+                        .groups = m->n_group > 0 ? m->n_group : 1, .topk_group = m->topk_group, .v3 = m->v3,
+                        .grouped = m->v3 || m->route == ROUTE_GROUP_LIMITED_GREEDY, .norm_topk = m->norm_topk_prob,
+                        .scaling = m->routed_scaling_factor};
 }
 
 void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float *y, const float *x, int T)
@@ -63,10 +89,7 @@ void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float 
     const Backend *be = env->be;
     int E = m->n_routed_experts, K = m->experts_per_token, dim = c->dim, mh = env->model->shard.moe_hidden,
         P = T * K, chunks = env->model->shard.chunks, cin = mh / chunks;
-    MoeRouting r = {.experts = E, .per_token = K, .groups = m->n_group > 0 ? m->n_group : 1,
-                    .topk_group = m->topk_group, .v3 = m->v3,
-                    .grouped = m->v3 || m->route == ROUTE_GROUP_LIMITED_GREEDY, .norm_topk = m->norm_topk_prob,
-                    .scaling = m->routed_scaling_factor};
+    MoeRouting r = routing(m);
     layer_matmul(env, s->logits, x, w->router, T, dim, E);
     /* routing, the experts' GEMMs and the weighted sum all stay on the
      * device: the host never learns which experts a token chose */
@@ -90,4 +113,145 @@ void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float 
         layer_swiglu(env, &w->shared, s->yd, x, T, env->model->shard.shared_hidden, s->hg, s->hu);
         be->add(y, s->yd, chunks * n);
     }
+}
+
+/* The owner's buffers for P received pairs (and the shared experts' T
+ * rows, which share hg and hu). */
+static void ep_reserve(const LayerEnv *env, MoeScratch *s, int P, int T)
+{
+    const Shard *sh = &env->model->shard;
+    size_t dim = (size_t)env->model->cfg.dim, f = sizeof(float);
+    size_t need = (size_t)P, shared = (size_t)sh->shared_hidden * T;
+    if (s->hg && need <= (size_t)s->cap_recv && shared <= (size_t)sh->moe_hidden * s->cap_recv) return;
+    const Backend *be = env->be;
+    void *dev[] = {s->hg, s->hu, s->yd, s->recv, s->back, s->d_rows, s->d_perm};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (dev[i]) be->release(dev[i]);
+    free(s->h_rows);
+    free(s->h_perm);
+    /* room for half again as many, so that a few larger steps do not
+     * reallocate each time */
+    size_t cap = need + need / 2 + 16;
+    while ((size_t)sh->moe_hidden * cap < shared) cap *= 2;
+    size_t width = (size_t)sh->moe_hidden * cap;
+    s->hg = be->alloc(f * width);
+    s->hu = be->alloc(f * width);
+    s->yd = be->alloc(f * cap * dim);
+    s->recv = be->alloc(f * cap * dim);
+    s->back = be->alloc(f * cap * dim);
+    s->d_rows = be->alloc(sizeof(int) * cap);
+    s->d_perm = be->alloc(sizeof(int) * cap);
+    s->h_rows = xmalloc(sizeof(int) * cap);
+    s->h_perm = xmalloc(sizeof(int) * cap);
+    s->cap_recv = (int)cap;
+}
+
+/* Expert parallelism (docs/design.md, "Expert parallelism"). */
+static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, int l, const float *x, int T)
+{
+    const Config *c = &env->model->cfg;
+    const MlaConfig *m = &c->m;
+    const Shard *sh = &env->model->shard;
+    const Topology *topo = env->topo;
+    const Backend *be = env->be;
+    int E = m->n_routed_experts, K = m->experts_per_token, dim = c->dim, mh = sh->moe_hidden, N = topo->ep,
+        El = sh->experts, tp = topo->tp;
+    /* this TP rank's share of the step's rows: it routes them, sends them
+     * and adds up their experts' outputs */
+    int h0, H;
+    balanced_part(T, tp, topo->tp_rank, &h0, &H);
+    const float *xh = x + (size_t)h0 * dim;
+    if (H) {
+        MoeRouting r = routing(m);
+        layer_matmul(env, s->logits, xh, w->router, H, dim, E);
+        be->moe_route(&r, s->logits, w->router_bias, H, s->rows, s->weights, s->slots, s->start);
+        be->download(s->h_start, s->start, sizeof(int) * (size_t)(E + 1));
+        be->gather_rows(s->send, xh, s->rows, H * K, dim);
+    } else {
+        memset(s->h_start, 0, sizeof(int) * (size_t)(E + 1));
+    }
+    /* rank d owns experts [d El, (d + 1) El): the pairs, grouped by
+     * expert, are already grouped by owner */
+    int *cnt = s->h_count, *scount = s->h_ep, *sdispl = scount + N, *rcount = sdispl + N, *rdispl = rcount + N;
+    for (int e = 0; e < E; e++) cnt[e] = s->h_start[e + 1] - s->h_start[e];
+    for (int d = 0; d < N; d++) {
+        sdispl[d] = s->h_start[d * El];
+        scount[d] = s->h_start[(d + 1) * El] - sdispl[d];
+    }
+    /* rc[src * El + e]: the rows rank src sends to local expert e */
+    int *rc = s->h_rcount;
+    comm_alltoall_ints(env->comm, COMM_moe_dispatch, cnt, rc, El, topo->ep_comm);
+    int P = 0;
+    for (int src = 0; src < N; src++) {
+        rdispl[src] = P;
+        rcount[src] = 0;
+        for (int e = 0; e < El; e++) rcount[src] += rc[src * El + e];
+        P += rcount[src];
+    }
+    ep_reserve(env, s, P, T);
+    comm_alltoallv_rows(env->comm, COMM_moe_dispatch, s->send, scount, sdispl, s->recv, rcount, rdispl, dim,
+                        topo->ep_comm);
+    /* the received rows in expert order (sources in rank order within an
+     * expert), for one GEMM per expert; perm returns each row's output */
+    int *lstart = s->h_lstart, at = 0;
+    for (int e = 0; e < El; e++) {
+        lstart[e] = at;
+        for (int src = 0; src < N; src++) {
+            int from = rdispl[src];
+            for (int f = 0; f < e; f++) from += rc[src * El + f];
+            for (int j = 0; j < rc[src * El + e]; j++, at++) {
+                s->h_rows[at] = from + j;
+                s->h_perm[from + j] = at;
+            }
+        }
+    }
+    lstart[El] = at;
+    MoeCounts *mc = env->moe_counts;
+    if (mc) {
+        long long *got = mc->received + (size_t)l * E + sh->expert0, *sent = mc->sent + (size_t)l * E;
+        for (int e = 0; e < El; e++) got[e] += lstart[e + 1] - lstart[e];
+        for (int e = 0; e < E; e++) sent[e] += cnt[e];
+    }
+    if (P) {
+        be->upload(s->d_rows, s->h_rows, sizeof(int) * (size_t)P);
+        be->upload(s->d_perm, s->h_perm, sizeof(int) * (size_t)P);
+        be->upload(s->d_start, lstart, sizeof(int) * (size_t)(El + 1));
+        double t0 = layer_clock(env);
+        size_t per = (size_t)mh * dim;
+        be->moe_matmul(s->hg, s->recv, dim, s->d_rows, s->d_start, El, P, w->gate, per, dim, mh);
+        be->moe_matmul(s->hu, s->recv, dim, s->d_rows, s->d_start, El, P, w->up, per, dim, mh);
+        be->silu_mul(s->hg, s->hu, (size_t)P * mh);
+        be->moe_matmul(s->yd, s->hg, mh, NULL, s->d_start, El, P, w->down, per, mh, dim);
+        env->tm->matmul += layer_clock(env) - t0;
+        be->gather_rows(s->back, s->yd, s->d_perm, P, dim);
+    }
+    /* the outputs back to the ranks that sent the rows, into each pair's
+     * place, and each token's added in expert order */
+    comm_alltoallv_rows(env->comm, COMM_moe_combine, s->back, rcount, rdispl, s->ret, scount, sdispl, dim,
+                        topo->ep_comm);
+    if (!T) return; /* the whole TP group is without tokens */
+    if (H) be->moe_combine(s->routed + (size_t)h0 * dim, s->ret, s->slots, s->weights, H, K, dim);
+    int *tcount = xmalloc(sizeof(int) * 2 * (size_t)tp), *tdispl = tcount + tp;
+    for (int r = 0; r < tp; r++) balanced_part(T, tp, r, &tdispl[r], &tcount[r]);
+    comm_allgatherv_rows(env->comm, COMM_moe_combine, s->routed, tcount, tdispl, dim, topo->tp_comm);
+    free(tcount);
+    size_t n = (size_t)T * dim;
+    if (w->shared.gate.data) { /* the shared experts' TP sum, then the routed experts' rows */
+        layer_swiglu(env, &w->shared, env->parts, x, T, sh->shared_hidden, s->hg, s->hu);
+        layer_sum_parts(env, T);
+        be->add(env->parts, s->routed, n);
+        be->add(env->x, env->parts, n);
+    } else {
+        be->add(env->x, s->routed, n);
+    }
+}
+
+void moe_block(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, int layer, const float *x, int T)
+{
+    if (expert_parallel(env)) {
+        moe_block_ep(env, w, s, layer, x, T);
+        return;
+    }
+    moe_forward(env, w, s, env->parts, x, T);
+    layer_residual(env, NULL, T);
 }

@@ -23,11 +23,20 @@ typedef struct {
 
 /* Scratch for steps of up to cap tokens, all in the backend: the router's
  * logits, the (token, expert) pairs of the step grouped by expert
- * (moe_route), the experts' activations and outputs per pair. */
+ * (moe_route), the experts' activations and outputs per pair. With expert
+ * parallelism also the rows sent and received and the host's counts;
+ * the rows an expert owner receives vary by step, so their buffers grow
+ * on demand (cap_recv pairs). */
 typedef struct {
     int cap;
     float *logits, *hg, *hu, *yd, *weights;
     int *rows, *slots, *start;
+    /* expert parallelism */
+    float *send, *ret, *routed;     /* (cap * K, dim) x 2, (cap, dim) */
+    int cap_recv;
+    float *recv, *back;             /* (cap_recv, dim): rows received, outputs in their order */
+    int *d_rows, *d_perm, *d_start; /* expert-major pairs' rows; each received row's pair; local experts' starts */
+    int *h_start, *h_count, *h_rcount, *h_rows, *h_perm, *h_lstart, *h_ep; /* host copies and MPI counts */
 } MoeScratch;
 
 /* A MoE layer's weights as loaded (model.h) into the backend. */
@@ -35,7 +44,21 @@ void moe_load(const LayerEnv *env, Uploads *u, const MoeLayer *h, MoeWeights *w)
 void moe_free(MoeWeights *w);
 void moe_reserve(const LayerEnv *env, MoeScratch *s, int T);
 void moe_free_scratch(const LayerEnv *env, MoeScratch *s);
-/* y (T, dim) = the block on x (T, dim), before the TP sum. */
+/* Layer l's block on x (T, dim), the step's normalized hidden rows, added
+ * to the residual stream env->x. Without expert parallelism every rank
+ * routes every token over its slice of every expert and the output joins
+ * the TP sum. With it (Shard.ep > 1, or ep 1 under --enable-expert-parallel:
+ * Topology.ep_comm) each TP rank routes its share of the rows, sends each
+ * (token, expert) pair's row to the expert's owner (moe_dispatch), the
+ * owner runs one GEMM per expert over the rows it received and returns
+ * them (moe_combine), and the rank adds its tokens' outputs in expert
+ * order; the TP group then gathers the rows and adds them to the shared
+ * experts' TP sum. T 0 (a DP group without tokens) still serves the other
+ * groups' rows. */
+void moe_block(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, int layer, const float *x, int T);
+/* Its part without expert parallelism: y (Shard.chunks x (T, dim)) = the
+ * block on x (T, dim), this rank's slice of every expert, before the sum
+ * over chunks and the TP group. */
 void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float *y, const float *x, int T);
 
 #endif

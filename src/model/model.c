@@ -41,6 +41,33 @@ void shard_init(Shard *s, const Config *c, int tp, int tp_rank)
     }
     canonical_order(c, &s->k_chunks, &s->key_shards);
     s->chunks = s->k_chunks % tp ? 1 : s->k_chunks / tp;
+    s->ep = 1;
+    s->experts = c->m.n_routed_experts;
+    s->expert_chunks = s->chunks;
+}
+
+int expert_parallel_check(const Config *c, int ep)
+{
+    int E = c->m.n_routed_experts;
+    if (!E)
+        return dcp_fail("--enable-expert-parallel: the model has no routed experts (it is not a mixture of experts)");
+    if (E % ep)
+        return dcp_fail("--enable-expert-parallel: the model's %d routed experts are not divisible by the %d ranks of "
+                        "the expert-parallel group (tp x dp); each rank holds a whole, equal range of them",
+                        E, ep);
+    return 0;
+}
+
+void shard_set_ep(Shard *s, const Config *c, int ep, int ep_rank)
+{
+    if (ep < 1) return;
+    s->ep = ep;
+    s->ep_rank = ep_rank;
+    s->experts = c->m.n_routed_experts / ep;
+    s->expert0 = ep_rank * s->experts;
+    s->moe_hidden = c->m.moe_hidden;
+    s->moe_hidden0 = 0;
+    s->expert_chunks = 1;
 }
 
 void canonical_order(const Config *c, int *k_chunks, int *key_shards)
@@ -57,13 +84,13 @@ void canonical_order(const Config *c, int *k_chunks, int *key_shards)
     *key_shards = p > kv ? p / kv : 1;
 }
 
-int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf, size_t n)
+int reduction_order(const Config *c, int tp, int dcp, int interleave, int ep, char *buf, size_t n)
 {
     int C_k, C_d;
     canonical_order(c, &C_k, &C_d);
     int canonical = C_k % tp == 0 && C_d % dcp == 0, I = C_d > 1 ? interleave : 1; /* one shard: no interleave */
-    if (canonical) snprintf(buf, n, "k%d d%d i%d", C_k, C_d, I);
-    else snprintf(buf, n, "layout tp%d dcp%d i%d", tp, dcp, interleave);
+    if (canonical) snprintf(buf, n, "k%d d%d i%d%s", C_k, C_d, I, ep ? " ep" : "");
+    else snprintf(buf, n, "layout tp%d dcp%d i%d%s", tp, dcp, interleave, ep ? " ep" : "");
     return canonical;
 }
 
@@ -322,17 +349,17 @@ int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *
     int n = 0, dim = c->dim;
     ADD("mlp.gate.weight", m->n_routed_experts, dim, &w->router);
     if (m->v3) ADD("mlp.gate.e_score_correction_bias", 0, m->n_routed_experts, &w->router_bias);
-    for (int e = 0; e < m->n_routed_experts; e++) {
+    for (int e = s->expert0; e < s->expert0 + s->experts; e++) {
         char nm[96];
         int mh = m->moe_hidden, r0 = s->moe_hidden0, nr = s->moe_hidden;
-        size_t per = (size_t)nr * dim, at = e * per, all = (size_t)m->n_routed_experts * per; /* e in its stack */
+        size_t per = (size_t)nr * dim, at = (size_t)(e - s->expert0) * per, all = (size_t)s->experts * per; /* e in its stack */
         snprintf(nm, sizeof nm, "mlp.experts.%d.gate_proj.weight", e);
         PUT(nm, mh, dim, NULL, &w->e_gate, at, all, r0, nr, 0, dim);
         snprintf(nm, sizeof nm, "mlp.experts.%d.up_proj.weight", e);
         PUT(nm, mh, dim, NULL, &w->e_up, at, all, r0, nr, 0, dim);
         snprintf(nm, sizeof nm, "mlp.experts.%d.down_proj.weight", e);
         PUT(nm, dim, mh, NULL, &w->e_down, at, all, 0, dim, r0, nr);
-        out[n - 1].chunks = s->chunks;
+        out[n - 1].chunks = s->expert_chunks;
     }
     if (m->n_shared_experts > 0) {
         int sh = m->moe_hidden * m->n_shared_experts, r0 = s->shared_hidden0, nr = s->shared_hidden;
@@ -1151,7 +1178,8 @@ int model_read_any_config(const char *path, Config *c)
 
 /* model_load_as, or with sizing model_size: the same calls, in the same
  * order, counting the same bytes (Weights.sizing) */
-static int load(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group, int sizing)
+static int load(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype,
+                int bf16_group, int sizing)
 {
     memset(m, 0, sizeof *m);
     m->bf16_group = bf16_group;
@@ -1170,6 +1198,7 @@ static int load(Model *m, const char *path, int tp, int tp_rank, const char *dty
     m->path = xstrdup(path ? path : "(generated default model)");
     const Config *c = &m->cfg;
     shard_init(&m->shard, c, tp, tp_rank);
+    shard_set_ep(&m->shard, c, ep, ep_rank);
     const Shard *s = &m->shard;
     Source src;
     QuantFormat qf;
@@ -1251,12 +1280,18 @@ static int load(Model *m, const char *path, int tp, int tp_rank, const char *dty
 
 int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group)
 {
-    return load(m, path, tp, tp_rank, dtype, bf16_group, 0);
+    return load(m, path, tp, tp_rank, 0, 0, dtype, bf16_group, 0);
 }
 
-int model_size(Model *m, const char *path, int tp, int tp_rank, const char *dtype)
+int model_load_ep(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype,
+                  int bf16_group)
 {
-    return load(m, path, tp, tp_rank, dtype, 0, 1);
+    return load(m, path, tp, tp_rank, ep, ep_rank, dtype, bf16_group, 0);
+}
+
+int model_size(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype)
+{
+    return load(m, path, tp, tp_rank, ep, ep_rank, dtype, 0, 1);
 }
 
 void model_free(Model *m)

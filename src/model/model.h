@@ -19,8 +19,15 @@ typedef struct {
     int kv_heads, kv_head0;  /* KV heads held (replicated when tp > n_kv_heads) */
     int hidden, hidden0;     /* feed-forward rows/columns held */
     int vocab, vocab0;       /* LM-head rows held */
-    int moe_hidden, moe_hidden0;       /* MLA models: each routed expert's intermediate rows held */
+    int moe_hidden, moe_hidden0;       /* MoE models: each routed expert's intermediate rows held */
     int shared_hidden, shared_hidden0; /* and the shared experts' */
+    /* The routed experts held: experts of them from expert0 on, with
+     * moe_hidden rows each. Without expert parallelism (ep 1) all of them,
+     * sliced by TP; with it (shard_set_ep) a contiguous range of whole
+     * experts per rank of the EP group, whose down projections are not cut
+     * into K chunks (expert_chunks 1: the rank holds every column). */
+    int ep, ep_rank;
+    int experts, expert0, expert_chunks;
     /* The canonical reduction order (docs/design.md, "Same bits at any
      * layout"): every row-parallel product's K columns fall in k_chunks
      * canonical chunks, of which this rank holds chunks (k_chunks / tp, or 1
@@ -227,6 +234,15 @@ typedef struct {
 } Model;
 
 void shard_init(Shard *s, const Config *c, int tp, int tp_rank);
+/* Expert parallelism over ep ranks (docs/design.md, "Expert
+ * parallelism"): rank ep_rank holds experts [ep_rank E / ep, (ep_rank + 1)
+ * E / ep) whole (ep 1: all of them, whole). ep 0: off, as shard_init left
+ * it. The caller has checked that ep divides the routed experts
+ * (expert_parallel_check). */
+void shard_set_ep(Shard *s, const Config *c, int ep, int ep_rank);
+/* 0 when expert parallelism over ep ranks suits the model, else -1 and
+ * dcp_error() says why (no routed experts; ep does not divide them). */
+int expert_parallel_check(const Config *c, int ep);
 /* The canonical sizes of a model: K chunks (a power of two up to 16 that
  * is a valid -tp and divides every row-parallel product's K) and key
  * shards (the largest -dcp a layout with tp = k_chunks has). */
@@ -235,8 +251,11 @@ void canonical_order(const Config *c, int *k_chunks, int *key_shards);
  * identity: "k8 d8 i1" (the canonical K chunks, key shards and the
  * interleave the shards use: every layout with tp dividing 8 and dcp
  * dividing 8 at that interleave gives the same bits), or "layout tp3 dcp1
- * i1" where tp or dcp does not divide them. Returns 1 when canonical. */
-int reduction_order(const Config *c, int tp, int dcp, int interleave, char *buf, size_t n);
+ * i1" where tp or dcp does not divide them. ep (expert parallelism on,
+ * at any EP size) appends " ep": whole experts add their down
+ * projections and their tokens' experts in another order, the same at
+ * every such layout. Returns 1 when canonical. */
+int reduction_order(const Config *c, int tp, int dcp, int interleave, int ep, char *buf, size_t n);
 
 /* The tensors of layer l of an MLA model (or of a MoE block alone,
  * moe_tensors): name, full shape, this rank's slice of it (s; NULL: whole)
@@ -278,6 +297,10 @@ int model_load(Model *m, const char *path, int tp, int tp_rank);
  * matrices stored in groups of that many rows where they can be (see
  * WeightRef; the backend's gemm_row_group), 0: row after row. */
 int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group);
+/* model_load_as with the routed experts spread whole over ep ranks
+ * (shard_set_ep); ep 0 is model_load_as. */
+int model_load_ep(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype,
+                  int bf16_group);
 
 /* What model_load_as would hold on this rank, without reading a weight:
  * m's cfg, shard, gemm_dtype and w.bytes / w.part_bytes, nothing else
@@ -286,7 +309,7 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
  * quantization_config says (4-bit where its rules quantize a module, FP8
  * for every matrix but the router under block-scaled FP8, as DeepSeek-V3's
  * checkpoints store them) and otherwise as its torch_dtype. */
-int model_size(Model *m, const char *path, int tp, int tp_rank, const char *dtype);
+int model_size(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype);
 /* A config from whatever model_size takes. */
 int model_read_any_config(const char *path, Config *c);
 

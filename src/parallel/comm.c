@@ -212,3 +212,95 @@ void comm_sum_int64(CommStats *s, int64_t *v, int n, MPI_Comm comm)
     DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_INT64_T, MPI_SUM, comm));
     count(s, COMM_logprob_gather, 8LL * n, t0);
 }
+
+static MPI_Datatype row_type(int width)
+{
+    MPI_Datatype t;
+    DCP_CHECK(MPI_Type_contiguous(width, MPI_FLOAT, &t));
+    DCP_CHECK(MPI_Type_commit(&t));
+    return t;
+}
+
+static int rows_total(const int *count, int N)
+{
+    long long n = 0;
+    for (int r = 0; r < N; r++) n += count[r];
+    return comm_count((size_t)n);
+}
+
+void comm_alltoallv_rows(CommStats *s, CommKind kind, const float *send, const int *scount, const int *sdispl,
+                         float *recv, const int *rcount, const int *rdispl, int width, MPI_Comm comm)
+{
+    int N = size_of(comm), me;
+    DCP_CHECK(MPI_Comm_rank(comm, &me));
+    double t0 = now_s();
+    int ns = rows_total(scount, N), nr = rows_total(rcount, N);
+    size_t w = (size_t)width;
+    if (N == 1) { /* to itself: a copy in the backend's memory */
+        const struct Backend *be = s->stage_be ? s->stage_be : s->sync_be;
+        float *to = recv + (size_t)rdispl[0] * w;
+        const float *from = send + (size_t)sdispl[0] * w;
+        size_t bytes = sizeof(float) * w * (size_t)scount[0];
+        if (bytes && be) be->copy(to, from, bytes);
+        else if (bytes) memcpy(to, from, bytes);
+        return;
+    }
+    MPI_Datatype row = row_type(width);
+    if (s->stage_be) { /* displacements index rows of the packed send and receive arrays */
+        float *h = stage(s, w * ((size_t)ns + (size_t)nr) + 1);
+        if (ns) s->stage_be->download(h, send, sizeof(float) * w * (size_t)ns);
+        DCP_CHECK(MPI_Alltoallv(h, scount, sdispl, row, h + w * (size_t)ns, rcount, rdispl, row, comm));
+        if (nr) staged_upload(s, recv, h + w * (size_t)ns, w * (size_t)nr);
+    } else {
+        settle(s);
+        DCP_CHECK(MPI_Alltoallv(send, scount, sdispl, row, recv, rcount, rdispl, row, comm));
+    }
+    DCP_CHECK(MPI_Type_free(&row));
+    count(s, kind, 4LL * width * (ns - scount[me]), t0);
+}
+
+void comm_alltoall_ints(CommStats *s, CommKind kind, const int *send, int *recv, int n, MPI_Comm comm)
+{
+    int N = size_of(comm);
+    if (N == 1) {
+        memcpy(recv, send, sizeof(int) * (size_t)n);
+        return;
+    }
+    double t0 = now_s();
+    DCP_CHECK(MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, comm));
+    count(s, kind, 4LL * n * (N - 1), t0);
+}
+
+void comm_allgatherv_rows(CommStats *s, CommKind kind, float *buf, const int *cnt, const int *displ, int width,
+                          MPI_Comm comm)
+{
+    int N = size_of(comm), me;
+    if (N == 1) return;
+    DCP_CHECK(MPI_Comm_rank(comm, &me));
+    double t0 = now_s();
+    int n = 0;
+    for (int r = 0; r < N; r++) n = displ[r] + cnt[r] > n ? displ[r] + cnt[r] : n;
+    size_t w = (size_t)width;
+    MPI_Datatype row = row_type(width);
+    float *b = buf;
+    if (s->stage_be) {
+        b = stage(s, w * (size_t)n + 1);
+        if (cnt[me]) s->stage_be->download(b + w * (size_t)displ[me], buf + w * (size_t)displ[me], sizeof(float) * w * (size_t)cnt[me]);
+    } else {
+        settle(s);
+    }
+    DCP_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, row, b, cnt, displ, row, comm));
+    if (s->stage_be && n) staged_upload(s, buf, b, w * (size_t)n);
+    DCP_CHECK(MPI_Type_free(&row));
+    count(s, kind, 4LL * width * (N - 1) * cnt[me], t0);
+}
+
+int comm_any(CommStats *s, int flag, MPI_Comm comm)
+{
+    if (size_of(comm) == 1) return flag != 0;
+    double t0 = now_s();
+    int any = flag != 0;
+    DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, comm));
+    count(s, COMM_ep_step, 4, t0);
+    return any;
+}

@@ -9,9 +9,17 @@
  *   logits_gather    count * 4            (MPI_Allgatherv of a vocabulary shard)
  *   logprob_gather   count * 4            (MPI_Allgather of each shard's maximum, top-N and chosen logit)
  *                    + rows * 8           (MPI_Allreduce of the rows' exact log-sum-exp sums)
+ *   moe_dispatch     4 * (N - 1) * E / N  (MPI_Alltoall of the token counts of each rank's E / N experts)
+ *                    + 4 * dim * rows     (MPI_Alltoallv of hidden rows, those sent to other ranks)
+ *   moe_combine      4 * dim * rows       (MPI_Alltoallv of the experts' outputs back, to other ranks)
+ *                    + 4 * dim * (tp - 1) * h  (MPI_Allgatherv of the combined rows over tp_comm,
+ *                                         h: the rows this rank combined)
+ *   ep_step          4                    (MPI_Allreduce(MAX) over world: whether a DP group has work)
  * where N is the communicator's size. A communicator of one rank makes no
- * call and counts nothing. tp_sum, q_allgather, merge_exchange and
- * all_to_all take backend buffers (staged when MPI
+ * call and counts nothing; moe_dispatch and moe_combine (expert
+ * parallelism, moe.c) count the bytes that leave the rank, not those to
+ * itself. tp_sum, q_allgather, merge_exchange, all_to_all and the MoE rows
+ * take backend buffers (staged when MPI
  * cannot read device memory); argmax, logits_gather and logprob_gather take
  * host arrays. */
 #ifndef DCP_COMM_H
@@ -28,7 +36,10 @@
     X(all_to_all)     \
     X(argmax)         \
     X(logits_gather)  \
-    X(logprob_gather)
+    X(logprob_gather) \
+    X(moe_dispatch)   \
+    X(moe_combine)    \
+    X(ep_step)
 
 typedef enum {
 #define COMM_ENUM(name) COMM_##name,
@@ -94,5 +105,19 @@ void comm_gather_logprobs(CommStats *s, const float *send, int count, float *rec
 /* v (count) summed over comm: integers, exact in any order; counted with
  * logprob_gather (count * 8 bytes) */
 void comm_sum_int64(CommStats *s, int64_t *v, int count, MPI_Comm comm);
+
+/* Expert parallelism's exchanges (moe.c), counted as kind. Rows of width
+ * floats to and from every rank of comm (backend buffers): scount[r] rows
+ * from send + sdispl[r] rows to rank r, rcount[r] rows from rank r into
+ * recv + rdispl[r] rows (an MPI type of one row keeps the counts in rows). */
+void comm_alltoallv_rows(CommStats *s, CommKind kind, const float *send, const int *scount, const int *sdispl,
+                         float *recv, const int *rcount, const int *rdispl, int width, MPI_Comm comm);
+/* n host ints to and from every rank of comm */
+void comm_alltoall_ints(CommStats *s, CommKind kind, const int *send, int *recv, int n, MPI_Comm comm);
+/* rank r's count[r] rows at displ[r] of buf (backend buffer) to every rank */
+void comm_allgatherv_rows(CommStats *s, CommKind kind, float *buf, const int *count, const int *displ, int width,
+                          MPI_Comm comm);
+/* Whether any rank of comm passes a nonzero flag (ep_step). */
+int comm_any(CommStats *s, int flag, MPI_Comm comm);
 
 #endif

@@ -62,10 +62,21 @@ void topology_init(Topology *t, MPI_Comm world, int tp, int dcp, int interleave)
     t->dcp_group = t->tp_rank / dcp;
     DCP_CHECK(MPI_Comm_split(world, t->dp_rank, t->tp_rank, &t->tp_comm));
     DCP_CHECK(MPI_Comm_split(t->tp_comm, t->dcp_group, t->dcp_rank, &t->dcp_comm));
+    t->ep = 1;
+    t->ep_comm = MPI_COMM_NULL;
+}
+
+void topology_enable_ep(Topology *t)
+{
+    t->expert_parallel = 1;
+    t->ep = t->world_size;
+    t->ep_rank = t->world_rank;
+    DCP_CHECK(MPI_Comm_dup(t->world, &t->ep_comm));
 }
 
 void topology_free(Topology *t)
 {
+    if (t->ep_comm != MPI_COMM_NULL && t->ep_comm) DCP_CHECK(MPI_Comm_free(&t->ep_comm));
     if (t->dcp_comm != MPI_COMM_NULL && t->dcp_comm) DCP_CHECK(MPI_Comm_free(&t->dcp_comm));
     if (t->tp_comm != MPI_COMM_NULL && t->tp_comm) DCP_CHECK(MPI_Comm_free(&t->tp_comm));
     memset(t, 0, sizeof *t);

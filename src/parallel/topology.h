@@ -15,6 +15,12 @@ typedef struct {
     MPI_Comm world;
     MPI_Comm tp_comm;        /* the ranks of one DP replica */
     MPI_Comm dcp_comm;       /* the ranks sharing one KV head's sequence */
+    /* Expert parallelism (--enable-expert-parallel): the routed experts
+     * spread whole over ep ranks, the TP group's and, with dp > 1, every
+     * DP group's (all of world, ep_rank the world rank); ep 1: off. */
+    int expert_parallel; /* on (topology_enable_ep), at any ep, 1 included */
+    int ep, ep_rank;
+    MPI_Comm ep_comm;
 } Topology;
 
 /* Checks a layout against the model before anything is loaded. On failure
@@ -22,6 +28,9 @@ typedef struct {
 int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave, int block_size);
 /* Builds the communicators; collective over world. */
 void topology_init(Topology *t, MPI_Comm world, int tp, int dcp, int interleave);
+/* Turns expert parallelism on over every rank of world (its own
+ * communicator); collective over world. */
+void topology_enable_ep(Topology *t);
 void topology_free(Topology *t);
 
 /* docs/design.md, "Where a token's KV lives": the DCP rank that stores position p, the index of p

@@ -193,7 +193,7 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     L->rank_weights = xcalloc((size_t)L->tp, sizeof(size_t));
     Model m;
     for (int r = 0; r < L->tp; r++) {
-        if (model_size(&m, o->model, L->tp, r, o->dtype)) {
+        if (model_size(&m, o->model, L->tp, r, 0, 0, o->dtype)) {
             snprintf(L->refused, sizeof L->refused, "%s", dcp_error());
             return;
         }
