@@ -27,6 +27,8 @@ typedef struct {
     int guarded;      /* the guarded backend: device-like buffers, staged MPI */
     double rel_tol;   /* >0: logits within this of one rank's, relative to the row's largest |logit| (else 1e-3 absolute) */
     DType kv_dtype;   /* of the KV cache */
+    int ep;           /* --enable-expert-parallel: whole experts over the np ranks */
+    int ref_ep;       /* the reference ran with it too (its reduction order is the EP one) */
 } Layout;
 
 /* What a layout run reports besides its checks. */
@@ -35,6 +37,10 @@ typedef struct {
     long long preemptions;
     long long capacity;    /* logical KV positions of the DCP group */
     CommStats comm;
+    /* expert parallelism: forward passes, idle passes, and the engine's
+     * counts (MoeCounts: layers x experts; the caller frees them) */
+    long long steps, idle;
+    long long *sent, *received;
 } LayoutRun;
 
 typedef struct {
@@ -81,24 +87,37 @@ static int rank_of_world(void)
     return r;
 }
 
-/* One rank's run (every rank makes its own), with a KV cache of kv_dtype. */
-static Reference reference_run_kv(const char *path, RequestSet *rs, DType kv_dtype)
+/* One rank's run (every rank makes its own), with a KV cache of kv_dtype;
+ * ep: with expert parallelism (over itself: whole experts, its order). */
+static Reference reference_run_ep(const char *path, RequestSet *rs, DType kv_dtype, int ep)
 {
     Model m;
-    CHECK(model_load(&m, path, 1, 0) == 0, "load %s: %s", path, dcp_error());
+    CHECK(model_load_ep(&m, path, 1, 0, ep, 0, "float32", 0) == 0, "load %s: %s", path, dcp_error());
+    Topology t;
+    if (ep) {
+        topology_init(&t, MPI_COMM_SELF, 1, 1, 1);
+        topology_enable_ep(&t);
+    }
     Reference ref = {xcalloc((size_t)rs->n, sizeof(Result)), {0}, xmalloc(sizeof(int) * rs->n)};
     for (int i = 0; i < rs->n; i++) ref.identity[i] = i;
     ref.cap = capture_new(rs, m.cfg.vocab_size, ref.identity);
     Timings tm = {0};
     Engine e;
     EngineOptions eo = {.kv_dtype = kv_dtype};
-    engine_init(&e, &m, backend_cpu(), NULL, &eo, &tm, NULL);
+    CommStats cs = {0};
+    engine_init(&e, &m, backend_cpu(), ep ? &t : NULL, &eo, &tm, ep ? &cs : NULL);
     GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = 4096,
                      .on_logits = capture, .on_logits_ctx = &ref.cap};
     generate(&e, rs, ref.res, &go, NULL);
     engine_free(&e);
     model_free(&m);
+    if (ep) topology_free(&t);
     return ref;
+}
+
+static Reference reference_run_kv(const char *path, RequestSet *rs, DType kv_dtype)
+{
+    return reference_run_ep(path, rs, kv_dtype, 0);
 }
 
 static Reference reference_run(const char *path, RequestSet *rs) { return reference_run_kv(path, rs, DTYPE_F32); }
@@ -117,8 +136,10 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
     if (rank < L.np) {
         Topology t;
         topology_init(&t, sub, L.tp, L.dcp, L.I);
+        if (L.ep) topology_enable_ep(&t);
         Model m;
-        CHECK(model_load(&m, path, t.tp, t.tp_rank) == 0, "load: %s", dcp_error());
+        CHECK(model_load_ep(&m, path, t.tp, t.tp_rank, L.ep ? t.ep : 0, t.ep_rank, "float32", 0) == 0, "load: %s",
+              dcp_error());
         int *group = dp_assign(rs, t.dp, NULL);
         RequestSet mine;
         int *global = xmalloc(sizeof(int) * rs->n);
@@ -140,7 +161,16 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         generate(&e, &mine, res, &go, &gs);
         pmpi_counting = 0;
         CHECK(gs.kv_blocks_left == 0 && e.att.pool.n_free == e.att.pool.n_blocks, "%s: KV blocks released", label);
-        if (out) *out = (LayoutRun){gs.kv_positions_peak, gs.preemptions, engine_kv_capacity(&e), cs};
+        if (out) {
+            *out = (LayoutRun){.kv_peak = gs.kv_positions_peak, .preemptions = gs.preemptions,
+                               .capacity = engine_kv_capacity(&e), .comm = cs, .steps = gs.n_steps,
+                               .idle = e.moe_counts.idle_steps};
+            if (L.ep) {
+                size_t n = (size_t)m.cfg.n_layers * m.cfg.m.n_routed_experts * sizeof(long long);
+                out->sent = memcpy(xmalloc(n), e.moe_counts.sent, n);
+                out->received = memcpy(xmalloc(n), e.moe_counts.received, n);
+            }
+        }
         free(gs.steps);
         engine_free(&e);
         double worst = 0;
@@ -177,7 +207,8 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
             /* a layout of the canonical order (docs/design.md, "Same bits
              * at any layout"): tp dividing the K chunks, dcp the key
              * shards, and the reference's interleave, 1 */
-            int canonical = m.shard.k_chunks % L.tp == 0 && m.shard.key_shards % L.dcp == 0 && L.I == 1;
+            int canonical = m.shard.k_chunks % L.tp == 0 && m.shard.key_shards % L.dcp == 0 && L.I == 1 &&
+                            L.ep == L.ref_ep;
             CHECK(!canonical || worst == 0, "%s: a canonical layout's logits differ from one rank's by %g", label, worst);
             if (rank == 0) fprintf(stderr, "%-44s max |logit - one rank| = %.2g\n", label, worst);
         }
@@ -466,7 +497,8 @@ static void comm_bytes(const char *path, int heads)
                 [PM_SUM] = {-1, -1},          [PM_MAXLOC] = {COMM_argmax, -1},
                 [PM_ALLGATHER] = {COMM_q_allgather, -1}, [PM_SENDRECV] = {COMM_merge_exchange, -1},
                 [PM_ALLTOALL] = {COMM_all_to_all, -1}, [PM_ALLGATHERV] = {COMM_logits_gather, -1},
-                [PM_TP_SUM] = {COMM_tp_sum, -1}};
+                [PM_TP_SUM] = {COMM_tp_sum, -1}, [PM_MOE_DISPATCH] = {-1, -1}, [PM_MOE_COMBINE] = {-1, -1},
+                [PM_MAX] = {-1, -1}};
             for (int k = 0; k < PM_N; k++) {
                 long long fc = 0, fb = 0, sc = 0, sb = 0;
                 for (int j = 0; j < 2; j++) {
@@ -738,6 +770,146 @@ static void deepseek_layouts(void)
     }
 }
 
+/* Expert parallelism (--enable-expert-parallel) on DeepSeek-V3 and V2:
+ * greedy tokens identical to one rank's and logits within 1e-4 of them
+ * at tp 4 dcp 4, tp 2 dp 2 and tp 8 dcp 8 (16-token steps, so chunked
+ * prefill; a KV budget that preempts; staged device-like buffers), and
+ * the same bits at every EP layout as one rank with EP. Then what
+ * crossed MPI against the formulas from the routed counts. */
+static void expert_parallel_layouts(void)
+{
+    static const char *cases[] = {"v3_yarn", "v2_softmax"};
+    const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    for (size_t k = 0; k < 2; k++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/tests/data/deepseek/%s", src, cases[k]);
+        int prompt[1024], n = read_prompt(dir, prompt, 1024);
+        if (!CHECK_OK(n >= 200, "%s: no prompt in %s", cases[k], dir)) continue;
+        RequestSet rs = {0};
+        static const int start[] = {0, 100, 10, 50}, len[] = {0, 57, 120, 90}, gen[] = {32, 20, 24, 30};
+        for (int i = 0; i < 4; i++) add_request(&rs, prompt + start[i], len[i] ? len[i] : n, gen[i], 0.0f, 1.0f, 0);
+        /* one rank, and one rank with EP (whole experts, the EP layouts' bits) */
+        Reference ref = reference_run(dir, &rs), one_ep = reference_run_ep(dir, &rs, DTYPE_F32, 1);
+        char label[128];
+        snprintf(label, sizeof label, "deepseek %s EP: one rank with EP against one rank", cases[k]);
+        run_layout(label, dir, &rs, &ref,
+                   (Layout){.np = 1, .tp = 1, .dcp = 1, .I = 1, .budget = 16, .ep = 1, .rel_tol = 1e-4}, NULL);
+        size_t per_position = kv_bytes_per_position(3, 1, 40, sizeof(float)) / 2;
+        struct {
+            int np, tp, dcp, guarded, tight;
+            MergeBackend merge;
+        } L[] = {{4, 4, 4, 0, 0, MERGE_A2A}, {4, 2, 1, 0, 0, MERGE_AG_RS}, {8, 8, 8, 0, 1, MERGE_AG_RS},
+                 {4, 2, 1, 1, 0, MERGE_AG_RS}};
+        for (size_t j = 0; j < sizeof L / sizeof *L; j++) {
+            if (k == 1 && L[j].guarded) continue;
+            for (int against_ep = 0; against_ep < 2; against_ep++) {
+                Layout lay = {.np = L[j].np, .tp = L[j].tp, .dcp = L[j].dcp, .I = 1, .merge = L[j].merge, .budget = 16,
+                              .guarded = L[j].guarded, .ep = 1, .ref_ep = against_ep, .rel_tol = 1e-4};
+                if (L[j].tight) lay.block_size = 16, lay.kv_memory = 4 * 16 * per_position;
+                snprintf(label, sizeof label, "deepseek %s EP: tp %d dcp %d dp %d%s%s against one rank%s", cases[k],
+                         L[j].tp, L[j].dcp, L[j].np / L[j].tp, L[j].tight ? ", 4 KV blocks" : "",
+                         L[j].guarded ? ", staged" : "", against_ep ? " with EP" : "");
+                LayoutRun run = {0};
+                run_layout(label, dir, &rs, against_ep ? &one_ep : &ref, lay, &run);
+                CHECK(!L[j].tight || rank >= L[j].np || run.preemptions > 0, "%s: nothing preempted", label);
+                free(run.sent), free(run.received);
+                if (L[j].guarded) break; /* once is enough */
+            }
+        }
+        free_reference(&one_ep, rs.n);
+        free_reference(&ref, rs.n);
+        requests_free(&rs);
+    }
+}
+
+/* Each rank's moe_dispatch, moe_combine and ep_step calls and bytes
+ * (comm.h) against the formulas from the routed counts, and against what
+ * crossed MPI (PMPI), at tp 2 dp 2 (two DP groups of unequal work, so idle
+ * passes) and tp 4 dcp 4; the counts themselves add up to K pairs per
+ * token and MoE layer. */
+static void expert_parallel_bytes(void)
+{
+    const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tests/data/deepseek/v3_yarn", src);
+    int prompt[1024], n = read_prompt(dir, prompt, 1024), rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (!CHECK_OK(n >= 200, "no prompt in %s", dir)) return;
+    Config c;
+    CHECK(model_read_config(dir, &c) == 0, "%s", dcp_error());
+    RequestSet rs = {0};
+    add_request(&rs, prompt, 37, 9, 0.0f, 1.0f, 0);
+    add_request(&rs, prompt + 40, 5, 3, 0.0f, 1.0f, 0);
+    add_request(&rs, prompt + 60, 11, 2, 0.0f, 1.0f, 0);
+    Reference ref = reference_run(dir, &rs);
+    int E = c.m.n_routed_experts, K = c.m.experts_per_token, dim = c.dim, Lyr = c.n_layers;
+    int moe_layers = 0;
+    for (int l = 0; l < Lyr; l++) moe_layers += MLA_MOE_LAYER(&c, l);
+    static const int shapes[][2] = {{2, 1}, {4, 4}}; /* tp, dcp over 4 ranks */
+    for (int sh = 0; sh < 2; sh++) {
+        int tp = shapes[sh][0], N = 4, El = E / N, me = rank;
+        char label[96];
+        snprintf(label, sizeof label, "EP bytes: tp %d dcp %d dp %d", tp, shapes[sh][1], N / tp);
+        LayoutRun run = {0};
+        run_layout(label, dir, &rs, &ref,
+                   (Layout){.np = N, .tp = tp, .dcp = shapes[sh][1], .I = 1, .budget = 4096, .tokens_only = 1, .ep = 1},
+                   &run);
+        if (rank < N) {
+            long long rows_out = 0, rows_back = 0, pairs = 0;
+            for (int l = 0; l < Lyr; l++)
+                for (int e = 0; e < E; e++) {
+                    long long sent = run.sent[(size_t)l * E + e], got = run.received[(size_t)l * E + e];
+                    int mine = e / El == me;
+                    if (!mine) rows_out += sent;
+                    if (mine) rows_back += got - sent; /* pairs from other ranks, returned to them */
+                    CHECK(mine || got == 0, "%s rank %d: received tokens for expert %d it does not hold", label, rank, e);
+                    pairs += sent;
+                }
+            long long passes = (run.steps + run.idle) * moe_layers; /* MoE layer calls, idle ones included */
+            long long want_c[3] = {2 * passes, passes + (tp > 1 ? run.steps * moe_layers : 0), N / tp > 1 ? run.steps + run.idle + 1 : 0};
+            long long want_b[3] = {4LL * (N - 1) * El * passes + 4LL * dim * rows_out,
+                                   4LL * dim * rows_back + 4LL * dim * (tp - 1) * pairs / K, 4 * want_c[2]};
+            const int kinds[3] = {COMM_moe_dispatch, COMM_moe_combine, COMM_ep_step};
+            const int pm[3] = {PM_MOE_DISPATCH, PM_MOE_COMBINE, PM_MAX};
+            for (int i = 0; i < 3; i++) {
+                long long calls = 0, bytes = 0;
+                for (int p = 0; p < PHASE_N; p++) calls += run.comm.c[p][kinds[i]].calls, bytes += run.comm.c[p][kinds[i]].bytes;
+                CHECK(calls == want_c[i] && bytes == want_b[i] && pmpi_counts[pm[i]].calls == want_c[i] &&
+                          pmpi_counts[pm[i]].bytes == want_b[i],
+                      "%s rank %d %s: counted %lld calls / %lld bytes, crossed MPI %lld / %lld, formula %lld / %lld",
+                      label, rank, comm_kind_names[kinds[i]], calls, bytes, pmpi_counts[pm[i]].calls,
+                      pmpi_counts[pm[i]].bytes, want_c[i], want_b[i]);
+                if (rank == 0)
+                    fprintf(stderr, "%s rank 0 %s: %lld calls, %lld bytes (formula %lld / %lld)\n", label,
+                            comm_kind_names[kinds[i]], calls, bytes, want_c[i], want_b[i]);
+            }
+            /* every rank's pairs and every expert's tokens add up to K per
+             * token forwarded (prompts and outputs, less each request's
+             * last) per MoE layer: each TP rank routes its share of its DP
+             * group's rows */
+            long long r[2] = {pairs, 0}, tot[2], tokens = 0;
+            for (int l = 0; l < Lyr; l++)
+                for (int e = 0; e < E; e++) r[1] += run.received[(size_t)l * E + e];
+            for (int i = 0; i < rs.n; i++) tokens += rs.r[i].n_prompt + ref.res[i].n - 1;
+            MPI_Comm sub;
+            MPI_Comm_split(MPI_COMM_WORLD, 0, rank, &sub);
+            MPI_Allreduce(r, tot, 2, MPI_LONG_LONG, MPI_SUM, sub);
+            MPI_Comm_free(&sub);
+            CHECK(tot[0] == tokens * K * moe_layers && tot[1] == tot[0],
+                  "%s: %lld pairs sent and %lld received, want %lld tokens x %d x %d MoE layers", label, tot[0], tot[1],
+                  tokens, K, moe_layers);
+        } else {
+            MPI_Comm sub;
+            MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, rank, &sub);
+        }
+        free(run.sent), free(run.received);
+    }
+    free_reference(&ref, rs.n);
+    requests_free(&rs);
+}
+
 /* The bulk transfers, with chunks of a few bytes so that every transfer
  * crosses many chunk boundaries (as 2^30-byte chunks do past 2^31). */
 static void chunked_transfers(void)
@@ -796,6 +968,8 @@ int main(int argc, char **argv)
     chunked_transfers();
     hf_layouts();
     deepseek_layouts();
+    expert_parallel_layouts();
+    expert_parallel_bytes();
     stories_layouts();
     char *mqa8 = write_mqa(dir, 8, 512), *mqa16 = write_mqa(dir, 16, 512), *mqa_long = write_mqa(dir, 8, 4200);
     mqa_layouts(mqa8, 8);

@@ -44,6 +44,34 @@ long engine_step_token_limit(const Model *m, const Topology *topo)
     return (long)(INT_MAX / most);
 }
 
+void engine_decode_comm_ep(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long moe_calls[COMM_N],
+                           double moe_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N])
+{
+    const Shard *s = &m->shard;
+    const Config *c = &m->cfg;
+    long long lc[COMM_N], lb[COMM_N];
+    engine_decode_comm(m, tp_rank, dcp, merge, T, lc, lb, step_calls, step_bytes);
+    for (int k = 0; k < COMM_N; k++) moe_calls[k] = lc[k], moe_bytes[k] = (double)lb[k];
+    if (s->ep < 1) return;
+    int tp = s->tp, N = s->ep, h0, H;
+    balanced_part(T, tp, tp_rank, &h0, &H);
+    double K = c->m.experts_per_token, dim = c->dim, away = (double)(N - 1) / N;
+    if (!s->shared_hidden) { /* the block's TP sum is the shared experts' only */
+        moe_calls[COMM_tp_sum] -= tp > 1;
+        moe_bytes[COMM_tp_sum] /= 2;
+    }
+    if (N > 1) {
+        moe_calls[COMM_moe_dispatch] = 2;
+        moe_bytes[COMM_moe_dispatch] = 4.0 * (N - 1) * s->experts + 4 * dim * H * K * away;
+        moe_calls[COMM_moe_combine] = 1 + (tp > 1);
+        moe_bytes[COMM_moe_combine] = 4 * dim * H * K * away + 4 * dim * (tp - 1) * H;
+    }
+    if (N > tp) { /* DP groups agree to step together */
+        step_calls[COMM_ep_step] = 1;
+        step_bytes[COMM_ep_step] = 4;
+    }
+}
+
 void engine_decode_comm(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long layer_calls[COMM_N],
                         long long layer_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N])
 {

@@ -66,6 +66,14 @@ long engine_step_token_limit(const Model *m, const Topology *topo);
  * steps x (layers x the first + the second). */
 void engine_decode_comm(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long layer_calls[COMM_N],
                         long long layer_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N]);
+/* The same for a MoE layer of a model loaded with expert parallelism
+ * (Shard.ep >= 1; else a MoE layer's are the other layers'), where they
+ * depend on the routing: the expected bytes when each token's experts
+ * fall on the ranks evenly, (N - 1) / N of its K pairs away from its TP
+ * rank (moe_dispatch, moe_combine: comm.h), the TP gather of the combined
+ * rows, and per step the DP groups' agreement (ep_step) when EP spans them. */
+void engine_decode_comm_ep(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long moe_calls[COMM_N],
+                           double moe_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N]);
 
 /* Runs the model on the chunks' tokens (concatenated in chunk order) and
  * writes their K/V into the owners' caches. logits (host memory) receives,

@@ -41,7 +41,7 @@ void shard_init(Shard *s, const Config *c, int tp, int tp_rank)
     }
     canonical_order(c, &s->k_chunks, &s->key_shards);
     s->chunks = s->k_chunks % tp ? 1 : s->k_chunks / tp;
-    s->ep = 1;
+    s->ep = 0; /* off (shard_set_ep) */
     s->experts = c->m.n_routed_experts;
     s->expert_chunks = s->chunks;
 }

@@ -22,10 +22,11 @@ typedef struct {
     int moe_hidden, moe_hidden0;       /* MoE models: each routed expert's intermediate rows held */
     int shared_hidden, shared_hidden0; /* and the shared experts' */
     /* The routed experts held: experts of them from expert0 on, with
-     * moe_hidden rows each. Without expert parallelism (ep 1) all of them,
+     * moe_hidden rows each. Without expert parallelism (ep 0) all of them,
      * sliced by TP; with it (shard_set_ep) a contiguous range of whole
-     * experts per rank of the EP group, whose down projections are not cut
-     * into K chunks (expert_chunks 1: the rank holds every column). */
+     * experts per rank of the EP group of ep ranks, whose down projections
+     * are not cut into K chunks (expert_chunks 1: the rank holds every
+     * column). */
     int ep, ep_rank;
     int experts, expert0, expert_chunks;
     /* The canonical reduction order (docs/design.md, "Same bits at any
