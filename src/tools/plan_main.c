@@ -63,13 +63,18 @@ typedef struct {
     char refused[512];          /* why the layout is invalid; "" when valid */
     size_t weights;             /* the largest rank's weight bytes */
     size_t part[WPART_N];       /* that rank's by part */
-    size_t *rank_weights;       /* (tp) each TP rank's */
+    size_t *rank_weights;       /* (tp) each TP rank's; with expert parallelism (tp x dp) each rank's */
+    int ep;                     /* ranks of the expert-parallel group; 0: off */
+    int experts;                /* routed experts per rank under it */
+    int moe_layers;             /* layers with routed experts */
     size_t usable, kv_memory;   /* per GPU: memory for weights, KV and reserve; KV bytes per rank */
     int fits;                   /* -1: unknown (no GPU memory given) */
     KvSizing kv;
     int max_model_len;
     int running;                /* requests at once: by KV capacity and --max-num-seqs */
     long long layer_calls[COMM_N], layer_bytes[COMM_N], step_calls[COMM_N], step_bytes[COMM_N];
+    long long moe_calls[COMM_N]; /* a MoE layer's under EP (expected bytes: engine_decode_comm_ep) */
+    double moe_bytes[COMM_N];
     double read_weights, read_kv, sent, step_s, tokens_s; /* the estimate, per decode step */
 } Layout;
 
@@ -95,6 +100,8 @@ static void usage(FILE *f)
             "  --sweep               every layout of the GPUs (instead of -tp, -dcp, -dp): tp dividing them,\n"
             "                        dcp dividing tp, dp the rest\n"
             "  --input-len N, --output-len N  the workload's requests (default: --max-model-len each)\n"
+            "  --enable-expert-parallel  as dcpinfer's: each rank's share of whole experts, and the\n"
+            "                        expected bytes of the tokens' trips to their experts\n"
             "  --format json         one JSON object with a \"layouts\" array, for scripts\n"
             "The other options mean what they mean to dcpinfer (its --help).\n");
 }
@@ -127,9 +134,6 @@ static int plan_options(int *argc, char **argv, PlanOptions *p)
             p->sweep = 1;
             continue;
         }
-        if (n && !strcmp(n, "enable-expert-parallel"))
-            return dcp_fail("--enable-expert-parallel: dcpinfer does not run expert parallelism yet, so there is "
-                            "nothing to plan for it");
         if (known < 0) {
             argv[out++] = argv[i];
             continue;
@@ -186,24 +190,31 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     Config cfg;
     if (model_read_any_config(o->model, &cfg) ||
         topology_check(&cfg, L->tp * L->dp, L->tp, L->dcp, L->dp, o->interleave, o->block_size) ||
+        (o->expert_parallel && expert_parallel_check(&cfg, L->tp * L->dp)) ||
         options_max_model_len(o, &cfg, &L->max_model_len)) {
         snprintf(L->refused, sizeof L->refused, "%s", dcp_error());
         return;
     }
-    L->rank_weights = xcalloc((size_t)L->tp, sizeof(size_t));
+    /* each TP rank's weights; with expert parallelism each rank's, whose
+     * experts differ across DP groups too */
+    L->ep = o->expert_parallel ? L->tp * L->dp : 0;
+    int ranks = L->ep ? L->ep : L->tp;
+    L->rank_weights = xcalloc((size_t)ranks, sizeof(size_t));
     Model m;
-    for (int r = 0; r < L->tp; r++) {
-        if (model_size(&m, o->model, L->tp, r, 0, 0, o->dtype)) {
+    for (int r = 0; r < ranks; r++) {
+        if (model_size(&m, o->model, L->tp, r % L->tp, L->ep, r, o->dtype)) {
             snprintf(L->refused, sizeof L->refused, "%s", dcp_error());
             return;
         }
         L->rank_weights[r] = m.w.bytes;
+        L->experts = m.shard.experts;
         if (m.w.bytes > L->weights || !r) {
             L->weights = m.w.bytes;
             memcpy(L->part, m.w.part_bytes, sizeof L->part);
         }
-        if (r < L->tp - 1) model_free(&m);
+        if (r < ranks - 1) model_free(&m);
     }
+    for (int l = 0; l < cfg.n_layers; l++) L->moe_layers += cfg.mla ? MLA_MOE_LAYER(&cfg, l) : cfg.m.n_routed_experts > 0;
     /* KV bytes per rank: as given, else what the GPU's usable memory
      * leaves after the largest rank's weights and the reserve */
     L->fits = -1;
@@ -224,19 +235,26 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     MergeBackend merge = strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A;
     engine_decode_comm(&m, 0, L->dcp, merge, L->running > 0 ? L->running : 1, L->layer_calls, L->layer_bytes,
                        L->step_calls, L->step_bytes);
+    engine_decode_comm_ep(&m, 0, L->dcp, merge, L->running > 0 ? L->running : 1, L->moe_calls, L->moe_bytes,
+                          L->step_calls, L->step_bytes);
     /* The roofline: a step reads this rank's weights (the embedding only
      * by row; of the routed experts, the share T tokens' top-k choices
      * reach if spread evenly) and its shard of every running request's
      * context, and sends its collectives; HBM and link bandwidth bound it. */
     int T = L->running > 0 ? L->running : 1;
     const MlaConfig *mc = &m.cfg.m;
-    double reach = mc->n_routed_experts ? 1 - pow(1 - (double)mc->experts_per_token / mc->n_routed_experts, T) : 1;
+    /* with expert parallelism every DP group's tokens reach this rank's experts */
+    int reaching = L->ep ? T * L->dp : T;
+    double reach =
+        mc->n_routed_experts ? 1 - pow(1 - (double)mc->experts_per_token / mc->n_routed_experts, reaching) : 1;
     L->read_weights = (double)L->part[WPART_ATTENTION] + L->part[WPART_MLP] + L->part[WPART_LM_HEAD] +
                       reach * L->part[WPART_EXPERTS];
     double context = p->input_len || p->output_len ? p->input_len + p->output_len / 2.0 : L->max_model_len;
     L->read_kv = (double)T * context / L->dcp * L->kv.bytes_per_token;
     L->sent = 0;
-    for (int k = 0; k < COMM_N; k++) L->sent += (double)m.cfg.n_layers * L->layer_bytes[k] + L->step_bytes[k];
+    for (int k = 0; k < COMM_N; k++)
+        L->sent += (double)(m.cfg.n_layers - L->moe_layers) * L->layer_bytes[k] + L->moe_layers * L->moe_bytes[k] +
+                   L->step_bytes[k];
     if (p->gpu && L->running > 0) {
         L->step_s = (L->read_weights + L->read_kv) / p->gpu->hbm + L->sent / p->gpu->link;
         L->tokens_s = L->dp * T / L->step_s;
@@ -248,7 +266,7 @@ static double gib(double b) { return b / 1073741824.0; }
 
 static void print_layout(const PlanOptions *p, const Layout *L)
 {
-    printf("# layout: tp %d, dcp %d, dp %d\n", L->tp, L->dcp, L->dp);
+    printf("# layout: tp %d, dcp %d, dp %d%s\n", L->tp, L->dcp, L->dp, L->ep ? ", expert parallel" : "");
     if (*L->refused) {
         printf("# refused: %s\n", L->refused);
         return;
@@ -256,9 +274,12 @@ static void print_layout(const PlanOptions *p, const Layout *L)
     printf("# weights per rank: %.2f GiB (attention %.2f, mlp %.2f, experts %.2f, embedding %.2f, LM head %.2f GiB)\n",
            gib(L->weights), gib(L->part[WPART_ATTENTION]), gib(L->part[WPART_MLP]), gib(L->part[WPART_EXPERTS]),
            gib(L->part[WPART_EMBED]), gib(L->part[WPART_LM_HEAD]));
-    printf("# weight bytes by TP rank:");
-    for (int r = 0; r < L->tp; r++) printf(" %zu", L->rank_weights[r]);
+    printf("# weight bytes by %s:", L->ep ? "rank" : "TP rank");
+    for (int r = 0; r < (L->ep ? L->ep : L->tp); r++) printf(" %zu", L->rank_weights[r]);
     printf("\n");
+    if (L->ep)
+        printf("# expert parallel: %d routed experts over %d ranks, %d whole experts each\n", L->ep * L->experts,
+               L->ep, L->experts);
     if (L->fits >= 0)
         printf("# fits: %s (%.2f GiB usable per GPU: weights %.2f + reserve %.2f + KV %.2f GiB; "
                "--kv-cache-memory %zu)\n",
@@ -281,6 +302,17 @@ static void print_layout(const PlanOptions *p, const Layout *L)
             printf("%s %s %lld B in %lld call(s)", any++ ? "," : "", comm_kind_names[k], L->step_bytes[k],
                    L->step_calls[k]);
     printf("%s\n", any ? "" : " nothing");
+    if (L->ep) {
+        printf("# each of the %d MoE layers sends instead (expected when the tokens' experts fall evenly on the "
+               "ranks):",
+               L->moe_layers);
+        any = 0;
+        for (int k = 0; k < COMM_N; k++)
+            if (L->moe_calls[k])
+                printf("%s %s %.0f B in %lld call(s)", any++ ? "," : "", comm_kind_names[k], L->moe_bytes[k],
+                       L->moe_calls[k]);
+        printf("%s\n", any ? "" : " nothing");
+    }
     if (L->step_s > 0)
         printf("# estimate (roofline, %s): decode step %.2f ms = %.2f GB of weights + %.2f GB of KV at %.2f TB/s + "
                "%.1f MB sent at %.0f GB/s; %.0f tokens/s\n",
@@ -328,10 +360,12 @@ static json_t *layout_json(const Layout *L)
     }
     json_t *parts = json_object(), *ranks = json_array();
     for (int k = 0; k < WPART_N; k++) json_object_set_new(parts, weight_part_names[k], json_integer((json_int_t)L->part[k]));
-    for (int r = 0; r < L->tp; r++) json_array_append_new(ranks, json_integer((json_int_t)L->rank_weights[r]));
+    for (int r = 0; r < (L->ep ? L->ep : L->tp); r++)
+        json_array_append_new(ranks, json_integer((json_int_t)L->rank_weights[r]));
     json_object_set_new(j, "weight_bytes_per_rank", json_integer((json_int_t)L->weights));
     json_object_set_new(j, "weight_bytes_by_part", parts);
-    json_object_set_new(j, "weight_bytes_by_tp_rank", ranks);
+    json_object_set_new(j, L->ep ? "weight_bytes_by_rank" : "weight_bytes_by_tp_rank", ranks);
+    if (L->ep) json_object_set_new(j, "expert_parallel_ranks", json_integer(L->ep));
     json_object_set_new(j, "fits", L->fits < 0 ? json_null() : json_boolean(L->fits));
     json_object_set_new(j, "kv_cache_memory_per_rank", json_integer((json_int_t)L->kv_memory));
     if (L->fits == 0) return j;
@@ -344,6 +378,15 @@ static json_t *layout_json(const Layout *L)
     json_object_set_new(j, "running_requests", json_integer(L->running));
     json_object_set_new(j, "comm_per_layer", comm_json(L->layer_calls, L->layer_bytes));
     json_object_set_new(j, "comm_per_step", comm_json(L->step_calls, L->step_bytes));
+    if (L->ep) {
+        json_t *moe = json_object();
+        for (int k = 0; k < COMM_N; k++)
+            if (L->moe_calls[k])
+                json_object_set_new(moe, comm_kind_names[k],
+                                    json_pack("{s:I,s:f}", "calls", L->moe_calls[k], "bytes", L->moe_bytes[k]));
+        json_object_set_new(j, "comm_per_moe_layer", moe);
+        json_object_set_new(j, "moe_layers", json_integer(L->moe_layers));
+    }
     if (L->step_s > 0)
         json_object_set_new(j, "estimate",
                             json_pack("{s:f,s:f,s:f,s:f,s:f}", "decode_step_seconds", L->step_s, "tokens_per_second",
