@@ -8,7 +8,8 @@
 # CPU on one rank, and so do the DeepSeek-V3 model at tp 2 dcp 2, tp 8
 # dcp 8 and tp 4 dcp 4 (both merges, both MPI buffer modes; one run with
 # every launch checked, DCPINFER_CUDA_SYNC=1), the FP8 DeepSeek-V3 model
-# with an FP8 latent cache, and the DeepSeek-V2 model.
+# with an FP8 latent cache, and the DeepSeek-V2 model; DeepSeek-V3 with
+# expert parallelism at one rank, tp 4 dcp 4 and tp 2 dp 2.
 # Skips without a GPU. tests/stories_layouts.sh runs the same layouts on the CPU backend in
 # every suite, so that a layout the model refuses cannot hide here.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
@@ -40,8 +41,8 @@ run_layouts() {
     for layout in "$@"; do
         checks=$((checks + 1))
         name=$BACKEND$(echo "$layout $args" | md5sum | cut -c1-8)
-        np=$(echo " $layout" | sed -n 's/.* -tp \([0-9]*\).*/\1/p')
-        NP=${np:-1} run_dcp "$name" $args --backend "$BACKEND" $layout --output "$WORK/$name.h5" "$P"
+        np=$(echo " $layout" | sed -n 's/.* -tp \([0-9]*\).*/\1/p') dp=$(echo " $layout" | sed -n 's/.* -dp \([0-9]*\).*/\1/p')
+        NP=$((${np:-1} * ${dp:-1})) run_dcp "$name" $args --backend "$BACKEND" $layout --output "$WORK/$name.h5" "$P"
         if [ "$(cat "$WORK/$name.rc")" = 0 ] && [ "$(dump "$ref")" = "$(dump "$WORK/$name.h5")" ]; then
             pass "$BACKEND $layout: the reference tokens"
         else
@@ -68,6 +69,10 @@ run_dcp ds-cpu --model "$DS" --output "$WORK/ds-cpu.h5" "$P"
 run_layouts "$WORK/ds-cpu.h5" "--model $DS" "" "-tp 2 -dcp 2" "-tp 8 -dcp 8" "-tp 4 -dcp 4" \
     "-tp 4 -dcp 4 --dcp-comm-backend a2a" "-tp 4 -dcp 4 --mpi-device-buffers no" \
     "-tp 4 -dcp 4 --dcp-comm-backend a2a --mpi-device-buffers no"
+# expert parallelism: whole experts, rows dispatched and combined between
+# the ranks (device buffers, and staged), DP groups in step
+run_layouts "$WORK/ds-cpu.h5" "--model $DS --enable-expert-parallel" "" "-tp 4 -dcp 4" \
+    "-tp 4 -dcp 4 --mpi-device-buffers no" "-tp 2 -dp 2 --mpi-device-buffers no"
 # a bf16 latent cache, every launch checked against a GPU's limits and waited for
 run_dcp ds-cpu-bf16 --model "$DS" --kv-cache-dtype bfloat16 --output "$WORK/ds-cpu-bf16.h5" "$P"
 export DCPINFER_CUDA_SYNC=1
