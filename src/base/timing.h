@@ -10,6 +10,7 @@
     X(sampling)          \
     X(matmul)            \
     X(attention)         \
+    X(moe)               \
     X(lm_head)           \
     X(total)
 

@@ -248,10 +248,12 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
 
 void moe_block(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, int layer, const float *x, int T)
 {
+    double t0 = layer_clock(env);
     if (expert_parallel(env)) {
         moe_block_ep(env, w, s, layer, x, T);
-        return;
+    } else {
+        moe_forward(env, w, s, env->parts, x, T);
+        layer_residual(env, NULL, T);
     }
-    moe_forward(env, w, s, env->parts, x, T);
-    layer_residual(env, NULL, T);
+    env->tm->moe += layer_clock(env) - t0; /* the whole block: its GEMMs (also in matmul) and its exchanges */
 }
