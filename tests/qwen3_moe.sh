@@ -4,8 +4,9 @@
 # 320-token prompt (tests/data/hf/qwen3_moe, tests/ref/make_hf_refs.py) at
 # one rank and at every kind of layout: its experts split by TP, its KV
 # cache by DCP (4 query heads share each of 2 KV heads), DP, chunked
-# prefill and a second request in the same steps. The plan's weight bytes
-# are the run's.
+# prefill and a second request in the same steps, and expert parallelism
+# (whole experts over 4 and 8 ranks, no shared experts). The plan's weight
+# bytes are the run's.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 M=$SRC/tests/data/hf/qwen3_moe
 want=$(tr -s ' \n' ',' <"$M/greedy.txt" | sed 's/,$//')
@@ -17,7 +18,8 @@ ids() { grep "\"id\":\"$2\"" "$1" | grep -o '"token_ids":\[[^]]*\]' | sed 's/.*\
 run_dcp one --model "$M" --output "$WORK/one.jsonl" "$WORK/p.jsonl"
 other=$(ids "$WORK/one.jsonl" b)
 for layout in "1 --max-num-batched-tokens 64" "2 -tp 2" "4 -tp 4 -dcp 2 --max-num-batched-tokens 100" \
-    "8 -tp 8 -dcp 4 --dcp-comm-backend a2a" "4 -tp 2 -dp 2" "8 -tp 4 -dcp 2 -dp 2 --max-num-batched-tokens 64"; do
+    "8 -tp 8 -dcp 4 --dcp-comm-backend a2a" "4 -tp 2 -dp 2" "8 -tp 4 -dcp 2 -dp 2 --max-num-batched-tokens 64" \
+    "4 -tp 4 -dcp 2 --enable-expert-parallel" "8 -tp 2 -dp 4 --enable-expert-parallel --max-num-batched-tokens 64"; do
     checks=$((checks + 1))
     np=${layout%% *}
     name=$(echo "$layout" | tr -d ' -')

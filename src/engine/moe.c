@@ -61,9 +61,9 @@ void moe_reserve(const LayerEnv *env, MoeScratch *s, int T)
         s->ret = be->alloc(f * t * K * dim);
         s->routed = be->alloc(f * t * dim);
         s->h_start = xmalloc(sizeof(int) * (E + 1));
-        s->h_count = xmalloc(sizeof(int) * (E + 4 * (size_t)N));
+        s->h_count = xmalloc(sizeof(int) * E);
         s->h_rcount = xmalloc(sizeof(int) * E);
-        s->h_ep = xmalloc(sizeof(int) * 4 * (size_t)N);
+        s->h_ep = xmalloc(sizeof(int) * (4 * (size_t)N + 2 * (size_t)env->topo->tp)); /* MPI counts, displacements */
         s->h_lstart = xmalloc(sizeof(int) * (E / (size_t)N + 1));
         s->d_start = be->alloc(sizeof(int) * (E / (size_t)N + 1));
         return;
@@ -231,10 +231,9 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
                         topo->ep_comm);
     if (!T) return; /* the whole TP group is without tokens */
     if (H) be->moe_combine(s->routed + (size_t)h0 * dim, s->ret, s->slots, s->weights, H, K, dim);
-    int *tcount = xmalloc(sizeof(int) * 2 * (size_t)tp), *tdispl = tcount + tp;
+    int *tcount = rdispl + N, *tdispl = tcount + tp;
     for (int r = 0; r < tp; r++) balanced_part(T, tp, r, &tdispl[r], &tcount[r]);
     comm_allgatherv_rows(env->comm, COMM_moe_combine, s->routed, tcount, tdispl, dim, topo->tp_comm);
-    free(tcount);
     size_t n = (size_t)T * dim;
     if (w->shared.gate.data) { /* the shared experts' TP sum, then the routed experts' rows */
         layer_swiglu(env, &w->shared, env->parts, x, T, sh->shared_hidden, s->hg, s->hu);
