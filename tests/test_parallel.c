@@ -660,6 +660,19 @@ static void hf_layouts(void)
     }
 }
 
+/* The DeepSeek test model `name` (tests/data/deepseek) in dir, and four
+ * greedy requests from its prompt; 0 (a failed check) without it. */
+static int deepseek_requests(const char *name, char *dir, size_t size, RequestSet *rs)
+{
+    const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
+    snprintf(dir, size, "%s/tests/data/deepseek/%s", src, name);
+    int prompt[1024], n = read_prompt(dir, prompt, 1024);
+    if (!CHECK_OK(n >= 200, "%s: no prompt in %s", name, dir)) return 0;
+    static const int start[] = {0, 100, 10, 50}, len[] = {0, 57, 120, 90}, gen[] = {32, 20, 24, 30};
+    for (int i = 0; i < 4; i++) add_request(rs, prompt + start[i], len[i] ? len[i] : n, gen[i], 0.0f, 1.0f, 0);
+    return 1;
+}
+
 /* DeepSeek-V2/V3 (tests/data/deepseek: MLA, one latent KV row per position,
  * and MoE layers): greedy tokens identical to one rank and logits within
  * 1e-4 at tp 2, tp 4 dcp 2, tp 4 dcp 4 and tp 8 dcp 8, interleave 1 and 16,
@@ -675,12 +688,8 @@ static void deepseek_layouts(void)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     for (size_t k = 0; k < 2; k++) {
         char dir[4096];
-        snprintf(dir, sizeof dir, "%s/tests/data/deepseek/%s", src, cases[k]);
-        int prompt[1024], n = read_prompt(dir, prompt, 1024);
-        if (!CHECK_OK(n >= 200, "%s: no prompt in %s", cases[k], dir)) continue;
         RequestSet rs = {0};
-        static const int start[] = {0, 100, 10, 50}, len[] = {0, 57, 120, 90}, gen[] = {32, 20, 24, 30};
-        for (int i = 0; i < 4; i++) add_request(&rs, prompt + start[i], len[i] ? len[i] : n, gen[i], 0.0f, 1.0f, 0);
+        if (!deepseek_requests(cases[k], dir, sizeof dir, &rs)) continue;
         Reference ref = reference_run(dir, &rs);
         struct {
             int tp, dcp, I;
@@ -779,17 +788,12 @@ static void deepseek_layouts(void)
 static void expert_parallel_layouts(void)
 {
     static const char *cases[] = {"v3_yarn", "v2_softmax"};
-    const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     for (size_t k = 0; k < 2; k++) {
         char dir[4096];
-        snprintf(dir, sizeof dir, "%s/tests/data/deepseek/%s", src, cases[k]);
-        int prompt[1024], n = read_prompt(dir, prompt, 1024);
-        if (!CHECK_OK(n >= 200, "%s: no prompt in %s", cases[k], dir)) continue;
         RequestSet rs = {0};
-        static const int start[] = {0, 100, 10, 50}, len[] = {0, 57, 120, 90}, gen[] = {32, 20, 24, 30};
-        for (int i = 0; i < 4; i++) add_request(&rs, prompt + start[i], len[i] ? len[i] : n, gen[i], 0.0f, 1.0f, 0);
+        if (!deepseek_requests(cases[k], dir, sizeof dir, &rs)) continue;
         /* one rank, and one rank with EP (whole experts, the EP layouts' bits) */
         Reference ref = reference_run(dir, &rs), one_ep = reference_run_ep(dir, &rs, DTYPE_F32, 1);
         char label[128];

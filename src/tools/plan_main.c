@@ -264,6 +264,18 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
 
 static double gib(double b) { return b / 1073741824.0; }
 
+/* " tp_sum 768 B in 2 call(s), ..." for each collective called, or
+ * " nothing"; bytes exact, or expected (fractional) */
+static void print_comm(const long long calls[COMM_N], const long long *bytes, const double *expected)
+{
+    int any = 0;
+    for (int k = 0; k < COMM_N; k++)
+        if (calls[k])
+            printf("%s %s %.0f B in %lld call(s)", any++ ? "," : "", comm_kind_names[k],
+                   bytes ? (double)bytes[k] : expected[k], calls[k]);
+    if (!any) printf(" nothing");
+}
+
 static void print_layout(const PlanOptions *p, const Layout *L)
 {
     printf("# layout: tp %d, dcp %d, dp %d%s\n", L->tp, L->dcp, L->dp, L->ep ? ", expert parallel" : "");
@@ -290,28 +302,16 @@ static void print_layout(const PlanOptions *p, const Layout *L)
     printf("# KV bytes per token per rank: %zu\n", L->kv.bytes_per_token);
     int T = L->running > 0 ? L->running : 1;
     printf("# decode step of %d request(s) at once, rank 0 sends per layer:", T);
-    int any = 0;
-    for (int k = 0; k < COMM_N; k++)
-        if (L->layer_calls[k])
-            printf("%s %s %lld B in %lld call(s)", any++ ? "," : "", comm_kind_names[k], L->layer_bytes[k],
-                   L->layer_calls[k]);
-    printf("%s; per step:", any ? "" : " nothing");
-    any = 0;
-    for (int k = 0; k < COMM_N; k++)
-        if (L->step_calls[k])
-            printf("%s %s %lld B in %lld call(s)", any++ ? "," : "", comm_kind_names[k], L->step_bytes[k],
-                   L->step_calls[k]);
-    printf("%s\n", any ? "" : " nothing");
+    print_comm(L->layer_calls, L->layer_bytes, NULL);
+    printf("; per step:");
+    print_comm(L->step_calls, L->step_bytes, NULL);
+    printf("\n");
     if (L->ep) {
         printf("# each of the %d MoE layers sends instead (expected when the tokens' experts fall evenly on the "
                "ranks):",
                L->moe_layers);
-        any = 0;
-        for (int k = 0; k < COMM_N; k++)
-            if (L->moe_calls[k])
-                printf("%s %s %.0f B in %lld call(s)", any++ ? "," : "", comm_kind_names[k], L->moe_bytes[k],
-                       L->moe_calls[k]);
-        printf("%s\n", any ? "" : " nothing");
+        print_comm(L->moe_calls, NULL, L->moe_bytes);
+        printf("\n");
     }
     if (L->step_s > 0)
         printf("# estimate (roofline, %s): decode step %.2f ms = %.2f GB of weights + %.2f GB of KV at %.2f TB/s + "
