@@ -22,8 +22,8 @@
     X(top_p, "--top-p")                                                                                      \
     X(sampling, "--top-k, --min-p and the penalties")                                                        \
     X(seed, "--seed")                                                                                        \
-    X(reduction_order, "reduction order (the model's canonical sizes and --cp-kv-cache-interleave-size, or a "  \
-                       "layout that does not divide them)")
+    X(reduction_order, "reduction order (the model's canonical sizes, --cp-kv-cache-interleave-size and "      \
+                       "--enable-expert-parallel, or a layout that does not divide them)")
 
 enum {
 #define IDENTITY_ENUM(name, what) ID_##name,
