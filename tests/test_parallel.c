@@ -868,18 +868,21 @@ static void expert_parallel_bytes(void)
                     int mine = e / El == me;
                     if (!mine) rows_out += sent;
                     if (mine) rows_back += got - sent; /* pairs from other ranks, returned to them */
-                    CHECK(mine || got == 0, "%s rank %d: received tokens for expert %d it does not hold", label, rank, e);
+                    CHECK(mine || got == 0, "%s rank %d: received tokens for expert %d it does not hold", label, rank,
+                          e);
                     pairs += sent;
                 }
             long long passes = (run.steps + run.idle) * moe_layers; /* MoE layer calls, idle ones included */
-            long long want_c[3] = {2 * passes, passes + (tp > 1 ? run.steps * moe_layers : 0), N / tp > 1 ? run.steps + run.idle + 1 : 0};
+            long long want_c[3] = {2 * passes, passes + (tp > 1 ? run.steps * moe_layers : 0),
+                                   N / tp > 1 ? run.steps + run.idle + 1 : 0};
             long long want_b[3] = {4LL * (N - 1) * El * passes + 4LL * dim * rows_out,
                                    4LL * dim * rows_back + 4LL * dim * (tp - 1) * pairs / K, 4 * want_c[2]};
             const int kinds[3] = {COMM_moe_dispatch, COMM_moe_combine, COMM_ep_step};
             const int pm[3] = {PM_MOE_DISPATCH, PM_MOE_COMBINE, PM_MAX};
             for (int i = 0; i < 3; i++) {
                 long long calls = 0, bytes = 0;
-                for (int p = 0; p < PHASE_N; p++) calls += run.comm.c[p][kinds[i]].calls, bytes += run.comm.c[p][kinds[i]].bytes;
+                for (int p = 0; p < PHASE_N; p++)
+                    calls += run.comm.c[p][kinds[i]].calls, bytes += run.comm.c[p][kinds[i]].bytes;
                 CHECK(calls == want_c[i] && bytes == want_b[i] && pmpi_counts[pm[i]].calls == want_c[i] &&
                           pmpi_counts[pm[i]].bytes == want_b[i],
                       "%s rank %d %s: counted %lld calls / %lld bytes, crossed MPI %lld / %lld, formula %lld / %lld",

@@ -603,10 +603,10 @@ static int load_model(Run *r)
     const char *load_dtype = r->id.v[ID_dtype];
     /* bf16 matrices in the row groups the backend reads fastest (CPU: AVX2) */
     int bf16_group = r->be->gemm_row_group ? r->be->gemm_row_group(DTYPE_BF16) : 0;
-    if (failed_anywhere(model_load_ep(&r->model, o->model, r->topo.tp, r->topo.tp_rank, r->topo.expert_parallel ? r->topo.ep : 0,
-                                      r->topo.ep_rank,
-                                      load_dtype, bf16_group),
-                        r->world))
+    int ep = r->topo.expert_parallel ? r->topo.ep : 0; /* 0: experts sliced by TP */
+    if (failed_anywhere(
+            model_load_ep(&r->model, o->model, r->topo.tp, r->topo.tp_rank, ep, r->topo.ep_rank, load_dtype, bf16_group),
+            r->world))
         return EXIT_RUN_FAILED;
     if (r->tok) config_add_eos(&r->model.cfg, r->tok->eos_id);
     r->tm.load = now_s() - t0;

@@ -352,7 +352,8 @@ int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *
     for (int e = s->expert0; e < s->expert0 + s->experts; e++) {
         char nm[96];
         int mh = m->moe_hidden, r0 = s->moe_hidden0, nr = s->moe_hidden;
-        size_t per = (size_t)nr * dim, at = (size_t)(e - s->expert0) * per, all = (size_t)s->experts * per; /* e in its stack */
+        /* e's place in the stack of the experts held */
+        size_t per = (size_t)nr * dim, at = (size_t)(e - s->expert0) * per, all = (size_t)s->experts * per;
         snprintf(nm, sizeof nm, "mlp.experts.%d.gate_proj.weight", e);
         PUT(nm, mh, dim, NULL, &w->e_gate, at, all, r0, nr, 0, dim);
         snprintf(nm, sizeof nm, "mlp.experts.%d.up_proj.weight", e);

@@ -285,7 +285,8 @@ void comm_allgatherv_rows(CommStats *s, CommKind kind, float *buf, const int *cn
     float *b = buf;
     if (s->stage_be) {
         b = stage(s, w * (size_t)n + 1);
-        if (cnt[me]) s->stage_be->download(b + w * (size_t)displ[me], buf + w * (size_t)displ[me], sizeof(float) * w * (size_t)cnt[me]);
+        size_t at = w * (size_t)displ[me];
+        if (cnt[me]) s->stage_be->download(b + at, buf + at, sizeof(float) * w * (size_t)cnt[me]);
     } else {
         settle(s);
     }

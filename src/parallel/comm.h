@@ -109,7 +109,9 @@ void comm_sum_int64(CommStats *s, int64_t *v, int count, MPI_Comm comm);
 /* Expert parallelism's exchanges (moe.c), counted as kind. Rows of width
  * floats to and from every rank of comm (backend buffers): scount[r] rows
  * from send + sdispl[r] rows to rank r, rcount[r] rows from rank r into
- * recv + rdispl[r] rows (an MPI type of one row keeps the counts in rows). */
+ * recv + rdispl[r] rows (an MPI type of one row keeps the counts in rows).
+ * Each side's rows are packed from row 0 in rank order (displacements the
+ * running sums of the counts), as staging copies them whole. */
 void comm_alltoallv_rows(CommStats *s, CommKind kind, const float *send, const int *scount, const int *sdispl,
                          float *recv, const int *rcount, const int *rdispl, int width, MPI_Comm comm);
 /* n host ints to and from every rank of comm */

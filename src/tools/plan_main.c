@@ -214,7 +214,8 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
         }
         if (r < ranks - 1) model_free(&m);
     }
-    for (int l = 0; l < cfg.n_layers; l++) L->moe_layers += cfg.mla ? MLA_MOE_LAYER(&cfg, l) : cfg.m.n_routed_experts > 0;
+    for (int l = 0; l < cfg.n_layers; l++)
+        L->moe_layers += cfg.mla ? MLA_MOE_LAYER(&cfg, l) : cfg.m.n_routed_experts > 0;
     /* KV bytes per rank: as given, else what the GPU's usable memory
      * leaves after the largest rank's weights and the reserve */
     L->fits = -1;
