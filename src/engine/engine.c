@@ -121,8 +121,7 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     const Config *c = &m->cfg;
     if (topo->expert_parallel) {
         size_t n = (size_t)c->n_layers * (size_t)c->m.n_routed_experts;
-        e->moe_counts = (MoeCounts){.experts = c->m.n_routed_experts, .received = xcalloc(n, sizeof(long long)),
-                                    .sent = xcalloc(n, sizeof(long long))};
+        e->moe_counts = (MoeCounts){.received = xcalloc(n, sizeof(long long)), .sent = xcalloc(n, sizeof(long long))};
         e->env.moe_counts = &e->moe_counts;
     }
     size_t dim = (size_t)c->dim;

@@ -21,7 +21,6 @@
  * experts received (its own experts' entries only); sent, the pairs of
  * the tokens this rank routed, to each expert. */
 typedef struct {
-    int experts;
     long long *received, *sent;
     long long idle_steps; /* passes without tokens to serve other DP groups (engine_idle) */
     double idle_seconds;
