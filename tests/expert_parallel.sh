@@ -7,7 +7,7 @@
 #   greedy tokens of one rank without EP, and log-probabilities equal to
 #   the bit across the EP layouts and one rank with EP;
 # - each rank's routed-expert bytes are 1/N of the model's (N = tp x dp),
-#   by the formula (float32 and INT4 experts), and the run's
+#   the model's by the formula (float32 and INT4 experts), and the run's
 #   /memory/weight_bytes are dcpinfer-plan's, rank by rank;
 # - /moe/expert_tokens adds up to K pairs per token forwarded per MoE
 #   layer, the same at every EP layout; the summary reports the load and
@@ -108,7 +108,14 @@ router=$((MOE_LAYERS * ((E * DIM + 1) * 4 + (E + 1) * 4)))
 for m in v3 v3int4; do
     one=$(experts_part "$WORK/$m" --enable-expert-parallel)
     routed=$((one - router))
-    [ "$m" = v3 ] && want=$((MOE_LAYERS * 3 * E * MH * DIM * 4)) || want=$routed
+    # float32: 3 matrices of MH x DIM per expert; INT4 (groups of 32
+    # columns): half a byte per weight and an fp32 scale per row and group
+    # (gate and up: MH rows of DIM / 32 groups; down: DIM rows of MH / 32)
+    if [ "$m" = v3 ]; then
+        want=$((MOE_LAYERS * 3 * E * MH * DIM * 4))
+    else
+        want=$((MOE_LAYERS * E * (3 * MH * DIM / 2 + 4 * (2 * MH * (DIM / 32) + DIM * (MH / 32)))))
+    fi
     for lay in "-tp 2 -dp 2" "-tp 8 -dcp 8" "-tp 4 -dp 2"; do
         checks=$((checks + 1))
         set -- $lay
