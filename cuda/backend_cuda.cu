@@ -27,6 +27,7 @@ extern "C" {
 #include "backend.h"
 #include "moe_route.h"
 #include "quant.h"
+#include "tree.h"
 #include "util.h"
 }
 
@@ -1029,12 +1030,10 @@ static void cuda_attention(const AttnBatch *a)
     DCP_CHECK_LAUNCH(stream);
     if (G == 1) return;
     size_t blk = (size_t)rows * (Dv + 1);
-    int top = 1; // the tree over the largest power of two, then the rest in order (AttnBatch)
-    while (top * 2 <= G) top *= 2;
-    for (int half = top / 2; half >= 1; half /= 2)
-        for (int g = 0; g < half; g++)
-            cuda_merge_partials(d_shard_parts + g * blk, d_shard_parts + (g + half) * blk, rows, Dv, Dv + 1);
-    for (int g = top; g < G; g++) cuda_merge_partials(d_shard_parts, d_shard_parts + g * blk, rows, Dv, Dv + 1);
+    for (int i = 0; i < G - 1; i++) { // the canonical merge tree (tree.h)
+        TreeStep st = tree_merge_step(G, i);
+        cuda_merge_partials(d_shard_parts + st.into * blk, d_shard_parts + st.from * blk, rows, Dv, Dv + 1);
+    }
     cuda_strided_copy(a->out, Dv, d_shard_parts, Dv + 1, rows, Dv);
     cuda_strided_copy(a->lse, 1, d_shard_parts + Dv, Dv + 1, rows, 1);
 }

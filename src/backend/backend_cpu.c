@@ -15,6 +15,7 @@
 #include "moe_route.h"
 #include "kernels_cpu.h"
 #include "quant.h"
+#include "tree.h"
 #include "util.h"
 
 static int use_openblas;
@@ -405,22 +406,18 @@ static void attend_shard(const AttnBatch *a, AttendFn attend, int t, int R, size
     }
 }
 
-/* The shards' partials (G x rows) merged by the canonical tree (shard g
- * with g + G/2, then g + G/4, ...; a count that is not a power of two: the
- * tree over the largest power of two, then the rest in order) into out
- * and lse. */
+/* The shards' partials (G x rows) merged by the canonical merge tree
+ * (tree.h) into out and lse. */
 static void merge_shards(const AttnBatch *a, float *po, float *pl, size_t rows)
 {
-    int G = a->shards, Dv = a->v_dim ? a->v_dim : a->head_dim, top = 1;
-    while (top * 2 <= G) top *= 2;
+    int G = a->shards, Dv = a->v_dim ? a->v_dim : a->head_dim;
 #pragma omp parallel for if (rows > 64)
     for (size_t i = 0; i < rows; i++) {
-        for (int half = top / 2; half >= 1; half /= 2)
-            for (int g = 0; g < half; g++)
-                merge_row(po + ((size_t)g * rows + i) * Dv, pl + (size_t)g * rows + i,
-                          po + ((size_t)(g + half) * rows + i) * Dv, pl[(size_t)(g + half) * rows + i], Dv);
-        for (int g = top; g < G; g++)
-            merge_row(po + i * Dv, pl + i, po + ((size_t)g * rows + i) * Dv, pl[(size_t)g * rows + i], Dv);
+        for (int j = 0; j < G - 1; j++) {
+            TreeStep st = tree_merge_step(G, j);
+            size_t into = (size_t)st.into * rows + i, from = (size_t)st.from * rows + i;
+            merge_row(po + into * Dv, pl + into, po + from * Dv, pl[from], Dv);
+        }
         memcpy(a->out + i * Dv, po + i * Dv, sizeof(float) * Dv);
         a->lse[i] = pl[i];
     }

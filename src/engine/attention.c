@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tree.h"
 #include "util.h"
 
 size_t attention_kv_bytes_per_token(const Attention *a) { return a->kv.bytes_per_token; }
@@ -205,8 +206,8 @@ static void attend(const Attention *a, int layer, int sliding, int copies, const
 
 /* The DCP group's merge of its ranks' partials (docs/design.md, "Same bits
  * at any layout"): rank d's partial for rank e's heads is block e of
- * parts (N blocks of rows x (D + 1): outputs, then the LSE). The tree
- * merges rank d's with rank d + N/2's first, then d + N/4's, ...; rank d
+ * parts (N blocks of rows x (D + 1): outputs, then the LSE). The merge
+ * tree (tree.h) merges rank d's with rank d + N/2's first, then d + N/4's, ...; rank d
  * ends with its own heads' merge in block d (ag_rs) or block 0 (a2a);
  * returns that block. */
 static float *merge_ranks(Attention *a, float *parts, int rows, int D)
@@ -233,11 +234,10 @@ static float *merge_ranks(Attention *a, float *parts, int rows, int D)
     }
     /* a2a: every rank's partial of this rank's heads, merged here */
     comm_alltoall(cs, parts, recv, comm_count(blk), tp->dcp_comm);
-    int top = 1; /* a size that is not a power of two: the ranks past the tree's leaves follow in order */
-    while (top * 2 <= N) top *= 2;
-    for (int h = top / 2; h >= 1; h /= 2)
-        for (int g = 0; g < h; g++) be->merge_partials(recv + (size_t)g * blk, recv + (size_t)(g + h) * blk, rows, D, D + 1);
-    for (int g = top; g < N; g++) be->merge_partials(recv, recv + (size_t)g * blk, rows, D, D + 1);
+    for (int i = 0; i < N - 1; i++) {
+        TreeStep st = tree_merge_step(N, i);
+        be->merge_partials(recv + (size_t)st.into * blk, recv + (size_t)st.from * blk, rows, D, D + 1);
+    }
     return recv;
 }
 

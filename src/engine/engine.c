@@ -81,9 +81,8 @@ void engine_decode_comm(const Model *m, int tp_rank, int dcp, MergeBackend merge
     long long tp = m->shard.tp, N = dcp, D = a.v_dim ? a.v_dim : a.head_dim, rows = (long long)T * a.q_heads;
     if (tp > 1) {
         /* layer_residual, after attention and after the feed-forward block */
-        long long n = (long long)T * m->cfg.dim, mine = n * (tp_rank + 1) / tp - n * tp_rank / tp;
         layer_calls[COMM_tp_sum] = 2;
-        layer_bytes[COMM_tp_sum] = 2 * 4 * (n - mine + (tp - 1) * mine);
+        layer_bytes[COMM_tp_sum] = 2 * comm_sum_tree_bytes((long long)T * m->cfg.dim, (int)tp, tp_rank);
         step_calls[COMM_argmax] = 1;
         step_bytes[COMM_argmax] = 8LL * T;
     }

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include "tree.h"
 #include "util.h"
 
 double layer_clock(const LayerEnv *env)
@@ -56,10 +57,12 @@ void layer_sum_parts(const LayerEnv *env, int T)
     int dim = env->model->cfg.dim, chunks = env->model->shard.chunks;
     size_t n = (size_t)T * dim;
     float *y = env->parts;
-    /* this rank's chunks: adjacent pairs, then pairs of pairs (a subtree
-     * of the canonical tree, whose upper levels comm_sum_tree adds) */
-    for (int w = 1; w < chunks; w *= 2)
-        for (int c = 0; c + w < chunks; c += 2 * w) env->be->add(y + c * n, y + (c + w) * n, n);
+    /* this rank's chunks: a subtree of the canonical tree (tree.h), whose
+     * upper levels comm_sum_tree adds */
+    for (int i = 0; i < chunks - 1; i++) {
+        TreeStep st = tree_sum_step(chunks, i);
+        env->be->add(y + st.into * n, y + st.from * n, n);
+    }
     comm_sum_tree(env->comm, y, env->sum_scratch, comm_count(n), env->topo->tp_comm);
 }
 

@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "check.h"
+#include "tree.h"
 #include "util.h"
 
 const char *const comm_kind_names[COMM_N] = {
@@ -93,6 +94,12 @@ static void slices(int n, int N, int *count, int *displ)
     }
 }
 
+long long comm_sum_tree_bytes(long long n, int N, int me)
+{
+    long long mine = n * (me + 1) / N - n * me / N;
+    return N > 1 ? 4 * (n - mine) + 4 * mine * (N - 1) : 0;
+}
+
 void comm_sum_tree(CommStats *s, float *buf, float *scratch, int n, MPI_Comm comm)
 {
     int N = size_of(comm), me;
@@ -116,18 +123,19 @@ void comm_sum_tree(CommStats *s, float *buf, float *scratch, int n, MPI_Comm com
         settle(s);
     }
     /* rank d receives slice d of every rank's partial sum, adds them by
-     * the tree (adjacent pairs, then pairs of pairs: the upper levels of
-     * the canonical tree over the K chunks), and all gather the slices */
+     * the sum tree (tree.h: the upper levels of the canonical tree over
+     * the K chunks), and all gather the slices */
     DCP_CHECK(MPI_Alltoallv(b, cnt, displ, MPI_FLOAT, recv, rcount, rdispl, MPI_FLOAT, comm));
-    for (int w = 1; w < N; w *= 2)
-        for (int r = 0; r + w < N; r += 2 * w)
-            add_floats(s, recv + (size_t)r * mine, recv + (size_t)(r + w) * mine, (size_t)mine, device);
+    for (int i = 0; i < N - 1; i++) {
+        TreeStep st = tree_sum_step(N, i);
+        add_floats(s, recv + (size_t)st.into * mine, recv + (size_t)st.from * mine, (size_t)mine, device);
+    }
     if (device) s->sync_be->copy(b + displ[me], recv, sizeof(float) * mine);
     else memcpy(b + displ[me], recv, sizeof(float) * mine);
     if (device) settle(s);
     DCP_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, b, cnt, displ, MPI_FLOAT, comm));
     if (s->stage_be) staged_upload(s, buf, b, (size_t)n);
-    count(s, COMM_tp_sum, 4LL * (n - mine) + 4LL * mine * (N - 1), t0);
+    count(s, COMM_tp_sum, comm_sum_tree_bytes(n, N, me), t0);
     free(cnt);
 }
 

@@ -88,6 +88,9 @@ void comm_stats_free(CommStats *s);
  * rank gathers every slice; the bytes a ring allreduce moves, in an order
  * the library does not choose. scratch: count floats in buf's memory. */
 void comm_sum_tree(CommStats *s, float *buf, float *scratch, int count, MPI_Comm comm);
+/* The bytes comm_sum_tree sends from rank me of N for count floats: every
+ * slice but its own, then its own slice to the N - 1 others. */
+long long comm_sum_tree_bytes(long long count, int N, int me);
 void comm_allgather(CommStats *s, CommKind kind, const float *send, int count, float *recv, MPI_Comm comm);
 /* count floats to partner, as many from it */
 void comm_sendrecv(CommStats *s, CommKind kind, const float *send, float *recv, int count, int partner, MPI_Comm comm);
