@@ -15,6 +15,7 @@
 #include "reasoning.h"
 #include "requests.h"
 #include "util.h"
+#include "version.h"
 
 enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,

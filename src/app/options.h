@@ -57,7 +57,5 @@ DType options_kv_dtype(const Options *o);
  * exceeds the model's (dcp_error() says so). */
 int options_max_model_len(const Options *o, const Config *c, int *out);
 void options_usage(FILE *f);
-/* --version: release, configure options, backends, libraries (version.c) */
-void print_version(FILE *f);
 
 #endif

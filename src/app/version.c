@@ -1,5 +1,7 @@
 /* dcpinfer --version: the release, how this build was configured, and the
  * libraries it runs with, for bug reports and for telling builds apart. */
+#include "version.h"
+
 #include <cblas.h>
 #include <hdf5.h>
 #include <jansson.h>
@@ -13,7 +15,6 @@
 #include "config.h"
 #include "device.h"
 #include "kernels_cpu.h"
-#include "options.h"
 
 void print_version(FILE *f)
 {

@@ -6,7 +6,8 @@
 
 #include <stddef.h>
 
-#include "model.h"
+#include "rope.h"
+#include "weight.h"
 
 /* Where row r's KV head h (hd elements) starts in a paged pool of kv_heads
  * heads and blocks of B rows: a block holds its rows KV head by KV head, so

@@ -1,6 +1,8 @@
 #include "util.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,4 +246,35 @@ char *path_beside(const char *path, const char *name)
     memcpy(p, path, dir);
     strcpy(p + dir, name);
     return p;
+}
+
+void balanced_part(int n, int p, int i, int *start, int *count)
+{
+    int base = n / p, rem = n % p;
+    *count = base + (i < rem);
+    *start = i * base + (i < rem ? i : rem);
+}
+
+int parse_bytes(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v <= 0) return -1;
+    double mult = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': mult = 1024.0; end++; break;
+    case 'M': mult = 1024.0 * 1024; end++; break;
+    case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    case 'P': mult = 1024.0 * 1024 * 1024 * 1024 * 1024; end++; break;
+    }
+    if (toupper((unsigned char)*end) == 'B') end++; /* 512M, 512MB, 512MiB */
+    if (*end == 'i' && toupper((unsigned char)end[1]) == 'B') end += 2;
+    if (*end) return -1;
+    /* at least 1K (below that no block fits), at most 1P */
+    double bytes = v * mult;
+    if (!(bytes >= 1024.0 && bytes <= 1125899906842624.0)) return -1;
+    *out = (size_t)bytes;
+    return 0;
 }

@@ -24,6 +24,12 @@ void *xmalloc_huge(size_t n);
 
 double now_s(void);
 
+/* Balanced split of n items over p parts: part i gets [start, start+count). */
+void balanced_part(int n, int p, int i, int *start, int *count);
+/* Parses a byte count with an optional K, M, G, T or P suffix (powers of
+ * 1024); from 1K to 1P, else -1. */
+int parse_bytes(const char *s, size_t *out);
+
 /* Deterministic generators shared by sampling and the test-model writer. */
 uint64_t splitmix64(uint64_t *state);
 

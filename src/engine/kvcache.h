@@ -100,8 +100,5 @@ static inline uint64_t prefix_serial(const BlockPool *p, int id) { return p->ser
 /* Bytes of (K, V) one rank stores per position: 2 x elem_bytes x layers x
  * kv_heads x head_dim (elem_bytes: 4 for fp32, 2 for a bf16 cache). */
 size_t kv_bytes_per_position(int n_layers, int kv_heads, int head_dim, size_t elem_bytes);
-/* Parses a byte count with an optional K, M, G, T or P suffix (powers of
- * 1024); from 1K to 1P, else -1. */
-int parse_bytes(const char *s, size_t *out);
 
 #endif

@@ -4,12 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-void balanced_part(int n, int p, int i, int *start, int *count)
-{
-    int base = n / p, rem = n % p;
-    *count = base + (i < rem);
-    *start = i * base + (i < rem ? i : rem);
-}
+#include "util.h"
 
 void tensor_full_shape(const Config *c, TensorKind k, int *rows, int *cols)
 {

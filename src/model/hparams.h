@@ -7,7 +7,8 @@
 
 #include <stddef.h>
 
-typedef enum { ROPE_ADJACENT_PAIRS, ROPE_ROTATE_HALF } RopeStyle;
+#include "rope.h"
+
 /* How RoPE frequencies are scaled for long context (config.json's
  * rope_scaling / rope_parameters "rope_type"); dynamic NTK is refused (its
  * frequencies change with the sequence length). */
@@ -96,8 +97,6 @@ typedef struct {
     MlaConfig m;
 } Config;
 
-/* Balanced split of n items over p parts: part i gets [start, start+count). */
-void balanced_part(int n, int p, int i, int *start, int *count);
 
 /* The weight tensors, named by role; their full shapes follow from Config. */
 typedef enum {
