@@ -1,7 +1,7 @@
 #!/bin/sh
 # The conformance test must be able to fail: tests/test_backends_mutants
 # is it, linked against the CUDA backend built with deliberate defects
-# (MUTANT(n) in cuda/backend_cuda.cu), run on HIP-CPU. Unbroken, it passes;
+# (MUTANT(n) in cuda/), run on HIP-CPU. Unbroken, it passes;
 # with each defect, it fails by a check, not by a crash:
 #   1  the latent (MLA) attention kernel misses the barrier after loading a tile of rows
 #   2  the latent kernel writes one value column too few (v_dim - 1)

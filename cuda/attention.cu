@@ -1,0 +1,339 @@
+// Attention over the paged KV cache (GQA and MLA's latent rows), key
+// shards merged by the canonical tree, and the DCP partials' packing
+// (backend_cuda.cuh).
+#include "backend_cuda.cuh"
+
+// Per-token attention metadata uploaded here for a caller that has no
+// device copies of it (AttnBatch.d_*).
+static const int **d_tables;
+static int *d_nkeys, *d_key0, *d_row0;
+static int meta_cap;
+
+// ---- attention --------------------------------------------------------
+
+#define ATT_THREADS 128
+#define ATT_MAX_D 640 // MLA: kv_lora_rank 512 + qk_rope_head_dim 64
+
+// One block per (token, head): keys in tiles of ATT_THREADS, one score per
+// thread, an online softmax across tiles, the output accumulated by the
+// threads d < head_dim. Keys are contiguous rows, or paged through the
+// token's block table (a block's rows KV head by KV head, kv_pool_offset).
+__device__ static size_t att_row(const int *table, int j, int block_size, int kv_heads, int kvh, int kv_stride)
+{
+    if (!table) return (size_t)j * kv_stride + (size_t)kvh * (kv_stride / kv_heads);
+    return kv_pool_offset((size_t)table[j / block_size] * block_size + j % block_size, kvh,
+                          (size_t)(kv_stride / kv_heads), kv_heads, (size_t)block_size);
+}
+
+// Keys before key x in shard g of G shards of runs of `run` keys (AttnBatch).
+__device__ static int shard_keys(int x, int G, int run, int g)
+{
+    int base = (x / run / G) * run, rem = x - base * G - g * run;
+    return base + (rem < 0 ? 0 : rem > run ? run : rem);
+}
+
+// Block (r, g): row r (token t, head h) over key shard g of G. Its output
+// row goes to out + (g * rows + r) * out_stride, its LSE to lse + (g * rows +
+// r) * lse_stride.
+template <typename KV>
+__global__ void k_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
+                            const KV *k_base, const KV *v_base, const int *row0, const int *n_keys,
+                            const int *key0, const int *const *tables, int block_size, int n_heads, int group,
+                            int head_dim, int v_dim, int kv_stride, float scale, int G, int run)
+{
+    int r = blockIdx.x, g = blockIdx.y, rows = gridDim.x, t = r / n_heads, h = r % n_heads, kvh = h / group,
+        kv_heads = n_heads / group;
+    int n = shard_keys(n_keys[t], G, run, g), first = key0 ? shard_keys(key0[t], G, run, g) : 0, tid = threadIdx.x;
+    const float *qr = q + (size_t)r * head_dim;
+    const int *table = tables ? tables[t] : NULL;
+    size_t base = !table && row0 ? (size_t)row0[t] * kv_stride : 0;
+    const KV *k = k_base + base, *v = v_base + base;
+    __shared__ float qs[ATT_MAX_D], p[ATT_THREADS], red[ATT_THREADS];
+    for (int d = tid; d < head_dim; d += blockDim.x) qs[d] = qr[d];
+    __syncthreads();
+    float m = -INFINITY, sum = 0.0f, acc[ATT_MAX_D / ATT_THREADS] = {0};
+    for (int j0 = first; j0 < n; j0 += ATT_THREADS) {
+        int j = j0 + tid;
+        float s = -INFINITY;
+        if (j < n) {
+            int key = (j / run) * G * run + g * run + j % run; // shard g's key j
+            const KV *kj = k + att_row(table, key, block_size, kv_heads, kvh, kv_stride);
+            s = 0.0f;
+            for (int d = 0; d < head_dim; d++) s += qs[d] * kv_load(kj + d);
+            s *= scale;
+        }
+        red[tid] = s;
+        __syncthreads();
+        for (int w = ATT_THREADS / 2; w > 0; w >>= 1) {
+            if (tid < w) red[tid] = fmaxf(red[tid], red[tid + w]);
+            __syncthreads();
+        }
+        float m_new = fmaxf(m, red[0]);
+        __syncthreads();
+        float e = j < n ? expf(s - m_new) : 0.0f;
+        p[tid] = e;
+        red[tid] = e;
+        __syncthreads();
+        for (int w = ATT_THREADS / 2; w > 0; w >>= 1) {
+            if (tid < w) red[tid] += red[tid + w];
+            if (!MUTANT(3)) __syncthreads();
+        }
+        float correction = expf(m - m_new);
+        sum = sum * correction + red[0];
+        int tile = min(ATT_THREADS, n - j0);
+        for (int c = 0; c * ATT_THREADS + tid < v_dim; c++) {
+            int d = c * ATT_THREADS + tid;
+            float a = acc[c] * correction;
+            for (int jj = 0; jj < tile; jj++) {
+                int jk = j0 + jj, key = (jk / run) * G * run + g * run + jk % run;
+                a += p[jj] * kv_load(v + att_row(table, key, block_size, kv_heads, kvh, kv_stride) + d);
+            }
+            acc[c] = a;
+        }
+        m = m_new;
+        __syncthreads();
+    }
+    size_t at = (size_t)g * rows + r;
+    float *o = out + at * out_stride;
+    for (int c = 0; c * ATT_THREADS + tid < v_dim; c++) o[c * ATT_THREADS + tid] = n > first ? acc[c] / sum : 0.0f;
+    if (tid == 0) lse[at * lse_stride] = n > first ? m + logf(sum) : -INFINITY;
+}
+
+DCP_STATIC_SHARED(k_attention<float>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
+DCP_STATIC_SHARED(k_attention<__nv_bfloat16>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
+DCP_STATIC_SHARED(k_attention<uint8_t>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
+
+// Latent attention (MLA: one KV head, the values the first v_dim floats of
+// the key rows, paged or contiguous), as FlashMLA shapes it: a block serves up to LAT_HEADS heads
+// of one token, so that each latent row is read once for all of them
+// instead of once per head. Keys come in tiles of LAT_KEYS rows through
+// shared memory, loaded row by row by consecutive threads (coalesced);
+// every (head, key) score of a tile is two threads' half dot products; the
+// heads' online softmax states live in shared memory, and each thread
+// accumulates the value columns d = tid + c * ATT_THREADS of every head.
+#define LAT_HEADS 16
+#define LAT_KEYS 4
+#define LAT_MAX_D 576 // kv_lora_rank 512 + qk_rope_head_dim 64
+#define LAT_ROW (LAT_MAX_D + 1) // a row's floats in shared memory, padded so that rows start in different banks
+#define LAT_COLS ((LAT_MAX_D + ATT_THREADS - 1) / ATT_THREADS)
+static_assert(ATT_THREADS == 2 * LAT_HEADS * LAT_KEYS, "k_latent_attention: two threads per (head, key) score");
+template <typename KV>
+__global__ void k_latent_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
+                                   const KV *rows_base, const int *row0, const int *n_keys, const int *key0,
+                                   const int *const *tables, int block_size, int n_heads, int head_dim, int v_dim,
+                                   float scale, int G, int run)
+{
+    __shared__ float qs[LAT_HEADS][LAT_ROW], ks[LAT_KEYS][LAT_ROW], sc[LAT_HEADS][LAT_KEYS],
+        red[ATT_THREADS], m[LAT_HEADS], l[LAT_HEADS], corr[LAT_HEADS];
+    int chunks = (n_heads + LAT_HEADS - 1) / LAT_HEADS, t = blockIdx.x / chunks,
+        h0 = blockIdx.x % chunks * LAT_HEADS, nh = min(LAT_HEADS, n_heads - h0), g = blockIdx.y, tid = threadIdx.x;
+    int rows = gridDim.x / chunks * n_heads;
+    int n = shard_keys(n_keys[t], G, run, g), first = key0 ? shard_keys(key0[t], G, run, g) : 0;
+    const int *table = tables ? tables[t] : NULL;
+    if (!table && row0) rows_base += (size_t)row0[t] * head_dim; // contiguous rows from the token's first
+    for (int i = tid; i < nh * head_dim; i += blockDim.x)
+        qs[i / head_dim][i % head_dim] = q[((size_t)t * n_heads + h0) * head_dim + i];
+    if (tid < LAT_HEADS) m[tid] = -INFINITY, l[tid] = 0.0f;
+    float acc[LAT_HEADS][LAT_COLS] = {{0}};
+    int pair = tid % (LAT_HEADS * LAT_KEYS), hh = pair / LAT_KEYS, jj = pair % LAT_KEYS,
+        half = tid / (LAT_HEADS * LAT_KEYS), mid = head_dim / 2;
+    for (int j0 = first; j0 < n; j0 += LAT_KEYS) {
+        int kt = min(LAT_KEYS, n - j0);
+        for (int i = tid; i < kt * head_dim; i += blockDim.x) {
+            int jk = j0 + i / head_dim, key = (jk / run) * G * run + g * run + jk % run; // shard g's key jk
+            ks[i / head_dim][i % head_dim] = kv_load(rows_base + att_row(table, key, block_size, 1, 0, head_dim) +
+                                                     i % head_dim);
+        }
+        if (!MUTANT(1)) __syncthreads();
+        float part = 0.0f;
+        if (hh < nh && jj < kt)
+            for (int d = half ? mid : 0; d < (half ? head_dim : mid); d++) part += qs[hh][d] * ks[jj][d];
+        red[tid] = part;
+        __syncthreads();
+        if (tid < LAT_HEADS * LAT_KEYS)
+            sc[hh][jj] = hh < nh && jj < kt ? (red[tid] + red[tid + LAT_HEADS * LAT_KEYS]) * scale : -INFINITY;
+        __syncthreads();
+        if (tid < nh) { // head tid's online softmax over the tile
+            float mt = m[tid];
+            for (int j = 0; j < kt; j++) mt = fmaxf(mt, sc[tid][j]);
+            float sum = 0.0f;
+            for (int j = 0; j < LAT_KEYS; j++) sum += sc[tid][j] = j < kt ? expf(sc[tid][j] - mt) : 0.0f;
+            corr[tid] = expf(m[tid] - mt);
+            l[tid] = l[tid] * corr[tid] + sum;
+            m[tid] = mt;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < LAT_HEADS; h++)
+#pragma unroll
+            for (int c = 0; c < LAT_COLS; c++) {
+                int d = c * ATT_THREADS + tid;
+                if (h >= nh || d >= v_dim) continue;
+                float a = acc[h][c] * corr[h];
+                for (int j = 0; j < kt; j++) a += sc[h][j] * ks[j][d];
+                acc[h][c] = a;
+            }
+        __syncthreads();
+    }
+    int width = MUTANT(2) ? v_dim - 1 : v_dim;
+#pragma unroll
+    for (int h = 0; h < LAT_HEADS; h++) {
+        if (h >= nh) continue;
+        size_t at = (size_t)g * rows + (size_t)t * n_heads + h0 + h;
+#pragma unroll
+        for (int c = 0; c < LAT_COLS; c++) {
+            int d = c * ATT_THREADS + tid;
+            if (d < width) out[at * out_stride + d] = n > first ? acc[h][c] / l[h] : 0.0f;
+        }
+        if (tid == 0) lse[at * lse_stride] = n > first ? m[h] + logf(l[h]) : -INFINITY;
+    }
+}
+
+#define LAT_SHARED (sizeof(float) * ((LAT_HEADS + LAT_KEYS) * LAT_ROW + LAT_HEADS * LAT_KEYS + ATT_THREADS + 3 * LAT_HEADS))
+DCP_STATIC_SHARED(k_latent_attention<float>, LAT_SHARED);
+DCP_STATIC_SHARED(k_latent_attention<__nv_bfloat16>, LAT_SHARED);
+DCP_STATIC_SHARED(k_latent_attention<uint8_t>, LAT_SHARED);
+
+// ---- LSE merges (docs/design.md, "Same bits at any layout") ------------
+
+// a's row r becomes the merge of a's and b's (rows of stride floats: the
+// outputs, then the LSE at head_dim). The arithmetic is kept from FMA
+// contraction, so that merging b into a and a into b give the same bits.
+__global__ void k_merge_partials(float *a, const float *b, int rows, int head_dim, int stride)
+{
+    int r = blockIdx.x * blockDim.y + threadIdx.y;
+    float *x = a + (size_t)r * stride;
+    const float *y = b + (size_t)r * stride;
+    float l1 = r < rows ? x[head_dim] : 0.0f, l2 = r < rows ? y[head_dim] : -INFINITY;
+    if (r < rows && l2 != -INFINITY) {
+        if (l1 == -INFINITY) {
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x) x[d] = y[d];
+        } else {
+            float m = fmaxf(l1, l2), s1 = expf(l1 - m), s2 = expf(l2 - m), inv = __frcp_rn(__fadd_rn(s1, s2));
+            for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+                x[d] = __fmul_rn(__fadd_rn(__fmul_rn(x[d], s1), __fmul_rn(y[d], s2)), inv);
+            l2 = m + logf(__fadd_rn(s1, s2));
+        }
+    }
+    // every thread of the row has read x[head_dim] before one writes it
+    // (a block barrier: no kernel here relies on a warp's width)
+    __syncthreads();
+    if (r < rows && threadIdx.x == 0 && y[head_dim] != -INFINITY) x[head_dim] = l2;
+}
+
+void cuda_merge_partials(float *a, const float *b, int rows, int head_dim, int stride)
+{
+    dim3 threads(32, 8);
+    if (rows) DCP_LAUNCH(k_merge_partials, blocks_for(rows, 8), threads, 0, stream, a, b, rows, head_dim, stride);
+    DCP_CHECK_LAUNCH(stream);
+}
+
+// the shards' packed partials (cuda_attention), grown on demand
+static float *d_shard_parts;
+static size_t shard_parts_cap;
+
+// The per-token arrays of a batch in device memory: the caller's copies
+// (uploaded once per step), or the host arrays uploaded here (a caller
+// without them, as the conformance test).
+static void attention_metadata(const AttnBatch *a, const int **n_keys, const int **key0, const int **row0,
+                               const int *const **tables)
+{
+    *n_keys = a->d_n_keys, *key0 = a->key0 ? a->d_key0 : NULL, *row0 = a->row0 && !a->blocks ? a->d_row0 : NULL;
+    *tables = a->blocks ? a->d_blocks : NULL;
+    if (*n_keys && (!a->key0 || *key0) && (!a->row0 || a->blocks || *row0) && (!a->blocks || *tables)) return;
+    if (a->T > meta_cap) {
+        if (meta_cap) {
+            cuda_release(d_tables);
+            cuda_release(d_nkeys);
+            cuda_release(d_key0);
+            cuda_release(d_row0);
+        }
+        meta_cap = a->T * 2;
+        d_tables = (const int **)cuda_alloc(sizeof(int *) * meta_cap);
+        d_nkeys = (int *)cuda_alloc(sizeof(int) * meta_cap);
+        d_key0 = (int *)cuda_alloc(sizeof(int) * meta_cap);
+        d_row0 = (int *)cuda_alloc(sizeof(int) * meta_cap);
+    }
+    cuda_upload(d_nkeys, a->n_keys, sizeof(int) * a->T);
+    if (a->blocks) cuda_upload(d_tables, a->blocks, sizeof(int *) * a->T);
+    if (a->key0) cuda_upload(d_key0, a->key0, sizeof(int) * a->T);
+    if (a->row0 && !a->blocks) cuda_upload(d_row0, a->row0, sizeof(int) * a->T);
+    *n_keys = d_nkeys, *key0 = a->key0 ? d_key0 : NULL, *row0 = a->row0 && !a->blocks ? d_row0 : NULL;
+    *tables = a->blocks ? d_tables : NULL;
+}
+
+// The attention kernel for a's shape, over a cache of KV's type: the
+// latent kernel for one KV head whose keys are its values (MLA), else the
+// general one
+template <typename KV>
+static void attention_kernels(const AttnBatch *a, float *out, size_t out_stride, float *lse, size_t lse_stride,
+                              const int *row0, const int *n_keys, const int *key0, const int *const *tables, int rows,
+                              int Dv, int G, int run)
+{
+    if (a->n_kv_heads == 1 && a->k == a->v && a->kv_stride == a->head_dim && a->head_dim <= LAT_MAX_D &&
+        Dv <= a->head_dim) {
+        dim3 grid(a->T * ((a->n_heads + LAT_HEADS - 1) / LAT_HEADS), G);
+        DCP_LAUNCH(k_latent_attention<KV>, grid, ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride, a->q,
+                   (const KV *)a->k, row0, n_keys, key0, tables, a->block_size, a->n_heads, a->head_dim, Dv, a->scale,
+                   G, run);
+    } else {
+        DCP_LAUNCH(k_attention<KV>, dim3(rows, G), ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride, a->q,
+                   (const KV *)a->k, (const KV *)a->v, row0, n_keys, key0, tables, a->block_size, a->n_heads,
+                   a->n_heads / a->n_kv_heads, a->head_dim, Dv, a->kv_stride, a->scale, G, run);
+    }
+}
+
+void cuda_attention(const AttnBatch *a)
+{
+    if (!a->T) return;
+    if (a->head_dim > ATT_MAX_D) dcp_check_failed(__FILE__, __LINE__, "cuda_attention", "head_dim above 640");
+    const int *n_keys, *key0, *row0, *const *tables;
+    attention_metadata(a, &n_keys, &key0, &row0, &tables);
+    int G = a->shards > 1 ? a->shards : 1, run = a->shard_interleave > 0 ? a->shard_interleave : 1;
+    int Dv = a->v_dim ? a->v_dim : a->head_dim, rows = a->T * a->n_heads;
+    float *out = a->out, *lse = a->lse;
+    size_t out_stride = (size_t)Dv, lse_stride = 1;
+    if (G > 1) { // each shard's rows packed (outputs, LSE), then merged by the tree
+        size_t need = (size_t)G * rows * (Dv + 1);
+        if (need > shard_parts_cap) {
+            if (d_shard_parts) cuda_release(d_shard_parts);
+            shard_parts_cap = need;
+            d_shard_parts = (float *)cuda_alloc(sizeof(float) * need);
+        }
+        out = d_shard_parts, lse = d_shard_parts + Dv;
+        out_stride = lse_stride = (size_t)Dv + 1;
+    }
+    if (a->kv_dtype == DTYPE_F8_E4M3)
+        attention_kernels<uint8_t>(a, out, out_stride, lse, lse_stride, row0, n_keys, key0, tables, rows, Dv, G, run);
+    else if (a->kv_dtype == DTYPE_BF16)
+        attention_kernels<__nv_bfloat16>(a, out, out_stride, lse, lse_stride, row0, n_keys, key0, tables, rows, Dv, G,
+                                         run);
+    else
+        attention_kernels<float>(a, out, out_stride, lse, lse_stride, row0, n_keys, key0, tables, rows, Dv, G, run);
+    DCP_CHECK_LAUNCH(stream);
+    if (G == 1) return;
+    size_t blk = (size_t)rows * (Dv + 1);
+    for (int i = 0; i < G - 1; i++) { // the canonical merge tree (tree.h)
+        TreeStep st = tree_merge_step(G, i);
+        cuda_merge_partials(d_shard_parts + st.into * blk, d_shard_parts + st.from * blk, rows, Dv, Dv + 1);
+    }
+    cuda_strided_copy(a->out, Dv, d_shard_parts, Dv + 1, rows, Dv);
+    cuda_strided_copy(a->lse, 1, d_shard_parts + Dv, Dv + 1, rows, 1);
+}
+
+__global__ void k_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * (head_dim + 1)) return;
+    size_t r = i / (head_dim + 1);
+    int d = (int)(i % (head_dim + 1));
+    parts[i] = d < head_dim ? o[r * head_dim + d] : lse[r];
+}
+
+void cuda_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)
+{
+    size_t n = (size_t)rows * (head_dim + 1);
+    if (n) DCP_LAUNCH(k_pack_partials, blocks_for(n, 256), 256, 0, stream, parts, o, lse, rows, head_dim);
+    DCP_CHECK_LAUNCH(stream);
+}
+

@@ -1,0 +1,132 @@
+// What the files of the CUDA backend share (backend_cuda.cu: memory, the
+// stream and the ops table; gemm.cu, elementwise.cu, moe.cu, attention.cu:
+// the ops, one kind a file): the runtime, the stream and cuBLAS handle all
+// work goes to, the launch helpers, and how a kernel reads a stored weight.
+#ifndef DCP_BACKEND_CUDA_CUH
+#define DCP_BACKEND_CUDA_CUH
+
+#include "gpu_runtime.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "check.cuh"
+
+// A test build's deliberate defects (tests/mutants.sh): DCPINFER_MUTANT=n
+// breaks the kernel marked MUTANT(n), and the conformance test must fail.
+// Only the HIP-CPU test build has them; every other build compiles them out.
+#ifdef DCP_MUTATIONS
+#ifndef DCP_HIP_CPU
+#error "DCP_MUTATIONS is for the HIP-CPU test build only"
+#endif
+static int dcp_mutant = getenv("DCPINFER_MUTANT") ? atoi(getenv("DCPINFER_MUTANT")) : 0;
+#define MUTANT(n) (dcp_mutant == (n))
+#else
+#define MUTANT(n) 0
+#endif
+
+extern "C" {
+#include "backend.h"
+#include "moe_route.h"
+#include "quant.h"
+#include "tree.h"
+#include "util.h"
+}
+
+// the one stream all work goes to, cuBLAS on it, and the backend's counts
+extern cudaStream_t stream;
+extern cublasHandle_t blas;
+extern BackendCounts counts;
+// GEMM weights in bf16 (--dtype bfloat16): activations are converted to
+// bf16 for each product, accumulation stays fp32
+extern int gemm_bf16;
+
+static inline unsigned blocks_for(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
+
+// memory (backend_cuda.cu)
+void *cuda_alloc(size_t bytes);
+void cuda_release(void *p);
+void cuda_upload(void *dst, const void *src, size_t bytes);
+void cuda_download(void *dst, const void *src, size_t bytes);
+void cuda_copy(void *dst, const void *src, size_t bytes);
+
+// element i of a weight stack: as stored, or a quantized element times its
+// run's scale (quant.h: weight_value's arithmetic)
+struct Int4 { // compressed-tensors' packed INT4: element i in byte i / 2
+    uint8_t b;
+};
+__device__ static inline float w_load(const float *w, const WeightRef &, size_t i) { return w[i]; }
+__device__ static inline float w_load(const __nv_bfloat16 *w, const WeightRef &, size_t i)
+{
+    return __bfloat162float(w[i]);
+}
+__device__ static inline float w_load(const uint8_t *w, const WeightRef &q, size_t i)
+{
+    return scaled_value(f8e4m3_to_f32(w[i]), weight_run_scale(&q, i / (size_t)q.qcols), q.qflags & QF_ROUND_BF16);
+}
+__device__ static inline float w_load(const Int4 *w, const WeightRef &q, size_t i)
+{
+    return scaled_value(i4_value((const uint8_t *)w, i), weight_run_scale(&q, i / (size_t)q.qcols),
+                        q.qflags & QF_ROUND_BF16);
+}
+struct Fp4 { // NVFP4's E2M1 elements, packed as Int4
+    uint8_t b;
+};
+__device__ static inline float w_load(const Fp4 *w, const WeightRef &q, size_t i)
+{
+    return scaled_value(fp4_value((const uint8_t *)w, i), weight_run_scale(&q, i / (size_t)q.qcols),
+                        q.qflags & QF_ROUND_BF16);
+}
+
+// A quantized matrix's scales travel to the kernels as scalars and
+// pointers (QS_PARAMS, QS_ARGS), not as the WeightRef struct, which
+// HIP-CPU's SIMD clones of a kernel cannot take; qs_ref gathers them again
+#define QS_PARAMS                                                                                                 \
+    const float *scale, const uint8_t *scale8, const float *tables, size_t table_runs, size_t run0, int qcols,    \
+        int qflags
+#define QS_ARGS(w) (w).scale, (w).scale8, (w).tables, (w).table_runs, (w).run0, (w).qcols, (w).qflags
+__device__ static inline WeightRef qs_ref(QS_PARAMS)
+{
+    WeightRef q = {};
+    q.scale = scale, q.scale8 = scale8, q.tables = tables, q.table_runs = table_runs, q.run0 = run0;
+    q.qcols = qcols, q.qflags = qflags;
+    return q;
+}
+
+
+// KV cache rows: fp32, bf16 (--kv-cache-dtype bfloat16) or FP8 E4M3
+// (--kv-cache-dtype fp8), rounded as the CPU backend rounds them
+__device__ static inline float kv_load(const float *p) { return *p; }
+__device__ static inline float kv_load(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ static inline float kv_load(const uint8_t *p) { return f8e4m3_to_f32(*p); }
+__device__ static inline void kv_store(float *p, float v) { *p = v; }
+__device__ static inline void kv_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ static inline void kv_store(uint8_t *p, float v) { *p = f32_to_f8e4m3(v); }
+
+// the ops, by file
+void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out);
+void cuda_matmul_batched(float *y, int ldy, size_t y_step, const float *x, int ldx, size_t x_step, WeightRef w,
+                         int batch, int T, int in, int out);
+void cuda_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps);
+void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
+               RopeStyle style);
+void cuda_silu_mul(float *gate, const float *up, size_t n);
+void cuda_add_bias(float *y, const float *b, int T, int n);
+void cuda_add(float *y, const float *x, size_t n);
+void cuda_gather_rows(float *dst, const float *src, const int *rows, int R, int dim);
+void cuda_embedding(float *x, const float *table, const int *tokens, int T, int dim);
+void cuda_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots,
+                   int T, int kvd, int kv_heads, int block_size);
+void cuda_round_kv(float *x, size_t n, DType t);
+void cuda_strided_copy(float *dst, int dst_stride, const float *src, int src_stride, int rows, int width);
+void cuda_moe_route(const MoeRouting *r, const float *logits, const float *bias, int T, int *rows, float *weights,
+                    int *slots, int *start);
+void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts, int pairs,
+                     WeightRef w, size_t w_step, int in, int out);
+void cuda_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim);
+void cuda_attention(const AttnBatch *a);
+void cuda_merge_partials(float *a, const float *b, int rows, int head_dim, int stride);
+void cuda_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim);
+
+#endif
