@@ -696,7 +696,7 @@ static void device_step_counts(void)
     if (!CHECK_OK(model_load(&m, dir, 1, 0) == 0, "%s: %s", dir, dcp_error())) return;
     const Config *c = &m.cfg;
     int l = 0;
-    while (l < c->n_layers && !MLA_MOE_LAYER(c, l)) l++;
+    while (l < c->n_layers && !MOE_LAYER(c, l)) l++;
     enum { T = 19 };
     int dim = c->dim, chunks = m.shard.chunks, wide = m.shard.moe_hidden > dim ? m.shard.moe_hidden : dim;
     if (m.shard.shared_hidden > wide) wide = m.shard.shared_hidden;

@@ -26,9 +26,10 @@ int main(int argc, char **argv)
     c->mla = 1;
     c->dim = 7168, c->n_layers = 61, c->n_heads = 128, c->n_kv_heads = 1, c->vocab_size = 129280;
     c->hidden_dim = 18432;
-    c->m = (MlaConfig){.v3 = 1, .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_head_dim = 128,
-                       .qk_rope_head_dim = 64, .v_head_dim = 128, .n_routed_experts = 256, .moe_hidden = 2048,
-                       .experts_per_token = 8, .n_group = 8, .topk_group = 4, .softmax_scale = 0.07f};
+    c->m = (MlaConfig){.q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_head_dim = 128, .qk_rope_head_dim = 64,
+                       .v_head_dim = 128, .softmax_scale = 0.07f};
+    c->moe = (MoeConfig){.sigmoid = 1, .n_routed_experts = 256, .moe_hidden = 2048, .experts_per_token = 8,
+                         .n_group = 8, .topk_group = 4};
     c->head_dim = c->m.kv_lora_rank + c->m.qk_rope_head_dim; /* the latent row: 576 */
     shard_init(&v3.shard, c, 8, 0);
     Topology t = {.world_size = 8, .tp = 8, .dcp = 8, .dp = 1, .interleave = 1};

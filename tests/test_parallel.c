@@ -166,7 +166,7 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
                                .capacity = engine_kv_capacity(&e), .comm = cs, .steps = gs.n_steps,
                                .idle = e.moe_counts.idle_steps};
             if (L.ep) {
-                size_t n = (size_t)m.cfg.n_layers * m.cfg.m.n_routed_experts * sizeof(long long);
+                size_t n = (size_t)m.cfg.n_layers * m.cfg.moe.n_routed_experts * sizeof(long long);
                 out->sent = memcpy(xmalloc(n), e.moe_counts.sent, n);
                 out->received = memcpy(xmalloc(n), e.moe_counts.received, n);
             }
@@ -848,9 +848,9 @@ static void expert_parallel_bytes(void)
     add_request(&rs, prompt + 40, 5, 3, 0.0f, 1.0f, 0);
     add_request(&rs, prompt + 60, 11, 2, 0.0f, 1.0f, 0);
     Reference ref = reference_run(dir, &rs);
-    int E = c.m.n_routed_experts, K = c.m.experts_per_token, dim = c.dim, Lyr = c.n_layers;
+    int E = c.moe.n_routed_experts, K = c.moe.experts_per_token, dim = c.dim, Lyr = c.n_layers;
     int moe_layers = 0;
-    for (int l = 0; l < Lyr; l++) moe_layers += MLA_MOE_LAYER(&c, l);
+    for (int l = 0; l < Lyr; l++) moe_layers += MOE_LAYER(&c, l);
     static const int shapes[][2] = {{2, 1}, {4, 4}}; /* tp, dcp over 4 ranks */
     for (int sh = 0; sh < 2; sh++) {
         int tp = shapes[sh][0], N = 4, El = E / N, me = rank;

@@ -634,7 +634,7 @@ static int load_model(Run *r)
         if (t->expert_parallel)
             printf("# expert parallel: %d routed experts over %d rank(s), %d whole experts each; shared experts and "
                    "dense layers tensor-parallel\n",
-                   cfg->m.n_routed_experts, t->ep, r->model.shard.experts);
+                   cfg->moe.n_routed_experts, t->ep, r->model.shard.experts);
         char order[64];
         if (reduction_order(cfg, t->tp, t->dcp, t->interleave, t->expert_parallel, order, sizeof order))
             printf("# reduction order: %s (K chunks, key shards, interleave%s): the same bits at every layout with tp "
@@ -689,7 +689,7 @@ static void gather_moe(Run *r, const Engine *e, Generated *g)
     const Topology *t = &r->topo;
     const Config *c = &r->model.cfg;
     if (!t->expert_parallel) return;
-    size_t n = (size_t)c->n_layers * (size_t)c->m.n_routed_experts, W = (size_t)r->world_size;
+    size_t n = (size_t)c->n_layers * (size_t)c->moe.n_routed_experts, W = (size_t)r->world_size;
     if (r->rank == 0) {
         g->expert_tokens = xmalloc(sizeof(long long) * n);
         g->idle_steps = xmalloc(sizeof(long long) * W);
@@ -698,7 +698,7 @@ static void gather_moe(Run *r, const Engine *e, Generated *g)
     DCP_CHECK(MPI_Reduce(e->moe_counts.received, g->expert_tokens, (int)n, MPI_LONG_LONG, MPI_SUM, 0, r->world));
     DCP_CHECK(MPI_Gather(&e->moe_counts.idle_steps, 1, MPI_LONG_LONG, g->idle_steps, 1, MPI_LONG_LONG, 0, r->world));
     DCP_CHECK(MPI_Gather(&e->moe_counts.idle_seconds, 1, MPI_DOUBLE, g->idle_seconds, 1, MPI_DOUBLE, 0, r->world));
-    g->moe = (MoeReport){.layers = c->n_layers, .experts = c->m.n_routed_experts, .ep = t->ep,
+    g->moe = (MoeReport){.layers = c->n_layers, .experts = c->moe.n_routed_experts, .ep = t->ep,
                          .expert_tokens = g->expert_tokens, .idle_steps = g->idle_steps,
                          .idle_seconds = g->idle_seconds};
 }

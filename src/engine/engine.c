@@ -55,7 +55,7 @@ void engine_decode_comm_ep(const Model *m, int tp_rank, int dcp, MergeBackend me
     if (s->ep < 1) return;
     int tp = s->tp, N = s->ep, h0, H;
     balanced_part(T, tp, tp_rank, &h0, &H);
-    double K = c->m.experts_per_token, dim = c->dim, away = (double)(N - 1) / N;
+    double K = c->moe.experts_per_token, dim = c->dim, away = (double)(N - 1) / N;
     if (!s->shared_hidden) { /* the block's TP sum is the shared experts' only */
         moe_calls[COMM_tp_sum] -= tp > 1;
         moe_bytes[COMM_tp_sum] /= 2;
@@ -119,7 +119,7 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     e->ops = engine_layer_ops(arch_family(&m->cfg));
     const Config *c = &m->cfg;
     if (topo->expert_parallel) {
-        size_t n = (size_t)c->n_layers * (size_t)c->m.n_routed_experts;
+        size_t n = (size_t)c->n_layers * (size_t)c->moe.n_routed_experts;
         e->moe_counts = (MoeCounts){.received = xcalloc(n, sizeof(long long)), .sent = xcalloc(n, sizeof(long long))};
         e->env.moe_counts = &e->moe_counts;
     }

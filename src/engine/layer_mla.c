@@ -91,7 +91,7 @@ static void *mla_load(const LayerEnv *env)
         }
         lw->uk_t = upload_f32_matrix(env, u, uk_t, H * kvl * nope);
         lw->uv = upload_f32_matrix(env, u, uv, H * vd * kvl);
-        lw->is_moe = MLA_MOE_LAYER(c, l);
+        lw->is_moe = MOE_LAYER(c, l);
         if (lw->is_moe) {
             moe_load(env, u, &hl->moe, &lw->moe);
         } else {
@@ -136,6 +136,7 @@ static void mla_reserve(const LayerEnv *env, void *state, int T)
     free_scratch(env, st);
     const Config *c = &env->model->cfg;
     const MlaConfig *m = &c->m;
+    const MoeConfig *moe = &c->moe;
     size_t H = (size_t)env->model->shard.q_heads, nope = (size_t)m->qk_nope_head_dim,
            rope = (size_t)m->qk_rope_head_dim, kvl = (size_t)m->kv_lora_rank, vd = (size_t)m->v_head_dim,
            t = (size_t)T, W = kvl + rope, tmp = kvl > nope ? kvl : nope,
@@ -146,7 +147,7 @@ static void mla_reserve(const LayerEnv *env, void *state, int T)
                          [B_ATTV] = t * H * vd, [B_Q] = t * H * W, [B_K] = t * W, [B_ATT] = t * H * kvl,
                          [B_LSE] = t * H, [B_HB] = t * hid, [B_HB2] = t * hid};
     for (int i = 0; i < B_N; i++) st->buf[i] = env->be->alloc(sizeof(float) * sizes[i]);
-    if (m->n_routed_experts > 0) moe_reserve(env, &st->moe, T);
+    if (moe->n_routed_experts > 0) moe_reserve(env, &st->moe, T);
     st->cap = T;
 }
 

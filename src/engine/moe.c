@@ -10,7 +10,7 @@ void moe_load(const LayerEnv *env, Uploads *u, const MoeLayer *h, MoeWeights *w)
 {
     const Config *c = &env->model->cfg;
     const Shard *s = &env->model->shard;
-    size_t E = (size_t)c->m.n_routed_experts, per = (size_t)s->moe_hidden * c->dim, held = (size_t)s->experts;
+    size_t E = (size_t)c->moe.n_routed_experts, per = (size_t)s->moe_hidden * c->dim, held = (size_t)s->experts;
     w->router = upload_f32_matrix(env, u, h->router, E * (size_t)c->dim);
     w->router_bias = h->router_bias ? upload_vector(env, u, h->router_bias, E) : NULL;
     /* the experts of each kind are one array (model.c): one stack each */
@@ -43,10 +43,10 @@ void moe_reserve(const LayerEnv *env, MoeScratch *s, int T)
 {
     if (T <= s->cap) return;
     moe_free_scratch(env, s);
-    const MlaConfig *m = &env->model->cfg.m;
+    const MoeConfig *moe = &env->model->cfg.moe;
     const Backend *be = env->be;
-    size_t t = (size_t)T, dim = (size_t)env->model->cfg.dim, E = (size_t)m->n_routed_experts,
-           K = (size_t)m->experts_per_token, f = sizeof(float),
+    size_t t = (size_t)T, dim = (size_t)env->model->cfg.dim, E = (size_t)moe->n_routed_experts,
+           K = (size_t)moe->experts_per_token, f = sizeof(float),
            wide = (size_t)env->model->shard.moe_hidden, chunks = (size_t)env->model->shard.chunks;
     size_t sw = (size_t)env->model->shard.shared_hidden;
     s->logits = be->alloc(f * t * E);
@@ -74,22 +74,22 @@ void moe_reserve(const LayerEnv *env, MoeScratch *s, int T)
     s->yd = be->alloc(f * chunks * t * K * dim);
 }
 
-static MoeRouting routing(const MlaConfig *m)
+static MoeRouting routing(const MoeConfig *m)
 {
     return (MoeRouting){.experts = m->n_routed_experts, .per_token = m->experts_per_token,
-                        .groups = m->n_group > 0 ? m->n_group : 1, .topk_group = m->topk_group, .v3 = m->v3,
-                        .grouped = m->v3 || m->route == ROUTE_GROUP_LIMITED_GREEDY, .norm_topk = m->norm_topk_prob,
+                        .groups = m->n_group > 0 ? m->n_group : 1, .topk_group = m->topk_group, .v3 = m->sigmoid,
+                        .grouped = m->sigmoid || m->route == ROUTE_GROUP_LIMITED_GREEDY, .norm_topk = m->norm_topk_prob,
                         .scaling = m->routed_scaling_factor};
 }
 
 void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float *y, const float *x, int T)
 {
     const Config *c = &env->model->cfg;
-    const MlaConfig *m = &c->m;
+    const MoeConfig *moe = &c->moe;
     const Backend *be = env->be;
-    int E = m->n_routed_experts, K = m->experts_per_token, dim = c->dim, mh = env->model->shard.moe_hidden,
+    int E = moe->n_routed_experts, K = moe->experts_per_token, dim = c->dim, mh = env->model->shard.moe_hidden,
         P = T * K, chunks = env->model->shard.chunks, cin = mh / chunks;
-    MoeRouting r = routing(m);
+    MoeRouting r = routing(moe);
     layer_matmul(env, s->logits, x, w->router, T, dim, E);
     /* routing, the experts' GEMMs and the weighted sum all stay on the
      * device: the host never learns which experts a token chose */
@@ -150,11 +150,11 @@ static void ep_reserve(const LayerEnv *env, MoeScratch *s, int P, int T)
 static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, int l, const float *x, int T)
 {
     const Config *c = &env->model->cfg;
-    const MlaConfig *m = &c->m;
+    const MoeConfig *moe = &c->moe;
     const Shard *sh = &env->model->shard;
     const Topology *topo = env->topo;
     const Backend *be = env->be;
-    int E = m->n_routed_experts, K = m->experts_per_token, dim = c->dim, mh = sh->moe_hidden, N = topo->ep,
+    int E = moe->n_routed_experts, K = moe->experts_per_token, dim = c->dim, mh = sh->moe_hidden, N = topo->ep,
         El = sh->experts, tp = topo->tp;
     /* this TP rank's share of the step's rows: it routes them, sends them
      * and adds up their experts' outputs */
@@ -162,7 +162,7 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
     balanced_part(T, tp, topo->tp_rank, &h0, &H);
     const float *xh = x + (size_t)h0 * dim;
     if (H) {
-        MoeRouting r = routing(m);
+        MoeRouting r = routing(moe);
         layer_matmul(env, s->logits, xh, w->router, H, dim, E);
         be->moe_route(&r, s->logits, w->router_bias, H, s->rows, s->weights, s->slots, s->start);
         be->download(s->h_start, s->start, sizeof(int) * (size_t)(E + 1));

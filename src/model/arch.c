@@ -119,7 +119,7 @@ static int get_choice(json_t *o, const char *key, const char *const *choices, co
  * compressed-tensors' pack-quantized INT4 W4A16 (Kimi K2's experts: one
  * config group of symmetric 4-bit integers in groups along the input,
  * activations unquantized). Anything else is refused by name. */
-static int read_quantization(json_t *q, MlaConfig *m, const char *path)
+static int read_quantization(json_t *q, QuantConfig *m, const char *path)
 {
     const char *qm = json_string_value(json_object_get(q, "quant_method"));
     if (qm && !strcmp(qm, "compressed-tensors")) {
@@ -218,12 +218,14 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
 {
     Config c = *cp;
     MlaConfig m;
+    MoeConfig moe;
     memset(&m, 0, sizeof m);
-    m.v3 = v3;
+    memset(&moe, 0, sizeof moe);
+    moe.sigmoid = v3;
     m.rope_interleave = 1;
-    m.n_group = m.topk_group = m.moe_layer_freq = 1;
-    m.routed_scaling_factor = 1.0f;
-    m.norm_topk_prob = 0;
+    moe.n_group = moe.topk_group = moe.moe_layer_freq = 1;
+    moe.routed_scaling_factor = 1.0f;
+    moe.norm_topk_prob = 0;
     c.max_seq_len = 2048;
     int head_dim = 0, attention_bias = 0;
     static const char *required[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
@@ -238,14 +240,15 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
         if (*req[i] <= 0) return dcp_fail("%s: \"%s\" must be positive, not %d", path, required[i], *req[i]);
     }
     if (get_int(root, "q_lora_rank", &m.q_lora_rank, path) || get_int(root, "head_dim", &head_dim, path) ||
-        get_int(root, "n_routed_experts", &m.n_routed_experts, path) ||
-        get_int(root, "n_shared_experts", &m.n_shared_experts, path) ||
-        get_int(root, "num_experts_per_tok", &m.experts_per_token, path) ||
-        get_int(root, "moe_intermediate_size", &m.moe_hidden, path) ||
-        get_int(root, "first_k_dense_replace", &m.first_k_dense_replace, path) ||
-        get_int(root, "moe_layer_freq", &m.moe_layer_freq, path) || get_int(root, "n_group", &m.n_group, path) ||
-        get_int(root, "topk_group", &m.topk_group, path) || get_bool(root, "norm_topk_prob", &m.norm_topk_prob, path) ||
-        get_float(root, "routed_scaling_factor", &m.routed_scaling_factor, path) ||
+        get_int(root, "n_routed_experts", &moe.n_routed_experts, path) ||
+        get_int(root, "n_shared_experts", &moe.n_shared_experts, path) ||
+        get_int(root, "num_experts_per_tok", &moe.experts_per_token, path) ||
+        get_int(root, "moe_intermediate_size", &moe.moe_hidden, path) ||
+        get_int(root, "first_k_dense_replace", &moe.first_k_dense_replace, path) ||
+        get_int(root, "moe_layer_freq", &moe.moe_layer_freq, path) || get_int(root, "n_group", &moe.n_group, path) ||
+        get_int(root, "topk_group", &moe.topk_group, path) ||
+        get_bool(root, "norm_topk_prob", &moe.norm_topk_prob, path) ||
+        get_float(root, "routed_scaling_factor", &moe.routed_scaling_factor, path) ||
         get_int(root, "num_nextn_predict_layers", &m.mtp_layers, path) ||
         get_int(root, "max_position_embeddings", &c.max_seq_len, path) ||
         get_bool(root, "attention_bias", &attention_bias, path) ||
@@ -260,11 +263,15 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
         int value, max;
     } bounds[] = {{"kv_lora_rank", m.kv_lora_rank, 1 << 12},          {"qk_nope_head_dim", m.qk_nope_head_dim, 1 << 12},
                   {"qk_rope_head_dim", m.qk_rope_head_dim, 1 << 12},  {"v_head_dim", m.v_head_dim, 1 << 12},
-                  {"q_lora_rank", m.q_lora_rank, 1 << 16},            {"n_routed_experts", m.n_routed_experts, 1 << 16},
-                  {"n_shared_experts", m.n_shared_experts, 1 << 8},   {"moe_intermediate_size", m.moe_hidden, 1 << 20},
-                  {"num_experts_per_tok", m.experts_per_token, 1 << 16}, {"n_group", m.n_group, 1 << 16},
-                  {"topk_group", m.topk_group, 1 << 16},              {"first_k_dense_replace", m.first_k_dense_replace, 1 << 12},
-                  {"moe_layer_freq", m.moe_layer_freq, 1 << 12},      {"num_nextn_predict_layers", m.mtp_layers, 1 << 12}};
+                  {"q_lora_rank", m.q_lora_rank, 1 << 16},
+                  {"n_routed_experts", moe.n_routed_experts, 1 << 16},
+                  {"n_shared_experts", moe.n_shared_experts, 1 << 8},
+                  {"moe_intermediate_size", moe.moe_hidden, 1 << 20},
+                  {"num_experts_per_tok", moe.experts_per_token, 1 << 16}, {"n_group", moe.n_group, 1 << 16},
+                  {"topk_group", moe.topk_group, 1 << 16},
+                  {"first_k_dense_replace", moe.first_k_dense_replace, 1 << 12},
+                  {"moe_layer_freq", moe.moe_layer_freq, 1 << 12},
+                  {"num_nextn_predict_layers", m.mtp_layers, 1 << 12}};
     for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
         if (bounds[i].value > bounds[i].max)
             return dcp_fail("%s: %s is %d; it must be at most %d", path, bounds[i].name, bounds[i].value, bounds[i].max);
@@ -278,27 +285,28 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
     static const char *v2_scores[] = {"softmax", NULL}, *v3_scores[] = {"sigmoid", NULL};
     int method = get_choice(root, "topk_method", v3 ? v3_methods : v2_methods, arch, path);
     if (method < 0 || get_choice(root, "scoring_func", v3 ? v3_scores : v2_scores, arch, path) < 0) return -1;
-    m.route = v3 ? ROUTE_NOAUX_TC : (RouteMethod)method;
-    if (!v3) m.norm_topk_prob = 0; /* transformers' DeepSeek-V2 weights its top-k as scored, whatever it says */
-    if (m.n_routed_experts > 0) {
-        if (m.experts_per_token <= 0 || m.experts_per_token > m.n_routed_experts || m.moe_hidden <= 0)
+    moe.route = v3 ? ROUTE_NOAUX_TC : (RouteMethod)method;
+    if (!v3) moe.norm_topk_prob = 0; /* transformers' DeepSeek-V2 weights its top-k as scored, whatever it says */
+    if (moe.n_routed_experts > 0) {
+        if (moe.experts_per_token <= 0 || moe.experts_per_token > moe.n_routed_experts || moe.moe_hidden <= 0)
             return dcp_fail("%s: num_experts_per_tok %d must be from 1 to n_routed_experts %d, and "
                             "moe_intermediate_size positive",
-                            path, m.experts_per_token, m.n_routed_experts);
-        if (m.n_group <= 0 || m.n_routed_experts % m.n_group || m.topk_group <= 0 || m.topk_group > m.n_group)
+                            path, moe.experts_per_token, moe.n_routed_experts);
+        if (moe.n_group <= 0 || moe.n_routed_experts % moe.n_group || moe.topk_group <= 0 ||
+            moe.topk_group > moe.n_group)
             return dcp_fail("%s: n_group %d must divide n_routed_experts %d, and topk_group %d be from 1 to n_group",
-                            path, m.n_group, m.n_routed_experts, m.topk_group);
-        if (v3 && m.n_routed_experts / m.n_group < 2)
+                            path, moe.n_group, moe.n_routed_experts, moe.topk_group);
+        if (v3 && moe.n_routed_experts / moe.n_group < 2)
             return dcp_fail("%s: a group scores by its two best experts, so n_routed_experts / n_group must be at "
                             "least 2 (it is %d)",
-                            path, m.n_routed_experts / m.n_group);
-        if (m.moe_layer_freq <= 0 || m.first_k_dense_replace < 0)
+                            path, moe.n_routed_experts / moe.n_group);
+        if (moe.moe_layer_freq <= 0 || moe.first_k_dense_replace < 0)
             return dcp_fail("%s: moe_layer_freq must be positive and first_k_dense_replace not negative", path);
     }
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
     if (act && strcmp(act, "silu")) return dcp_fail("%s: hidden_act %s is not supported (silu only)", path, act);
     json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q) && read_quantization(q, &m, path)) return -1;
+    if (q && !json_is_null(q) && read_quantization(q, &c.quant, path)) return -1;
     if (get_int(root, "bos_token_id", &c.bos_id, path) || get_float(root, "rms_norm_eps", &c.norm_eps, path) ||
         get_bool(root, "tie_word_embeddings", &c.tied_embeddings, path))
         return -1;
@@ -318,6 +326,7 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
     c.rope_style = m.rope_interleave ? ROPE_ADJACENT_PAIRS : ROPE_ROTATE_HALF;
     c.mla = 1;
     c.m = m;
+    c.moe = moe;
     *cp = c;
     add_eos_ids(json_object_get(root, "eos_token_id"), cp);
     return 0;
@@ -493,32 +502,33 @@ static int is_wrapper(json_t *root)
     return (name && !strcmp(name, WRAPPER_NAME)) || (type && !strcmp(type, "kimi_k25"));
 }
 
-/* Qwen3-MoE's experts into c->m: every layer a mixture of num_experts
+/* Qwen3-MoE's experts into c->moe: every layer a mixture of num_experts
  * of moe_intermediate_size rows, num_experts_per_tok per token by softmax
  * scores (renormalized when norm_topk_prob), no shared experts. */
 static int read_qwen_moe(json_t *root, const char *arch, const char *path, Config *c)
 {
-    MlaConfig *m = &c->m;
-    memset(m, 0, sizeof *m);
-    m->n_group = m->topk_group = m->moe_layer_freq = 1;
-    m->routed_scaling_factor = 1.0f;
-    m->route = ROUTE_GREEDY;
+    MoeConfig *moe = &c->moe;
+    memset(moe, 0, sizeof *moe);
+    moe->n_group = moe->topk_group = moe->moe_layer_freq = 1;
+    moe->routed_scaling_factor = 1.0f;
+    moe->route = ROUTE_GREEDY;
     int step = 1;
     json_t *only = json_object_get(root, "mlp_only_layers");
     static const char *required[] = {"num_experts", "num_experts_per_tok", "moe_intermediate_size"};
-    int *req[] = {&m->n_routed_experts, &m->experts_per_token, &m->moe_hidden};
+    int *req[] = {&moe->n_routed_experts, &moe->experts_per_token, &moe->moe_hidden};
     for (int i = 0; i < 3; i++) {
         json_t *v = json_object_get(root, required[i]);
         if (!v || json_is_null(v)) return dcp_fail("%s: missing \"%s\"", path, required[i]);
         if (get_int(root, required[i], req[i], path)) return -1;
     }
-    if (get_int(root, "decoder_sparse_step", &step, path) || get_bool(root, "norm_topk_prob", &m->norm_topk_prob, path))
+    if (get_int(root, "decoder_sparse_step", &step, path) ||
+        get_bool(root, "norm_topk_prob", &moe->norm_topk_prob, path))
         return -1;
-    if (m->n_routed_experts < 1 || m->n_routed_experts > 1 << 16 || m->experts_per_token < 1 ||
-        m->experts_per_token > m->n_routed_experts || m->moe_hidden < 1 || m->moe_hidden > 1 << 20)
+    if (moe->n_routed_experts < 1 || moe->n_routed_experts > 1 << 16 || moe->experts_per_token < 1 ||
+        moe->experts_per_token > moe->n_routed_experts || moe->moe_hidden < 1 || moe->moe_hidden > 1 << 20)
         return dcp_fail("%s: num_experts %d (1 to 65536), num_experts_per_tok %d (1 to num_experts) and "
                         "moe_intermediate_size %d (1 to 2^20) out of range",
-                        path, m->n_routed_experts, m->experts_per_token, m->moe_hidden);
+                        path, moe->n_routed_experts, moe->experts_per_token, moe->moe_hidden);
     if (step != 1 || (only && !json_is_null(only) && (!json_is_array(only) || json_array_size(only))))
         return dcp_fail("%s: %s with dense layers (decoder_sparse_step %d, mlp_only_layers) is not supported: "
                         "dcpinfer runs every layer's feed-forward block as its experts",

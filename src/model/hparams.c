@@ -43,7 +43,7 @@ int tensor_present(const Config *c, TensorKind k)
     case T_BO: return c->o_bias;
     case T_B_GATE: case T_B_UP: case T_B_DOWN: return c->mlp_bias;
     case T_Q_NORM: case T_K_NORM: return c->qk_norm;
-    case T_GATE: case T_UP: case T_DOWN: return c->mla || !c->m.n_routed_experts; /* Qwen3-MoE: experts instead */
+    case T_GATE: case T_UP: case T_DOWN: return c->mla || !c->moe.n_routed_experts; /* Qwen3-MoE: experts instead */
     default: return k < T_COUNT;
     }
 }

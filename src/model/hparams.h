@@ -25,22 +25,27 @@ typedef struct {
 } RopeScaling;
 typedef enum { FORMAT_GENERATED, FORMAT_LLAMA2C, FORMAT_HF } ModelFormat;
 
-/* DeepSeek-V2/V3 multi-head latent attention and mixture-of-experts
- * layers, as config.json gives them. */
+/* A mixture-of-experts block as config.json gives it, for any family
+ * (DeepSeek's MoE layers, Qwen3-MoE's): n_routed_experts of moe_hidden
+ * rows, experts_per_token chosen per token, n_shared_experts run by every
+ * token; 0 routed experts: no MoE layers. */
 typedef enum { ROUTE_GREEDY, ROUTE_GROUP_LIMITED_GREEDY, ROUTE_NOAUX_TC } RouteMethod;
 typedef struct {
-    int v3;                        /* DeepseekV3 (sigmoid scores with a correction bias), else V2 (softmax) */
-    int q_lora_rank;               /* 0: q_proj instead of q_a_proj / q_a_layernorm / q_b_proj */
-    int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
-    int rope_interleave;           /* RoPE on adjacent pairs (else rotate-half) */
     int n_routed_experts, n_shared_experts, experts_per_token, moe_hidden;
     int first_k_dense_replace, moe_layer_freq; /* MoE in layers l >= first_k_dense_replace with l % freq == 0 */
     int n_group, topk_group;
     RouteMethod route;
+    int sigmoid;                   /* sigmoid scores with a correction bias (DeepSeek-V3), else softmax */
     int norm_topk_prob;
     float routed_scaling_factor;
-    int mtp_layers;                /* num_nextn_predict_layers: multi-token-prediction layers, skipped */
-    float softmax_scale;           /* qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 */
+} MoeConfig;
+/* 1 when layer l of a model with a MoE block is a mixture of experts */
+#define MOE_LAYER(c, l)                                                                                           \
+    ((c)->moe.n_routed_experts > 0 && (l) >= (c)->moe.first_k_dense_replace && (l) % (c)->moe.moe_layer_freq == 0)
+
+/* How a checkpoint's quantization_config stores its matrices (DeepSeek's
+ * FP8, INT4 and NVFP4 checkpoints); all 0: as their dtype says. */
+typedef struct {
     int fp8_block[2];              /* block-scaled FP8 weights (quantization_config): block rows, cols; 0: none */
     int int4_group;                /* compressed-tensors pack-quantized INT4 (W4A16, symmetric): columns per
                                       scale; which matrices: its targets and ignore (model_check_checkpoint) */
@@ -49,10 +54,16 @@ typedef struct {
                                       else as compressed-tensors (weight_packed, ..., weight_global_scale /) */
     int nvfp4_round_bf16;          /* dequantized values rounded to bf16 (compressed-tensors always; ModelOpt:
                                       to the model's dtype) */
+} QuantConfig;
+
+/* DeepSeek-V2/V3 multi-head latent attention, as config.json gives it. */
+typedef struct {
+    int q_lora_rank;               /* 0: q_proj instead of q_a_proj / q_a_layernorm / q_b_proj */
+    int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int rope_interleave;           /* RoPE on adjacent pairs (else rotate-half) */
+    int mtp_layers;                /* num_nextn_predict_layers: multi-token-prediction layers, skipped */
+    float softmax_scale;           /* qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 */
 } MlaConfig;
-/* 1 when layer l of an MLA model is a mixture of experts */
-#define MLA_MOE_LAYER(c, l)                                                                                       \
-    ((c)->m.n_routed_experts > 0 && (l) >= (c)->m.first_k_dense_replace && (l) % (c)->m.moe_layer_freq == 0)
 
 /* where a multimodal wrapper (Kimi K2.5) keeps its language model's tensors
  * and quantization names */
@@ -92,9 +103,11 @@ typedef struct {
     ModelFormat format;
     /* DeepSeek-V2/V3: multi-head latent attention (then n_kv_heads is 1 and
      * head_dim is kv_lora_rank + qk_rope_head_dim, the width of a latent
-     * cache row) and mixture-of-experts layers */
+     * cache row) */
     int mla;
     MlaConfig m;
+    MoeConfig moe;     /* DeepSeek's and Qwen3-MoE's mixture-of-experts layers */
+    QuantConfig quant; /* stored formats of the matrices */
 } Config;
 
 

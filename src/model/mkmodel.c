@@ -16,7 +16,7 @@ void mkmodel_default_spec(ModelSpec *s)
      * every tensor-parallel layout up to tp 8 is valid on it. */
     *s = (ModelSpec){.layers = 4, .dim = 128, .heads = 8, .kv_heads = 2, .hidden = 344, .vocab = 512,
                      .max_len = 2048, .tied = 0, .eos = -1, .rope_theta = 10000.0f, .seed = 1234,
-                     .mla = {.n_shared_experts = -1}};
+                     .moe = {.n_shared_experts = -1}};
 }
 
 int mkmodel_check_spec(const ModelSpec *s)
@@ -40,18 +40,20 @@ int mkmodel_check_spec(const ModelSpec *s)
     if (s->eos >= s->vocab) return dcp_fail("--eos %d outside the vocabulary of %d", s->eos, s->vocab);
     if (a->mla) {
         const MlaConfig *m = &s->mla;
+        const MoeConfig *moe = &s->moe;
         if (m->kv_lora_rank < 1 || m->qk_nope_head_dim < 1 || m->qk_rope_head_dim < 2 || m->qk_rope_head_dim % 2 ||
-            m->v_head_dim < 1 || m->q_lora_rank < 0 || m->n_routed_experts < 0 || m->experts_per_token < 1 ||
-            m->experts_per_token > (m->n_routed_experts ? m->n_routed_experts : 1) || m->moe_hidden < 1 ||
-            m->n_group < 1 || (m->n_routed_experts && m->n_routed_experts % m->n_group) || m->topk_group < 1 ||
-            m->topk_group > m->n_group || (m->v3 && m->n_routed_experts && m->n_routed_experts / m->n_group < 2))
+            m->v_head_dim < 1 || m->q_lora_rank < 0 || moe->n_routed_experts < 0 || moe->experts_per_token < 1 ||
+            moe->experts_per_token > (moe->n_routed_experts ? moe->n_routed_experts : 1) || moe->moe_hidden < 1 ||
+            moe->n_group < 1 || (moe->n_routed_experts && moe->n_routed_experts % moe->n_group) ||
+            moe->topk_group < 1 || moe->topk_group > moe->n_group ||
+            (moe->sigmoid && moe->n_routed_experts && moe->n_routed_experts / moe->n_group < 2))
             return dcp_fail("DeepSeek shape: kv-lora-rank, qk dims (rope even), v-head-dim and moe-hidden must be "
                             "positive, experts-per-token at most experts, n-group dividing the experts (V3: two per "
                             "group) and topk-group at most n-group");
     } else if (a->moe) {
-        const MlaConfig *m = &s->mla;
-        if (m->n_routed_experts < 1 || m->experts_per_token < 1 || m->experts_per_token > m->n_routed_experts ||
-            m->moe_hidden < 1 || m->n_shared_experts)
+        const MoeConfig *moe = &s->moe;
+        if (moe->n_routed_experts < 1 || moe->experts_per_token < 1 || moe->experts_per_token > moe->n_routed_experts ||
+            moe->moe_hidden < 1 || moe->n_shared_experts)
             return dcp_fail("Qwen3-MoE shape: experts and moe-hidden positive, experts-per-token at most experts, no "
                             "shared experts");
     }
@@ -59,46 +61,48 @@ int mkmodel_check_spec(const ModelSpec *s)
         return dcp_fail("--quant: only for deepseek_v2 / deepseek_v3 models");
     }
     if (!!s->fp8_block + !!s->int4_group + !!s->nvfp4 > 1) return dcp_fail("--quant: one format per model");
-    if (s->nvfp4 && (s->dim % 16 || s->mla.moe_hidden % 16))
-        return dcp_fail("--quant nvfp4: --dim %d and --moe-hidden %d must be multiples of 16", s->dim, s->mla.moe_hidden);
-    if (s->int4_group && (s->int4_group % 8 || s->dim % s->int4_group || s->mla.moe_hidden % s->int4_group))
+    if (s->nvfp4 && (s->dim % 16 || s->moe.moe_hidden % 16))
+        return dcp_fail("--quant nvfp4: --dim %d and --moe-hidden %d must be multiples of 16", s->dim,
+                        s->moe.moe_hidden);
+    if (s->int4_group && (s->int4_group % 8 || s->dim % s->int4_group || s->moe.moe_hidden % s->int4_group))
         return dcp_fail("--quant int4-w4a16: the group (%d) must be a multiple of 8 dividing --dim %d and "
                         "--moe-hidden %d",
-                        s->int4_group, s->dim, s->mla.moe_hidden);
+                        s->int4_group, s->dim, s->moe.moe_hidden);
     return 0;
 }
 
 void mkmodel_mla_defaults(ModelSpec *s)
 {
     MlaConfig *m = &s->mla;
-    m->v3 = arch_table[s->arch].mla == 2;
+    MoeConfig *moe = &s->moe;
+    moe->sigmoid = arch_table[s->arch].mla == 2;
     if (!m->kv_lora_rank) m->kv_lora_rank = 32;
     if (!m->qk_nope_head_dim) m->qk_nope_head_dim = 16;
     if (!m->qk_rope_head_dim) m->qk_rope_head_dim = 8;
     if (!m->v_head_dim) m->v_head_dim = 16;
-    if (!m->n_routed_experts) m->n_routed_experts = 8;
-    if (m->n_shared_experts < 0) m->n_shared_experts = 1; /* transformers builds them whatever the count */
-    if (!m->experts_per_token) m->experts_per_token = 2;
-    if (!m->moe_hidden) m->moe_hidden = 32;
-    if (!m->n_group) m->n_group = m->v3 ? 4 : 1;
-    if (!m->topk_group) m->topk_group = m->v3 ? 2 : 1;
-    if (!m->moe_layer_freq) m->moe_layer_freq = 1;
-    if (!m->routed_scaling_factor) m->routed_scaling_factor = m->v3 ? 2.5f : 1.0f;
-    m->route = m->v3 ? ROUTE_NOAUX_TC : m->n_group > 1 ? ROUTE_GROUP_LIMITED_GREEDY : ROUTE_GREEDY;
+    if (!moe->n_routed_experts) moe->n_routed_experts = 8;
+    if (moe->n_shared_experts < 0) moe->n_shared_experts = 1; /* transformers builds them whatever the count */
+    if (!moe->experts_per_token) moe->experts_per_token = 2;
+    if (!moe->moe_hidden) moe->moe_hidden = 32;
+    if (!moe->n_group) moe->n_group = moe->sigmoid ? 4 : 1;
+    if (!moe->topk_group) moe->topk_group = moe->sigmoid ? 2 : 1;
+    if (!moe->moe_layer_freq) moe->moe_layer_freq = 1;
+    if (!moe->routed_scaling_factor) moe->routed_scaling_factor = moe->sigmoid ? 2.5f : 1.0f;
+    moe->route = moe->sigmoid ? ROUTE_NOAUX_TC : moe->n_group > 1 ? ROUTE_GROUP_LIMITED_GREEDY : ROUTE_GREEDY;
     m->rope_interleave = 1;
 }
 
 void mkmodel_moe_defaults(ModelSpec *s)
 {
-    MlaConfig *m = &s->mla;
-    if (!m->n_routed_experts) m->n_routed_experts = 8;
-    if (m->n_shared_experts < 0) m->n_shared_experts = 0;
-    if (!m->experts_per_token) m->experts_per_token = 2;
-    if (!m->moe_hidden) m->moe_hidden = 32;
-    m->n_group = m->topk_group = m->moe_layer_freq = 1;
-    m->routed_scaling_factor = 1.0f;
-    m->route = ROUTE_GREEDY;
-    m->norm_topk_prob = 1; /* as Qwen3-MoE's releases */
+    MoeConfig *moe = &s->moe;
+    if (!moe->n_routed_experts) moe->n_routed_experts = 8;
+    if (moe->n_shared_experts < 0) moe->n_shared_experts = 0;
+    if (!moe->experts_per_token) moe->experts_per_token = 2;
+    if (!moe->moe_hidden) moe->moe_hidden = 32;
+    moe->n_group = moe->topk_group = moe->moe_layer_freq = 1;
+    moe->routed_scaling_factor = 1.0f;
+    moe->route = ROUTE_GREEDY;
+    moe->norm_topk_prob = 1; /* as Qwen3-MoE's releases */
 }
 
 void mkmodel_config(const ModelSpec *s, Config *c)
@@ -139,17 +143,18 @@ void mkmodel_config(const ModelSpec *s, Config *c)
     if (s->eos >= 0) c->eos_ids[c->n_eos++] = s->eos;
     c->format = FORMAT_GENERATED;
     if (a->moe) { /* as arch.c reads it back */
-        c->m = s->mla;
+        c->moe = s->moe;
         c->format = FORMAT_HF;
     }
     if (a->mla) { /* as arch.c reads it back */
         c->mla = 1;
         c->m = s->mla;
-        c->m.fp8_block[0] = c->m.fp8_block[1] = s->fp8_block;
-        c->m.int4_group = s->int4_group;
-        c->m.nvfp4_group = s->nvfp4 ? 16 : 0;
-        c->m.nvfp4_modelopt = s->nvfp4 == 2;
-        c->m.nvfp4_round_bf16 = s->nvfp4 != 0;
+        c->moe = s->moe;
+        c->quant.fp8_block[0] = c->quant.fp8_block[1] = s->fp8_block;
+        c->quant.int4_group = s->int4_group;
+        c->quant.nvfp4_group = s->nvfp4 ? 16 : 0;
+        c->quant.nvfp4_modelopt = s->nvfp4 == 2;
+        c->quant.nvfp4_round_bf16 = s->nvfp4 != 0;
         c->n_kv_heads = 1;
         c->head_dim = s->mla.kv_lora_rank + s->mla.qk_rope_head_dim;
         c->rope_style = ROPE_ADJACENT_PAIRS;

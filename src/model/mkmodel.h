@@ -23,9 +23,11 @@ typedef struct {
     int rope_parameters;  /* write the rope block as "rope_parameters" (transformers 5) instead of "rope_scaling" */
     int sliding_window;   /* Mistral, Qwen2, Qwen3; 0: none */
     int max_window_layers; /* Qwen2, Qwen3: the first layer with the window */
-    /* DeepSeek-V2/V3 (arch deepseek_v2 / deepseek_v3): latent attention and
-     * experts; the feed-forward of dense layers is hidden */
+    /* DeepSeek-V2/V3 (arch deepseek_v2 / deepseek_v3): latent attention;
+     * their experts and Qwen3-MoE's (moe); the feed-forward of dense layers
+     * is hidden */
     MlaConfig mla;
+    MoeConfig moe;
     int fp8_block;         /* write layer matrices as block-scaled FP8 with blocks of this size; 0: float32 */
     int int4_group;        /* write the routed experts as compressed-tensors INT4 W4A16 in groups of this
                               many columns (bf16 scales), as Kimi K2's; 0: float32 */

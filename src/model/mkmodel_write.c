@@ -89,8 +89,8 @@ static int write_config_json(const ModelSpec *s, const char *dir)
         fprintf(f,
                 "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
                 "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
-                s->mla.n_routed_experts, s->mla.experts_per_token, s->mla.moe_hidden,
-                s->mla.norm_topk_prob ? "true" : "false");
+                s->moe.n_routed_experts, s->moe.experts_per_token, s->moe.moe_hidden,
+                s->moe.norm_topk_prob ? "true" : "false");
     if (a->window == WINDOW_ALL) {
         if (s->sliding_window) fprintf(f, "  \"sliding_window\": %d,\n", s->sliding_window);
         else fprintf(f, "  \"sliding_window\": null,\n");
@@ -472,9 +472,10 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
     if (!f) return -1;
     const Arch *a = &arch_table[s->arch];
     const MlaConfig *m = &s->mla;
+    const MoeConfig *moe = &s->moe;
     char eos[32], qlora[32], scale[40];
     snprintf(eos, sizeof eos, s->eos >= 0 ? "%d" : "null", s->eos);
-    snprintf(scale, sizeof scale, "%.9g", (double)m->routed_scaling_factor);
+    snprintf(scale, sizeof scale, "%.9g", (double)moe->routed_scaling_factor);
     if (!strpbrk(scale, ".e")) strcat(scale, ".0"); /* transformers wants a float */
     snprintf(qlora, sizeof qlora, m->q_lora_rank ? "%d" : "null", m->q_lora_rank);
     char quant[1024] = "";
@@ -493,13 +494,16 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
             "  \"n_routed_experts\": %d,\n  \"n_shared_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
             "  \"first_k_dense_replace\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
             "  \"norm_topk_prob\": %s,\n  \"routed_scaling_factor\": %s,\n",
-            a->name, s->kimi_k25 ? "kimi_k2" : a->model_type, s->dim, s->hidden, m->moe_hidden, s->layers, s->heads,
+            a->name, s->kimi_k25 ? "kimi_k2" : a->model_type, s->dim, s->hidden, moe->moe_hidden, s->layers, s->heads,
             s->heads, s->vocab,
             s->max_len, m->kv_lora_rank, qlora, m->qk_nope_head_dim, m->qk_rope_head_dim, m->qk_rope_head_dim,
-            m->v_head_dim, m->n_routed_experts, m->n_shared_experts, m->experts_per_token, m->first_k_dense_replace,
-            m->n_group, m->topk_group, m->norm_topk_prob ? "true" : "false", scale);
-    if (m->v3) fprintf(f, "  \"rope_interleave\": true,\n");
-    else fprintf(f, "  \"topk_method\": \"%s\",\n", m->route == ROUTE_GROUP_LIMITED_GREEDY ? "group_limited_greedy" : "greedy");
+            m->v_head_dim, moe->n_routed_experts, moe->n_shared_experts, moe->experts_per_token,
+            moe->first_k_dense_replace,
+            moe->n_group, moe->topk_group, moe->norm_topk_prob ? "true" : "false", scale);
+    if (a->mla == 2) fprintf(f, "  \"rope_interleave\": true,\n"); /* DeepSeek-V3 */
+    else
+        fprintf(f, "  \"topk_method\": \"%s\",\n",
+                moe->route == ROUTE_GROUP_LIMITED_GREEDY ? "group_limited_greedy" : "greedy");
     if (!s->kimi_k25) fputs(quant, f);
     write_rope(f, s);
     fprintf(f, "  \"attention_bias\": false,\n");

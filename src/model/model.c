@@ -35,20 +35,20 @@ void shard_init(Shard *s, const Config *c, int tp, int tp_rank)
     }
     balanced_part(c->hidden_dim, tp, tp_rank, &s->hidden0, &s->hidden);
     balanced_part(c->vocab_size, tp, tp_rank, &s->vocab0, &s->vocab);
-    if (c->mla || c->m.n_routed_experts) {
-        balanced_part(c->m.moe_hidden, tp, tp_rank, &s->moe_hidden0, &s->moe_hidden);
-        balanced_part(c->m.moe_hidden * c->m.n_shared_experts, tp, tp_rank, &s->shared_hidden0, &s->shared_hidden);
+    if (c->mla || c->moe.n_routed_experts) {
+        balanced_part(c->moe.moe_hidden, tp, tp_rank, &s->moe_hidden0, &s->moe_hidden);
+        balanced_part(c->moe.moe_hidden * c->moe.n_shared_experts, tp, tp_rank, &s->shared_hidden0, &s->shared_hidden);
     }
     canonical_order(c, &s->k_chunks, &s->key_shards);
     s->chunks = s->k_chunks % tp ? 1 : s->k_chunks / tp;
     s->ep = 0; /* off (shard_set_ep) */
-    s->experts = c->m.n_routed_experts;
+    s->experts = c->moe.n_routed_experts;
     s->expert_chunks = s->chunks;
 }
 
 int expert_parallel_check(const Config *c, int ep)
 {
-    int E = c->m.n_routed_experts;
+    int E = c->moe.n_routed_experts;
     if (!E)
         return dcp_fail("--enable-expert-parallel: the model has no routed experts (it is not a mixture of experts)");
     if (E % ep)
@@ -63,9 +63,9 @@ void shard_set_ep(Shard *s, const Config *c, int ep, int ep_rank)
     if (ep < 1) return;
     s->ep = ep;
     s->ep_rank = ep_rank;
-    s->experts = c->m.n_routed_experts / ep;
+    s->experts = c->moe.n_routed_experts / ep;
     s->expert0 = ep_rank * s->experts;
-    s->moe_hidden = c->m.moe_hidden;
+    s->moe_hidden = c->moe.moe_hidden;
     s->moe_hidden0 = 0;
     s->expert_chunks = 1;
 }
@@ -77,7 +77,7 @@ void canonical_order(const Config *c, int *k_chunks, int *key_shards)
         int ok = c->n_heads % p == 0 && (kv % p == 0 || p % kv == 0) &&
                  (c->hidden_dim % p == 0 || !tensor_present(c, T_GATE));
         if (c->mla) ok &= c->m.v_head_dim > 0;
-        if (c->mla || c->m.n_routed_experts) ok &= c->m.moe_hidden % p == 0;
+        if (c->mla || c->moe.n_routed_experts) ok &= c->moe.moe_hidden % p == 0;
         if (ok) break;
     }
     *k_chunks = p;
@@ -310,7 +310,7 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
     SLICE("self_attn.kv_b_proj.weight", H * kvb, m->kv_lora_rank, &w->kv_b, h0 * kvb, hq * kvb, 0, m->kv_lora_rank);
     MSLICE("self_attn.o_proj.weight", dim, H * m->v_head_dim, &w->o, 0, dim, h0 * m->v_head_dim, hq * m->v_head_dim);
     out[n - 1].chunks = s->chunks;
-    if (!MLA_MOE_LAYER(c, l)) {
+    if (!MOE_LAYER(c, l)) {
         MSLICE("mlp.gate_proj.weight", c->hidden_dim, dim, &w->gate, s->hidden0, s->hidden, 0, dim);
         MSLICE("mlp.up_proj.weight", c->hidden_dim, dim, &w->up, s->hidden0, s->hidden, 0, dim);
         MSLICE("mlp.down_proj.weight", dim, c->hidden_dim, &w->down, 0, dim, s->hidden0, s->hidden);
@@ -322,17 +322,17 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
 
 int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *out)
 {
-    const MlaConfig *m = &c->m;
+    const MoeConfig *moe = &c->moe;
     MoeLayer dummy = {0}; /* where nothing is loaded: only names and shapes are wanted */
     if (!w) w = &dummy;
     Shard whole;
     s = shard_or_whole(c, s, &whole);
     int n = 0, dim = c->dim;
-    ADD("mlp.gate.weight", m->n_routed_experts, dim, &w->router);
-    if (m->v3) ADD("mlp.gate.e_score_correction_bias", 0, m->n_routed_experts, &w->router_bias);
+    ADD("mlp.gate.weight", moe->n_routed_experts, dim, &w->router);
+    if (moe->sigmoid) ADD("mlp.gate.e_score_correction_bias", 0, moe->n_routed_experts, &w->router_bias);
     for (int e = s->expert0; e < s->expert0 + s->experts; e++) {
         char nm[96];
-        int mh = m->moe_hidden, r0 = s->moe_hidden0, nr = s->moe_hidden;
+        int mh = moe->moe_hidden, r0 = s->moe_hidden0, nr = s->moe_hidden;
         /* e's place in the stack of the experts held */
         size_t per = (size_t)nr * dim, at = (size_t)(e - s->expert0) * per, all = (size_t)s->experts * per;
         snprintf(nm, sizeof nm, "mlp.experts.%d.gate_proj.weight", e);
@@ -343,8 +343,8 @@ int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *
         PUT(nm, dim, mh, NULL, &w->e_down, at, all, 0, dim, r0, nr);
         out[n - 1].chunks = s->expert_chunks;
     }
-    if (m->n_shared_experts > 0) {
-        int sh = m->moe_hidden * m->n_shared_experts, r0 = s->shared_hidden0, nr = s->shared_hidden;
+    if (moe->n_shared_experts > 0) {
+        int sh = moe->moe_hidden * moe->n_shared_experts, r0 = s->shared_hidden0, nr = s->shared_hidden;
         MSLICE("mlp.shared_experts.gate_proj.weight", sh, dim, &w->s_gate, r0, nr, 0, dim);
         MSLICE("mlp.shared_experts.up_proj.weight", sh, dim, &w->s_up, r0, nr, 0, dim);
         MSLICE("mlp.shared_experts.down_proj.weight", dim, sh, &w->s_down, 0, dim, r0, nr);
@@ -358,7 +358,7 @@ int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *
     return n;
 }
 
-int mla_max_tensors(const Config *c) { return 16 + 3 * c->m.n_routed_experts; }
+int mla_max_tensors(const Config *c) { return 16 + 3 * c->moe.n_routed_experts; }
 
 /* Multi-token-prediction layers (indices from num_hidden_layers on) are
  * not used: generation predicts one token at a time. */
@@ -387,15 +387,15 @@ typedef struct {
 /* The config's 4-bit format, or 0 when it has none */
 static int quant_format(const Config *c, QuantFormat *f)
 {
-    const MlaConfig *m = &c->m;
-    if (m->int4_group)
-        *f = (QuantFormat){DTYPE_I4, "weight_packed", "weight_scale", NULL, 0, "weight_shape", NULL, m->int4_group, 8};
-    else if (m->nvfp4_group && m->nvfp4_modelopt)
+    const QuantConfig *qc = &c->quant;
+    if (qc->int4_group)
+        *f = (QuantFormat){DTYPE_I4, "weight_packed", "weight_scale", NULL, 0, "weight_shape", NULL, qc->int4_group, 8};
+    else if (qc->nvfp4_group && qc->nvfp4_modelopt)
         *f = (QuantFormat){DTYPE_FP4, "weight", "weight_scale", "weight_scale_2", 0, NULL, "input_scale",
-                           m->nvfp4_group, 2};
-    else if (m->nvfp4_group)
+                           qc->nvfp4_group, 2};
+    else if (qc->nvfp4_group)
         *f = (QuantFormat){DTYPE_FP4, "weight_packed", "weight_scale", "weight_global_scale", 1, NULL, NULL,
-                           m->nvfp4_group, 2};
+                           qc->nvfp4_group, 2};
     else
         return 0;
     return 1;
@@ -472,7 +472,7 @@ int model_check_checkpoint(const char *path, const Config *c)
     if (open_checkpoint(&ck, path, c)) return -1;
     /* every tensor the config implies, with its shape */
     int n_names = 0, rc = 0;
-    int named = c->mla || c->m.n_routed_experts; /* tensors by name: MLA layers, Qwen3-MoE's experts */
+    int named = c->mla || c->moe.n_routed_experts; /* tensors by name: MLA layers, Qwen3-MoE's experts */
     size_t per_layer = named ? 3 * (size_t)mla_max_tensors(c) + T_COUNT : T_COUNT; /* and quantization's */
     char (*names)[160] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
     MlaTensor *mt = named ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
@@ -516,7 +516,7 @@ int model_check_checkpoint(const char *path, const Config *c)
                 char sc[160];
                 snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
                 strcpy(names[n_names++], sc);
-                if (!c->m.fp8_block[0])
+                if (!c->quant.fp8_block[0])
                     rc = dcp_fail("%s: tensor '%s' is FP8, but config.json has no fp8 quantization_config", path,
                                   mt[i].name);
                 else if (!st_find(&ck, sc))
@@ -849,7 +849,7 @@ static int read_nibbles(Source *src, const MlaTensor *mt, const StTensor *t, con
  * NVFP4 as the config says */
 static int nibbles_round_bf16(Source *src, const MlaTensor *mt, const QuantFormat *f)
 {
-    if (f->dtype == DTYPE_FP4) return src->cfg->m.nvfp4_round_bf16;
+    if (f->dtype == DTYPE_FP4) return src->cfg->quant.nvfp4_round_bf16;
     char name[160];
     snprintf(name, sizeof name, "%.*s.%s", (int)strlen(mt->name) - 7, mt->name, f->scale);
     const StTensor *scale = st_find(&src->ck, name);
@@ -904,7 +904,7 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
     /* the runs that share a scale: the block's (group's) columns, or fewer
      * where this rank's columns or their K chunks start inside one (each
      * run then repeats its scale) */
-    int qcols = fp8 || nib ? gcd(gcd(fp8 ? c->m.fp8_block[1] : f.group, cc), mt->col0) : 0;
+    int qcols = fp8 || nib ? gcd(gcd(fp8 ? c->quant.fp8_block[1] : f.group, cc), mt->col0) : 0;
     int qflags = nib && nibbles_round_bf16(src, mt, &f) ? QF_ROUND_BF16 : 0;
     DType want = fp8 ? DTYPE_F8_E4M3 : nib ? f.dtype : m->gemm_dtype;
     /* NVFP4's scales stay FP8 codes, with a table of their values per
@@ -934,7 +934,7 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
         WeightRef to = weight_at(*w, mt->mat_at + chunk * ch);
         int col0 = mt->col0 + ch * cc, rc;
         if (fp8)
-            rc = st_read_f8_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt->row0,
+            rc = st_read_f8_scaled(t, st_find(&src->ck, sc), c->quant.fp8_block[0], c->quant.fp8_block[1], mt->row0,
                                    mt->nrows, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale);
         else if (codes)
             rc = read_nibbles(src, mt, t, &f, col0, cc, qcols, (uint8_t *)to.data, NULL, (uint8_t *)to.scale8,
@@ -977,8 +977,8 @@ static StDtype stored_dtype(const Source *src, const MlaTensor *mt)
     char module[128];
     snprintf(module, sizeof module, "%.*s", (int)strlen(mt->name) - 7, mt->name);
     if (linear && src->rules && quant_rules_quantized(src->rules, module, 1))
-        return c->m.int4_group ? ST_I32 : ST_U8;
-    if (linear && c->m.fp8_block[0]) return ST_F8_E4M3;
+        return c->quant.int4_group ? ST_I32 : ST_U8;
+    if (linear && c->quant.fp8_block[0]) return ST_F8_E4M3;
     return c->stored_bf16 ? ST_BF16 : ST_F32;
 }
 
@@ -1007,7 +1007,7 @@ static int load_named(Source *src, Model *m, const MlaTensor *mt, int n)
         char sc[160];
         snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
         if (t->dtype == ST_F8_E4M3) /* kv_b: dequantized here, this rank's slice only */
-            rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->m.fp8_block[0], c->m.fp8_block[1], mt[i].row0,
+            rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->quant.fp8_block[0], c->quant.fp8_block[1], mt[i].row0,
                                     mt[i].nrows, mt[i].col0, mt[i].ncols, to);
         else if (t->dtype == ST_I32 || t->dtype == ST_U8) /* a 4-bit kv_b: the same, through its stored form */
             rc = read_nibbles_as_f32(src, &mt[i], t, to);
@@ -1037,11 +1037,12 @@ static int load_layers(Source *src, Model *m)
 static void format_name(const Config *c, WeightRef w, char *buf, size_t n)
 {
     if (w.dtype == DTYPE_F8_E4M3)
-        snprintf(buf, n, "%s %dx%d blocks", dtype_name(w.dtype), c->m.fp8_block[0], c->m.fp8_block[1]);
+        snprintf(buf, n, "%s %dx%d blocks", dtype_name(w.dtype), c->quant.fp8_block[0], c->quant.fp8_block[1]);
     else if (w.dtype == DTYPE_I4)
-        snprintf(buf, n, "int4-w4a16 g%d%s", c->m.int4_group, w.qflags & QF_ROUND_BF16 ? " (bf16 scales)" : "");
+        snprintf(buf, n, "int4-w4a16 g%d%s", c->quant.int4_group, w.qflags & QF_ROUND_BF16 ? " (bf16 scales)" : "");
     else if (w.dtype == DTYPE_FP4)
-        snprintf(buf, n, "nvfp4 g%d (%s)", c->m.nvfp4_group, c->m.nvfp4_modelopt ? "modelopt" : "compressed-tensors");
+        snprintf(buf, n, "nvfp4 g%d (%s)", c->quant.nvfp4_group,
+                 c->quant.nvfp4_modelopt ? "modelopt" : "compressed-tensors");
     else snprintf(buf, n, "%s", dtype_name(w.dtype));
 }
 
@@ -1202,7 +1203,7 @@ static int load(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_
          load_matrix_chunked(&src, m, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D, s->chunks);
     w->part = WPART_MLP;
     rc = rc || load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim);
-    if (c->m.n_routed_experts) /* Qwen3-MoE: every layer's feed-forward block is one */
+    if (c->moe.n_routed_experts) /* Qwen3-MoE: every layer's feed-forward block is one */
         rc = rc || load_layers(&src, m);
     else
         rc = rc || load_matrix(&src, m, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||

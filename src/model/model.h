@@ -157,7 +157,7 @@ typedef struct {
     int chunks; /* row-parallel: the columns read as this many (nrows, ncols / chunks) matrices in turn */
 } MlaTensor;
 int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out);
-/* The same for layer l's mixture-of-experts block (MLA_MOE_LAYER) alone:
+/* The same for layer l's mixture-of-experts block (MOE_LAYER) alone:
  * router, routed and shared experts */
 int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *out);
 int mla_max_tensors(const Config *c);

@@ -215,7 +215,7 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
         if (r < ranks - 1) model_free(&m);
     }
     for (int l = 0; l < cfg.n_layers; l++)
-        L->moe_layers += cfg.mla ? MLA_MOE_LAYER(&cfg, l) : cfg.m.n_routed_experts > 0;
+        L->moe_layers += cfg.mla ? MOE_LAYER(&cfg, l) : cfg.moe.n_routed_experts > 0;
     /* KV bytes per rank: as given, else what the GPU's usable memory
      * leaves after the largest rank's weights and the reserve */
     L->fits = -1;
@@ -243,11 +243,11 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
      * reach if spread evenly) and its shard of every running request's
      * context, and sends its collectives; HBM and link bandwidth bound it. */
     int T = L->running > 0 ? L->running : 1;
-    const MlaConfig *mc = &m.cfg.m;
+    const MoeConfig *moe = &m.cfg.moe;
     /* with expert parallelism every DP group's tokens reach this rank's experts */
     int reaching = L->ep ? T * L->dp : T;
     double reach =
-        mc->n_routed_experts ? 1 - pow(1 - (double)mc->experts_per_token / mc->n_routed_experts, reaching) : 1;
+        moe->n_routed_experts ? 1 - pow(1 - (double)moe->experts_per_token / moe->n_routed_experts, reaching) : 1;
     L->read_weights = (double)L->part[WPART_ATTENTION] + L->part[WPART_MLP] + L->part[WPART_LM_HEAD] +
                       reach * L->part[WPART_EXPERTS];
     double context = p->input_len || p->output_len ? p->input_len + p->output_len / 2.0 : L->max_model_len;
