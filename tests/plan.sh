@@ -125,10 +125,11 @@ comm comm-mqa-tp4-dcp4 4 "$WORK/mqa" 3 -tp 4 -dcp 4
 # The shipped real configs on 8 GPUs: every layout listed (tp dividing 8,
 # dcp dividing tp); an MLA model's KV cache at dcp 8 holds 8 times the
 # tokens of dcp 1 at tp 8 (the same weights, so the same KV memory per
-# rank); a GQA model's dcp is capped by its KV heads (Llama-3.1-70B's 8:
-# none; Qwen3-235B-A22B's 4: dcp 2 at tp 8, twice dcp 1's tokens).
+# rank); a GQA model's dcp is capped by its KV heads (Llama-3.1-70B's and
+# GLM-4.5's 8: none; Qwen3-235B-A22B's 4: dcp 2 at tp 8, twice dcp 1's
+# tokens).
 C=$DCP_SRCDIR/tests/data/configs
-for cfg in deepseek-v3 kimi-k2-instruct kimi-k2-thinking llama-3.1-70b-instruct qwen3-235b-a22b; do
+for cfg in deepseek-v3 kimi-k2-instruct kimi-k2-thinking llama-3.1-70b-instruct qwen3-235b-a22b glm-4.5; do
     checks=$((checks + 2))
     "$PLAN" --model "$C/$cfg.config.json" --gpus 8 --sweep --gpu B200 --input-len 67000 --output-len 1000 \
         --kv-cache-dtype bfloat16 >"$WORK/$cfg.sweep" 2>&1
@@ -139,7 +140,7 @@ for cfg in deepseek-v3 kimi-k2-instruct kimi-k2-thinking llama-3.1-70b-instruct 
         fail "$cfg: --sweep lists '$rows'"; cat "$WORK/$cfg.sweep" >&2
     fi
     case $cfg in
-    llama*)
+    llama* | glm*)
         capped=$(awk '!/^#/ && $2 > 1 && /refused: invalid layout: -dcp [0-9]+ needs -tp above the model.s 8 KV heads/' \
             "$WORK/$cfg.sweep" | wc -l)
         valid=$(awk '!/^#/ && $2 == 1 && !/refused/' "$WORK/$cfg.sweep" | wc -l)

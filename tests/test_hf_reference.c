@@ -19,7 +19,8 @@
 
 static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/linear",
                               "hf/yarn",          "hf/mistral_window",  "hf/qwen2_bias",
-                              "hf/qwen3_qk_norm", "hf/mlp_bias",        "hf/qwen3_moe",       "deepseek/v3_yarn",
+                              "hf/qwen3_qk_norm", "hf/mlp_bias",        "hf/qwen3_moe",       "hf/glm4_moe",
+                              "deepseek/v3_yarn",
                               "deepseek/v2_softmax", "deepseek/v3_fp8", "deepseek/v3_int4", "deepseek/v3_nvfp4",
                               "deepseek/v3_nvfp4_modelopt"};
 

@@ -1,7 +1,8 @@
 /* The Llama family's decoder layer (Llama, Mistral, Qwen2, Qwen3,
- * Qwen3-MoE): grouped-query attention with optional q/k/v/o biases,
- * per-head q/k norms and a sliding window, then a SwiGLU feed-forward
- * block, or Qwen3-MoE's mixture of experts (moe.c). Under TP the Q/K/V and
+ * Qwen3-MoE, GLM-4.5): grouped-query attention with optional q/k/v/o
+ * biases, per-head q/k norms, RoPE over whole heads or their first part,
+ * and a sliding window, then a SwiGLU feed-forward block, or in MoE layers
+ * a mixture of experts (moe.c). Under TP the Q/K/V and
  * gate/up projections are column-parallel (this rank's heads and hidden
  * rows), o_proj and down_proj row-parallel, summed over the group. */
 #include "layer_dense.h"
@@ -22,7 +23,7 @@ typedef struct {
     WeightRef wo;           /* (dim, q_heads*head_dim) as Shard.chunks column chunks */
     const float *rms_ffn;   /* (dim) */
     SwiGlu ffn;             /* (hidden, dim) x 2, (dim, hidden) as column chunks */
-    MoeWeights moe;         /* instead, Qwen3-MoE's experts (is_moe) */
+    MoeWeights moe;         /* instead, a MoE layer's experts (is_moe) */
     int is_moe;
     /* NULL unless the config has them (Weights in model.h) */
     const float *bq, *bk, *bv, *bo, *b_down, *q_norm, *k_norm;
@@ -32,12 +33,14 @@ typedef struct {
 typedef struct {
     Uploads up;
     DenseLayer *layer;      /* n_layers views into the uploaded stacks */
-    const float *inv_freq;  /* (head_dim/2) RoPE frequencies */
+    const float *inv_freq;  /* (rotary/2) RoPE frequencies */
+    int rotary;             /* dimensions RoPE rotates, the first of each head */
     float rope_scale;       /* cos/sin scale (YaRN), else 1 */
     float *rope_host;
     /* scratch for cap tokens */
     int cap;
     float *q, *k, *v, *att, *lse, *hb, *hb2;
+    float *rot; /* partial RoPE: the rotated part of each head, (T, q_heads, rotary) */
     MoeScratch moe;
 } Dense;
 
@@ -60,28 +63,30 @@ static void *dense_load(const LayerEnv *env)
     Dense *d = xcalloc(1, sizeof *d);
     Uploads *u = &d->up;
     size_t L = (size_t)c->n_layers, dim = (size_t)c->dim, D = (size_t)c->head_dim, qd = (size_t)s->q_heads * D,
-           kvd = (size_t)s->kv_heads * D, hid = (size_t)s->hidden;
+           kvd = (size_t)s->kv_heads * D, hid = (size_t)s->hidden, Lf = (size_t)tensor_layers(c, T_GATE);
     const float *rms_att = upload_vector(env, u, h->rms_att, L * dim), *rms_ffn = upload_vector(env, u, h->rms_ffn, L * dim);
     WeightRef wq = upload_matrix(env, u, h->wq, L * qd * dim), wk = upload_matrix(env, u, h->wk, L * kvd * dim),
               wv = upload_matrix(env, u, h->wv, L * kvd * dim), wo = upload_matrix(env, u, h->wo, L * dim * qd),
               gate = {0}, up = {0}, down = {0};
-    if (!h->moe) {
-        gate = upload_matrix(env, u, h->w_gate, L * hid * dim);
-        up = upload_matrix(env, u, h->w_up, L * hid * dim);
-        down = upload_matrix(env, u, h->w_down, L * dim * hid);
+    if (Lf) { /* the dense layers' feed-forward stacks: the first Lf layers */
+        gate = upload_matrix(env, u, h->w_gate, Lf * hid * dim);
+        up = upload_matrix(env, u, h->w_up, Lf * hid * dim);
+        down = upload_matrix(env, u, h->w_down, Lf * dim * hid);
     }
-    /* the optional vectors: biases and q/k norms, one row per layer */
+    /* the optional vectors: biases and q/k norms, one row per layer (the
+     * feed-forward's per dense layer) */
     const float *const host_vec[] = {h->bq, h->bk, h->bv, h->bo, h->b_gate, h->b_up, h->b_down, h->q_norm, h->k_norm};
-    const size_t per_layer[] = {qd, kvd, kvd, dim, hid, hid, dim, D, D};
+    const size_t per_layer[] = {qd, kvd, kvd, dim, hid, hid, dim, D, D}, layers[] = {L, L, L, L, Lf, Lf, Lf, L, L};
     const float *vec[9];
-    for (int i = 0; i < 9; i++) vec[i] = upload_vector(env, u, host_vec[i], L * per_layer[i]);
-    d->inv_freq = upload_rope(env, u, c->head_dim, &d->rope_host, &d->rope_scale);
+    for (int i = 0; i < 9; i++) vec[i] = upload_vector(env, u, host_vec[i], layers[i] * per_layer[i]);
+    d->rotary = c->rotary_dim ? c->rotary_dim : c->head_dim;
+    d->inv_freq = upload_rope(env, u, d->rotary, &d->rope_host, &d->rope_scale);
     d->layer = xcalloc(L, sizeof(DenseLayer));
     for (size_t l = 0; l < L; l++) {
         DenseLayer *lw = &d->layer[l];
         const float **at[] = {&lw->bq, &lw->bk, &lw->bv, &lw->bo, &lw->ffn.b_gate, &lw->ffn.b_up, &lw->b_down,
                               &lw->q_norm, &lw->k_norm};
-        for (int i = 0; i < 9; i++) *at[i] = vec[i] ? vec[i] + l * per_layer[i] : NULL;
+        for (int i = 0; i < 9; i++) *at[i] = vec[i] && l < layers[i] ? vec[i] + l * per_layer[i] : NULL;
         lw->sliding = c->sliding_window > 0 && (int)l >= c->window_first_layer;
         lw->rms_att = rms_att + l * dim;
         lw->rms_ffn = rms_ffn + l * dim;
@@ -89,7 +94,7 @@ static void *dense_load(const LayerEnv *env)
         lw->wk = weight_at(wk, l * kvd * dim);
         lw->wv = weight_at(wv, l * kvd * dim);
         lw->wo = weight_at(wo, l * dim * qd);
-        lw->is_moe = h->moe != NULL;
+        lw->is_moe = h->moe && MOE_LAYER(c, (int)l);
         if (lw->is_moe) {
             moe_load(env, u, &h->moe[l], &lw->moe);
             continue;
@@ -103,7 +108,7 @@ static void *dense_load(const LayerEnv *env)
 
 static void free_scratch(const LayerEnv *env, Dense *d)
 {
-    float **bufs[] = {&d->q, &d->k, &d->v, &d->att, &d->lse, &d->hb, &d->hb2};
+    float **bufs[] = {&d->q, &d->k, &d->v, &d->att, &d->lse, &d->hb, &d->hb2, &d->rot};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (*bufs[i]) env->be->release(*bufs[i]);
         *bufs[i] = NULL;
@@ -130,8 +135,9 @@ static void dense_reserve(const LayerEnv *env, void *state, int T)
     free_scratch(env, d);
     const Shard *s = &env->model->shard;
     size_t t = (size_t)T, D = (size_t)env->model->cfg.head_dim, f = sizeof(float);
+    const Config *c = &env->model->cfg;
     size_t qd = (size_t)s->q_heads * D, kvd = (size_t)s->kv_heads * D,
-           hid = s->hidden && !env->model->w.moe ? (size_t)s->hidden : 1; /* experts: their own scratch */
+           hid = s->hidden && tensor_layers(c, T_GATE) ? (size_t)s->hidden : 1; /* experts: their own scratch */
     const Backend *be = env->be;
     d->q = be->alloc(f * t * qd);
     d->k = be->alloc(f * t * kvd);
@@ -140,8 +146,26 @@ static void dense_reserve(const LayerEnv *env, void *state, int T)
     d->lse = be->alloc(f * t * (size_t)s->q_heads);
     d->hb = be->alloc(f * t * hid);
     d->hb2 = be->alloc(f * t * hid);
+    if ((size_t)d->rotary < D) d->rot = be->alloc(f * t * (size_t)s->q_heads * (size_t)d->rotary);
     if (env->model->w.moe) moe_reserve(env, &d->moe, T);
     d->cap = T;
+}
+
+/* RoPE on x's heads (T, heads, head_dim): whole, or their first d->rotary
+ * dimensions, gathered into one block for the backend's rope and put back */
+static void rope_heads(const LayerEnv *env, const Dense *d, float *x, int T, int heads)
+{
+    const Backend *be = env->be;
+    const Config *c = &env->model->cfg;
+    const int *pos = env->att->step.d_pos;
+    int D = c->head_dim, R = d->rotary;
+    if (R == D) {
+        be->rope(x, pos, T, heads, D, d->inv_freq, d->rope_scale, c->rope_style);
+        return;
+    }
+    be->strided_copy(d->rot, R, x, D, T * heads, R);
+    be->rope(d->rot, pos, T, heads, R, d->inv_freq, d->rope_scale, c->rope_style);
+    be->strided_copy(x, D, d->rot, R, T * heads, R);
 }
 
 static void dense_forward(const LayerEnv *env, void *state, int l)
@@ -151,7 +175,6 @@ static void dense_forward(const LayerEnv *env, void *state, int l)
     const Config *c = &env->model->cfg;
     const Shard *s = &env->model->shard;
     const Backend *be = env->be;
-    const int *pos = env->att->step.d_pos;
     int T = env->att->step.T, dim = c->dim, D = c->head_dim, qd = s->q_heads * D, kvd = s->kv_heads * D;
 
     /* attention block: column-parallel Q/K/V, this rank's heads */
@@ -168,8 +191,8 @@ static void dense_forward(const LayerEnv *env, void *state, int l)
         be->rmsnorm(d->q, d->q, lw->q_norm, T * s->q_heads, D, c->norm_eps);
         be->rmsnorm(d->k, d->k, lw->k_norm, T * s->kv_heads, D, c->norm_eps);
     }
-    be->rope(d->q, pos, T, s->q_heads, D, d->inv_freq, d->rope_scale, c->rope_style);
-    be->rope(d->k, pos, T, s->kv_heads, D, d->inv_freq, d->rope_scale, c->rope_style);
+    rope_heads(env, d, d->q, T, s->q_heads);
+    rope_heads(env, d, d->k, T, s->kv_heads);
     layer_attention(env, l, lw->sliding, d->q, d->k, d->v, d->att, d->lse);
     /* row-parallel output projection, summed over the TP group */
     layer_matmul_rows(env, env->parts, d->att, lw->wo, T, qd, dim);

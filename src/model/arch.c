@@ -20,6 +20,7 @@ const Arch arch_table[] = {
     {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1, FAMILY_MLA, NULL, 0},
     {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2, FAMILY_MLA, "kimi_k2", 0},
     {"Qwen3MoeForCausalLM", "qwen3_moe", 0,     1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 1},
+    {"Glm4MoeForCausalLM", "glm4_moe",  0,       2,             0,       2,      WINDOW_NONE,  0, FAMILY_DENSE, NULL, 2},
 };
 const int arch_count = (int)(sizeof arch_table / sizeof *arch_table);
 
@@ -96,7 +97,7 @@ static int find_arch(json_t *root, const char *path)
 
 /* ---- DeepSeek-V2/V3 ------------------------------------------------------ */
 
-static int read_rope(json_t *root, Config *c, const char *path);
+static int read_rope(json_t *root, Config *c, const char *path, float partial);
 static void add_eos_ids(json_t *v, Config *c);
 
 /* A string field that must be one of the choices (NULL-terminated; the
@@ -310,7 +311,7 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
     if (get_int(root, "bos_token_id", &c.bos_id, path) || get_float(root, "rms_norm_eps", &c.norm_eps, path) ||
         get_bool(root, "tie_word_embeddings", &c.tied_embeddings, path))
         return -1;
-    if (read_rope(root, &c, path)) return -1;
+    if (read_rope(root, &c, path, 0)) return -1;
     /* the softmax scale: qk_head_dim^-0.5, times YaRN's mscale^2 from mscale_all_dim */
     m.softmax_scale = 1.0f / sqrtf((float)(m.qk_nope_head_dim + m.qk_rope_head_dim));
     json_t *r = json_object_get(root, "rope_parameters");
@@ -335,8 +336,11 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
 /* ---- RoPE ---------------------------------------------------------------- */
 
 /* The rope block, spelled rope_parameters (transformers 5) or rope_scaling
- * (older), with its type as "rope_type" or "type". */
-static int read_rope(json_t *root, Config *c, const char *path)
+ * (older), with its type as "rope_type" or "type". partial: the
+ * architecture rotates the first partial_rotary_factor of each head (this
+ * its default, GLM-4.5's 0.5; given at the top level or in the block);
+ * 0: it rotates whole heads, and a factor other than 1 is refused. */
+static int read_rope(json_t *root, Config *c, const char *path, float partial)
 {
     json_t *params = json_object_get(root, "rope_parameters"), *scaling = json_object_get(root, "rope_scaling");
     if (params && !json_is_null(params) && scaling && !json_is_null(scaling))
@@ -344,7 +348,19 @@ static int read_rope(json_t *root, Config *c, const char *path)
     json_t *r = params && !json_is_null(params) ? params : scaling;
     const char *field = r == params ? "rope_parameters" : "rope_scaling";
     c->rope_theta = 10000.0f;
-    if (get_float(root, "rope_theta", &c->rope_theta, path)) return -1;
+    float factor = partial ? partial : 1.0f;
+    if (get_float(root, "rope_theta", &c->rope_theta, path) ||
+        (partial && get_float(root, "partial_rotary_factor", &factor, path)) ||
+        (r && json_is_object(r) && get_float(r, "partial_rotary_factor", &factor, path)))
+        return -1;
+    if (!partial && factor != 1.0f)
+        return dcp_fail("%s: partial_rotary_factor %g is not supported (1 only)", path, (double)factor);
+    /* the dimensions rotated: transformers' int(head_dim * factor) */
+    c->rotary_dim = partial ? (int)((float)c->head_dim * factor) : 0;
+    if (partial && (!(factor > 0 && factor <= 1) || c->rotary_dim < 2 || c->rotary_dim % 2))
+        return dcp_fail("%s: partial_rotary_factor %g of head_dim %d rotates %d dimensions: it must be an even "
+                        "count from 2 to head_dim",
+                        path, (double)factor, c->head_dim, c->rotary_dim);
     memset(&c->rope, 0, sizeof c->rope);
     c->rope.type = ROPE_DEFAULT;
     if (!r || json_is_null(r)) return 0;
@@ -363,10 +379,7 @@ static int read_rope(json_t *root, Config *c, const char *path)
     const char *type = json_string_value(json_object_get(r, "rope_type"));
     if (!type) type = json_string_value(json_object_get(r, "type"));
     if (!type) return dcp_fail("%s: \"%s\" gives no \"rope_type\"", path, field);
-    float partial = 1.0f;
-    if (get_float(r, "rope_theta", &c->rope_theta, path) || get_float(r, "partial_rotary_factor", &partial, path))
-        return -1;
-    if (partial != 1.0f) return dcp_fail("%s: partial_rotary_factor %g is not supported (1 only)", path, partial);
+    if (get_float(r, "rope_theta", &c->rope_theta, path)) return -1;
     RopeScaling *s = &c->rope;
     s->factor = 0;
     s->truncate = 1;
@@ -502,6 +515,57 @@ static int is_wrapper(json_t *root)
     return (name && !strcmp(name, WRAPPER_NAME)) || (type && !strcmp(type, "kimi_k25"));
 }
 
+/* GLM-4.5/4.6's experts into c->moe: DeepSeek-V3's router (sigmoid scores
+ * with a correction bias, the best topk_group of n_group groups by their
+ * two best experts, renormalized when norm_topk_prob, scaled by
+ * routed_scaling_factor), n_shared_experts beside them, and the first
+ * first_k_dense_replace layers dense (intermediate_size). */
+static int read_glm_moe(json_t *root, const char *arch, const char *path, Config *c)
+{
+    MoeConfig *moe = &c->moe;
+    memset(moe, 0, sizeof *moe);
+    moe->n_group = moe->topk_group = moe->moe_layer_freq = moe->first_k_dense_replace = moe->n_shared_experts = 1;
+    moe->routed_scaling_factor = 1.0f;
+    moe->norm_topk_prob = 1;
+    moe->sigmoid = 1;
+    moe->route = ROUTE_NOAUX_TC;
+    moe->n_routed_experts = 128;
+    moe->experts_per_token = 8;
+    moe->moe_hidden = 1408; /* transformers' defaults, for fields a config leaves out */
+    int mtp = 0;
+    if (get_int(root, "n_routed_experts", &moe->n_routed_experts, path) ||
+        get_int(root, "num_experts_per_tok", &moe->experts_per_token, path) ||
+        get_int(root, "moe_intermediate_size", &moe->moe_hidden, path) ||
+        get_int(root, "n_shared_experts", &moe->n_shared_experts, path) ||
+        get_int(root, "first_k_dense_replace", &moe->first_k_dense_replace, path) ||
+        get_int(root, "n_group", &moe->n_group, path) || get_int(root, "topk_group", &moe->topk_group, path) ||
+        get_bool(root, "norm_topk_prob", &moe->norm_topk_prob, path) ||
+        get_float(root, "routed_scaling_factor", &moe->routed_scaling_factor, path) ||
+        get_int(root, "num_nextn_predict_layers", &mtp, path))
+        return -1;
+    if (moe->n_routed_experts < 2 || moe->n_routed_experts > 1 << 16 || moe->experts_per_token < 1 ||
+        moe->experts_per_token > moe->n_routed_experts || moe->moe_hidden < 1 || moe->moe_hidden > 1 << 20 ||
+        moe->n_shared_experts < 0 || moe->n_shared_experts > 1 << 8)
+        return dcp_fail("%s: n_routed_experts %d (2 to 65536), num_experts_per_tok %d (1 to n_routed_experts), "
+                        "moe_intermediate_size %d (1 to 2^20) or n_shared_experts %d (0 to 256) out of range",
+                        path, moe->n_routed_experts, moe->experts_per_token, moe->moe_hidden, moe->n_shared_experts);
+    if (moe->n_group < 1 || moe->n_routed_experts % moe->n_group || moe->n_routed_experts / moe->n_group < 2 ||
+        moe->topk_group < 1 || moe->topk_group > moe->n_group)
+        return dcp_fail("%s: n_group %d must divide n_routed_experts %d into groups of two or more, and topk_group "
+                        "%d be from 1 to n_group",
+                        path, moe->n_group, moe->n_routed_experts, moe->topk_group);
+    if (moe->first_k_dense_replace < 0 || moe->first_k_dense_replace > c->n_layers)
+        return dcp_fail("%s: first_k_dense_replace %d must be from 0 to num_hidden_layers %d", path,
+                        moe->first_k_dense_replace, c->n_layers);
+    if (mtp < 0 || mtp > 1 << 12)
+        return dcp_fail("%s: num_nextn_predict_layers %d out of range (0 to 4096)", path, mtp);
+    c->m.mtp_layers = mtp; /* their tensors (layers from num_hidden_layers on) are skipped */
+    json_t *q = json_object_get(root, "quantization_config");
+    if (q && !json_is_null(q))
+        return dcp_fail("%s: quantization_config is not supported for %s (bf16 or fp32 checkpoints)", path, arch);
+    return 0;
+}
+
 /* Qwen3-MoE's experts into c->moe: every layer a mixture of num_experts
  * of moe_intermediate_size rows, num_experts_per_tok per token by softmax
  * scores (renormalized when norm_topk_prob), no shared experts. */
@@ -619,12 +683,14 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
                  c->dim, c->n_heads);
         goto out;
     }
-    if (a->moe && read_qwen_moe(root, a->name, path, c)) goto out;
+    if (a->moe == 1 && read_qwen_moe(root, a->name, path, c)) goto out;
+    if (a->moe == 2 && read_glm_moe(root, a->name, path, c)) goto out;
     c->qkv_bias = a->qkv_bias || attention_bias;
-    c->o_bias = attention_bias;
+    c->o_bias = a->attention_bias == 1 && attention_bias; /* GLM's attention_bias: q/k/v only */
     c->mlp_bias = mlp_bias;
-    c->qk_norm = a->qk_norm;
-    if (read_rope(root, c, path) || read_window(root, a, c, path)) goto out;
+    c->qk_norm = a->qk_norm == 1;
+    if (a->qk_norm == 2 && get_bool(root, "use_qk_norm", &c->qk_norm, path)) goto out;
+    if (read_rope(root, c, path, a->moe == 2 ? 0.5f : 0) || read_window(root, a, c, path)) goto out;
     add_eos_ids(json_object_get(root, "eos_token_id"), c);
     rc = 0;
 out:

@@ -1,7 +1,8 @@
 /* The architectures dcpinfer runs, one row each in arch.c's table: the
  * names a Hugging Face config.json gives them (architectures[0],
  * model_type), its layer family, and what each allows. The Llama family
- * (Llama, Mistral, Qwen2, Qwen3) shares one decoder layer
+ * (Llama, Mistral, Qwen2, Qwen3, and with experts Qwen3-MoE and GLM-4.5)
+ * shares one decoder layer
  * (engine/layer_dense.c); a row says which of its parts the architecture
  * has: q/k/v biases, the attention_bias and mlp_bias fields, per-head q/k
  * norms, and its kind of sliding window. DeepSeek-V2/V3 share another
@@ -30,15 +31,16 @@ typedef struct {
     const char *name;        /* architectures[0], e.g. "LlamaForCausalLM" */
     const char *model_type;  /* e.g. "llama" */
     int qkv_bias;            /* q/k/v biases always (Qwen2) */
-    int attention_bias;      /* reads attention_bias: q/k/v/o biases (Llama, Qwen3) */
+    int attention_bias;      /* reads attention_bias: 1 q/k/v/o biases (Llama, Qwen3), 2 q/k/v (GLM-4.5) */
     int mlp_bias;            /* reads mlp_bias: gate/up/down biases (Llama) */
-    int qk_norm;             /* q_norm/k_norm over head_dim before RoPE (Qwen3) */
+    int qk_norm;             /* q_norm/k_norm over head_dim before RoPE: 1 always (Qwen3), 2 with use_qk_norm (GLM) */
     WindowKind window;
     int mla;                 /* DeepSeek: 1 for V2 (softmax router), 2 for V3 (sigmoid with a correction bias) */
     LayerFamily family;
     const char *alias;       /* another model_type of the same architecture (Kimi K2's "kimi_k2"), or NULL */
-    int moe;                 /* reads num_experts...: every layer's feed-forward block a mixture of experts
-                              * (Qwen3-MoE's softmax router, no shared experts) */
+    int moe;                 /* mixture-of-experts layers: 1 Qwen3-MoE's (num_experts..., every layer, softmax
+                              * router, no shared experts), 2 GLM-4.5's (n_routed_experts..., DeepSeek-V3's
+                              * router, shared experts, the first layers dense, partial RoPE) */
 } Arch;
 
 extern const Arch arch_table[];

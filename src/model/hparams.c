@@ -35,6 +35,14 @@ int tensor_is_per_layer(TensorKind k)
     return k != T_EMBED && k != T_RMS_FINAL && k != T_LM_HEAD;
 }
 
+int tensor_layers(const Config *c, TensorKind k)
+{
+    if (!tensor_is_per_layer(k)) return 1;
+    int ffn = k == T_GATE || k == T_UP || k == T_DOWN || k == T_B_GATE || k == T_B_UP || k == T_B_DOWN;
+    if (ffn && !c->mla && c->moe.n_routed_experts) return c->moe.first_k_dense_replace;
+    return c->n_layers;
+}
+
 int tensor_present(const Config *c, TensorKind k)
 {
     switch (k) {
@@ -43,7 +51,7 @@ int tensor_present(const Config *c, TensorKind k)
     case T_BO: return c->o_bias;
     case T_B_GATE: case T_B_UP: case T_B_DOWN: return c->mlp_bias;
     case T_Q_NORM: case T_K_NORM: return c->qk_norm;
-    case T_GATE: case T_UP: case T_DOWN: return c->mla || !c->moe.n_routed_experts; /* Qwen3-MoE: experts instead */
+    case T_GATE: case T_UP: case T_DOWN: return c->mla || tensor_layers(c, k) > 0; /* MoE layers: experts instead */
     default: return k < T_COUNT;
     }
 }

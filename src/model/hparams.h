@@ -82,6 +82,7 @@ typedef struct {
     RopeScaling rope;
     float norm_eps;
     RopeStyle rope_style;
+    int rotary_dim;   /* RoPE rotates the first rotary_dim dimensions of a head (GLM-4.5: half); 0: all */
     int tied_embeddings;
     int stored_bf16;         /* config.json's torch_dtype (or dtype) is bfloat16: how a checkpoint stores the
                               * tensors its quantization_config leaves alone (sizing from a bare config.json) */
@@ -121,6 +122,11 @@ typedef enum {
  * 1-D tensors have one row. */
 void tensor_full_shape(const Config *c, TensorKind k, int *rows, int *cols);
 int tensor_is_per_layer(TensorKind k);
+/* How many tensors of kind k a checkpoint holds: 1, n_layers, or for the
+ * dense feed-forward's (gate, up, down and their biases) the layers
+ * without experts, which come first (GLM-4.5's first_k_dense_replace;
+ * none for Qwen3-MoE). */
+int tensor_layers(const Config *c, TensorKind k);
 /* 1 when a checkpoint of this config holds tensors of kind k (biases and
  * q/k norms only when configured; the LM head unless tied). */
 int tensor_present(const Config *c, TensorKind k);

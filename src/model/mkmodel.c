@@ -50,13 +50,26 @@ int mkmodel_check_spec(const ModelSpec *s)
             return dcp_fail("DeepSeek shape: kv-lora-rank, qk dims (rope even), v-head-dim and moe-hidden must be "
                             "positive, experts-per-token at most experts, n-group dividing the experts (V3: two per "
                             "group) and topk-group at most n-group");
-    } else if (a->moe) {
+    } else if (a->moe == 1) {
         const MoeConfig *moe = &s->moe;
         if (moe->n_routed_experts < 1 || moe->experts_per_token < 1 || moe->experts_per_token > moe->n_routed_experts ||
             moe->moe_hidden < 1 || moe->n_shared_experts)
             return dcp_fail("Qwen3-MoE shape: experts and moe-hidden positive, experts-per-token at most experts, no "
                             "shared experts");
+    } else if (a->moe == 2) {
+        const MoeConfig *moe = &s->moe;
+        int R = (int)((float)D * (s->partial_rotary ? s->partial_rotary : 0.5f));
+        if (moe->n_routed_experts < 2 || moe->experts_per_token < 1 || moe->experts_per_token > moe->n_routed_experts ||
+            moe->moe_hidden < 1 || moe->n_shared_experts < 0 || moe->n_group < 1 ||
+            moe->n_routed_experts % moe->n_group || moe->n_routed_experts / moe->n_group < 2 || moe->topk_group < 1 ||
+            moe->topk_group > moe->n_group || moe->first_k_dense_replace < 0 || moe->first_k_dense_replace > s->layers ||
+            R < 2 || R % 2 || R > D)
+            return dcp_fail("GLM-4.5 shape: experts (two or more per group) and moe-hidden positive, experts-per-token "
+                            "at most experts, topk-group at most n-group, first-dense at most layers, and an even "
+                            "rotated part of the head");
     }
+    if (!a->qk_norm && s->qk_norm) return dcp_fail("--qk-norm: %s has no use_qk_norm field", a->name);
+    if (a->moe != 2 && s->partial_rotary) return dcp_fail("--partial-rotary: only for glm4_moe");
     if (!a->mla && (s->fp8_block || s->int4_group || s->nvfp4)) {
         return dcp_fail("--quant: only for deepseek_v2 / deepseek_v3 models");
     }
@@ -95,6 +108,19 @@ void mkmodel_mla_defaults(ModelSpec *s)
 void mkmodel_moe_defaults(ModelSpec *s)
 {
     MoeConfig *moe = &s->moe;
+    if (arch_table[s->arch].moe == 2) { /* GLM-4.5: DeepSeek-V3's router, a shared expert, the first layer dense */
+        if (!moe->n_routed_experts) moe->n_routed_experts = 8;
+        if (moe->n_shared_experts < 0) moe->n_shared_experts = 1;
+        if (!moe->experts_per_token) moe->experts_per_token = 2;
+        if (!moe->moe_hidden) moe->moe_hidden = 32;
+        if (!moe->n_group) moe->n_group = 1;
+        if (!moe->topk_group) moe->topk_group = 1;
+        if (!moe->routed_scaling_factor) moe->routed_scaling_factor = 1.0f;
+        moe->moe_layer_freq = 1;
+        moe->sigmoid = 1;
+        moe->route = ROUTE_NOAUX_TC;
+        return;
+    }
     if (!moe->n_routed_experts) moe->n_routed_experts = 8;
     if (moe->n_shared_experts < 0) moe->n_shared_experts = 0;
     if (!moe->experts_per_token) moe->experts_per_token = 2;
@@ -128,9 +154,9 @@ void mkmodel_config(const ModelSpec *s, Config *c)
     const Arch *a = &arch_table[s->arch >= 0 && s->arch < arch_count ? s->arch : 0];
     c->arch = s->arch;
     c->qkv_bias = a->qkv_bias || s->attention_bias;
-    c->o_bias = s->attention_bias;
+    c->o_bias = a->attention_bias == 1 && s->attention_bias; /* GLM's: q/k/v only */
     c->mlp_bias = s->mlp_bias;
-    c->qk_norm = a->qk_norm;
+    c->qk_norm = a->qk_norm == 1 || (a->qk_norm == 2 && s->qk_norm);
     c->sliding_window = s->sliding_window;
     c->window_first_layer = a->window == WINDOW_UPPER ? (s->max_window_layers < s->layers ? s->max_window_layers
                                                                                           : s->layers)
@@ -144,6 +170,7 @@ void mkmodel_config(const ModelSpec *s, Config *c)
     c->format = FORMAT_GENERATED;
     if (a->moe) { /* as arch.c reads it back */
         c->moe = s->moe;
+        if (a->moe == 2) c->rotary_dim = (int)((float)c->head_dim * (s->partial_rotary ? s->partial_rotary : 0.5f));
         c->format = FORMAT_HF;
     }
     if (a->mla) { /* as arch.c reads it back */

@@ -33,6 +33,10 @@ typedef struct {
                               many columns (bf16 scales), as Kimi K2's; 0: float32 */
     int nvfp4;             /* write the routed experts as NVFP4: 1 as compressed-tensors, 2 as ModelOpt */
     int kimi_k25;          /* wrap a DeepSeek-V3 model as Kimi K2.5's multimodal checkpoint */
+    /* GLM-4.5 (arch glm4_moe): per-head q/k norms (use_qk_norm), and the
+     * share of each head RoPE rotates (0: its default, 0.5) */
+    int qk_norm;
+    float partial_rotary;
 } ModelSpec;
 
 /* The model dcpinfer runs when no --model is given. */

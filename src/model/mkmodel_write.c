@@ -85,12 +85,24 @@ static int write_config_json(const ModelSpec *s, const char *dir)
     write_rope(f, s);
     if (a->attention_bias) fprintf(f, "  \"attention_bias\": %s,\n", s->attention_bias ? "true" : "false");
     if (a->mlp_bias) fprintf(f, "  \"mlp_bias\": %s,\n", s->mlp_bias ? "true" : "false");
-    if (a->moe)
+    if (a->moe == 1)
         fprintf(f,
                 "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
                 "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
                 s->moe.n_routed_experts, s->moe.experts_per_token, s->moe.moe_hidden,
                 s->moe.norm_topk_prob ? "true" : "false");
+    if (a->moe == 2) { /* GLM-4.5's fields, as its config.json spells them */
+        const MoeConfig *moe = &s->moe;
+        fprintf(f,
+                "  \"n_routed_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
+                "  \"n_shared_experts\": %d,\n  \"first_k_dense_replace\": %d,\n  \"n_group\": %d,\n"
+                "  \"topk_group\": %d,\n  \"norm_topk_prob\": %s,\n  \"routed_scaling_factor\": %.9g,\n"
+                "  \"use_qk_norm\": %s,\n  \"partial_rotary_factor\": %.9g,\n  \"num_nextn_predict_layers\": 0,\n",
+                moe->n_routed_experts, moe->experts_per_token, moe->moe_hidden, moe->n_shared_experts,
+                moe->first_k_dense_replace, moe->n_group, moe->topk_group, moe->norm_topk_prob ? "true" : "false",
+                (double)moe->routed_scaling_factor, s->qk_norm ? "true" : "false",
+                (double)(s->partial_rotary ? s->partial_rotary : 0.5f));
+    }
     if (a->window == WINDOW_ALL) {
         if (s->sliding_window) fprintf(f, "  \"sliding_window\": %d,\n", s->sliding_window);
         else fprintf(f, "  \"sliding_window\": null,\n");
@@ -273,20 +285,22 @@ static float quantize_fp4(const float *v, int rows, int cols, int modelopt, uint
     return g;
 }
 
-/* A Qwen3-MoE layer's tensors as named ones: the dense family's of the
- * layer (attention, norms), then its experts (moe_tensors) */
+/* A Qwen3-MoE or GLM-4.5 layer's tensors as named ones: the dense
+ * family's of the layer (attention, norms, and in the first, dense layers
+ * the feed-forward's), then a MoE layer's experts (moe_tensors) */
 static int moe_layer_tensors(const Config *c, int l, MlaTensor *mt)
 {
     int n = 0;
     for (int k = T_RMS_ATT; k < T_COUNT; k++) {
         if (!tensor_is_per_layer((TensorKind)k) || !tensor_present(c, (TensorKind)k)) continue;
+        if (l >= tensor_layers(c, (TensorKind)k)) continue; /* a MoE layer's feed-forward: its experts */
         int rows, cols;
         tensor_full_shape(c, (TensorKind)k, &rows, &cols);
         int vector = k == T_RMS_ATT || k == T_RMS_FFN || k >= T_BQ;
         mt[n] = (MlaTensor){.rows = vector ? 0 : rows, .cols = cols};
         tensor_hf_name((TensorKind)k, l, mt[n++].name, sizeof mt->name);
     }
-    return n + moe_tensors(c, NULL, l, NULL, mt + n);
+    return MOE_LAYER(c, l) ? n + moe_tensors(c, NULL, l, NULL, mt + n) : n;
 }
 
 /* A DeepSeek or Qwen3-MoE model's tensors by name, values by name
@@ -515,7 +529,7 @@ int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
     if (mkmodel_check_spec(s)) return -1;
     const Arch *a = &arch_table[s->arch];
     if (a->mla || a->moe) {
-        if (shards > 1) return dcp_fail("DeepSeek and Qwen3-MoE models are written as one file");
+        if (shards > 1) return dcp_fail("DeepSeek, Qwen3-MoE and GLM-4.5 models are written as one file");
         if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
         return (a->mla ? write_mla_config(s, dir) : write_config_json(s, dir)) || write_named(s, dir, bf16) ? -1 : 0;
     }

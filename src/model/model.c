@@ -365,7 +365,7 @@ int mla_max_tensors(const Config *c) { return 16 + 3 * c->moe.n_routed_experts; 
 static int mtp_tensor(const Config *c, const char *name)
 {
     int l;
-    return c->mla && sscanf(name, "model.layers.%d.", &l) == 1 && l >= c->n_layers;
+    return (c->mla || c->m.mtp_layers) && sscanf(name, "model.layers.%d.", &l) == 1 && l >= c->n_layers;
 }
 
 /* ---- the checkpoint against the config --------------------------------- */
@@ -472,7 +472,7 @@ int model_check_checkpoint(const char *path, const Config *c)
     if (open_checkpoint(&ck, path, c)) return -1;
     /* every tensor the config implies, with its shape */
     int n_names = 0, rc = 0;
-    int named = c->mla || c->moe.n_routed_experts; /* tensors by name: MLA layers, Qwen3-MoE's experts */
+    int named = c->mla || c->moe.n_routed_experts; /* tensors by name: MLA layers, the dense family's experts */
     size_t per_layer = named ? 3 * (size_t)mla_max_tensors(c) + T_COUNT : T_COUNT; /* and quantization's */
     char (*names)[160] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
     MlaTensor *mt = named ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
@@ -484,7 +484,7 @@ int model_check_checkpoint(const char *path, const Config *c)
         if (!(rules = quant_rules_read(cfg))) rc = -1;
     }
     for (int l = 0; named && l < c->n_layers && !rc; l++) {
-        int n = c->mla ? mla_tensors(c, NULL, l, NULL, mt) : moe_tensors(c, NULL, l, NULL, mt);
+        int n = c->mla ? mla_tensors(c, NULL, l, NULL, mt) : MOE_LAYER(c, l) ? moe_tensors(c, NULL, l, NULL, mt) : 0;
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&ck, mt[i].name);
             int vector = mt[i].rows == 0;
@@ -543,7 +543,7 @@ int model_check_checkpoint(const char *path, const Config *c)
     for (int k = 0; k < T_COUNT && !rc; k++) {
         if (!tensor_present(c, (TensorKind)k)) continue;
         if (c->mla && k != T_EMBED && k != T_RMS_FINAL && k != T_LM_HEAD) continue;
-        int nl = tensor_is_per_layer((TensorKind)k) ? c->n_layers : 1, rows, cols;
+        int nl = tensor_layers(c, (TensorKind)k), rows, cols;
         tensor_full_shape(c, (TensorKind)k, &rows, &cols);
         int vector = k == T_RMS_ATT || k == T_RMS_FFN || k == T_RMS_FINAL || k >= T_BQ;
         for (int l = 0; l < nl && !rc; l++) {
@@ -736,7 +736,7 @@ static void source_release(Source *src, TensorKind k)
 static int load_kind_chunked(Source *src, Weights *w, float **dst, TensorKind k, int row0, int nrows, int col0,
                              int ncols, int chunks)
 {
-    int nl = tensor_is_per_layer(k) ? src->cfg->n_layers : 1, rows, cols;
+    int nl = tensor_layers(src->cfg, k), rows, cols;
     tensor_full_shape(src->cfg, k, &rows, &cols);
     if (src->cfg->format == FORMAT_LLAMA2C && row0 == 0 && nrows == rows && col0 == 0 && ncols == cols &&
         chunks == 1) {
@@ -776,7 +776,7 @@ static int load_matrix_chunked(Source *src, Model *m, WeightRef *dst, TensorKind
         return 0;
     }
     const Config *c = src->cfg;
-    int nl = tensor_is_per_layer(k) ? c->n_layers : 1;
+    int nl = tensor_layers(c, k);
     int cc = ncols / chunks;
     size_t per = (size_t)nrows * cc; /* one chunk's matrix */
     uint16_t *out = owned_alloc(&m->w, per * chunks * nl * sizeof(uint16_t));
@@ -1026,9 +1026,11 @@ static int load_layers(Source *src, Model *m)
     else w->moe = xcalloc((size_t)c->n_layers, sizeof(MoeLayer));
     MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(c));
     int rc = 0;
-    for (int l = 0; l < c->n_layers && !rc; l++)
+    for (int l = 0; l < c->n_layers && !rc; l++) /* the dense family's layers without experts: none named */
         rc = load_named(src, m, mt,
-                        c->mla ? mla_tensors(c, &m->shard, l, &w->mla[l], mt) : moe_tensors(c, &m->shard, l, &w->moe[l], mt));
+                        c->mla            ? mla_tensors(c, &m->shard, l, &w->mla[l], mt)
+                        : MOE_LAYER(c, l) ? moe_tensors(c, &m->shard, l, &w->moe[l], mt)
+                                          : 0);
     free(mt);
     return rc;
 }
@@ -1203,12 +1205,13 @@ static int load(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_
          load_matrix_chunked(&src, m, &w->wo, T_WO, 0, dim, s->q_head0 * D, s->q_heads * D, s->chunks);
     w->part = WPART_MLP;
     rc = rc || load_kind(&src, w, &w->rms_ffn, T_RMS_FFN, 0, 1, 0, dim);
-    if (c->moe.n_routed_experts) /* Qwen3-MoE: every layer's feed-forward block is one */
-        rc = rc || load_layers(&src, m);
-    else
+    /* the first layers' dense feed-forward blocks (all of them, but for
+     * Qwen3-MoE and GLM-4.5), then the experts of the rest */
+    if (tensor_layers(c, T_GATE))
         rc = rc || load_matrix(&src, m, &w->w_gate, T_GATE, s->hidden0, s->hidden, 0, dim) ||
              load_matrix(&src, m, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
              load_matrix_chunked(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden, s->chunks);
+    if (c->moe.n_routed_experts) rc = rc || load_layers(&src, m);
     /* a tied LM head that is the whole embedding in the GEMM type is the
      * embedding itself: one copy */
     w->part = WPART_LM_HEAD;

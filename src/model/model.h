@@ -82,6 +82,7 @@ typedef struct {
     WeightRef wv;           /* (layer, kv_heads*head_dim, dim) */
     WeightRef wo;           /* (layer, dim, q_heads*head_dim) */
     float *rms_ffn;         /* (layer, dim) */
+    /* the dense feed-forward blocks of the first tensor_layers(T_GATE) layers (all, without experts) */
     WeightRef w_gate;       /* (layer, hidden, dim) */
     WeightRef w_up;         /* (layer, hidden, dim) */
     WeightRef w_down;       /* (layer, dim, hidden) */
@@ -95,7 +96,7 @@ typedef struct {
     float *b_down;          /* (layer, dim): added once, after the TP sum */
     float *q_norm, *k_norm; /* (layer, head_dim) */
     MlaLayer *mla;          /* DeepSeek-V2/V3: per layer, instead of the stacks above */
-    MoeLayer *moe;          /* Qwen3-MoE: per layer, instead of w_gate, w_up, w_down */
+    MoeLayer *moe;          /* Qwen3-MoE, GLM-4.5: per layer, the MoE layers' (MOE_LAYER) */
     /* Buffers to release: weights are copied into these as shards, except
      * whole f32 tensors of a llama2.c file, which point into its mapping
      * (kept until model_free), and a tied LM head that is the embedding. */

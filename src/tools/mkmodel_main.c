@@ -31,7 +31,11 @@ static void usage(FILE *f)
             "  --arch A          llama (default), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms),\n"
             "                    qwen3_moe (qwen3 with experts: --experts, --experts-per-token,\n"
             "                    --moe-hidden, defaults 8, 2, 32, renormalized), deepseek_v2 or\n"
-            "                    deepseek_v3 (latent attention and experts, below)\n"
+            "                    deepseek_v3 (latent attention and experts, below), glm4_moe\n"
+            "                    (GLM-4.5: grouped-query attention with DeepSeek-V3's experts, the\n"
+            "                    DeepSeek options below; --attention-bias gives q/k/v biases)\n"
+            "  --qk-norm         glm4_moe: per-head q/k norms (use_qk_norm)\n"
+            "  --partial-rotary X  glm4_moe: the share of each head RoPE rotates (default 0.5)\n"
             "  --head-dim N      head size when it is not dim / heads\n"
             "  --attention-bias  q/k/v/o biases (llama, qwen3)\n"
             "  --mlp-bias        gate/up/down biases (llama)\n"
@@ -85,7 +89,8 @@ int main(int argc, char **argv)
         {"shared-experts", 1, 0, 1006}, {"experts-per-token", 1, 0, 1007}, {"moe-hidden", 1, 0, 1008},
         {"first-dense", 1, 0, 1009}, {"n-group", 1, 0, 1010}, {"topk-group", 1, 0, 1011},
         {"routed-scale", 1, 0, 1012}, {"norm-topk-prob", 0, 0, 1013}, {"fp8-block", 1, 0, 1014}, {"quant", 1, 0, 1015},
-        {"quant-group", 1, 0, 1016}, {"kimi-k25", 0, 0, 1017}, {0, 0, 0, 0}};
+        {"quant-group", 1, 0, 1016}, {"kimi-k25", 0, 0, 1017},
+        {"qk-norm", 0, 0, 1018}, {"partial-rotary", 1, 0, 1019}, {0, 0, 0, 0}};
     const char *quant = NULL;
     int group = 32;
     int c, li = 0;
@@ -168,6 +173,8 @@ int main(int argc, char **argv)
         case 1015: quant = optarg; break;
         case 1016: group = (int)v; break;
         case 1017: s.kimi_k25 = 1; break;
+        case 1018: s.qk_norm = 1; break;
+        case 1019: s.partial_rotary = (float)x; break;
         case 'N': s.max_window_layers = (int)v; break;
         case '?':
             if (optopt == 0 && !strcmp(argv[optind - 1], "--help")) {

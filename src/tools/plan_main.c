@@ -215,7 +215,7 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
         if (r < ranks - 1) model_free(&m);
     }
     for (int l = 0; l < cfg.n_layers; l++)
-        L->moe_layers += cfg.mla ? MOE_LAYER(&cfg, l) : cfg.moe.n_routed_experts > 0;
+        L->moe_layers += MOE_LAYER(&cfg, l);
     /* KV bytes per rank: as given, else what the GPU's usable memory
      * leaves after the largest rank's weights and the reserve */
     L->fits = -1;

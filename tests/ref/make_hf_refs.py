@@ -46,6 +46,14 @@ CASES = {
     # every feed-forward block 8 experts of 32 rows, 2 per token by softmax, renormalized
     "qwen3_moe": ["--arch", "qwen3_moe", "--head-dim", "16", "--experts", "8", "--experts-per-token", "2",
                   "--moe-hidden", "32"],
+    # GLM-4.5: q/k/v biases, per-head q/k norms, RoPE on half of each head
+    # (16 of 32), the first layer dense, then 8 experts in 2 groups (1
+    # kept) of 32 rows, 2 per token by sigmoid scores with a correction
+    # bias, renormalized and scaled, beside a shared expert
+    "glm4_moe": ["--arch", "glm4_moe", "--layers", "3", "--head-dim", "32", "--attention-bias", "--qk-norm",
+                 "--experts", "8", "--experts-per-token", "2", "--moe-hidden", "32", "--shared-experts", "1",
+                 "--first-dense", "1", "--n-group", "2", "--topk-group", "1", "--routed-scale", "2.5",
+                 "--norm-topk-prob"],
 }
 
 
