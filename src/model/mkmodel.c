@@ -68,7 +68,8 @@ int mkmodel_check_spec(const ModelSpec *s)
                             "at most experts, topk-group at most n-group, first-dense at most layers, and an even "
                             "rotated part of the head");
     }
-    if (!a->qk_norm && s->qk_norm) return dcp_fail("--qk-norm: %s has no use_qk_norm field", a->name);
+    if (a->qk_norm != 2 && s->qk_norm)
+        return dcp_fail("--qk-norm: %s has no use_qk_norm field (Qwen3's norms are always there)", a->name);
     if (a->moe != 2 && s->partial_rotary) return dcp_fail("--partial-rotary: only for glm4_moe");
     if (!a->mla && (s->fp8_block || s->int4_group || s->nvfp4)) {
         return dcp_fail("--quant: only for deepseek_v2 / deepseek_v3 models");
