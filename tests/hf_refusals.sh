@@ -7,7 +7,8 @@
 # configs (tests/data/deepseek) are read and checked field by field: an
 # unsupported value is its own line, a dimension near 2^31 too; a YaRN
 # factor, original_max_position_embeddings or attention_factor that is
-# given must be positive.
+# given must be positive. GLM-4.5's partial RoPE, groups and quantization
+# likewise.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 P=$WORK/p.jsonl
 printf '{"id": "a", "prompt_token_ids": [1, 2, 3], "max_tokens": 2}\n' >"$P"
@@ -83,6 +84,20 @@ expect_error ct_unannounced 1 "tensor 'model.layers.1.mlp.experts.7.gate_proj.we
 sed 's/"re:.*shared_experts.*",//' "$SRC/tests/data/deepseek/v3_int4/config.json" >"$WORK/ct_missing/config.json"
 expect_error ct_missing 1 "tensor 'model.layers.1.mlp.shared_experts.gate_proj.weight_packed' not found: config.json's quantization_config quantizes" \
     --model "$WORK/ct_missing" "$P"
+# GLM-4.5: a rotated part that is odd, groups that do not divide the
+# experts, a quantized checkpoint
+glm() { # NAME SED
+    mkdir -p "$WORK/$1"
+    sed "$2" "$SRC/tests/data/hf/glm4_moe/config.json" >"$WORK/$1/config.json"
+}
+glm glm_partial 's/"partial_rotary_factor": 0.5/"partial_rotary_factor": 0.3/'
+expect_error glm_partial_rotary 1 'partial_rotary_factor 0.3 of head_dim 32 rotates 9 dimensions: it must be an even count' \
+    --model "$WORK/glm_partial" "$P"
+glm glm_group 's/"n_group": 2/"n_group": 3/'
+expect_error glm_n_group 1 'n_group 3 must divide n_routed_experts 8 into groups of two or more' --model "$WORK/glm_group" "$P"
+glm glm_quant 's/"n_group": 2,/"n_group": 2, "quantization_config": {"quant_method": "fp8"},/'
+expect_error glm_quantization 1 'quantization_config is not supported for Glm4MoeForCausalLM (bf16 or fp32 checkpoints)' \
+    --model "$WORK/glm_quant" "$P"
 deepseek ds_head v2_softmax 's/"head_dim": 8/"head_dim": 16/'
 expect_error deepseek_head_dim 1 'head_dim 16 differs from qk_rope_head_dim 8' --model "$WORK/ds_head" "$P"
 # dimensions near 2^31 are refused by name (they overflowed the sizes formed
