@@ -966,12 +966,11 @@ static Node *parse_expr(Parser *P);
 static Node *parse_or(Parser *P);
 static Node *parse_unary(Parser *P, int with_filter);
 
-static const char *const filters[] = {"length", "count", "trim", "tojson", "string", "lower", "upper", "replace",
-                                      "join", "first", "last", "default", "d", "items", "selectattr", "rejectattr",
-                                      "map", "list", "select", "reject", "safe", NULL};
-static const char *const tests[] = {"defined", "undefined", "none", "string", "number", "integer", "float",
-                                    "mapping", "iterable", "sequence", "true", "false", "boolean", "equalto",
-                                    "eq", "==", "ne", "!=", "odd", "even", "divisibleby", "in", NULL};
+/* the built-in filters and tests, found in the renderer's tables */
+typedef struct Filter Filter;
+typedef struct Test Test;
+static const Filter *find_filter(const char *name);
+static const Test *find_test(const char *name);
 
 /* (args, name=value ...) after the '(' is consumed, into n's v and kw */
 static void parse_args(Parser *P, Node *n)
@@ -1153,7 +1152,7 @@ static Node *parse_filter(Parser *P, Node *n)
     next(P); /* | */
     Node *f = node(P, E_FILTER, line);
     f->a = n, f->name = expect_name(P);
-    if (in_list(filters, f->name) < 0) perr(P, line, "the filter '%s' is not supported", f->name);
+    if (!find_filter(f->name)) perr(P, line, "the filter '%s' is not supported", f->name);
     if (is_op(P, "(")) {
         next(P);
         parse_args(P, f);
@@ -1161,10 +1160,10 @@ static Node *parse_filter(Parser *P, Node *n)
     if (!strcmp(f->name, "map") && (f->nv != 1 || f->nkw != 1 || strcmp(f->kw[0], "attribute")))
         perr(P, line, "map is supported with attribute= only");
     if ((!strcmp(f->name, "select") || !strcmp(f->name, "reject")) && f->nv &&
-        (f->v[0]->k != E_CONST || f->v[0]->val->t != V_STR || in_list(tests, f->v[0]->val->s.p) < 0))
+        (f->v[0]->k != E_CONST || f->v[0]->val->t != V_STR || !find_test(f->v[0]->val->s.p)))
         perr(P, line, "%s needs the name of a supported test", f->name);
     if ((!strcmp(f->name, "selectattr") || !strcmp(f->name, "rejectattr")) && f->nv > 1 &&
-        (f->v[1]->k != E_CONST || f->v[1]->val->t != V_STR || in_list(tests, f->v[1]->val->s.p) < 0))
+        (f->v[1]->k != E_CONST || f->v[1]->val->t != V_STR || !find_test(f->v[1]->val->s.p)))
         perr(P, line, "%s needs the name of a supported test", f->name);
     return f;
 }
@@ -1178,7 +1177,7 @@ static Node *parse_test(Parser *P, Node *n)
     if (is_name(P, "not")) next(P), t->negate = 1;
     if (cur(P)->k == K_OP && (is_op(P, "==") || is_op(P, "!="))) t->name = next(P)->p;
     else t->name = expect_name(P);
-    if (in_list(tests, t->name) < 0) perr(P, line, "the test '%s' is not supported", t->name);
+    if (!find_test(t->name)) perr(P, line, "the test '%s' is not supported", t->name);
     if (is_op(P, "(")) {
         next(P);
         parse_args(P, t);
@@ -2296,34 +2295,86 @@ static Val *eval_call(Ctx *C, Frame *f, const Node *n, Val *caller)
     return call(C, callee, &a, caller, n->line);
 }
 
-static int apply_test(Ctx *C, const char *name, Val *v, const Args *a, int line)
+/* ---- the built-in tests and filters: one table each, whose names the
+ * parser accepts and whose functions the renderer calls ---------------- */
+
+/* A test: v is the value tested, x its argument (NULL when none). */
+typedef int (*TestFn)(Ctx *C, const char *name, const Val *v, const Val *x, int line);
+struct Test {
+    const char *name;
+    TestFn fn;
+    int needs_arg; /* without one, a TypeError */
+};
+
+static int t_defined(Ctx *C, const char *name, const Val *v, const Val *x, int line)
 {
-    Val *x = a->n ? a->v[0] : NULL;
-    if (!strcmp(name, "defined")) return v->t != V_UNDEF;
-    if (!strcmp(name, "undefined")) return v->t == V_UNDEF;
-    if (!strcmp(name, "none")) return v->t == V_NONE;
-    if (!strcmp(name, "string")) return v->t == V_STR;
-    if (!strcmp(name, "number")) return is_num(v);
-    if (!strcmp(name, "integer")) return v->t == V_INT;
-    if (!strcmp(name, "float")) return v->t == V_FLOAT;
-    if (!strcmp(name, "boolean")) return v->t == V_BOOL;
-    if (!strcmp(name, "true")) return v->t == V_BOOL && v->b;
-    if (!strcmp(name, "false")) return v->t == V_BOOL && !v->b;
-    if (!strcmp(name, "mapping")) return v->t == V_DICT;
-    if (!strcmp(name, "iterable") || !strcmp(name, "sequence"))
-        return v->t == V_STR || v->t == V_LIST || v->t == V_DICT || v->t == V_UNDEF;
-    if (!strcmp(name, "odd") || !strcmp(name, "even")) {
-        if (v->t != V_INT && v->t != V_BOOL) rfail(C, line, "TypeError: the test '%s' needs an integer", name);
-        return (inum(v) & 1) == (name[0] == 'o');
+    (void)C, (void)x, (void)line;
+    return (v->t != V_UNDEF) == !strcmp(name, "defined");
+}
+/* the tests of a value's type, one function each */
+#define TYPE_TEST(fn, cond)                                                       \
+    static int fn(Ctx *C, const char *name, const Val *v, const Val *x, int line) \
+    {                                                                             \
+        (void)C, (void)name, (void)x, (void)line;                                 \
+        return cond;                                                              \
     }
-    if (!x) rfail(C, line, "TypeError: the test '%s' needs an argument", name);
-    if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==")) return val_eq(C, v, x);
-    if (!strcmp(name, "ne") || !strcmp(name, "!=")) return !val_eq(C, v, x);
-    if (!strcmp(name, "in")) return contains(C, x, v, line);
-    /* divisibleby */
+TYPE_TEST(t_none, v->t == V_NONE)
+TYPE_TEST(t_string, v->t == V_STR)
+TYPE_TEST(t_number, is_num(v))
+TYPE_TEST(t_integer, v->t == V_INT)
+TYPE_TEST(t_float, v->t == V_FLOAT)
+TYPE_TEST(t_boolean, v->t == V_BOOL)
+TYPE_TEST(t_true, v->t == V_BOOL && v->b)
+TYPE_TEST(t_false, v->t == V_BOOL && !v->b)
+TYPE_TEST(t_mapping, v->t == V_DICT)
+TYPE_TEST(t_iterable, v->t == V_STR || v->t == V_LIST || v->t == V_DICT || v->t == V_UNDEF)
+#undef TYPE_TEST
+static int t_parity(Ctx *C, const char *name, const Val *v, const Val *x, int line)
+{
+    (void)x;
+    if (v->t != V_INT && v->t != V_BOOL) rfail(C, line, "TypeError: the test '%s' needs an integer", name);
+    return (inum(v) & 1) == (name[0] == 'o');
+}
+/* equalto, eq, ==; ne, != */
+static int t_equal(Ctx *C, const char *name, const Val *v, const Val *x, int line)
+{
+    (void)line;
+    return val_eq(C, v, x) == (name[0] == 'e' || name[0] == '=');
+}
+static int t_in(Ctx *C, const char *name, const Val *v, const Val *x, int line)
+{
+    (void)name;
+    return contains(C, x, v, line);
+}
+static int t_divisibleby(Ctx *C, const char *name, const Val *v, const Val *x, int line)
+{
     if (v->t != V_INT && v->t != V_BOOL) rfail(C, line, "TypeError: the test '%s' needs an integer", name);
     if ((x->t != V_INT && x->t != V_BOOL) || !inum(x)) rfail(C, line, "divisibleby needs a nonzero integer");
     return inum(v) % inum(x) == 0;
+}
+
+static const Test tests[] = {
+    {"defined", t_defined, 0},   {"undefined", t_defined, 0}, {"none", t_none, 0},   {"string", t_string, 0},
+    {"number", t_number, 0},     {"integer", t_integer, 0},   {"float", t_float, 0}, {"mapping", t_mapping, 0},
+    {"iterable", t_iterable, 0}, {"sequence", t_iterable, 0}, {"true", t_true, 0},   {"false", t_false, 0},
+    {"boolean", t_boolean, 0},   {"odd", t_parity, 0},        {"even", t_parity, 0}, {"equalto", t_equal, 1},
+    {"eq", t_equal, 1},          {"==", t_equal, 1},          {"ne", t_equal, 1},    {"!=", t_equal, 1},
+    {"in", t_in, 1},             {"divisibleby", t_divisibleby, 1},
+};
+
+static const Test *find_test(const char *name)
+{
+    for (size_t i = 0; i < sizeof tests / sizeof *tests; i++)
+        if (!strcmp(tests[i].name, name)) return &tests[i];
+    return NULL;
+}
+
+static int apply_test(Ctx *C, const char *name, Val *v, const Args *a, int line)
+{
+    const Test *t = find_test(name); /* the parser lets only these through */
+    const Val *x = a->n ? a->v[0] : NULL;
+    if (t->needs_arg && !x) rfail(C, line, "TypeError: the test '%s' needs an argument", name);
+    return t->fn(C, name, v, x, line);
 }
 
 static long long length_of(Ctx *C, const Val *v, int line)
@@ -2354,122 +2405,180 @@ static Val *attr_path(Ctx *C, Val *v, const Val *path, int line)
     return v;
 }
 
-static Val *apply_filter(Ctx *C, Frame *f, const Node *n)
+/* A filter: v its input, a its arguments. */
+typedef Val *(*FilterFn)(Ctx *C, const char *name, Val *v, Args *a, int line);
+struct Filter {
+    const char *name;
+    FilterFn fn;
+};
+
+static const char *const no_kw[] = {NULL};
+
+/* what fn(C, arg) writes to the output, as a string */
+static Val *rendered(Ctx *C, void (*fn)(Ctx *C, const void *arg), const void *arg)
 {
-    Val *v = eval(C, f, n->a);
-    Args a = eval_args(C, f, n);
-    const char *name = n->name;
-    int line = n->line;
-    static const char *const none[] = {NULL};
-    if (!strcmp(name, "length") || !strcmp(name, "count")) return mk_int(C, length_of(C, v, line));
-    if (!strcmp(name, "string")) return to_str(C, v);
-    if (!strcmp(name, "safe")) return v;
-    if (!strcmp(name, "trim")) {
-        check_args(C, &a, 1, none, "trim", line);
-        return strip(C, to_str(C, v), a.n ? a.v[0] : NULL, 1, 1, line);
+    char *out = C->out;
+    size_t on = C->n, ocap = C->cap;
+    C->out = NULL, C->n = C->cap = 0;
+    emit(C, "", 0);
+    fn(C, arg);
+    Val *r = mk(C, V_STR);
+    r->s.p = C->out, r->s.n = C->n;
+    C->out = out, C->n = on, C->cap = ocap;
+    return r;
+}
+
+static Val *f_length(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)name, (void)a;
+    return mk_int(C, length_of(C, v, line));
+}
+static Val *f_string(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)name, (void)a, (void)line;
+    return to_str(C, v);
+}
+static Val *f_safe(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)C, (void)name, (void)a, (void)line;
+    return v;
+}
+static Val *f_trim(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    check_args(C, a, 1, no_kw, name, line);
+    return strip(C, to_str(C, v), a->n ? a->v[0] : NULL, 1, 1, line);
+}
+/* lower, upper */
+static Val *f_case(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)a, (void)line;
+    return case_map(C, to_str(C, v), name[0] == 'u');
+}
+static Val *f_replace(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    static const char *const kw[] = {"old", "new", "count", NULL};
+    check_args(C, a, 3, kw, name, line);
+    Val *old = arg(a, 0, "old"), *new = arg(a, 1, "new"), *count = arg(a, 2, "count");
+    if (!old || !new) rfail(C, line, "TypeError: replace needs two arguments");
+    if (count && count->t != V_INT && count->t != V_NONE) rfail(C, line, "TypeError: replace's count must be an integer");
+    return replace(C, to_str(C, v), to_str(C, old), to_str(C, new), count && count->t == V_INT ? count->i : -1);
+}
+
+typedef struct {
+    const Val *v;
+    JsonOpts o;
+} JsonArg;
+static void dump_json(Ctx *C, const void *arg)
+{
+    const JsonArg *j = arg;
+    json_dump(C, j->v, &j->o, 0);
+}
+static Val *f_tojson(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    static const char *const kw[] = {"ensure_ascii", "indent", "separators", "sort_keys", NULL};
+    check_args(C, a, 4, kw, name, line);
+    Val *ascii = arg(a, 0, "ensure_ascii"), *indent = arg(a, 1, "indent"), *seps = arg(a, 2, "separators"),
+        *sort = arg(a, 3, "sort_keys");
+    JsonArg j = {v, {ascii && truthy(ascii), sort && truthy(sort), NULL, ", ", ": "}};
+    if (indent && indent->t != V_NONE) {
+        if (indent->t == V_STR) j.o.indent = indent->s.p;
+        else if (indent->t == V_INT) {
+            long long k = indent->i < 0 ? 0 : indent->i > 64 ? 64 : indent->i;
+            char *sp = alloc(&C->a, (size_t)k + 1);
+            memset(sp, ' ', (size_t)k);
+            j.o.indent = sp;
+        } else rfail(C, line, "TypeError: tojson's indent must be an integer or a string");
+        j.o.item_sep = ",";
     }
-    if (!strcmp(name, "lower") || !strcmp(name, "upper")) return case_map(C, to_str(C, v), name[0] == 'u');
-    if (!strcmp(name, "replace")) {
-        static const char *const kw[] = {"old", "new", "count", NULL};
-        check_args(C, &a, 3, kw, "replace", line);
-        Val *old = arg(&a, 0, "old"), *new = arg(&a, 1, "new"), *count = arg(&a, 2, "count");
-        if (!old || !new) rfail(C, line, "TypeError: replace needs two arguments");
-        if (count && count->t != V_INT && count->t != V_NONE) rfail(C, line, "TypeError: replace's count must be an integer");
-        return replace(C, to_str(C, v), to_str(C, old), to_str(C, new), count && count->t == V_INT ? count->i : -1);
+    if (seps && seps->t != V_NONE) {
+        if (seps->t != V_LIST || seps->l.n != 2 || seps->l.v[0]->t != V_STR || seps->l.v[1]->t != V_STR)
+            rfail(C, line, "TypeError: tojson's separators must be two strings");
+        j.o.item_sep = seps->l.v[0]->s.p, j.o.key_sep = seps->l.v[1]->s.p;
     }
-    if (!strcmp(name, "tojson")) {
-        static const char *const kw[] = {"ensure_ascii", "indent", "separators", "sort_keys", NULL};
-        check_args(C, &a, 4, kw, "tojson", line);
-        Val *ascii = arg(&a, 0, "ensure_ascii"), *indent = arg(&a, 1, "indent"), *seps = arg(&a, 2, "separators"),
-            *sort = arg(&a, 3, "sort_keys");
-        JsonOpts o = {ascii && truthy(ascii), sort && truthy(sort), NULL, ", ", ": "};
-        if (indent && indent->t != V_NONE) {
-            if (indent->t == V_STR) o.indent = indent->s.p;
-            else if (indent->t == V_INT) {
-                long long k = indent->i < 0 ? 0 : indent->i > 64 ? 64 : indent->i;
-                char *sp = alloc(&C->a, (size_t)k + 1);
-                memset(sp, ' ', (size_t)k);
-                o.indent = sp;
-            } else rfail(C, line, "TypeError: tojson's indent must be an integer or a string");
-            o.item_sep = ",";
-        }
-        if (seps && seps->t != V_NONE) {
-            if (seps->t != V_LIST || seps->l.n != 2 || seps->l.v[0]->t != V_STR || seps->l.v[1]->t != V_STR)
-                rfail(C, line, "TypeError: tojson's separators must be two strings");
-            o.item_sep = seps->l.v[0]->s.p, o.key_sep = seps->l.v[1]->s.p;
-        }
-        char *out = C->out;
-        size_t on = C->n, ocap = C->cap;
-        C->out = NULL, C->n = C->cap = 0;
-        emit(C, "", 0);
-        json_dump(C, v, &o, 0);
-        Val *r = mk(C, V_STR);
-        r->s.p = C->out, r->s.n = C->n;
-        C->out = out, C->n = on, C->cap = ocap;
-        return r;
-    }
-    if (!strcmp(name, "default") || !strcmp(name, "d")) {
-        static const char *const kw[] = {"default_value", "boolean", NULL};
-        check_args(C, &a, 2, kw, "default", line);
-        Val *dv = arg(&a, 0, "default_value"), *boolean = arg(&a, 1, "boolean");
-        if (v->t == V_UNDEF || (boolean && truthy(boolean) && !truthy(v))) return dv ? dv : mk_str(C, "", 0);
-        return v;
-    }
-    if (!strcmp(name, "items")) {
-        if (v->t == V_UNDEF) return mk(C, V_LIST);
-        if (v->t != V_DICT) rfail(C, line, "TypeError: Can only get item pairs from a mapping.");
-        Val *fn = method(C, v, F_ITEMS, "items");
-        Args none_args = {NULL, 0, NULL, 0};
-        return call_func(C, fn, &none_args, line);
-    }
-    if (!strcmp(name, "last")) {
-        if (v->t == V_UNDEF) return mk_undef(C, "No last item, sequence was empty.");
-        if (v->t != V_LIST && v->t != V_STR) rfail(C, line, "TypeError: '%s' object is not reversible", type_name(v));
-    }
-    /* the rest iterate */
+    return rendered(C, dump_json, &j);
+}
+/* default, d */
+static Val *f_default(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    static const char *const kw[] = {"default_value", "boolean", NULL};
+    (void)name;
+    check_args(C, a, 2, kw, "default", line);
+    Val *dv = arg(a, 0, "default_value"), *boolean = arg(a, 1, "boolean");
+    if (v->t == V_UNDEF || (boolean && truthy(boolean) && !truthy(v))) return dv ? dv : mk_str(C, "", 0);
+    return v;
+}
+static Val *f_items(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)name, (void)a;
+    if (v->t == V_UNDEF) return mk(C, V_LIST);
+    if (v->t != V_DICT) rfail(C, line, "TypeError: Can only get item pairs from a mapping.");
+    Val *fn = method(C, v, F_ITEMS, "items");
+    Args none_args = {NULL, 0, NULL, 0};
+    return call_func(C, fn, &none_args, line);
+}
+static Val *f_list(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)name, (void)a;
+    Val *items = iter_of(C, v, line), *l = mk(C, V_LIST);
+    for (int i = 0; i < items->l.n; i++) list_push(C, l, items->l.v[i]);
+    return l;
+}
+static Val *f_first(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)name, (void)a;
     Val *items = iter_of(C, v, line);
-    if (!strcmp(name, "list")) {
-        Val *l = mk(C, V_LIST);
-        for (int i = 0; i < items->l.n; i++) list_push(C, l, items->l.v[i]);
-        return l;
+    return items->l.n ? items->l.v[0] : mk_undef(C, "No first item, sequence was empty.");
+}
+static Val *f_last(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)name, (void)a;
+    if (v->t == V_UNDEF) return mk_undef(C, "No last item, sequence was empty.");
+    if (v->t != V_LIST && v->t != V_STR) rfail(C, line, "TypeError: '%s' object is not reversible", type_name(v));
+    Val *items = iter_of(C, v, line);
+    return items->l.n ? items->l.v[items->l.n - 1] : mk_undef(C, "No last item, sequence was empty.");
+}
+
+typedef struct {
+    Val *items, *sep, *attr;
+    int line;
+} JoinArg;
+static void join_items(Ctx *C, const void *arg)
+{
+    const JoinArg *j = arg;
+    for (int i = 0; i < j->items->l.n; i++) {
+        if (i) emit(C, j->sep->s.p, j->sep->s.n);
+        Val *x = j->items->l.v[i];
+        if (j->attr) x = attr_path(C, x, to_str(C, j->attr), j->line);
+        str_of(C, x);
     }
-    if (!strcmp(name, "first"))
-        return items->l.n ? items->l.v[0] : mk_undef(C, "No first item, sequence was empty.");
-    if (!strcmp(name, "last"))
-        return items->l.n ? items->l.v[items->l.n - 1] : mk_undef(C, "No last item, sequence was empty.");
-    if (!strcmp(name, "join")) {
-        static const char *const kw[] = {"d", "attribute", NULL};
-        check_args(C, &a, 2, kw, "join", line);
-        Val *sep = arg(&a, 0, "d"), *attr = arg(&a, 1, "attribute");
-        sep = sep ? to_str(C, sep) : mk_str(C, "", 0);
-        char *out = C->out;
-        size_t on = C->n, ocap = C->cap;
-        C->out = NULL, C->n = C->cap = 0;
-        emit(C, "", 0);
-        for (int i = 0; i < items->l.n; i++) {
-            if (i) emit(C, sep->s.p, sep->s.n);
-            Val *x = items->l.v[i];
-            if (attr) x = attr_path(C, x, to_str(C, attr), line);
-            str_of(C, x);
-        }
-        Val *r = mk(C, V_STR);
-        r->s.p = C->out, r->s.n = C->n;
-        C->out = out, C->n = on, C->cap = ocap;
-        return r;
-    }
-    if (!strcmp(name, "map")) {
-        Val *path = to_str(C, a.v[0]), *l = mk(C, V_LIST);
-        for (int i = 0; i < items->l.n; i++) list_push(C, l, attr_path(C, items->l.v[i], path, line));
-        return l;
-    }
-    /* select, reject, selectattr, rejectattr */
+}
+static Val *f_join(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    static const char *const kw[] = {"d", "attribute", NULL};
+    Val *items = iter_of(C, v, line);
+    check_args(C, a, 2, kw, name, line);
+    Val *sep = arg(a, 0, "d"), *attr = arg(a, 1, "attribute");
+    JoinArg j = {items, sep ? to_str(C, sep) : mk_str(C, "", 0), attr, line};
+    return rendered(C, join_items, &j);
+}
+static Val *f_map(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    (void)name;
+    Val *items = iter_of(C, v, line), *path = to_str(C, a->v[0]), *l = mk(C, V_LIST);
+    for (int i = 0; i < items->l.n; i++) list_push(C, l, attr_path(C, items->l.v[i], path, line));
+    return l;
+}
+/* select, reject, selectattr, rejectattr */
+static Val *f_select(Ctx *C, const char *name, Val *v, Args *a, int line)
+{
+    Val *items = iter_of(C, v, line);
     int by_attr = !strcmp(name, "selectattr") || !strcmp(name, "rejectattr"), keep = name[0] == 's';
-    check_args(C, &a, 64, none, name, line);
-    if (by_attr && !a.n) rfail(C, line, "TypeError: %s needs an attribute", name);
-    Val *path = by_attr ? to_str(C, a.v[0]) : NULL;
+    check_args(C, a, 64, no_kw, name, line);
+    if (by_attr && !a->n) rfail(C, line, "TypeError: %s needs an attribute", name);
+    Val *path = by_attr ? to_str(C, a->v[0]) : NULL;
     int t = by_attr ? 1 : 0;
-    const char *test = a.n > t ? want_str(C, a.v[t], name, line)->s.p : NULL;
-    Args rest = {a.v + t + 1, a.n > t + 1 ? a.n - t - 1 : 0, NULL, 0};
+    const char *test = a->n > t ? want_str(C, a->v[t], name, line)->s.p : NULL;
+    Args rest = {a->v + t + 1, a->n > t + 1 ? a->n - t - 1 : 0, NULL, 0};
     Val *l = mk(C, V_LIST);
     for (int i = 0; i < items->l.n; i++) {
         step(C, line);
@@ -2478,6 +2587,28 @@ static Val *apply_filter(Ctx *C, Frame *f, const Node *n)
         if (ok == keep) list_push(C, l, items->l.v[i]);
     }
     return l;
+}
+
+static const Filter filters[] = {
+    {"length", f_length}, {"count", f_length}, {"string", f_string},     {"safe", f_safe},       {"trim", f_trim},
+    {"lower", f_case},    {"upper", f_case},   {"replace", f_replace},   {"tojson", f_tojson},   {"default", f_default},
+    {"d", f_default},     {"items", f_items},  {"list", f_list},         {"first", f_first},     {"last", f_last},
+    {"join", f_join},     {"map", f_map},      {"select", f_select},     {"reject", f_select},   {"selectattr", f_select},
+    {"rejectattr", f_select},
+};
+
+static const Filter *find_filter(const char *name)
+{
+    for (size_t i = 0; i < sizeof filters / sizeof *filters; i++)
+        if (!strcmp(filters[i].name, name)) return &filters[i];
+    return NULL;
+}
+
+static Val *apply_filter(Ctx *C, Frame *f, const Node *n)
+{
+    Val *v = eval(C, f, n->a);
+    Args a = eval_args(C, f, n);
+    return find_filter(n->name)->fn(C, n->name, v, &a, n->line); /* the parser lets only these through */
 }
 
 static Val *eval(Ctx *C, Frame *f, const Node *n)
