@@ -12,13 +12,11 @@
 # plan's weight bytes per rank are the run's, with and without EP.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 M=$SRC/tests/data/hf/glm4_moe
-want=$(tr -s ' \n' ',' <"$M/greedy.txt" | sed 's/,$//')
+want=$(id_list "$M/greedy.txt")
 printf '{"id": "ref", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0, "ignore_eos": true, "logprobs": 2}\n' \
-    "$(tr -s ' \n' ',' <"$M/prompt.txt" | sed 's/,$//')" >"$WORK/p.jsonl"
+    "$(id_list "$M/prompt.txt")" >"$WORK/p.jsonl"
 printf '{"id": "b", "prompt_token_ids": [7, 7, 7, 1, 150, 3], "max_tokens": 24, "temperature": 1.0, "seed": 5, "ignore_eos": true, "logprobs": 3, "prompt_logprobs": 1}\n' \
     >>"$WORK/p.jsonl"
-ids() { grep "\"id\":\"$2\"" "$1" | grep -o '"token_ids":\[[^]]*\]' | sed 's/.*\[//; s/\]//'; }
-strip() { sed -E 's/"(ttft_s|tpot_s|e2e_s)": *[-0-9.e+]*,? *//g' "$1"; }
 
 # LAYOUT REF ORDER: the run at LAYOUT ("NP ARGS") gives transformers'
 # tokens and REF's results bit for bit, in the reduction order ORDER
@@ -30,11 +28,11 @@ same_bits() {
     NP=$np run_dcp "$name" --model "$M" --max-num-seqs 4 $args --output "$WORK/$name.jsonl" "$WORK/p.jsonl"
     if [ "$(cat "$WORK/$name.rc")" != 0 ]; then
         fail "$args: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" >&2
-    elif [ "$(ids "$WORK/$name.jsonl" ref)" != "$want" ]; then
-        fail "$args: '$(ids "$WORK/$name.jsonl" ref)', not transformers' '$want'"
-    elif ! strip "$WORK/$name.jsonl" | cmp -s - "$WORK/$2.want"; then
+    elif [ "$(token_ids "$WORK/$name.jsonl" ref)" != "$want" ]; then
+        fail "$args: '$(token_ids "$WORK/$name.jsonl" ref)', not transformers' '$want'"
+    elif ! untimed "$WORK/$name.jsonl" | cmp -s - "$WORK/$2.want"; then
         fail "$args: tokens or log-probabilities differ from $2's"
-        strip "$WORK/$name.jsonl" | diff - "$WORK/$2.want" | head -4 | cut -c1-300 >&2
+        untimed "$WORK/$name.jsonl" | diff - "$WORK/$2.want" | head -4 | cut -c1-300 >&2
     elif ! grep -q "^# reduction order: $3 (K chunks" "$WORK/$name.out"; then
         fail "$args: not the reduction order $3"; grep "^# reduction" "$WORK/$name.out" >&2
     else
@@ -46,13 +44,13 @@ for ep in "" --enable-expert-parallel; do
     ref=one${ep:+-ep}
     checks=$((checks + 1))
     run_dcp "$ref" --model "$M" $ep --output "$WORK/$ref.jsonl" "$WORK/p.jsonl"
-    if [ "$(cat "$WORK/$ref.rc")" = 0 ] && [ "$(ids "$WORK/$ref.jsonl" ref)" = "$want" ]; then
+    if [ "$(cat "$WORK/$ref.rc")" = 0 ] && [ "$(token_ids "$WORK/$ref.jsonl" ref)" = "$want" ]; then
         pass "one rank ${ep:-without expert parallelism}: transformers' 32 greedy tokens"
     else
-        fail "one rank $ep: exit $(cat "$WORK/$ref.rc"), '$(ids "$WORK/$ref.jsonl" ref)' vs '$want'"
+        fail "one rank $ep: exit $(cat "$WORK/$ref.rc"), '$(token_ids "$WORK/$ref.jsonl" ref)' vs '$want'"
         cat "$WORK/$ref.err" >&2
     fi
-    strip "$WORK/$ref.jsonl" >"$WORK/$ref.want"
+    untimed "$WORK/$ref.jsonl" >"$WORK/$ref.want"
 done
 for layout in "2 -tp 2" "4 -tp 4 -dcp 2" "8 -tp 8 -dcp 4 --dcp-comm-backend a2a" \
     "4 -tp 2 -dp 2 --max-num-batched-tokens 64 --block-size 4"; do

@@ -21,15 +21,13 @@ for i in 0 1 2 3 4 5; do
     ids=$(awk -v i=$i 'BEGIN { n = 5 + 7 * i; for (j = 0; j < n; j++) printf "%s%d", j ? ", " : "", (j * 7919 + i * 104729) % 32768 }')
     echo "{\"id\": \"s$i\", \"prompt_token_ids\": [$ids], \"max_tokens\": $((10 + 3 * i)), \"temperature\": 1.0, \"seed\": $((i + 11)), \"logprobs\": 3, \"prompt_logprobs\": $((i % 3))}"
 done >"$P"
-# a results line without its timings
-strip() { sed -E 's/"(ttft_s|tpot_s|e2e_s)": *[-0-9.e+]*,? *//g' "$1"; }
 
 for m in llama qwen3 v3; do
     for I in 1 16; do
         NP=1 run_dcp "$m-$I-one" --model "$WORK/$m" --cp-kv-cache-interleave-size $I --block-size 16 \
             --output "$WORK/$m-$I-one.jsonl" "$P"
         [ "$(cat "$WORK/$m-$I-one.rc")" = 0 ] || { fail "$m: one rank, interleave $I: exit $(cat "$WORK/$m-$I-one.rc")"; cat "$WORK/$m-$I-one.err" >&2; continue; }
-        strip "$WORK/$m-$I-one.jsonl" >"$WORK/$m-$I-one.want"
+        untimed "$WORK/$m-$I-one.jsonl" >"$WORK/$m-$I-one.want"
         if [ $I = 1 ]; then
             set -- "2 -tp 2" "4 -tp 4 -dcp 2" "8 -tp 8 -dcp 8" "8 -tp 8 -dcp 8 --dcp-comm-backend a2a" \
                 "2 -dp 2 --max-num-batched-tokens 8 --max-num-seqs 4 --block-size 4"
@@ -45,9 +43,9 @@ for m in llama qwen3 v3; do
                 --output "$WORK/$name.jsonl" "$P"
             if [ "$(cat "$WORK/$name.rc")" != 0 ]; then
                 fail "$m, interleave $I, $args: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" >&2
-            elif ! strip "$WORK/$name.jsonl" | cmp -s - "$WORK/$m-$I-one.want"; then
+            elif ! untimed "$WORK/$name.jsonl" | cmp -s - "$WORK/$m-$I-one.want"; then
                 fail "$m, interleave $I, $args: tokens or log-probabilities differ from one rank's"
-                strip "$WORK/$name.jsonl" | diff - "$WORK/$m-$I-one.want" | head -4 | cut -c1-300 >&2
+                untimed "$WORK/$name.jsonl" | diff - "$WORK/$m-$I-one.want" | head -4 | cut -c1-300 >&2
             elif ! grep -q "^# reduction order: k8 d8 i$I (K chunks" "$WORK/$name.out"; then
                 fail "$m, interleave $I, $args: no canonical reduction order in the header"; grep "^# reduction" "$WORK/$name.out" >&2
             else

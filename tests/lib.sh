@@ -69,6 +69,14 @@ prompts() { # FILE: each request's prompt ids, comma-joined, one line each
     echo "$off" | awk -v ids="$ids" 'BEGIN {n = split(ids, t, " ")} NR > 1 {s = ""; for (i = prev + 1; i <= $1; i++) s = s (s ? "," : "") t[i]; print s} {prev = $1}'
 }
 
+# id_list FILE: a reference's ids (tests/data/*/prompt.txt, greedy.txt),
+# comma-joined
+id_list() { tr -s ' \n' ',' <"$1" | sed 's/,$//'; }
+# untimed FILE: a JSON Lines result without its timings, for comparing runs
+untimed() { sed -E 's/"(ttft_s|tpot_s|e2e_s)": *[-0-9.e+]*,? *//g' "$1"; }
+# token_ids FILE ID: the token ids of request ID in a JSON Lines result
+token_ids() { grep "\"id\":\"$2\"" "$1" | grep -o '"token_ids":\[[^]]*\]' | sed 's/.*\[//; s/\]//'; }
+
 # h5_numbers FILE DATASET: a numeric dataset's values, one per line (h5dump)
 h5_numbers() {
     h5dump -y -d "$2" "$1" 2>/dev/null | sed -n '/DATA {/,/}/p' | sed '1d;$d' | tr -c '0-9.eE+\n-' ' ' | tr -s ' \n' '\n' | grep .

@@ -9,14 +9,13 @@
 # bytes are the run's.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 M=$SRC/tests/data/hf/qwen3_moe
-want=$(tr -s ' \n' ',' <"$M/greedy.txt" | sed 's/,$//')
+want=$(id_list "$M/greedy.txt")
 printf '{"id": "ref", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0, "ignore_eos": true}\n' \
-    "$(tr -s ' \n' ',' <"$M/prompt.txt" | sed 's/,$//')" >"$WORK/p.jsonl"
+    "$(id_list "$M/prompt.txt")" >"$WORK/p.jsonl"
 printf '{"id": "b", "prompt_token_ids": [7, 7, 7, 1, 150, 3], "max_tokens": 20, "temperature": 0, "ignore_eos": true}\n' \
     >>"$WORK/p.jsonl"
-ids() { grep "\"id\":\"$2\"" "$1" | grep -o '"token_ids":\[[^]]*\]' | sed 's/.*\[//; s/\]//'; }
 run_dcp one --model "$M" --output "$WORK/one.jsonl" "$WORK/p.jsonl"
-other=$(ids "$WORK/one.jsonl" b)
+other=$(token_ids "$WORK/one.jsonl" b)
 for layout in "1 --max-num-batched-tokens 64" "2 -tp 2" "4 -tp 4 -dcp 2 --max-num-batched-tokens 100" \
     "8 -tp 8 -dcp 4 --dcp-comm-backend a2a" "4 -tp 2 -dp 2" "8 -tp 4 -dcp 2 -dp 2 --max-num-batched-tokens 64" \
     "4 -tp 4 -dcp 2 --enable-expert-parallel" "8 -tp 2 -dp 4 --enable-expert-parallel --max-num-batched-tokens 64"; do
@@ -24,11 +23,11 @@ for layout in "1 --max-num-batched-tokens 64" "2 -tp 2" "4 -tp 4 -dcp 2 --max-nu
     np=${layout%% *}
     name=$(echo "$layout" | tr -d ' -')
     NP=$np run_dcp "$name" --model "$M" --max-num-seqs 4 ${layout#"$np"} --output "$WORK/$name.jsonl" "$WORK/p.jsonl"
-    if [ "$(cat "$WORK/$name.rc")" = 0 ] && [ "$(ids "$WORK/$name.jsonl" ref)" = "$want" ] && [ -n "$other" ] &&
-        [ "$(ids "$WORK/$name.jsonl" b)" = "$other" ]; then
+    if [ "$(cat "$WORK/$name.rc")" = 0 ] && [ "$(token_ids "$WORK/$name.jsonl" ref)" = "$want" ] && [ -n "$other" ] &&
+        [ "$(token_ids "$WORK/$name.jsonl" b)" = "$other" ]; then
         pass "${layout#"$np" }: transformers' 32 greedy tokens, and one rank's for the second request"
     else
-        fail "${layout#"$np" }: exit $(cat "$WORK/$name.rc"), '$(ids "$WORK/$name.jsonl" ref)' vs '$want'"
+        fail "${layout#"$np" }: exit $(cat "$WORK/$name.rc"), '$(token_ids "$WORK/$name.jsonl" ref)' vs '$want'"
         cat "$WORK/$name.err" >&2
     fi
 done
