@@ -82,30 +82,43 @@ static MoeRouting routing(const MoeConfig *m)
                         .scaling = m->routed_scaling_factor};
 }
 
+/* The experts' SwiGLU on P (token, expert) pairs grouped by expert (start:
+ * experts + 1 offsets; rows: each pair's row of x, NULL: x's rows in
+ * order), this rank's moe_hidden rows of each: y (chunks x (P, dim)) holds
+ * the down projection's K chunks apart (1: the whole of it), in s->hg and
+ * s->hu's scratch; timed as matmul. */
+static void experts_swiglu(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float *y, const float *x,
+                           const int *rows, const int *start, int experts, int P, int chunks)
+{
+    const Backend *be = env->be;
+    int dim = env->model->cfg.dim, mh = env->model->shard.moe_hidden, cin = mh / chunks;
+    size_t per = (size_t)mh * dim;
+    double t0 = layer_clock(env);
+    be->moe_matmul(s->hg, x, dim, rows, start, experts, P, w->gate, per, dim, mh);
+    be->moe_matmul(s->hu, x, dim, rows, start, experts, P, w->up, per, dim, mh);
+    be->silu_mul(s->hg, s->hu, (size_t)P * mh);
+    for (int ch = 0; ch < chunks; ch++)
+        be->moe_matmul(y + (size_t)ch * P * dim, s->hg + (size_t)ch * cin, mh, NULL, start, experts, P,
+                       weight_at(w->down, (size_t)ch * dim * cin), per, cin, dim);
+    env->tm->matmul += layer_clock(env) - t0;
+}
+
 void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float *y, const float *x, int T)
 {
     const Config *c = &env->model->cfg;
     const MoeConfig *moe = &c->moe;
     const Backend *be = env->be;
-    int E = moe->n_routed_experts, K = moe->experts_per_token, dim = c->dim, mh = env->model->shard.moe_hidden,
-        P = T * K, chunks = env->model->shard.chunks, cin = mh / chunks;
+    int E = moe->n_routed_experts, K = moe->experts_per_token, dim = c->dim, P = T * K,
+        chunks = env->model->shard.chunks;
     MoeRouting r = routing(moe);
     layer_matmul(env, s->logits, x, w->router, T, dim, E);
     /* routing, the experts' GEMMs and the weighted sum all stay on the
      * device: the host never learns which experts a token chose */
     be->moe_route(&r, s->logits, w->router_bias, T, s->rows, s->weights, s->slots, s->start);
-    double t0 = layer_clock(env);
-    size_t per = (size_t)mh * dim;
-    be->moe_matmul(s->hg, x, dim, s->rows, s->start, E, P, w->gate, per, dim, mh);
-    be->moe_matmul(s->hu, x, dim, s->rows, s->start, E, P, w->up, per, dim, mh);
-    be->silu_mul(s->hg, s->hu, (size_t)P * mh);
     /* each K chunk of the down projection (layer_matmul_rows) apart, and
      * each chunk's output sums the experts in order, then the shared
      * experts: the same in every chunk on every layout */
-    for (int ch = 0; ch < chunks; ch++)
-        be->moe_matmul(s->yd + (size_t)ch * P * dim, s->hg + (size_t)ch * cin, mh, NULL, s->start, E, P,
-                       weight_at(w->down, (size_t)ch * dim * cin), per, cin, dim);
-    env->tm->matmul += layer_clock(env) - t0;
+    experts_swiglu(env, w, s, s->yd, x, s->rows, s->start, E, P, chunks);
     size_t n = (size_t)T * dim;
     for (int ch = 0; ch < chunks; ch++)
         be->moe_combine(y + ch * n, s->yd + (size_t)ch * P * dim, s->slots, s->weights, T, K, dim);
@@ -146,6 +159,28 @@ static void ep_reserve(const LayerEnv *env, MoeScratch *s, int P, int T)
     s->cap_recv = (int)cap;
 }
 
+/* The owner's received rows in expert order (sources in rank order within
+ * an expert), for one GEMM per expert: rc[src * El + e] rows came from
+ * rank src for local expert e, rank src's at rdispl[src]. s->h_rows lists
+ * the rows in that order, s->h_perm returns each row's output to its
+ * place; lstart (El + 1) where each expert's rows start. */
+static void expert_order(MoeScratch *s, const int *rc, const int *rdispl, int N, int El, int *lstart)
+{
+    int at = 0;
+    for (int e = 0; e < El; e++) {
+        lstart[e] = at;
+        for (int src = 0; src < N; src++) {
+            int from = rdispl[src];
+            for (int f = 0; f < e; f++) from += rc[src * El + f];
+            for (int j = 0; j < rc[src * El + e]; j++, at++) {
+                s->h_rows[at] = from + j;
+                s->h_perm[from + j] = at;
+            }
+        }
+    }
+    lstart[El] = at;
+}
+
 /* Expert parallelism (docs/design.md, "Expert parallelism"). */
 static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, int l, const float *x, int T)
 {
@@ -154,8 +189,8 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
     const Shard *sh = &env->model->shard;
     const Topology *topo = env->topo;
     const Backend *be = env->be;
-    int E = moe->n_routed_experts, K = moe->experts_per_token, dim = c->dim, mh = sh->moe_hidden, N = topo->ep,
-        El = sh->experts, tp = topo->tp;
+    int E = moe->n_routed_experts, K = moe->experts_per_token, dim = c->dim, N = topo->ep, El = sh->experts,
+        tp = topo->tp;
     /* this TP rank's share of the step's rows: it routes them, sends them
      * and adds up their experts' outputs */
     int h0, H;
@@ -191,21 +226,8 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
     ep_reserve(env, s, P, T);
     comm_alltoallv_rows(env->comm, COMM_moe_dispatch, s->send, scount, sdispl, s->recv, rcount, rdispl, dim,
                         topo->ep_comm);
-    /* the received rows in expert order (sources in rank order within an
-     * expert), for one GEMM per expert; perm returns each row's output */
-    int *lstart = s->h_lstart, at = 0;
-    for (int e = 0; e < El; e++) {
-        lstart[e] = at;
-        for (int src = 0; src < N; src++) {
-            int from = rdispl[src];
-            for (int f = 0; f < e; f++) from += rc[src * El + f];
-            for (int j = 0; j < rc[src * El + e]; j++, at++) {
-                s->h_rows[at] = from + j;
-                s->h_perm[from + j] = at;
-            }
-        }
-    }
-    lstart[El] = at;
+    int *lstart = s->h_lstart;
+    expert_order(s, rc, rdispl, N, El, lstart);
     MoeCounts *mc = env->moe_counts;
     if (mc) {
         long long *got = mc->received + (size_t)l * E + sh->expert0, *sent = mc->sent + (size_t)l * E;
@@ -216,13 +238,7 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
         be->upload(s->d_rows, s->h_rows, sizeof(int) * (size_t)P);
         be->upload(s->d_perm, s->h_perm, sizeof(int) * (size_t)P);
         be->upload(s->d_start, lstart, sizeof(int) * (size_t)(El + 1));
-        double t0 = layer_clock(env);
-        size_t per = (size_t)mh * dim;
-        be->moe_matmul(s->hg, s->recv, dim, s->d_rows, s->d_start, El, P, w->gate, per, dim, mh);
-        be->moe_matmul(s->hu, s->recv, dim, s->d_rows, s->d_start, El, P, w->up, per, dim, mh);
-        be->silu_mul(s->hg, s->hu, (size_t)P * mh);
-        be->moe_matmul(s->yd, s->hg, mh, NULL, s->d_start, El, P, w->down, per, mh, dim);
-        env->tm->matmul += layer_clock(env) - t0;
+        experts_swiglu(env, w, s, s->yd, s->recv, s->d_rows, s->d_start, El, P, 1); /* whole experts */
         be->gather_rows(s->back, s->yd, s->d_perm, P, dim);
     }
     /* the outputs back to the ranks that sent the rows, into each pair's
