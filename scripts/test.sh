@@ -119,7 +119,7 @@ hip_cpu_suite
 # each parser for DCP_FUZZ_SECONDS (scripts/fuzz.sh 600 for long runs).
 (
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-    export DCP_FUZZ_SECONDS=${DCP_FUZZ_SECONDS:-20}
+    export DCP_FUZZ_SECONDS=${DCP_FUZZ_SECONDS:-10}
     # every test but three that take long under the sanitizers and whose
     # checks they add nothing to: ux.sh (progress lines, summaries and
     # interruption at a terminal), stories_layouts.sh (the layouts' tokens,
