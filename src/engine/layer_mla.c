@@ -19,15 +19,15 @@
 #include "moe.h"
 #include "util.h"
 
-/* One layer as the backend holds it, this rank's heads. kv_b_proj is kept
- * as two stacks of per-head matrices, each applied by one batched GEMM:
- * its key parts transposed (kv_lora, nope), to fold into the queries, and
- * its value parts (v, kv_lora), applied after the attention. */
+/* One layer as the backend holds it, this rank's heads. kv_b_proj comes
+ * folded by the loader (model.h) into two stacks of per-head matrices,
+ * each applied by one batched GEMM: its key parts transposed (kv_lora,
+ * nope), to fold into the queries, and its value parts (v, kv_lora),
+ * applied after the attention. */
 typedef struct {
     const float *rms_att, *rms_ffn, *q_a_norm, *kv_a_norm;
     WeightRef q_a, q_b, q, kv_a, o;
     WeightRef uk_t, uv;     /* head h's matrix at h * kv_lora * nope (uk_t), h * v * kv_lora (uv) */
-    float *uk_t_host, *uv_host; /* the stacks on the host */
     SwiGlu ffn;             /* a dense layer's feed-forward block */
     MoeWeights moe;         /* a MoE layer's */
     int is_moe;
@@ -70,9 +70,6 @@ static void *mla_load(const LayerEnv *env)
     for (int l = 0; l < c->n_layers; l++) {
         const MlaLayer *hl = &h->mla[l];
         MlaLayerWeights *lw = &st->layer[l];
-        /* the host copy stays while the backend may use it in place (the CPU does) */
-        float *uk_t = lw->uk_t_host = xmalloc(sizeof(float) * H * kvl * nope),
-              *uv = lw->uv_host = xmalloc(sizeof(float) * H * vd * kvl);
         lw->rms_att = upload_vector(env, u, hl->rms_att, dim);
         lw->rms_ffn = upload_vector(env, u, hl->rms_ffn, dim);
         lw->q_a = upload_matrix(env, u, hl->q_a, q_lora * dim);
@@ -82,15 +79,8 @@ static void *mla_load(const LayerEnv *env)
         lw->kv_a = upload_matrix(env, u, hl->kv_a, (kvl + rope) * dim);
         lw->kv_a_norm = upload_vector(env, u, hl->kv_a_norm, kvl);
         lw->o = upload_matrix(env, u, hl->o, dim * H * vd);
-        for (size_t hd = 0; hd < H; hd++) {
-            const float *rows = hl->kv_b + hd * (nope + vd) * kvl; /* W_uk (nope, kvl), then W_uv (vd, kvl) */
-            float *t = uk_t + hd * kvl * nope;
-            for (size_t i = 0; i < nope; i++)
-                for (size_t j = 0; j < kvl; j++) t[j * nope + i] = rows[i * kvl + j];
-            memcpy(uv + hd * vd * kvl, rows + nope * kvl, sizeof(float) * vd * kvl);
-        }
-        lw->uk_t = upload_f32_matrix(env, u, uk_t, H * kvl * nope);
-        lw->uv = upload_f32_matrix(env, u, uv, H * vd * kvl);
+        lw->uk_t = upload_f32_matrix(env, u, hl->uk_t, H * kvl * nope);
+        lw->uv = upload_f32_matrix(env, u, hl->uv, H * vd * kvl);
         lw->is_moe = MOE_LAYER(c, l);
         if (lw->is_moe) {
             moe_load(env, u, &hl->moe, &lw->moe);
@@ -120,8 +110,6 @@ static void mla_release(const LayerEnv *env, void *state)
     uploads_release(env, &st->up);
     for (int l = 0; l < env->model->cfg.n_layers; l++) {
         MlaLayerWeights *lw = &st->layer[l];
-        free(lw->uk_t_host);
-        free(lw->uv_host);
         moe_free(&lw->moe);
     }
     free(st->layer);

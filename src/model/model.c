@@ -1016,6 +1016,33 @@ static int load_named(Source *src, Model *m, const MlaTensor *mt, int n)
     return rc;
 }
 
+/* kv_b_proj's rows of each of this rank's heads, W_uk (nope, kv_lora) then
+ * W_uv (v, kv_lora), rearranged in their own buffer into the absorbed
+ * form's two stacks: uk_t, each head's W_uk transposed (kv_lora, nope),
+ * then uv, each head's W_uv. A counted model's point where kv_b does. */
+static void mla_fold_kv_b(const Model *m, MlaLayer *w)
+{
+    const MlaConfig *a = &m->cfg.m;
+    size_t H = (size_t)m->shard.q_heads, nope = (size_t)a->qk_nope_head_dim, kvl = (size_t)a->kv_lora_rank,
+           vd = (size_t)a->v_head_dim, n = H * (nope + vd) * kvl;
+    w->uk_t = w->kv_b;
+    w->uv = w->kv_b + H * kvl * nope;
+    if (m->w.sizing) {
+        w->uv = w->kv_b;
+        return;
+    }
+    float *kv_b = xmalloc(sizeof(float) * n);
+    memcpy(kv_b, w->kv_b, sizeof(float) * n);
+    for (size_t hd = 0; hd < H; hd++) {
+        const float *rows = kv_b + hd * (nope + vd) * kvl;
+        float *t = w->uk_t + hd * kvl * nope;
+        for (size_t i = 0; i < nope; i++)
+            for (size_t j = 0; j < kvl; j++) t[j * nope + i] = rows[i * kvl + j];
+        memcpy(w->uv + hd * vd * kvl, rows + nope * kvl, sizeof(float) * vd * kvl);
+    }
+    free(kv_b);
+}
+
 /* Every layer of an MLA model, or the MoE blocks of a Qwen3-MoE model:
  * this rank's shard of them. */
 static int load_layers(Source *src, Model *m)
@@ -1031,6 +1058,7 @@ static int load_layers(Source *src, Model *m)
                         c->mla            ? mla_tensors(c, &m->shard, l, &w->mla[l], mt)
                         : MOE_LAYER(c, l) ? moe_tensors(c, &m->shard, l, &w->moe[l], mt)
                                           : 0);
+    for (int l = 0; c->mla && l < c->n_layers && !rc; l++) mla_fold_kv_b(m, &w->mla[l]);
     free(mt);
     return rc;
 }

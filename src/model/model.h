@@ -50,15 +50,17 @@ typedef struct {
  * by heads, o_proj by its head columns, the feed-forward and each expert
  * by intermediate rows; the rest whole. The matrices the GEMMs read are
  * quantized ones as stored (FP8, INT4, NVFP4), the others in the model's
- * gemm_dtype (fp32 or bf16); kv_b (folded into the attention at load,
- * layer_mla.c) and the router are fp32. */
+ * gemm_dtype (fp32 or bf16); kv_b and the router are fp32, kv_b folded
+ * at load into the absorbed attention's stacks uk_t and uv (layer_mla.c),
+ * in its own buffer. */
 typedef struct {
     float *rms_att, *rms_ffn;            /* (dim) */
     WeightRef q_a, q_b;                  /* (q_lora, dim), (H*(nope+rope), q_lora); q_lora_rank > 0 */
     float *q_a_norm;                     /* (q_lora) */
     WeightRef q;                         /* (H*(nope+rope), dim); q_lora_rank 0 */
     WeightRef kv_a;                      /* (kv_lora+rope, dim) */
-    float *kv_a_norm, *kv_b;             /* (kv_lora), (H*(nope+v), kv_lora) */
+    float *kv_a_norm, *kv_b;             /* (kv_lora), (H*(nope+v), kv_lora) as read */
+    float *uk_t, *uv;                    /* kv_b folded: (H, kv_lora, nope) then (H, v, kv_lora) */
     WeightRef o;                         /* (dim, H*v) */
     WeightRef gate, up, down;            /* dense feed-forward: (hidden, dim), (hidden, dim), (dim, hidden) */
     MoeLayer moe;                        /* a MoE layer's */
