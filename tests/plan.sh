@@ -92,35 +92,58 @@ for q in v3_fp8 v3_int4 v3_nvfp4 v3_nvfp4_modelopt v2_softmax; do
 done
 bare gqa-tp2-bf16 "$WORK/gqa/config.json" -tp 2 --dtype bfloat16 --kv-cache-memory 1M
 
-# comm NAME NP MODEL -- OPTIONS: a greedy request of G tokens decodes in
-# G - 1 steps of one token; each collective's bytes on rank 0 in
-# /comm/decode/ are those steps x (layers x the plan's per-layer bytes +
-# its per-step bytes)
+# comm NAME NP MODEL -- OPTIONS: a request of G tokens (greedy, or with
+# TEMP=1 sampled) decodes in G - 1 steps of one token; each collective's
+# bytes and calls on rank 0 in /comm/decode/ are those steps x the plan's
+# per decode step (the engine's own step, run on the counting transport).
+# The trips to the experts (moe_dispatch, moe_combine) depend on where the
+# router sends the token, which the plan takes to be even: their calls
+# only.
 G=5
-echo '{"id": "c", "prompt_token_ids": [3, 1, 4, 1, 5, 9, 2, 6], "max_tokens": '$G', "temperature": 0, "ignore_eos": true}' \
-    >"$WORK/c.jsonl"
 comm() {
-    local name=$1 np=$2 model=$3 layers=$4; shift 4
-    "$PLAN" --model "$model" --max-num-seqs 1 "$@" >"$WORK/$name.plan" 2>&1
-    NP=$np run_dcp "$name" --model "$model" "$@" --no-enable-prefix-caching --output "$WORK/$name.h5" "$WORK/c.jsonl"
-    local line k per step want got
+    local name=$1 np=$2 model=$3 temp=${TEMP:-0}; shift 3
+    echo '{"id": "c", "prompt_token_ids": [3, 1, 4, 1, 5, 9, 2, 6], "max_tokens": '$G', "temperature": '$temp', '\
+'"ignore_eos": true}' >"$WORK/$name.jsonl"
+    "$PLAN" --model "$model" --max-num-seqs 1 --temperature "$temp" "$@" >"$WORK/$name.plan" 2>&1
+    NP=$np run_dcp "$name" --model "$model" "$@" --no-enable-prefix-caching --output "$WORK/$name.h5" \
+        "$WORK/$name.jsonl"
+    local line k step calls want got got_calls seen=""
     line=$(grep '^# decode step of 1 request' "$WORK/$name.plan")
-    for k in tp_sum q_allgather merge_exchange all_to_all argmax; do
-        checks=$((checks + 1))
-        per=$(echo "${line%%; per step*}" | grep -o "$k [0-9]* B" | awk '{print $2}')
-        step=$(echo "${line#*; per step}" | grep -o "$k [0-9]* B" | awk '{print $2}')
-        want=$(( (G - 1) * (layers * ${per:-0} + ${step:-0}) ))
+    for k in tp_sum q_allgather merge_exchange all_to_all argmax logits_gather moe_dispatch moe_combine ep_step; do
+        step=$(echo "$line" | grep -o "$k [0-9]* B in [0-9]*" | awk '{print $2}')
+        calls=$(echo "$line" | grep -o "$k [0-9]* B in [0-9]*" | awk '{print $5}')
         got=$(h5_numbers "$WORK/$name.h5" /comm/decode/$k/bytes | head -1)
-        if [ -n "$line" ] && [ "$got" = "$want" ]; then
-            pass "$name $k: $got bytes = $((G - 1)) steps x ($layers layers x ${per:-0} + ${step:-0})"
+        got_calls=$(h5_numbers "$WORK/$name.h5" /comm/decode/$k/calls | head -1)
+        [ -z "$step" ] && [ "${got_calls:-0}" = 0 ] && continue
+        checks=$((checks + 1))
+        seen="$seen $k"
+        want=$(( (G - 1) * ${step:-0} ))
+        case $k in moe_*) got=$want ;; esac
+        if [ -n "$line" ] && [ "$got" = "$want" ] && [ "$got_calls" = $(( (G - 1) * ${calls:-0} )) ]; then
+            pass "$name $k: $got bytes in $got_calls calls = $((G - 1)) steps x $step B in $calls"
         else
-            fail "$name $k: the run's rank 0 sent '$got' bytes, the plan says $want ($line)"
+            fail "$name $k: the run's rank 0 sent '$got' bytes in '$got_calls' calls, the plan says $want ($line)"
         fi
     done
+    checks=$((checks + 1))
+    if [ -n "$seen" ]; then pass "$name: collectives compared:$seen"; else fail "$name: nothing to compare ($line)"; fi
 }
-comm comm-gqa-tp4-dcp2 4 "$WORK/gqa" 2 -tp 4 -dcp 2
-comm comm-v3-tp4-dcp4-a2a 4 "$WORK/v3" 2 -tp 4 -dcp 4 --dcp-comm-backend a2a
-comm comm-mqa-tp4-dcp4 4 "$WORK/mqa" 3 -tp 4 -dcp 4
+comm comm-gqa-tp4-dcp2 4 "$WORK/gqa" -tp 4 -dcp 2
+comm comm-v3-tp4-dcp4-a2a 4 "$WORK/v3" -tp 4 -dcp 4 --dcp-comm-backend a2a
+comm comm-mqa-tp4-dcp4 4 "$WORK/mqa" -tp 4 -dcp 4
+TEMP=1 comm comm-gqa-tp2-sampled 2 "$WORK/gqa" -tp 2
+comm comm-v3-tp2-dp2-ep 4 "$WORK/v3" -tp 2 -dp 2 --enable-expert-parallel
+# the plan's even routing: a token's 2 experts of 8 on two of the 4 ranks,
+# one of them rank 0 itself, and a balanced exchange: 8 B of counts to
+# each other rank, one row of 64 floats away and one back, and the TP
+# gather of the combined row to the other TP rank
+line=$(grep '^# decode step of 1 request' "$WORK/comm-v3-tp2-dp2-ep.plan")
+checks=$((checks + 1))
+if echo "$line" | grep -q 'moe_dispatch 280 B in 2 call(s), moe_combine 512 B in 2 call(s)'; then
+    pass "v3 tp 2 dp 2 EP: per MoE layer 3 x 8 B of counts + 256 B of a row out, 256 B back + 256 B gathered"
+else
+    fail "v3 tp 2 dp 2 EP: the even routing's bytes are not 280 B out and 512 B back: $line"
+fi
 
 # The shipped real configs on 8 GPUs: every layout listed (tp dividing 8,
 # dcp dividing tp); an MLA model's KV cache at dcp 8 holds 8 times the

@@ -710,9 +710,8 @@ static void generate_all(Run *r, Generated *g)
     const Options *o = r->o;
     const Topology *topo = &r->topo;
     Engine eng;
-    EngineOptions eo = {strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A, o->kv_cache_memory,
-                        o->block_size, r->mpi_device, 0,
-                        options_kv_dtype(o)};
+    EngineOptions eo = options_engine(o);
+    eo.mpi_device_buffers = r->mpi_device;
     engine_init(&eng, &r->model, r->be, topo, &eo, &r->tm, &g->comm);
     g->capacity = engine_kv_capacity(&eng);
     if (r->rank == 0 && !o->quiet) report_kv_cache(&eng.att.kv, topo->dcp, r->max_model_len);

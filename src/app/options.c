@@ -220,6 +220,13 @@ DType options_kv_dtype(const Options *o)
     return !strcmp(name, "bfloat16") ? DTYPE_BF16 : !strncmp(name, "fp8", 3) ? DTYPE_F8_E4M3 : DTYPE_F32;
 }
 
+EngineOptions options_engine(const Options *o)
+{
+    return (EngineOptions){.merge = strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A,
+                           .kv_cache_memory = o->kv_cache_memory, .block_size = o->block_size,
+                           .kv_dtype = options_kv_dtype(o)};
+}
+
 int options_max_model_len(const Options *o, const Config *c, int *out)
 {
     *out = o->max_model_len ? o->max_model_len : c->max_seq_len;

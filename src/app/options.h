@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine.h"
 #include "model.h"
 #include "requests.h"
 
@@ -53,6 +54,9 @@ enum { OPTIONS_PRINT = 1, OPTIONS_NO_PROMPTS = 2 };
 int options_parse(Options *o, int argc, char **argv, int flags);
 /* The KV cache's element type --kv-cache-dtype names. */
 DType options_kv_dtype(const Options *o);
+/* The engine's options these say: the DCP merge, the KV cache's memory,
+ * block size and type (a run adds how MPI takes device buffers). */
+EngineOptions options_engine(const Options *o);
 /* The context limit: --max-model-len, else the model's; -1 when it
  * exceeds the model's (dcp_error() says so). */
 int options_max_model_len(const Options *o, const Config *c, int *out);

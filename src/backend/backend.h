@@ -197,6 +197,10 @@ const Backend *backend_cpu(void);
  * usable GPU). backend_cuda.c in a CPU-only build, cuda/backend_cuda.cu
  * with --enable-cuda. */
 const Backend *backend_cuda(void);
+/* The null backend (backend_null.c): buffers that cost nothing until
+ * touched, kernels that do nothing, experts chosen evenly over ep_ranks
+ * groups of them; for dcpinfer-plan's counted decode step. */
+const Backend *backend_null(int ep_ranks);
 /* The backend named by --backend, or NULL with dcp_error() saying why. */
 const Backend *backend_find(const char *name);
 void backend_set_threads(int threads);

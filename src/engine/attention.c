@@ -226,14 +226,14 @@ static float *merge_ranks(Attention *a, float *parts, int rows, int D)
         for (int h = N / 2; h >= 1; h /= 2) {
             int partner = me ^ h, keep = me & h ? lo + h : lo, give = me & h ? lo : lo + h;
             comm_sendrecv(cs, COMM_merge_exchange, parts + (size_t)give * blk, recv, comm_count(h * blk), partner,
-                          tp->dcp_comm);
+                          GROUP_DCP);
             be->merge_partials(parts + (size_t)keep * blk, recv, h * rows, D, D + 1);
             lo = keep;
         }
         return parts + (size_t)me * blk;
     }
     /* a2a: every rank's partial of this rank's heads, merged here */
-    comm_alltoall(cs, parts, recv, comm_count(blk), tp->dcp_comm);
+    comm_alltoall(cs, parts, recv, comm_count(blk), GROUP_DCP);
     for (int i = 0; i < N - 1; i++) {
         TreeStep st = tree_merge_step(N, i);
         be->merge_partials(recv + (size_t)st.into * blk, recv + (size_t)st.from * blk, rows, D, D + 1);
@@ -281,7 +281,7 @@ void attention_layer(Attention *a, int layer, int sliding, const float *q, float
      * shard, and the partials are merged over the group. */
     int H = sh->q_heads, rows = T * H;
     size_t qd = (size_t)H * sh->head_dim;
-    comm_allgather(a->comm, COMM_q_allgather, q, comm_count(T * qd), a->q_all, tp->dcp_comm);
+    comm_allgather(a->comm, COMM_q_allgather, q, comm_count(T * qd), a->q_all, GROUP_DCP);
     attend(a, layer, sliding, N, a->q_all, a->o_all, a->lse_all);
     be->pack_partials(a->parts, a->o_all, a->lse_all, N * rows, D);
     const float *mine = merge_ranks(a, a->parts, rows, D);

@@ -10,7 +10,6 @@
 #include "util.h"
 
 static Topology solo_topology;
-static CommStats solo_stats;
 
 const LayerOps *engine_layer_ops(LayerFamily family)
 {
@@ -44,60 +43,6 @@ long engine_step_token_limit(const Model *m, const Topology *topo)
     return (long)(INT_MAX / most);
 }
 
-void engine_decode_comm_ep(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long moe_calls[COMM_N],
-                           double moe_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N])
-{
-    const Shard *s = &m->shard;
-    const Config *c = &m->cfg;
-    long long lc[COMM_N], lb[COMM_N];
-    engine_decode_comm(m, tp_rank, dcp, merge, T, lc, lb, step_calls, step_bytes);
-    for (int k = 0; k < COMM_N; k++) moe_calls[k] = lc[k], moe_bytes[k] = (double)lb[k];
-    if (s->ep < 1) return;
-    int tp = s->tp, N = s->ep, h0, H;
-    balanced_part(T, tp, tp_rank, &h0, &H);
-    double K = c->moe.experts_per_token, dim = c->dim, away = (double)(N - 1) / N;
-    if (!s->shared_hidden) { /* the block's TP sum is the shared experts' only */
-        moe_calls[COMM_tp_sum] -= tp > 1;
-        moe_bytes[COMM_tp_sum] /= 2;
-    }
-    if (N > 1) {
-        moe_calls[COMM_moe_dispatch] = 2;
-        moe_bytes[COMM_moe_dispatch] = 4.0 * (N - 1) * s->experts + 4 * dim * H * K * away;
-        moe_calls[COMM_moe_combine] = 1 + (tp > 1);
-        moe_bytes[COMM_moe_combine] = 4 * dim * H * K * away + 4 * dim * (tp - 1) * H;
-    }
-    if (N > tp) { /* DP groups agree to step together */
-        step_calls[COMM_ep_step] = 1;
-        step_bytes[COMM_ep_step] = 4;
-    }
-}
-
-void engine_decode_comm(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long layer_calls[COMM_N],
-                        long long layer_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N])
-{
-    AttnShape a;
-    engine_layer_ops(arch_family(&m->cfg))->attn_shape(m, &a);
-    for (int k = 0; k < COMM_N; k++) layer_calls[k] = layer_bytes[k] = step_calls[k] = step_bytes[k] = 0;
-    long long tp = m->shard.tp, N = dcp, D = a.v_dim ? a.v_dim : a.head_dim, rows = (long long)T * a.q_heads;
-    if (tp > 1) {
-        /* layer_residual, after attention and after the feed-forward block */
-        layer_calls[COMM_tp_sum] = 2;
-        layer_bytes[COMM_tp_sum] = 2 * comm_sum_tree_bytes((long long)T * m->cfg.dim, (int)tp, tp_rank);
-        step_calls[COMM_argmax] = 1;
-        step_bytes[COMM_argmax] = 8LL * T;
-    }
-    if (N == 1) return;
-    layer_calls[COMM_q_allgather] = 1;
-    layer_bytes[COMM_q_allgather] = rows * a.head_dim * 4;
-    if (merge == MERGE_AG_RS && (N & (N - 1)) == 0) { /* merge_ranks: log2 N exchanges, N - 1 blocks in all */
-        for (long long h = N / 2; h >= 1; h /= 2) layer_calls[COMM_merge_exchange]++;
-        layer_bytes[COMM_merge_exchange] = (N - 1) * rows * (D + 1) * 4;
-    } else {
-        layer_calls[COMM_all_to_all] = 1;
-        layer_bytes[COMM_all_to_all] = N * rows * (D + 1) * 4;
-    }
-}
-
 void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, const EngineOptions *eo,
                  Timings *tm, CommStats *stats)
 {
@@ -109,11 +54,12 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
         }
         topo = &solo_topology;
     }
-    CommStats *cs = stats ? stats : &solo_stats;
+    CommStats *cs = stats ? stats : &e->own_stats;
+    cs->topo = topo;
+    cs->be = be;
     /* MPI reads host buffers; device buffers go through host staging
      * unless the MPI library takes device pointers */
-    cs->stage_be = be->host_memory || (eo && eo->mpi_device_buffers) ? NULL : be;
-    cs->sync_be = !be->host_memory && eo && eo->mpi_device_buffers ? be : NULL;
+    if (!cs->t) cs->t = be->host_memory || (eo && eo->mpi_device_buffers) ? &transport_mpi : &transport_mpi_staged;
     e->env = (LayerEnv){.model = m, .be = be, .topo = topo, .tm = tm, .comm = cs, .timing_sync = eo && eo->timing_sync,
                         .att = &e->att};
     e->ops = engine_layer_ops(arch_family(&m->cfg));

@@ -34,13 +34,17 @@ typedef struct {
     float *xf, *logits;
     int *d_tokens, *d_rows, *rows;
     MoeCounts moe_counts; /* expert parallelism's counts (layer.h); empty without it */
+    CommStats own_stats;  /* the collectives' counts when engine_init was given none */
 } Engine;
 
 /* The layer of an architecture family (arch.h). */
 const LayerOps *engine_layer_ops(LayerFamily family);
 
 /* topo NULL: one rank (tp = dcp = 1); stats may then be NULL too.
- * eo NULL: ag_rs merge, 256 MiB of KV cache, blocks of 16. */
+ * eo NULL: ag_rs merge, 256 MiB of KV cache, blocks of 16. The
+ * collectives go over stats->t (comm.h; NULL: MPI) within topo's groups:
+ * dcpinfer-plan runs a step on the counting transport and the null
+ * backend with a Topology whose communicators are MPI_COMM_NULL. */
 void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *topo, const EngineOptions *eo,
                  Timings *tm, CommStats *stats);
 void engine_free(Engine *e);
@@ -57,23 +61,6 @@ long long engine_kv_capacity(const Engine *e);
  * MPI message of a layer (a TP sum, the DCP gathers and merges) would
  * count more than 2^31 - 1 elements, which MPI's int counts cannot say. */
 long engine_step_token_limit(const Model *m, const Topology *topo);
-
-/* What a decode step of T tokens (one per running request) sends on TP
- * rank tp_rank of a layout (m's shard: tp; dcp, merge), by comm.h's
- * formulas: per layer, the two TP sums and, with DCP, the gathered
- * queries and the merge (layer_calls, layer_bytes); per step, greedy
- * sampling's MAXLOC (step_calls, step_bytes). A run's /comm/decode/ counts
- * steps x (layers x the first + the second). */
-void engine_decode_comm(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long layer_calls[COMM_N],
-                        long long layer_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N]);
-/* The same for a MoE layer of a model loaded with expert parallelism
- * (Shard.ep >= 1; else a MoE layer's are the other layers'), where they
- * depend on the routing: the expected bytes when each token's experts
- * fall on the ranks evenly, (N - 1) / N of its K pairs away from its TP
- * rank (moe_dispatch, moe_combine: comm.h), the TP gather of the combined
- * rows, and per step the DP groups' agreement (ep_step) when EP spans them. */
-void engine_decode_comm_ep(const Model *m, int tp_rank, int dcp, MergeBackend merge, int T, long long moe_calls[COMM_N],
-                           double moe_bytes[COMM_N], long long step_calls[COMM_N], long long step_bytes[COMM_N]);
 
 /* Runs the model on the chunks' tokens (concatenated in chunk order) and
  * writes their K/V into the owners' caches. logits (host memory) receives,

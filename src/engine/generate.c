@@ -57,7 +57,7 @@ static void gather_vocab(Engine *e, PickBuffers *b, const float *local, int coun
             off += counts[r];
         }
         comm_allgatherv(e->env.comm, local + (size_t)row0 * s->vocab, counts[tp->tp_rank], tmp, counts, displs,
-                        tp->tp_comm);
+                        GROUP_TP);
         /* tmp is (rank, row, shard column); full is (row, vocabulary) */
         for (int r = 0; r < tp->tp; r++) {
             int v0, vn;
@@ -128,7 +128,7 @@ static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *
         return;
     }
     int tp = e->env.topo->tp;
-    comm_gather_logprobs(e->env.comm, b->recs, comm_count(n * stride), b->all_recs, e->env.topo->tp_comm);
+    comm_gather_logprobs(e->env.comm, b->recs, comm_count(n * stride), b->all_recs, GROUP_TP);
     const float *all = tp > 1 ? b->all_recs : b->recs;
     int bits = lse_fixed_bits(e->env.model->cfg.vocab_size);
     float *mx = xmalloc(sizeof(float) * (size_t)n);
@@ -138,7 +138,7 @@ static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *
         for (int r = 0; r < tp; r++) mx[i] = fmaxf(mx[i], all[((size_t)r * n + i) * stride]);
         sums[i] = lse_fixed_sum(b->jobs[job[i]].row, s->vocab, mx[i], bits);
     }
-    comm_sum_int64(e->env.comm, sums, n, e->env.topo->tp_comm);
+    comm_sum_int64(e->env.comm, sums, n, GROUP_TP);
     float *one = xmalloc(sizeof(float) * stride * (size_t)tp);
     for (int i = 0; i < n; i++) {
         const LogprobJob *jb = &b->jobs[job[i]];
@@ -224,7 +224,7 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
                 memmove(local + (size_t)ns++ * s->vocab, b->rows[i], sizeof(float) * s->vocab);
             }
         }
-        if (ng) comm_argmax(e->env.comm, b->pairs, ng, e->env.topo->tp_comm);
+        if (ng) comm_argmax(e->env.comm, b->pairs, ng, GROUP_TP);
         if (ns) gather_vocab(e, b, local, ns, b->full, b->tmp);
         ng = ns = 0;
         for (int i = 0; i < nc; i++) {
@@ -369,7 +369,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
                 }
             have = 0, stuck = 1;
         }
-        if (lockstep && comm_any(e->env.comm, have, topo->world) && !have) {
+        if (lockstep && comm_any(e->env.comm, have, GROUP_WORLD) && !have) {
             e->env.comm->phase = PHASE_DECODE;
             engine_idle(e);
             if (o->on_step) o->on_step(o->on_step_ctx, finished, 0); /* alive, for the watchdog */

@@ -63,7 +63,7 @@ void layer_sum_parts(const LayerEnv *env, int T)
         TreeStep st = tree_sum_step(chunks, i);
         env->be->add(y + st.into * n, y + st.from * n, n);
     }
-    comm_sum_tree(env->comm, y, env->sum_scratch, comm_count(n), env->topo->tp_comm);
+    comm_sum_tree(env->comm, y, env->sum_scratch, comm_count(n), GROUP_TP);
 }
 
 void layer_residual(const LayerEnv *env, const float *b, int T)

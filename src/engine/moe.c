@@ -215,7 +215,7 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
     }
     /* rc[src * El + e]: the rows rank src sends to local expert e */
     int *rc = s->h_rcount;
-    comm_alltoall_ints(env->comm, COMM_moe_dispatch, cnt, rc, El, topo->ep_comm);
+    comm_alltoall_ints(env->comm, COMM_moe_dispatch, cnt, rc, El, GROUP_EP);
     int P = 0;
     for (int src = 0; src < N; src++) {
         rdispl[src] = P;
@@ -225,7 +225,7 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
     }
     ep_reserve(env, s, P, T);
     comm_alltoallv_rows(env->comm, COMM_moe_dispatch, s->send, scount, sdispl, s->recv, rcount, rdispl, dim,
-                        topo->ep_comm);
+                        GROUP_EP);
     int *lstart = s->h_lstart;
     expert_order(s, rc, rdispl, N, El, lstart);
     MoeCounts *mc = env->moe_counts;
@@ -244,12 +244,12 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
     /* the outputs back to the ranks that sent the rows, into each pair's
      * place, and each token's added in expert order */
     comm_alltoallv_rows(env->comm, COMM_moe_combine, s->back, rcount, rdispl, s->ret, scount, sdispl, dim,
-                        topo->ep_comm);
+                        GROUP_EP);
     if (!T) return; /* the whole TP group is without tokens */
     if (H) be->moe_combine(s->routed + (size_t)h0 * dim, s->ret, s->slots, s->weights, H, K, dim);
     int *tcount = rdispl + N, *tdispl = tcount + tp;
     for (int r = 0; r < tp; r++) balanced_part(T, tp, r, &tdispl[r], &tcount[r]);
-    comm_allgatherv_rows(env->comm, COMM_moe_combine, s->routed, tcount, tdispl, dim, topo->tp_comm);
+    comm_allgatherv_rows(env->comm, COMM_moe_combine, s->routed, tcount, tdispl, dim, GROUP_TP);
     size_t n = (size_t)T * dim;
     if (w->shared.gate.data) { /* the shared experts' TP sum, then the routed experts' rows */
         layer_swiglu(env, &w->shared, env->parts, x, T, sh->shared_hidden, s->hg, s->hu);

@@ -15,13 +15,12 @@
  *                    + 4 * dim * (tp - 1) * h  (MPI_Allgatherv of the combined rows over tp_comm,
  *                                         h: the rows this rank combined)
  *   ep_step          4                    (MPI_Allreduce(MAX) over world: whether a DP group has work)
- * where N is the communicator's size. A communicator of one rank makes no
- * call and counts nothing; moe_dispatch and moe_combine (expert
- * parallelism, moe.c) count the bytes that leave the rank, not those to
- * itself. tp_sum, q_allgather, merge_exchange, all_to_all and the MoE rows
- * take backend buffers (staged when MPI
- * cannot read device memory); argmax, logits_gather and logprob_gather take
- * host arrays. */
+ * where N is the group's size. A group of one rank makes no call and
+ * counts nothing; moe_dispatch and moe_combine (expert parallelism, moe.c)
+ * count the bytes that leave the rank, not those to itself. tp_sum,
+ * q_allgather, merge_exchange, all_to_all and the MoE rows take backend
+ * buffers; argmax, logits_gather and logprob_gather take host arrays.
+ * These counts are made in comm.c, the same for every transport. */
 #ifndef DCP_COMM_H
 #define DCP_COMM_H
 
@@ -59,18 +58,81 @@ typedef struct {
 } CommCounter;
 
 struct Backend;
+struct Topology;
+struct CommStats;
 
+/* The communicators of a rank's layout (topology.h), as the collectives
+ * name them. */
+typedef enum { GROUP_WORLD, GROUP_TP, GROUP_DCP, GROUP_EP } CommGroup;
+
+/* One of them resolved: its MPI communicator (MPI_COMM_NULL where nothing
+ * is sent, as under the counting transport), its size and this rank's
+ * place in it. */
 typedef struct {
+    MPI_Comm comm;
+    int size, rank;
+} Group;
+
+/* pairs[i] = (value, global index) in, global max with lowest index out */
+typedef struct {
+    float value;
+    int index;
+} ValueIndex;
+
+/* How the collectives move data, one table per transport (as Backend is
+ * for kernels): the comm_* functions below check their arguments, skip a
+ * group of one rank, count calls and bytes, and call the transport's entry
+ * for a group of size > 1. So every transport counts the same bytes for
+ * the same calls.
+ *   transport_mpi         MPI on the buffers themselves: host memory, or
+ *                         device memory where the MPI library takes device
+ *                         pointers (after the backend's queue drains)
+ *   transport_mpi_staged  device buffers through page-locked host memory
+ *                         (transport_mpi.c)
+ *   transport_counting    moves nothing: what dcpinfer-plan runs a decode
+ *                         step on, so that its bytes are a run's by
+ *                         construction. Where a result steers what
+ *                         follows, it stands in for the other ranks with
+ *                         this one: the exchange of moe_dispatch's counts
+ *                         is taken to be balanced (every rank sends this
+ *                         one as many rows as this one sends it), the
+ *                         gathers of host arrays give every rank's part
+ *                         this rank's values, and reductions return this
+ *                         rank's own; device buffers are left as they are
+ *                         (the null backend never reads them).
+ * Host arrays (argmax, the logits and log-probability gathers, the counts)
+ * go to MPI as they are in both MPI transports. */
+typedef struct Transport {
+    const char *name;
+    void (*sum_tree)(struct CommStats *s, float *buf, float *scratch, int count, const Group *g);
+    void (*allgather)(struct CommStats *s, const float *send, int count, float *recv, const Group *g);
+    void (*sendrecv)(struct CommStats *s, const float *send, float *recv, int count, int partner, const Group *g);
+    void (*alltoall)(struct CommStats *s, const float *send, float *recv, int count, const Group *g);
+    void (*argmax)(struct CommStats *s, ValueIndex *pairs, int rows, const Group *g);
+    void (*allgatherv)(struct CommStats *s, const float *send, int count, float *recv, const int *counts,
+                       const int *displs, const Group *g);
+    void (*sum_int64)(struct CommStats *s, int64_t *v, int count, const Group *g);
+    void (*alltoallv_rows)(struct CommStats *s, const float *send, const int *scount, const int *sdispl, float *recv,
+                           const int *rcount, const int *rdispl, int width, const Group *g);
+    void (*alltoall_ints)(struct CommStats *s, const int *send, int *recv, int n, const Group *g);
+    void (*allgatherv_rows)(struct CommStats *s, float *buf, const int *count, const int *displ, int width,
+                            const Group *g);
+    int (*any)(struct CommStats *s, int flag, const Group *g);
+} Transport;
+
+extern const Transport transport_mpi, transport_mpi_staged, transport_counting;
+
+typedef struct CommStats {
     CommCounter c[PHASE_N][COMM_N];
     int phase; /* where calls are counted now */
-    /* When the buffers are device memory that MPI cannot take, transfers
-     * are staged through a page-locked host buffer of this backend. */
-    const struct Backend *stage_be;
-    float *stage;
+    /* set by engine_init: the transport (a caller may choose one before;
+     * else MPI, staged unless MPI takes the backend's buffers), the
+     * groups' sizes and ranks, and the backend whose buffers move */
+    const Transport *t;
+    const struct Topology *topo;
+    const struct Backend *be;
+    float *stage; /* transport_mpi_staged's host buffer */
     size_t stage_floats;
-    /* When MPI takes device buffers directly: the backend whose queued
-     * work must finish before MPI reads them. */
-    const struct Backend *sync_be;
 } CommStats;
 
 /* An element count for an MPI call: n itself when it fits MPI's int, else
@@ -82,47 +144,39 @@ int comm_count(size_t n);
 /* Frees the staging buffer. */
 void comm_stats_free(CommStats *s);
 
-/* buf (count) summed over comm in the canonical order (docs/design.md,
+/* buf (count) summed over group g in the canonical order (docs/design.md,
  * "Same bits at any layout"): rank d adds slice d of every rank's buf by
  * a tree over the ranks (adjacent pairs, then pairs of pairs), then every
  * rank gathers every slice; the bytes a ring allreduce moves, in an order
  * the library does not choose. scratch: count floats in buf's memory. */
-void comm_sum_tree(CommStats *s, float *buf, float *scratch, int count, MPI_Comm comm);
-/* The bytes comm_sum_tree sends from rank me of N for count floats: every
- * slice but its own, then its own slice to the N - 1 others. */
-long long comm_sum_tree_bytes(long long count, int N, int me);
-void comm_allgather(CommStats *s, CommKind kind, const float *send, int count, float *recv, MPI_Comm comm);
+void comm_sum_tree(CommStats *s, float *buf, float *scratch, int count, CommGroup g);
+void comm_allgather(CommStats *s, CommKind kind, const float *send, int count, float *recv, CommGroup g);
 /* count floats to partner, as many from it */
-void comm_sendrecv(CommStats *s, CommKind kind, const float *send, float *recv, int count, int partner, MPI_Comm comm);
-void comm_alltoall(CommStats *s, const float *send, float *recv, int count, MPI_Comm comm);
-/* pairs[i] = (value, global index) in, global max with lowest index out */
-typedef struct {
-    float value;
-    int index;
-} ValueIndex;
-void comm_argmax(CommStats *s, ValueIndex *pairs, int rows, MPI_Comm comm);
+void comm_sendrecv(CommStats *s, CommKind kind, const float *send, float *recv, int count, int partner, CommGroup g);
+void comm_alltoall(CommStats *s, const float *send, float *recv, int count, CommGroup g);
+void comm_argmax(CommStats *s, ValueIndex *pairs, int rows, CommGroup g);
 void comm_allgatherv(CommStats *s, const float *send, int count, float *recv, const int *counts, const int *displs,
-                     MPI_Comm comm);
-/* count host floats from every rank of comm, in rank order */
-void comm_gather_logprobs(CommStats *s, const float *send, int count, float *recv, MPI_Comm comm);
-/* v (count) summed over comm: integers, exact in any order; counted with
+                     CommGroup g);
+/* count host floats from every rank of g, in rank order */
+void comm_gather_logprobs(CommStats *s, const float *send, int count, float *recv, CommGroup g);
+/* v (count) summed over g: integers, exact in any order; counted with
  * logprob_gather (count * 8 bytes) */
-void comm_sum_int64(CommStats *s, int64_t *v, int count, MPI_Comm comm);
+void comm_sum_int64(CommStats *s, int64_t *v, int count, CommGroup g);
 
 /* Expert parallelism's exchanges (moe.c), counted as kind. Rows of width
- * floats to and from every rank of comm (backend buffers): scount[r] rows
+ * floats to and from every rank of g (backend buffers): scount[r] rows
  * from send + sdispl[r] rows to rank r, rcount[r] rows from rank r into
  * recv + rdispl[r] rows (an MPI type of one row keeps the counts in rows).
  * Each side's rows are packed from row 0 in rank order (displacements the
  * running sums of the counts), as staging copies them whole. */
 void comm_alltoallv_rows(CommStats *s, CommKind kind, const float *send, const int *scount, const int *sdispl,
-                         float *recv, const int *rcount, const int *rdispl, int width, MPI_Comm comm);
-/* n host ints to and from every rank of comm */
-void comm_alltoall_ints(CommStats *s, CommKind kind, const int *send, int *recv, int n, MPI_Comm comm);
+                         float *recv, const int *rcount, const int *rdispl, int width, CommGroup g);
+/* n host ints to and from every rank of g */
+void comm_alltoall_ints(CommStats *s, CommKind kind, const int *send, int *recv, int n, CommGroup g);
 /* rank r's count[r] rows at displ[r] of buf (backend buffer) to every rank */
 void comm_allgatherv_rows(CommStats *s, CommKind kind, float *buf, const int *count, const int *displ, int width,
-                          MPI_Comm comm);
-/* Whether any rank of comm passes a nonzero flag (ep_step). */
-int comm_any(CommStats *s, int flag, MPI_Comm comm);
+                          CommGroup g);
+/* Whether any rank of g passes a nonzero flag (ep_step). */
+int comm_any(CommStats *s, int flag, CommGroup g);
 
 #endif

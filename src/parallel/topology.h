@@ -7,7 +7,7 @@
 
 #include "model.h"
 
-typedef struct {
+typedef struct Topology {
     int world_size, world_rank;
     int tp, dcp, dp;
     int interleave;          /* I: consecutive positions per owner rank */

@@ -2,9 +2,12 @@
  * takes dcpinfer's own options (the same parser) and sizes everything
  * with the very functions a run uses: the weights by the loader itself in
  * its counting mode (model_size), the KV cache by engine_kv_sizing and
- * report_kv_cache, the collectives by engine_decode_comm. So its "KV cache
- * size" and "Maximum concurrency" lines are those dcpinfer prints for the
- * same options, and its weight bytes are a run's /memory/weight_bytes.
+ * report_kv_cache, the collectives by running a decode step of the engine
+ * itself on the counting transport and the null backend (count_decode_step:
+ * nothing moves, no kernel runs). So its "KV cache size" and "Maximum
+ * concurrency" lines are those dcpinfer prints for the same options, its
+ * weight bytes are a run's /memory/weight_bytes, and its bytes per decode
+ * step are what a run's rank 0 counts in /comm/decode/ per step.
  * The model is a checkpoint (its config and tensor headers are read, no
  * weights) or a bare config.json. On top: what fits on the GPUs named,
  * and a roofline estimate of a decode step, marked as one. */
@@ -16,6 +19,8 @@
 #include <strings.h>
 
 #include "engine.h"
+#include "check.h"
+#include "generate.h"
 #include "kvcache.h"
 #include "options.h"
 #include "report.h"
@@ -72,9 +77,7 @@ typedef struct {
     KvSizing kv;
     int max_model_len;
     int running;                /* requests at once: by KV capacity and --max-num-seqs */
-    long long layer_calls[COMM_N], layer_bytes[COMM_N], step_calls[COMM_N], step_bytes[COMM_N];
-    long long moe_calls[COMM_N]; /* a MoE layer's under EP (expected bytes: engine_decode_comm_ep) */
-    double moe_bytes[COMM_N];
+    CommCounter step[COMM_N];   /* what rank 0 sends in a decode step of the running requests */
     double read_weights, read_kv, sent, step_s, tokens_s; /* the estimate, per decode step */
 } Layout;
 
@@ -101,7 +104,9 @@ static void usage(FILE *f)
             "                        dcp dividing tp, dp the rest\n"
             "  --input-len N, --output-len N  the workload's requests (default: --max-model-len each)\n"
             "  --enable-expert-parallel  as dcpinfer's: each rank's share of whole experts, and the\n"
-            "                        expected bytes of the tokens' trips to their experts\n"
+            "                        bytes of the tokens' trips to their experts when they fall evenly\n"
+            "  --temperature T       the requests' (default 1.0): greedy ones agree on each token by an\n"
+            "                        argmax over the TP group, sampled ones gather their logits\n"
             "  --format json         one JSON object with a \"layouts\" array, for scripts\n"
             "The other options mean what they mean to dcpinfer (its --help).\n");
 }
@@ -184,6 +189,44 @@ static int plan_options(int *argc, char **argv, PlanOptions *p)
     return 0;
 }
 
+/* The bytes of a decode step of T requests at layout L (the KV cache and
+ * options eo), as rank 0 of the first DP group sends them: the engine runs
+ * T one-token prompts with two output tokens each, a prefill step then a
+ * decode step, on the null backend and the counting transport (comm.h),
+ * within a Topology of L's sizes whose communicators are MPI_COMM_NULL.
+ * The decode phase's counts are the decode step's, and, when expert
+ * parallelism spans DP groups, the one agreement to step again that a run
+ * pays per step (the last, after which generate() ends). The requests
+ * take the options' temperature. */
+static void count_decode_step(const Options *o, const Model *m, Layout *L, const EngineOptions *eo, int T)
+{
+    Topology t = {.world_size = L->tp * L->dp, .tp = L->tp, .dcp = L->dcp, .dp = L->dp, .interleave = o->interleave,
+                  .world = MPI_COMM_NULL, .tp_comm = MPI_COMM_NULL, .dcp_comm = MPI_COMM_NULL, .ep = 1,
+                  .ep_comm = MPI_COMM_NULL, .expert_parallel = L->ep > 0};
+    if (L->ep) t.ep = L->ep;
+    CommStats cs = {.t = &transport_counting};
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, m, backend_null(t.ep), &t, eo, &tm, &cs);
+    RequestSet rs = {.r = xcalloc((size_t)T, sizeof(Request)), .n = T, .path = "(a planned decode step)"};
+    int token = m->cfg.bos_id > 0 ? m->cfg.bos_id : 0;
+    for (int i = 0; i < T; i++)
+        rs.r[i] = (Request){.id = "planned", .line = i + 1, .prompt_tokens = &token, .n_prompt = 1, .max_tokens = 2,
+                            .temperature = o->temperature, .top_p = o->top_p, .seed = o->seed, .x = o->sampling,
+                            .ignore_eos = 1, .logprobs = -1, .prompt_logprobs = -1, .n_choices = 1};
+    Result *res = xcalloc((size_t)T, sizeof(Result));
+    GenOptions go = {.max_model_len = L->max_model_len, .max_num_seqs = T,
+                     .max_batched_tokens = o->max_batched_tokens > T ? o->max_batched_tokens : T};
+    generate(&e, &rs, res, &go, NULL);
+    memcpy(L->step, cs.c[PHASE_DECODE], sizeof L->step);
+    for (int i = 0; i < T; i++) /* else the decode step was not of T requests */
+        if (res[i].n != 2) dcp_check_failed(__FILE__, __LINE__, "count_decode_step", "a planned request stopped early");
+    results_free(res, T);
+    free(res);
+    free(rs.r);
+    engine_free(&e);
+}
+
 /* Everything about layout L that does not need the hardware, and what fits. */
 static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
 {
@@ -200,19 +243,21 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     L->ep = o->expert_parallel ? L->tp * L->dp : 0;
     int ranks = L->ep ? L->ep : L->tp;
     L->rank_weights = xcalloc((size_t)ranks, sizeof(size_t));
-    Model m;
+    Model m, other; /* rank 0's, kept for its decode step; the others' */
     for (int r = 0; r < ranks; r++) {
-        if (model_size(&m, o->model, L->tp, r % L->tp, L->ep, r, o->dtype)) {
+        Model *mr = r ? &other : &m;
+        if (model_size(mr, o->model, L->tp, r % L->tp, L->ep, r, o->dtype)) {
             snprintf(L->refused, sizeof L->refused, "%s", dcp_error());
+            if (r) model_free(&m);
             return;
         }
-        L->rank_weights[r] = m.w.bytes;
-        L->experts = m.shard.experts;
-        if (m.w.bytes > L->weights || !r) {
-            L->weights = m.w.bytes;
-            memcpy(L->part, m.w.part_bytes, sizeof L->part);
+        L->rank_weights[r] = mr->w.bytes;
+        L->experts = mr->shard.experts;
+        if (mr->w.bytes > L->weights || !r) {
+            L->weights = mr->w.bytes;
+            memcpy(L->part, mr->w.part_bytes, sizeof L->part);
         }
-        if (r < ranks - 1) model_free(&m);
+        if (r) model_free(mr);
     }
     for (int l = 0; l < cfg.n_layers; l++)
         L->moe_layers += MOE_LAYER(&cfg, l);
@@ -226,18 +271,15 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
         if (!p->kv_given) L->kv_memory = L->usable > taken ? L->usable - taken : 0;
         L->fits = L->kv_memory > 0 && taken + L->kv_memory <= L->usable;
     }
-    EngineOptions eo = {.kv_cache_memory = L->kv_memory, .block_size = o->block_size, .kv_dtype = options_kv_dtype(o)};
+    EngineOptions eo = options_engine(o);
+    eo.kv_cache_memory = L->kv_memory;
     engine_kv_sizing(&m, L->dcp, &eo, &L->kv);
     if (L->fits == 1 && L->kv.n_blocks < 1) L->fits = 0;
     /* the workload's requests at once, each holding its whole length */
     long long per = p->input_len || p->output_len ? (long long)p->input_len + p->output_len : L->max_model_len;
     long long running = L->kv.capacity / per;
     L->running = (int)(running < o->max_num_seqs ? running : o->max_num_seqs);
-    MergeBackend merge = strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A;
-    engine_decode_comm(&m, 0, L->dcp, merge, L->running > 0 ? L->running : 1, L->layer_calls, L->layer_bytes,
-                       L->step_calls, L->step_bytes);
-    engine_decode_comm_ep(&m, 0, L->dcp, merge, L->running > 0 ? L->running : 1, L->moe_calls, L->moe_bytes,
-                          L->step_calls, L->step_bytes);
+    if (L->fits != 0) count_decode_step(o, &m, L, &eo, L->running > 0 ? L->running : 1);
     /* The roofline: a step reads this rank's weights (the embedding only
      * by row; of the routed experts, the share T tokens' top-k choices
      * reach if spread evenly) and its shard of every running request's
@@ -253,9 +295,7 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     double context = p->input_len || p->output_len ? p->input_len + p->output_len / 2.0 : L->max_model_len;
     L->read_kv = (double)T * context / L->dcp * L->kv.bytes_per_token;
     L->sent = 0;
-    for (int k = 0; k < COMM_N; k++)
-        L->sent += (double)(m.cfg.n_layers - L->moe_layers) * L->layer_bytes[k] + L->moe_layers * L->moe_bytes[k] +
-                   L->step_bytes[k];
+    for (int k = 0; k < COMM_N; k++) L->sent += (double)L->step[k].bytes;
     if (p->gpu && L->running > 0) {
         L->step_s = (L->read_weights + L->read_kv) / p->gpu->hbm + L->sent / p->gpu->link;
         L->tokens_s = L->dp * T / L->step_s;
@@ -266,14 +306,12 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
 static double gib(double b) { return b / 1073741824.0; }
 
 /* " tp_sum 768 B in 2 call(s), ..." for each collective called, or
- * " nothing"; bytes exact, or expected (fractional) */
-static void print_comm(const long long calls[COMM_N], const long long *bytes, const double *expected)
+ * " nothing" */
+static void print_comm(const CommCounter c[COMM_N])
 {
     int any = 0;
     for (int k = 0; k < COMM_N; k++)
-        if (calls[k])
-            printf("%s %s %.0f B in %lld call(s)", any++ ? "," : "", comm_kind_names[k],
-                   bytes ? (double)bytes[k] : expected[k], calls[k]);
+        if (c[k].calls) printf("%s %s %lld B in %lld call(s)", any++ ? "," : "", comm_kind_names[k], c[k].bytes, c[k].calls);
     if (!any) printf(" nothing");
 }
 
@@ -302,18 +340,13 @@ static void print_layout(const PlanOptions *p, const Layout *L)
     report_kv_cache(&L->kv, L->dcp, L->max_model_len);
     printf("# KV bytes per token per rank: %zu\n", L->kv.bytes_per_token);
     int T = L->running > 0 ? L->running : 1;
-    printf("# decode step of %d request(s) at once, rank 0 sends per layer:", T);
-    print_comm(L->layer_calls, L->layer_bytes, NULL);
-    printf("; per step:");
-    print_comm(L->step_calls, L->step_bytes, NULL);
+    printf("# decode step of %d request(s) at once, rank 0 sends:", T);
+    print_comm(L->step);
     printf("\n");
-    if (L->ep) {
-        printf("# each of the %d MoE layers sends instead (expected when the tokens' experts fall evenly on the "
-               "ranks):",
+    if (L->ep)
+        printf("# (the tokens' trips to the experts of the %d MoE layers as when they fall evenly on the experts "
+               "and ranks)\n",
                L->moe_layers);
-        print_comm(L->moe_calls, NULL, L->moe_bytes);
-        printf("\n");
-    }
     if (L->step_s > 0)
         printf("# estimate (roofline, %s): decode step %.2f ms = %.2f GB of weights + %.2f GB of KV at %.2f TB/s + "
                "%.1f MB sent at %.0f GB/s; %.0f tokens/s\n",
@@ -344,11 +377,11 @@ static void print_sweep(const Layout *ls, int n)
     }
 }
 
-static json_t *comm_json(const long long *calls, const long long *bytes)
+static json_t *comm_json(const CommCounter c[COMM_N])
 {
     json_t *j = json_object();
     for (int k = 0; k < COMM_N; k++)
-        if (calls[k]) json_object_set_new(j, comm_kind_names[k], json_pack("{s:I,s:I}", "calls", calls[k], "bytes", bytes[k]));
+        if (c[k].calls) json_object_set_new(j, comm_kind_names[k], json_pack("{s:I,s:I}", "calls", c[k].calls, "bytes", c[k].bytes));
     return j;
 }
 
@@ -377,17 +410,8 @@ static json_t *layout_json(const Layout *L)
     json_object_set_new(j, "max_model_len", json_integer(L->max_model_len));
     json_object_set_new(j, "max_concurrency", json_real((double)L->kv.capacity / L->max_model_len));
     json_object_set_new(j, "running_requests", json_integer(L->running));
-    json_object_set_new(j, "comm_per_layer", comm_json(L->layer_calls, L->layer_bytes));
-    json_object_set_new(j, "comm_per_step", comm_json(L->step_calls, L->step_bytes));
-    if (L->ep) {
-        json_t *moe = json_object();
-        for (int k = 0; k < COMM_N; k++)
-            if (L->moe_calls[k])
-                json_object_set_new(moe, comm_kind_names[k],
-                                    json_pack("{s:I,s:f}", "calls", L->moe_calls[k], "bytes", L->moe_bytes[k]));
-        json_object_set_new(j, "comm_per_moe_layer", moe);
-        json_object_set_new(j, "moe_layers", json_integer(L->moe_layers));
-    }
+    json_object_set_new(j, "comm_per_decode_step", comm_json(L->step));
+    if (L->ep) json_object_set_new(j, "moe_layers", json_integer(L->moe_layers));
     if (L->step_s > 0)
         json_object_set_new(j, "estimate",
                             json_pack("{s:f,s:f,s:f,s:f,s:f}", "decode_step_seconds", L->step_s, "tokens_per_second",
