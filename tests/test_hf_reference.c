@@ -75,7 +75,7 @@ static void quant_twin(const char *src, const char *name, DType t, int block)
     snprintf(twin, sizeof twin, "%s_twin", dir);
     Model q, w;
     if (CHECK_OK(model_load(&q, dir, 1, 0) == 0 && model_load(&w, twin, 1, 0) == 0, "%s", dcp_error())) {
-        MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(&q.cfg));
+        TensorSpec *mt = xmalloc(sizeof(TensorSpec) * (size_t)layer_max_tensors(&q.cfg));
         StCheckpoint ck;
         long long want = (long long)w.w.bytes, kept = 0, unkept = 0;
         CHECK(st_checkpoint_open(&ck, dir) == 0, "%s", dcp_error());

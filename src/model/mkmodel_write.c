@@ -288,7 +288,7 @@ static float quantize_fp4(const float *v, int rows, int cols, int modelopt, uint
 /* A Qwen3-MoE or GLM-4.5 layer's tensors as named ones: the dense
  * family's of the layer (attention, norms, and in the first, dense layers
  * the feed-forward's), then a MoE layer's experts (moe_tensors) */
-static int moe_layer_tensors(const Config *c, int l, MlaTensor *mt)
+static int moe_layer_tensors(const Config *c, int l, TensorSpec *mt)
 {
     int n = 0;
     for (int k = T_RMS_ATT; k < T_COUNT; k++) {
@@ -297,7 +297,7 @@ static int moe_layer_tensors(const Config *c, int l, MlaTensor *mt)
         int rows, cols;
         tensor_full_shape(c, (TensorKind)k, &rows, &cols);
         int vector = k == T_RMS_ATT || k == T_RMS_FFN || k >= T_BQ;
-        mt[n] = (MlaTensor){.rows = vector ? 0 : rows, .cols = cols};
+        mt[n] = (TensorSpec){.rows = vector ? 0 : rows, .cols = cols};
         tensor_hf_name((TensorKind)k, l, mt[n++].name, sizeof mt->name);
     }
     return MOE_LAYER(c, l) ? n + moe_tensors(c, NULL, l, NULL, mt + n) : n;
@@ -311,8 +311,8 @@ static int write_named(const ModelSpec *s, const char *dir, int bf16)
 {
     Config c;
     mkmodel_config(s, &c);
-    MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)(mla_max_tensors(&c) + T_COUNT));
-    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(4 * (mla_max_tensors(&c) + T_COUNT) * c.n_layers + 8));
+    TensorSpec *mt = xmalloc(sizeof(TensorSpec) * (size_t)(layer_max_tensors(&c) + T_COUNT));
+    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(4 * (layer_max_tensors(&c) + T_COUNT) * c.n_layers + 8));
     int n = 0, B = s->fp8_block, G = s->int4_group;
     t[n++] = (NamedTensor){"model.embed_tokens.weight", c.vocab_size, c.dim, NT_F32};
     for (int l = 0; l < c.n_layers; l++) {

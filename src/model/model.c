@@ -266,7 +266,7 @@ int model_read_config(const char *path, Config *cfg)
  * (at its element at) */
 #define PUT(nm, r, cl, d, mt, at, total, r0, nr, c0, nc)                                                          \
     do {                                                                                                          \
-        out[n] = (MlaTensor){.rows = (r), .cols = (cl), .dst = (d), .mat = (mt), .mat_at = (at),                  \
+        out[n] = (TensorSpec){.rows = (r), .cols = (cl), .dst = (d), .mat = (mt), .mat_at = (at),                  \
                              .mat_n = (total), .row0 = (r0), .nrows = (nr), .col0 = (c0), .ncols = (nc),          \
                              .chunks = 1};                                                                        \
         snprintf(out[n].name, sizeof out[n].name, "model.layers.%d.%s", l, nm);                                   \
@@ -286,7 +286,7 @@ static const Shard *shard_or_whole(const Config *c, const Shard *s, Shard *whole
 
 /* Each tensor of layer l of an MLA model: its name, shape and where its
  * weights go (dst may be NULL when only checking); returns the count. */
-int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out)
+int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, TensorSpec *out)
 {
     const MlaConfig *m = &c->m;
     MlaLayer dummy = {0}; /* where nothing is loaded: only names and shapes are wanted */
@@ -320,7 +320,7 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *
     return n + moe_tensors(c, s, l, &w->moe, out + n);
 }
 
-int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *out)
+int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, TensorSpec *out)
 {
     const MoeConfig *moe = &c->moe;
     MoeLayer dummy = {0}; /* where nothing is loaded: only names and shapes are wanted */
@@ -358,7 +358,7 @@ int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *
     return n;
 }
 
-int mla_max_tensors(const Config *c) { return 16 + 3 * c->moe.n_routed_experts; }
+int layer_max_tensors(const Config *c) { return 16 + 3 * c->moe.n_routed_experts; }
 
 /* Multi-token-prediction layers (indices from num_hidden_layers on) are
  * not used: generation predicts one token at a time. */
@@ -473,9 +473,9 @@ int model_check_checkpoint(const char *path, const Config *c)
     /* every tensor the config implies, with its shape */
     int n_names = 0, rc = 0;
     int named = c->mla || c->moe.n_routed_experts; /* tensors by name: MLA layers, the dense family's experts */
-    size_t per_layer = named ? 3 * (size_t)mla_max_tensors(c) + T_COUNT : T_COUNT; /* and quantization's */
+    size_t per_layer = named ? 3 * (size_t)layer_max_tensors(c) + T_COUNT : T_COUNT; /* and quantization's */
     char (*names)[160] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
-    MlaTensor *mt = named ? xmalloc(sizeof(MlaTensor) * per_layer) : NULL;
+    TensorSpec *mt = named ? xmalloc(sizeof(TensorSpec) * per_layer) : NULL;
     QuantRules *rules = NULL;
     QuantFormat qf = {0};
     if (c->mla && quant_format(c, &qf)) {
@@ -822,7 +822,7 @@ static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
  * (NVFP4: the FP8 scale and the global one applied); or, with code_dst,
  * NVFP4's scales as stored into code_dst and what each of the 256 codes
  * stands for, the global scale applied, into table */
-static int read_nibbles(Source *src, const MlaTensor *mt, const StTensor *t, const QuantFormat *f, int64_t col0,
+static int read_nibbles(Source *src, const TensorSpec *mt, const StTensor *t, const QuantFormat *f, int64_t col0,
                         int64_t ncols, int qcols, uint8_t *dst, float *scale_dst, uint8_t *code_dst, float *table)
 {
     char module[128], name[160];
@@ -847,7 +847,7 @@ static int read_nibbles(Source *src, const MlaTensor *mt, const StTensor *t, con
 
 /* whether a 4-bit matrix's values round to bf16: INT4 with bf16 scales,
  * NVFP4 as the config says */
-static int nibbles_round_bf16(Source *src, const MlaTensor *mt, const QuantFormat *f)
+static int nibbles_round_bf16(Source *src, const TensorSpec *mt, const QuantFormat *f)
 {
     if (f->dtype == DTYPE_FP4) return src->cfg->quant.nvfp4_round_bf16;
     char name[160];
@@ -858,7 +858,7 @@ static int nibbles_round_bf16(Source *src, const MlaTensor *mt, const QuantForma
 
 /* This rank's slice of a 4-bit matrix read as fp32 (kv_b_proj, which the
  * attention folds in at load): its stored form, then each value */
-static int read_nibbles_as_f32(Source *src, const MlaTensor *mt, const StTensor *t, float *to)
+static int read_nibbles_as_f32(Source *src, const TensorSpec *mt, const StTensor *t, float *to)
 {
     QuantFormat f;
     quant_format(src->cfg, &f);
@@ -894,7 +894,7 @@ static int read_bf16(const StTensor *t, int64_t row0, int64_t nrows, int64_t col
  * a bf16 checkpoint's matrices stay bf16, in the backend's row groups). A
  * K-chunked matrix (row-parallel) is stored chunk by chunk
  * (load_matrix_chunked). */
-static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StTensor *t)
+static int load_spec_matrix(Source *src, Model *m, const TensorSpec *mt, const StTensor *t)
 {
     const Config *c = &m->cfg;
     WeightRef *w = mt->mat;
@@ -959,7 +959,7 @@ static int load_mla_matrix(Source *src, Model *m, const MlaTensor *mt, const StT
 }
 
 /* The part of the weights an MLA tensor belongs to (WeightPart) */
-static WeightPart mla_part(const char *name)
+static WeightPart spec_part(const char *name)
 {
     if (strstr(name, ".self_attn.") || strstr(name, ".input_layernorm.")) return WPART_ATTENTION;
     if (strstr(name, ".mlp.experts.") || strstr(name, ".mlp.gate.")) return WPART_EXPERTS;
@@ -970,7 +970,7 @@ static WeightPart mla_part(const char *name)
  * 4-bit where its quantization_config's rules quantize the module, FP8
  * for every matrix but the router under block-scaled FP8, else its
  * torch_dtype. The matrices are those model_check_checkpoint quantizes. */
-static StDtype stored_dtype(const Source *src, const MlaTensor *mt)
+static StDtype stored_dtype(const Source *src, const TensorSpec *mt)
 {
     const Config *c = src->cfg;
     int linear = mt->rows && !strstr(mt->name, "mlp.gate.weight");
@@ -983,15 +983,15 @@ static StDtype stored_dtype(const Source *src, const MlaTensor *mt)
 }
 
 /* The named tensors mt[0..n) of a layer (mla_tensors, moe_tensors) into
- * this rank's storage: matrices in their stored formats (load_mla_matrix),
+ * this rank's storage: matrices in their stored formats (load_spec_matrix),
  * vectors and kv_b in fp32. */
-static int load_named(Source *src, Model *m, const MlaTensor *mt, int n)
+static int load_named(Source *src, Model *m, const TensorSpec *mt, int n)
 {
     const Config *c = &m->cfg;
     Weights *w = &m->w;
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        w->part = mla_part(mt[i].name);
+        w->part = spec_part(mt[i].name);
         StTensor stand_in = {.dtype = src->bare ? stored_dtype(src, &mt[i]) : ST_F32};
         const StTensor *t = src->bare ? &stand_in : st_find(&src->ck, mt[i].name);
         char packed[160];
@@ -999,7 +999,7 @@ static int load_named(Source *src, Model *m, const MlaTensor *mt, int n)
         if (!t && !(t = st_find(&src->ck, packed)))
             return dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
         if (mt[i].mat) {
-            rc = load_mla_matrix(src, m, &mt[i], t);
+            rc = load_spec_matrix(src, m, &mt[i], t);
             continue;
         }
         float *to = *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
@@ -1051,7 +1051,7 @@ static int load_layers(Source *src, Model *m)
     Weights *w = &m->w;
     if (c->mla) w->mla = xcalloc((size_t)c->n_layers, sizeof(MlaLayer));
     else w->moe = xcalloc((size_t)c->n_layers, sizeof(MoeLayer));
-    MlaTensor *mt = xmalloc(sizeof(MlaTensor) * (size_t)mla_max_tensors(c));
+    TensorSpec *mt = xmalloc(sizeof(TensorSpec) * (size_t)layer_max_tensors(c));
     int rc = 0;
     for (int l = 0; l < c->n_layers && !rc; l++) /* the dense family's layers without experts: none named */
         rc = load_named(src, m, mt,

@@ -145,10 +145,14 @@ void canonical_order(const Config *c, int *k_chunks, int *key_shards);
  * every such layout. Returns 1 when canonical. */
 int reduction_order(const Config *c, int tp, int dcp, int interleave, int ep, char *buf, size_t n);
 
-/* The tensors of layer l of an MLA model (or of a MoE block alone,
- * moe_tensors): name, full shape, this rank's slice of it (s; NULL: whole)
- * and where its values go in w (may be NULL); out holds
- * mla_max_tensors(c); returns the count. */
+/* A layer's tensor manifest, entry by entry: a checkpoint tensor's name,
+ * its full shape, this rank's slice of it and where its values go. The
+ * layers of an MLA model (mla_tensors) and the MoE blocks of any family
+ * (moe_tensors) are loaded, checked, sized and written (dcpinfer-mkmodel)
+ * by walking theirs; the dense family's stacks are still loaded by
+ * TensorKind (hparams.h). mla_tensors and moe_tensors take the shard s
+ * (NULL: whole) and w (may be NULL), fill out (layer_max_tensors(c)
+ * entries) and return the count. */
 typedef struct {
     char name[128];
     int rows, cols; /* rows 0: a vector of cols */
@@ -158,12 +162,12 @@ typedef struct {
     size_t mat_n;    /* the elements of the whole matrix or stack */
     int row0, nrows, col0, ncols;
     int chunks; /* row-parallel: the columns read as this many (nrows, ncols / chunks) matrices in turn */
-} MlaTensor;
-int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, MlaTensor *out);
+} TensorSpec;
+int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, TensorSpec *out);
 /* The same for layer l's mixture-of-experts block (MOE_LAYER) alone:
  * router, routed and shared experts */
-int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, MlaTensor *out);
-int mla_max_tensors(const Config *c);
+int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, TensorSpec *out);
+int layer_max_tensors(const Config *c);
 
 /* Reads shapes only (cheap): llama2.c .bin header or HF config.json.
  * path NULL means the generated default model. */
