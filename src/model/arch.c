@@ -250,7 +250,7 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
         get_int(root, "topk_group", &moe.topk_group, path) ||
         get_bool(root, "norm_topk_prob", &moe.norm_topk_prob, path) ||
         get_float(root, "routed_scaling_factor", &moe.routed_scaling_factor, path) ||
-        get_int(root, "num_nextn_predict_layers", &m.mtp_layers, path) ||
+        get_int(root, "num_nextn_predict_layers", &c.mtp_layers, path) ||
         get_int(root, "max_position_embeddings", &c.max_seq_len, path) ||
         get_bool(root, "attention_bias", &attention_bias, path) ||
         (v3 && get_bool(root, "rope_interleave", &m.rope_interleave, path)))
@@ -272,7 +272,7 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
                   {"topk_group", moe.topk_group, 1 << 16},
                   {"first_k_dense_replace", moe.first_k_dense_replace, 1 << 12},
                   {"moe_layer_freq", moe.moe_layer_freq, 1 << 12},
-                  {"num_nextn_predict_layers", m.mtp_layers, 1 << 12}};
+                  {"num_nextn_predict_layers", c.mtp_layers, 1 << 12}};
     for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
         if (bounds[i].value > bounds[i].max)
             return dcp_fail("%s: %s is %d; it must be at most %d", path, bounds[i].name, bounds[i].value, bounds[i].max);
@@ -559,7 +559,7 @@ static int read_glm_moe(json_t *root, const char *arch, const char *path, Config
                         moe->first_k_dense_replace, c->n_layers);
     if (mtp < 0 || mtp > 1 << 12)
         return dcp_fail("%s: num_nextn_predict_layers %d out of range (0 to 4096)", path, mtp);
-    c->m.mtp_layers = mtp; /* their tensors (layers from num_hidden_layers on) are skipped */
+    c->mtp_layers = mtp; /* their tensors (layers from num_hidden_layers on) are skipped */
     json_t *q = json_object_get(root, "quantization_config");
     if (q && !json_is_null(q))
         return dcp_fail("%s: quantization_config is not supported for %s (bf16 or fp32 checkpoints)", path, arch);

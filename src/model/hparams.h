@@ -61,7 +61,6 @@ typedef struct {
     int q_lora_rank;               /* 0: q_proj instead of q_a_proj / q_a_layernorm / q_b_proj */
     int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
     int rope_interleave;           /* RoPE on adjacent pairs (else rotate-half) */
-    int mtp_layers;                /* num_nextn_predict_layers: multi-token-prediction layers, skipped */
     float softmax_scale;           /* qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 */
 } MlaConfig;
 
@@ -107,8 +106,10 @@ typedef struct {
      * cache row) */
     int mla;
     MlaConfig m;
-    MoeConfig moe;     /* DeepSeek's and Qwen3-MoE's mixture-of-experts layers */
+    MoeConfig moe;     /* the mixture-of-experts layers of DeepSeek, Qwen3-MoE and GLM-4.5 */
     QuantConfig quant; /* stored formats of the matrices */
+    int mtp_layers;    /* num_nextn_predict_layers: multi-token-prediction layers after the last (DeepSeek-V3,
+                        * GLM-4.5), skipped */
 } Config;
 
 

@@ -365,7 +365,7 @@ int layer_max_tensors(const Config *c) { return 16 + 3 * c->moe.n_routed_experts
 static int mtp_tensor(const Config *c, const char *name)
 {
     int l;
-    return (c->mla || c->m.mtp_layers) && sscanf(name, "model.layers.%d.", &l) == 1 && l >= c->n_layers;
+    return (c->mla || c->mtp_layers) && sscanf(name, "model.layers.%d.", &l) == 1 && l >= c->n_layers;
 }
 
 /* ---- the checkpoint against the config --------------------------------- */
