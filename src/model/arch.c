@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch_impl.h"
 #include "util.h"
 
 const Arch arch_table[] = {
@@ -40,7 +41,7 @@ const char *arch_supported_list(void)
  * Each returns -1 with dcp_error() set for a value of the wrong type or out
  * of range; a missing or null field leaves *out as it was. */
 
-static int get_int(json_t *o, const char *key, int *out, const char *path)
+int get_int(json_t *o, const char *key, int *out, const char *path)
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return 0;
@@ -51,7 +52,7 @@ static int get_int(json_t *o, const char *key, int *out, const char *path)
     return 0;
 }
 
-static int get_float(json_t *o, const char *key, float *out, const char *path)
+int get_float(json_t *o, const char *key, float *out, const char *path)
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return 0;
@@ -61,7 +62,7 @@ static int get_float(json_t *o, const char *key, float *out, const char *path)
     return 0;
 }
 
-static int get_bool(json_t *o, const char *key, int *out, const char *path)
+int get_bool(json_t *o, const char *key, int *out, const char *path)
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return 0;
@@ -95,14 +96,11 @@ static int find_arch(json_t *root, const char *path)
                     arch_supported_list());
 }
 
-/* ---- DeepSeek-V2/V3 ------------------------------------------------------ */
-
-static int read_rope(json_t *root, Config *c, const char *path, float partial);
-static void add_eos_ids(json_t *v, Config *c);
+/* ---- fields every family reads ------------------------------------------ */
 
 /* A string field that must be one of the choices (NULL-terminated; the
  * first is the default when absent); its index, or -1 with the message. */
-static int get_choice(json_t *o, const char *key, const char *const *choices, const char *arch, const char *path)
+int get_choice(json_t *o, const char *key, const char *const *choices, const char *arch, const char *path)
 {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return 0;
@@ -120,7 +118,7 @@ static int get_choice(json_t *o, const char *key, const char *const *choices, co
  * compressed-tensors' pack-quantized INT4 W4A16 (Kimi K2's experts: one
  * config group of symmetric 4-bit integers in groups along the input,
  * activations unquantized). Anything else is refused by name. */
-static int read_quantization(json_t *q, QuantConfig *m, const char *path)
+int read_quantization(json_t *q, QuantConfig *m, const char *path)
 {
     const char *qm = json_string_value(json_object_get(q, "quant_method"));
     if (qm && !strcmp(qm, "compressed-tensors")) {
@@ -215,124 +213,6 @@ static int read_quantization(json_t *q, QuantConfig *m, const char *path)
     return 0;
 }
 
-static int read_deepseek(json_t *root, const char *arch, int v3, const char *path, Config *cp)
-{
-    Config c = *cp;
-    MlaConfig m;
-    MoeConfig moe;
-    memset(&m, 0, sizeof m);
-    memset(&moe, 0, sizeof moe);
-    moe.sigmoid = v3;
-    m.rope_interleave = 1;
-    moe.n_group = moe.topk_group = moe.moe_layer_freq = 1;
-    moe.routed_scaling_factor = 1.0f;
-    moe.norm_topk_prob = 0;
-    c.max_seq_len = 2048;
-    int head_dim = 0, attention_bias = 0;
-    static const char *required[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
-                                     "intermediate_size", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                                     "v_head_dim"};
-    int *req[] = {&c.dim, &c.n_layers, &c.n_heads, &c.vocab_size, &c.hidden_dim, &m.kv_lora_rank,
-                  &m.qk_nope_head_dim, &m.qk_rope_head_dim, &m.v_head_dim};
-    for (int i = 0; i < 9; i++) {
-        json_t *v = json_object_get(root, required[i]);
-        if (!v || json_is_null(v)) return dcp_fail("%s: missing \"%s\"", path, required[i]);
-        if (get_int(root, required[i], req[i], path)) return -1;
-        if (*req[i] <= 0) return dcp_fail("%s: \"%s\" must be positive, not %d", path, required[i], *req[i]);
-    }
-    if (get_int(root, "q_lora_rank", &m.q_lora_rank, path) || get_int(root, "head_dim", &head_dim, path) ||
-        get_int(root, "n_routed_experts", &moe.n_routed_experts, path) ||
-        get_int(root, "n_shared_experts", &moe.n_shared_experts, path) ||
-        get_int(root, "num_experts_per_tok", &moe.experts_per_token, path) ||
-        get_int(root, "moe_intermediate_size", &moe.moe_hidden, path) ||
-        get_int(root, "first_k_dense_replace", &moe.first_k_dense_replace, path) ||
-        get_int(root, "moe_layer_freq", &moe.moe_layer_freq, path) || get_int(root, "n_group", &moe.n_group, path) ||
-        get_int(root, "topk_group", &moe.topk_group, path) ||
-        get_bool(root, "norm_topk_prob", &moe.norm_topk_prob, path) ||
-        get_float(root, "routed_scaling_factor", &moe.routed_scaling_factor, path) ||
-        get_int(root, "num_nextn_predict_layers", &c.mtp_layers, path) ||
-        get_int(root, "max_position_embeddings", &c.max_seq_len, path) ||
-        get_bool(root, "attention_bias", &attention_bias, path) ||
-        (v3 && get_bool(root, "rope_interleave", &m.rope_interleave, path)))
-        return -1;
-    if (m.q_lora_rank < 0) return dcp_fail("%s: q_lora_rank %d must be positive or null", path, m.q_lora_rank);
-    /* bounds far above any real model (DeepSeek-V3: 512, 128, 64, 128,
-     * 1536, 256 experts of 2048), so that the sizes formed from them (a
-     * latent row, a head's query, the tensors of a layer) stay in an int */
-    const struct {
-        const char *name;
-        int value, max;
-    } bounds[] = {{"kv_lora_rank", m.kv_lora_rank, 1 << 12},          {"qk_nope_head_dim", m.qk_nope_head_dim, 1 << 12},
-                  {"qk_rope_head_dim", m.qk_rope_head_dim, 1 << 12},  {"v_head_dim", m.v_head_dim, 1 << 12},
-                  {"q_lora_rank", m.q_lora_rank, 1 << 16},
-                  {"n_routed_experts", moe.n_routed_experts, 1 << 16},
-                  {"n_shared_experts", moe.n_shared_experts, 1 << 8},
-                  {"moe_intermediate_size", moe.moe_hidden, 1 << 20},
-                  {"num_experts_per_tok", moe.experts_per_token, 1 << 16}, {"n_group", moe.n_group, 1 << 16},
-                  {"topk_group", moe.topk_group, 1 << 16},
-                  {"first_k_dense_replace", moe.first_k_dense_replace, 1 << 12},
-                  {"moe_layer_freq", moe.moe_layer_freq, 1 << 12},
-                  {"num_nextn_predict_layers", c.mtp_layers, 1 << 12}};
-    for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
-        if (bounds[i].value > bounds[i].max)
-            return dcp_fail("%s: %s is %d; it must be at most %d", path, bounds[i].name, bounds[i].value, bounds[i].max);
-    if (head_dim && head_dim != m.qk_rope_head_dim)
-        return dcp_fail("%s: head_dim %d differs from qk_rope_head_dim %d (the RoPE part of a head)", path, head_dim,
-                        m.qk_rope_head_dim);
-    if (m.qk_rope_head_dim % 2) return dcp_fail("%s: qk_rope_head_dim %d must be even", path, m.qk_rope_head_dim);
-    if (attention_bias) return dcp_fail("%s: attention_bias true is not supported for %s", path, arch);
-    /* the router: V2 softmax with greedy or group-limited choice; V3 sigmoid with a correction bias */
-    static const char *v2_methods[] = {"greedy", "group_limited_greedy", NULL}, *v3_methods[] = {"noaux_tc", NULL};
-    static const char *v2_scores[] = {"softmax", NULL}, *v3_scores[] = {"sigmoid", NULL};
-    int method = get_choice(root, "topk_method", v3 ? v3_methods : v2_methods, arch, path);
-    if (method < 0 || get_choice(root, "scoring_func", v3 ? v3_scores : v2_scores, arch, path) < 0) return -1;
-    moe.route = v3 ? ROUTE_NOAUX_TC : (RouteMethod)method;
-    if (!v3) moe.norm_topk_prob = 0; /* transformers' DeepSeek-V2 weights its top-k as scored, whatever it says */
-    if (moe.n_routed_experts > 0) {
-        if (moe.experts_per_token <= 0 || moe.experts_per_token > moe.n_routed_experts || moe.moe_hidden <= 0)
-            return dcp_fail("%s: num_experts_per_tok %d must be from 1 to n_routed_experts %d, and "
-                            "moe_intermediate_size positive",
-                            path, moe.experts_per_token, moe.n_routed_experts);
-        if (moe.n_group <= 0 || moe.n_routed_experts % moe.n_group || moe.topk_group <= 0 ||
-            moe.topk_group > moe.n_group)
-            return dcp_fail("%s: n_group %d must divide n_routed_experts %d, and topk_group %d be from 1 to n_group",
-                            path, moe.n_group, moe.n_routed_experts, moe.topk_group);
-        if (v3 && moe.n_routed_experts / moe.n_group < 2)
-            return dcp_fail("%s: a group scores by its two best experts, so n_routed_experts / n_group must be at "
-                            "least 2 (it is %d)",
-                            path, moe.n_routed_experts / moe.n_group);
-        if (moe.moe_layer_freq <= 0 || moe.first_k_dense_replace < 0)
-            return dcp_fail("%s: moe_layer_freq must be positive and first_k_dense_replace not negative", path);
-    }
-    const char *act = json_string_value(json_object_get(root, "hidden_act"));
-    if (act && strcmp(act, "silu")) return dcp_fail("%s: hidden_act %s is not supported (silu only)", path, act);
-    json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q) && read_quantization(q, &c.quant, path)) return -1;
-    if (get_int(root, "bos_token_id", &c.bos_id, path) || get_float(root, "rms_norm_eps", &c.norm_eps, path) ||
-        get_bool(root, "tie_word_embeddings", &c.tied_embeddings, path))
-        return -1;
-    if (read_rope(root, &c, path, 0)) return -1;
-    /* the softmax scale: qk_head_dim^-0.5, times YaRN's mscale^2 from mscale_all_dim */
-    m.softmax_scale = 1.0f / sqrtf((float)(m.qk_nope_head_dim + m.qk_rope_head_dim));
-    json_t *r = json_object_get(root, "rope_parameters");
-    if (!r || json_is_null(r)) r = json_object_get(root, "rope_scaling");
-    float mscale_all = 0;
-    if (c.rope.type != ROPE_DEFAULT && r && get_float(r, "mscale_all_dim", &mscale_all, path)) return -1;
-    if (c.rope.type != ROPE_DEFAULT && mscale_all && c.rope.factor > 1) {
-        float ms = 0.1f * mscale_all * logf(c.rope.factor) + 1.0f;
-        m.softmax_scale *= ms * ms;
-    }
-    c.n_kv_heads = 1; /* one latent row per position, shared by every head */
-    c.head_dim = m.kv_lora_rank + m.qk_rope_head_dim;
-    c.rope_style = m.rope_interleave ? ROPE_ADJACENT_PAIRS : ROPE_ROTATE_HALF;
-    c.mla = 1;
-    c.m = m;
-    c.moe = moe;
-    *cp = c;
-    add_eos_ids(json_object_get(root, "eos_token_id"), cp);
-    return 0;
-}
-
 /* ---- RoPE ---------------------------------------------------------------- */
 
 /* The rope block, spelled rope_parameters (transformers 5) or rope_scaling
@@ -340,7 +220,7 @@ static int read_deepseek(json_t *root, const char *arch, int v3, const char *pat
  * architecture rotates the first partial_rotary_factor of each head (this
  * its default, GLM-4.5's 0.5; given at the top level or in the block);
  * 0: it rotates whole heads, and a factor other than 1 is refused. */
-static int read_rope(json_t *root, Config *c, const char *path, float partial)
+int read_rope(json_t *root, Config *c, const char *path, float partial)
 {
     json_t *params = json_object_get(root, "rope_parameters"), *scaling = json_object_get(root, "rope_scaling");
     if (params && !json_is_null(params) && scaling && !json_is_null(scaling))
@@ -483,7 +363,7 @@ static int read_window(json_t *root, const Arch *a, Config *c, const char *path)
 }
 
 /* eos_token_id: an id or a list of them, added to c's (once each) */
-static void add_eos_ids(json_t *v, Config *c)
+void add_eos_ids(json_t *v, Config *c)
 {
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
     for (size_t i = 0; i < n; i++) {
@@ -513,94 +393,6 @@ static int is_wrapper(json_t *root)
     const char *name = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
     const char *type = json_string_value(json_object_get(root, "model_type"));
     return (name && !strcmp(name, WRAPPER_NAME)) || (type && !strcmp(type, "kimi_k25"));
-}
-
-/* GLM-4.5/4.6's experts into c->moe: DeepSeek-V3's router (sigmoid scores
- * with a correction bias, the best topk_group of n_group groups by their
- * two best experts, renormalized when norm_topk_prob, scaled by
- * routed_scaling_factor), n_shared_experts beside them, and the first
- * first_k_dense_replace layers dense (intermediate_size). */
-static int read_glm_moe(json_t *root, const char *arch, const char *path, Config *c)
-{
-    MoeConfig *moe = &c->moe;
-    memset(moe, 0, sizeof *moe);
-    moe->n_group = moe->topk_group = moe->moe_layer_freq = moe->first_k_dense_replace = moe->n_shared_experts = 1;
-    moe->routed_scaling_factor = 1.0f;
-    moe->norm_topk_prob = 1;
-    moe->sigmoid = 1;
-    moe->route = ROUTE_NOAUX_TC;
-    moe->n_routed_experts = 128;
-    moe->experts_per_token = 8;
-    moe->moe_hidden = 1408; /* transformers' defaults, for fields a config leaves out */
-    int mtp = 0;
-    if (get_int(root, "n_routed_experts", &moe->n_routed_experts, path) ||
-        get_int(root, "num_experts_per_tok", &moe->experts_per_token, path) ||
-        get_int(root, "moe_intermediate_size", &moe->moe_hidden, path) ||
-        get_int(root, "n_shared_experts", &moe->n_shared_experts, path) ||
-        get_int(root, "first_k_dense_replace", &moe->first_k_dense_replace, path) ||
-        get_int(root, "n_group", &moe->n_group, path) || get_int(root, "topk_group", &moe->topk_group, path) ||
-        get_bool(root, "norm_topk_prob", &moe->norm_topk_prob, path) ||
-        get_float(root, "routed_scaling_factor", &moe->routed_scaling_factor, path) ||
-        get_int(root, "num_nextn_predict_layers", &mtp, path))
-        return -1;
-    if (moe->n_routed_experts < 2 || moe->n_routed_experts > 1 << 16 || moe->experts_per_token < 1 ||
-        moe->experts_per_token > moe->n_routed_experts || moe->moe_hidden < 1 || moe->moe_hidden > 1 << 20 ||
-        moe->n_shared_experts < 0 || moe->n_shared_experts > 1 << 8)
-        return dcp_fail("%s: n_routed_experts %d (2 to 65536), num_experts_per_tok %d (1 to n_routed_experts), "
-                        "moe_intermediate_size %d (1 to 2^20) or n_shared_experts %d (0 to 256) out of range",
-                        path, moe->n_routed_experts, moe->experts_per_token, moe->moe_hidden, moe->n_shared_experts);
-    if (moe->n_group < 1 || moe->n_routed_experts % moe->n_group || moe->n_routed_experts / moe->n_group < 2 ||
-        moe->topk_group < 1 || moe->topk_group > moe->n_group)
-        return dcp_fail("%s: n_group %d must divide n_routed_experts %d into groups of two or more, and topk_group "
-                        "%d be from 1 to n_group",
-                        path, moe->n_group, moe->n_routed_experts, moe->topk_group);
-    if (moe->first_k_dense_replace < 0 || moe->first_k_dense_replace > c->n_layers)
-        return dcp_fail("%s: first_k_dense_replace %d must be from 0 to num_hidden_layers %d", path,
-                        moe->first_k_dense_replace, c->n_layers);
-    if (mtp < 0 || mtp > 1 << 12)
-        return dcp_fail("%s: num_nextn_predict_layers %d out of range (0 to 4096)", path, mtp);
-    c->mtp_layers = mtp; /* their tensors (layers from num_hidden_layers on) are skipped */
-    json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q))
-        return dcp_fail("%s: quantization_config is not supported for %s (bf16 or fp32 checkpoints)", path, arch);
-    return 0;
-}
-
-/* Qwen3-MoE's experts into c->moe: every layer a mixture of num_experts
- * of moe_intermediate_size rows, num_experts_per_tok per token by softmax
- * scores (renormalized when norm_topk_prob), no shared experts. */
-static int read_qwen_moe(json_t *root, const char *arch, const char *path, Config *c)
-{
-    MoeConfig *moe = &c->moe;
-    memset(moe, 0, sizeof *moe);
-    moe->n_group = moe->topk_group = moe->moe_layer_freq = 1;
-    moe->routed_scaling_factor = 1.0f;
-    moe->route = ROUTE_GREEDY;
-    int step = 1;
-    json_t *only = json_object_get(root, "mlp_only_layers");
-    static const char *required[] = {"num_experts", "num_experts_per_tok", "moe_intermediate_size"};
-    int *req[] = {&moe->n_routed_experts, &moe->experts_per_token, &moe->moe_hidden};
-    for (int i = 0; i < 3; i++) {
-        json_t *v = json_object_get(root, required[i]);
-        if (!v || json_is_null(v)) return dcp_fail("%s: missing \"%s\"", path, required[i]);
-        if (get_int(root, required[i], req[i], path)) return -1;
-    }
-    if (get_int(root, "decoder_sparse_step", &step, path) ||
-        get_bool(root, "norm_topk_prob", &moe->norm_topk_prob, path))
-        return -1;
-    if (moe->n_routed_experts < 1 || moe->n_routed_experts > 1 << 16 || moe->experts_per_token < 1 ||
-        moe->experts_per_token > moe->n_routed_experts || moe->moe_hidden < 1 || moe->moe_hidden > 1 << 20)
-        return dcp_fail("%s: num_experts %d (1 to 65536), num_experts_per_tok %d (1 to num_experts) and "
-                        "moe_intermediate_size %d (1 to 2^20) out of range",
-                        path, moe->n_routed_experts, moe->experts_per_token, moe->moe_hidden);
-    if (step != 1 || (only && !json_is_null(only) && (!json_is_array(only) || json_array_size(only))))
-        return dcp_fail("%s: %s with dense layers (decoder_sparse_step %d, mlp_only_layers) is not supported: "
-                        "dcpinfer runs every layer's feed-forward block as its experts",
-                        path, arch, step);
-    json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q))
-        return dcp_fail("%s: quantization_config is not supported for %s (bf16 or fp32 checkpoints)", path, arch);
-    return 0;
 }
 
 int arch_read_config(const char *path, const char *text, size_t len, Config *c)
@@ -644,7 +436,7 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
     c->max_seq_len = 2048;
     c->norm_eps = 1e-6f;
     if (a->mla) {
-        rc = read_deepseek(root, a->name, a->mla == 2, path, c);
+        rc = deepseek_read_config(root, a->name, a->mla == 2, path, c);
         c->wrapped = wrapped;
         goto out;
     }
@@ -683,8 +475,8 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
                  c->dim, c->n_heads);
         goto out;
     }
-    if (a->moe == 1 && read_qwen_moe(root, a->name, path, c)) goto out;
-    if (a->moe == 2 && read_glm_moe(root, a->name, path, c)) goto out;
+    if (a->moe == 1 && qwen3_moe_read_config(root, a->name, path, c)) goto out;
+    if (a->moe == 2 && glm4_moe_read_config(root, a->name, path, c)) goto out;
     c->qkv_bias = a->qkv_bias || attention_bias;
     c->o_bias = a->attention_bias == 1 && attention_bias; /* GLM's attention_bias: q/k/v only */
     c->mlp_bias = mlp_bias;

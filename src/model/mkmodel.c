@@ -38,36 +38,8 @@ int mkmodel_check_spec(const ModelSpec *s)
     if (s->heads % s->kv_heads)
         return dcp_fail("--heads %d is not divisible by --kv-heads %d", s->heads, s->kv_heads);
     if (s->eos >= s->vocab) return dcp_fail("--eos %d outside the vocabulary of %d", s->eos, s->vocab);
-    if (a->mla) {
-        const MlaConfig *m = &s->mla;
-        const MoeConfig *moe = &s->moe;
-        if (m->kv_lora_rank < 1 || m->qk_nope_head_dim < 1 || m->qk_rope_head_dim < 2 || m->qk_rope_head_dim % 2 ||
-            m->v_head_dim < 1 || m->q_lora_rank < 0 || moe->n_routed_experts < 0 || moe->experts_per_token < 1 ||
-            moe->experts_per_token > (moe->n_routed_experts ? moe->n_routed_experts : 1) || moe->moe_hidden < 1 ||
-            moe->n_group < 1 || (moe->n_routed_experts && moe->n_routed_experts % moe->n_group) ||
-            moe->topk_group < 1 || moe->topk_group > moe->n_group ||
-            (moe->sigmoid && moe->n_routed_experts && moe->n_routed_experts / moe->n_group < 2))
-            return dcp_fail("DeepSeek shape: kv-lora-rank, qk dims (rope even), v-head-dim and moe-hidden must be "
-                            "positive, experts-per-token at most experts, n-group dividing the experts (V3: two per "
-                            "group) and topk-group at most n-group");
-    } else if (a->moe == 1) {
-        const MoeConfig *moe = &s->moe;
-        if (moe->n_routed_experts < 1 || moe->experts_per_token < 1 || moe->experts_per_token > moe->n_routed_experts ||
-            moe->moe_hidden < 1 || moe->n_shared_experts)
-            return dcp_fail("Qwen3-MoE shape: experts and moe-hidden positive, experts-per-token at most experts, no "
-                            "shared experts");
-    } else if (a->moe == 2) {
-        const MoeConfig *moe = &s->moe;
-        int R = (int)((float)D * (s->partial_rotary ? s->partial_rotary : 0.5f));
-        if (moe->n_routed_experts < 2 || moe->experts_per_token < 1 || moe->experts_per_token > moe->n_routed_experts ||
-            moe->moe_hidden < 1 || moe->n_shared_experts < 0 || moe->n_group < 1 ||
-            moe->n_routed_experts % moe->n_group || moe->n_routed_experts / moe->n_group < 2 || moe->topk_group < 1 ||
-            moe->topk_group > moe->n_group || moe->first_k_dense_replace < 0 || moe->first_k_dense_replace > s->layers ||
-            R < 2 || R % 2 || R > D)
-            return dcp_fail("GLM-4.5 shape: experts (two or more per group) and moe-hidden positive, experts-per-token "
-                            "at most experts, topk-group at most n-group, first-dense at most layers, and an even "
-                            "rotated part of the head");
-    }
+    if (a->mla && deepseek_check_spec(s)) return -1;
+    if (a->moe && moe_check_spec(s)) return -1;
     if (a->qk_norm != 2 && s->qk_norm)
         return dcp_fail("--qk-norm: %s has no use_qk_norm field (Qwen3's norms are always there)", a->name);
     if (a->moe != 2 && s->partial_rotary) return dcp_fail("--partial-rotary: only for glm4_moe");
@@ -83,53 +55,6 @@ int mkmodel_check_spec(const ModelSpec *s)
                         "--moe-hidden %d",
                         s->int4_group, s->dim, s->moe.moe_hidden);
     return 0;
-}
-
-void mkmodel_mla_defaults(ModelSpec *s)
-{
-    MlaConfig *m = &s->mla;
-    MoeConfig *moe = &s->moe;
-    moe->sigmoid = arch_table[s->arch].mla == 2;
-    if (!m->kv_lora_rank) m->kv_lora_rank = 32;
-    if (!m->qk_nope_head_dim) m->qk_nope_head_dim = 16;
-    if (!m->qk_rope_head_dim) m->qk_rope_head_dim = 8;
-    if (!m->v_head_dim) m->v_head_dim = 16;
-    if (!moe->n_routed_experts) moe->n_routed_experts = 8;
-    if (moe->n_shared_experts < 0) moe->n_shared_experts = 1; /* transformers builds them whatever the count */
-    if (!moe->experts_per_token) moe->experts_per_token = 2;
-    if (!moe->moe_hidden) moe->moe_hidden = 32;
-    if (!moe->n_group) moe->n_group = moe->sigmoid ? 4 : 1;
-    if (!moe->topk_group) moe->topk_group = moe->sigmoid ? 2 : 1;
-    if (!moe->moe_layer_freq) moe->moe_layer_freq = 1;
-    if (!moe->routed_scaling_factor) moe->routed_scaling_factor = moe->sigmoid ? 2.5f : 1.0f;
-    moe->route = moe->sigmoid ? ROUTE_NOAUX_TC : moe->n_group > 1 ? ROUTE_GROUP_LIMITED_GREEDY : ROUTE_GREEDY;
-    m->rope_interleave = 1;
-}
-
-void mkmodel_moe_defaults(ModelSpec *s)
-{
-    MoeConfig *moe = &s->moe;
-    if (arch_table[s->arch].moe == 2) { /* GLM-4.5: DeepSeek-V3's router, a shared expert, the first layer dense */
-        if (!moe->n_routed_experts) moe->n_routed_experts = 8;
-        if (moe->n_shared_experts < 0) moe->n_shared_experts = 1;
-        if (!moe->experts_per_token) moe->experts_per_token = 2;
-        if (!moe->moe_hidden) moe->moe_hidden = 32;
-        if (!moe->n_group) moe->n_group = 1;
-        if (!moe->topk_group) moe->topk_group = 1;
-        if (!moe->routed_scaling_factor) moe->routed_scaling_factor = 1.0f;
-        moe->moe_layer_freq = 1;
-        moe->sigmoid = 1;
-        moe->route = ROUTE_NOAUX_TC;
-        return;
-    }
-    if (!moe->n_routed_experts) moe->n_routed_experts = 8;
-    if (moe->n_shared_experts < 0) moe->n_shared_experts = 0;
-    if (!moe->experts_per_token) moe->experts_per_token = 2;
-    if (!moe->moe_hidden) moe->moe_hidden = 32;
-    moe->n_group = moe->topk_group = moe->moe_layer_freq = 1;
-    moe->routed_scaling_factor = 1.0f;
-    moe->route = ROUTE_GREEDY;
-    moe->norm_topk_prob = 1; /* as Qwen3-MoE's releases */
 }
 
 void mkmodel_config(const ModelSpec *s, Config *c)
@@ -169,26 +94,8 @@ void mkmodel_config(const ModelSpec *s, Config *c)
     c->n_eos = 0;
     if (s->eos >= 0) c->eos_ids[c->n_eos++] = s->eos;
     c->format = FORMAT_GENERATED;
-    if (a->moe) { /* as arch.c reads it back */
-        c->moe = s->moe;
-        if (a->moe == 2) c->rotary_dim = (int)((float)c->head_dim * (s->partial_rotary ? s->partial_rotary : 0.5f));
-        c->format = FORMAT_HF;
-    }
-    if (a->mla) { /* as arch.c reads it back */
-        c->mla = 1;
-        c->m = s->mla;
-        c->moe = s->moe;
-        c->quant.fp8_block[0] = c->quant.fp8_block[1] = s->fp8_block;
-        c->quant.int4_group = s->int4_group;
-        c->quant.nvfp4_group = s->nvfp4 ? 16 : 0;
-        c->quant.nvfp4_modelopt = s->nvfp4 == 2;
-        c->quant.nvfp4_round_bf16 = s->nvfp4 != 0;
-        c->n_kv_heads = 1;
-        c->head_dim = s->mla.kv_lora_rank + s->mla.qk_rope_head_dim;
-        c->rope_style = ROPE_ADJACENT_PAIRS;
-        c->m.softmax_scale = 1.0f / sqrtf((float)(s->mla.qk_nope_head_dim + s->mla.qk_rope_head_dim));
-        c->format = FORMAT_HF;
-    }
+    if (a->moe) moe_spec_config(s, c);
+    if (a->mla) deepseek_spec_config(s, c);
 }
 
 void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out)

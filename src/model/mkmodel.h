@@ -47,9 +47,16 @@ void mkmodel_config(const ModelSpec *s, Config *c);
 /* Values of one full tensor in Hugging Face layout (rotate-half RoPE). */
 void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out);
 
-/* DeepSeek defaults for what the options left at 0 (small, 8 experts in 4 groups). */
+/* The families' parts (family_deepseek.c, family_moe.c): defaults for
+ * what the options left at 0 (DeepSeek: small, 8 experts in 4 groups;
+ * Qwen3-MoE: 8 experts of 32 rows, 2 per token, renormalized; GLM-4.5:
+ * DeepSeek-V3's router with a shared expert), the shapes their readers
+ * accept, and the config a written model reads back as. */
 void mkmodel_mla_defaults(ModelSpec *s);
-/* Qwen3-MoE's: 8 experts of 32 rows, 2 per token, renormalized */
 void mkmodel_moe_defaults(ModelSpec *s);
+int deepseek_check_spec(const ModelSpec *s);
+int moe_check_spec(const ModelSpec *s);
+void deepseek_spec_config(const ModelSpec *s, Config *c);
+void moe_spec_config(const ModelSpec *s, Config *c);
 
 #endif

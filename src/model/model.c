@@ -259,105 +259,6 @@ int model_read_config(const char *path, Config *cfg)
     return read_llama2c_config(path, cfg);
 }
 
-/* ---- DeepSeek-V2/V3 and Qwen3-MoE tensors ----------------------------- */
-
-/* In mla_tensors and moe_tensors: a tensor, its rows [r0, r0+nr) and
- * columns [c0, c0+nc) held here, into the fp32 array *d or the matrix *mt
- * (at its element at) */
-#define PUT(nm, r, cl, d, mt, at, total, r0, nr, c0, nc)                                                          \
-    do {                                                                                                          \
-        out[n] = (TensorSpec){.rows = (r), .cols = (cl), .dst = (d), .mat = (mt), .mat_at = (at),                  \
-                             .mat_n = (total), .row0 = (r0), .nrows = (nr), .col0 = (c0), .ncols = (nc),          \
-                             .chunks = 1};                                                                        \
-        snprintf(out[n].name, sizeof out[n].name, "model.layers.%d.%s", l, nm);                                   \
-        n++;                                                                                                      \
-    } while (0)
-#define SLICE(nm, r, cl, d, r0, nr, c0, nc) PUT(nm, r, cl, d, NULL, 0, 0, r0, nr, c0, nc)
-#define MSLICE(nm, r, cl, mt, r0, nr, c0, nc) PUT(nm, r, cl, NULL, mt, 0, (size_t)(nr) * (nc), r0, nr, c0, nc)
-#define ADD(nm, r, cl, d) SLICE(nm, r, cl, d, 0, (r) ? (r) : 1, 0, cl)
-#define MADD(nm, r, cl, mt) MSLICE(nm, r, cl, mt, 0, r, 0, cl)
-
-/* s, or the whole model's shard (tp 1) in *whole when s is NULL */
-static const Shard *shard_or_whole(const Config *c, const Shard *s, Shard *whole)
-{
-    if (!s) shard_init(whole, c, 1, 0);
-    return s ? s : whole;
-}
-
-/* Each tensor of layer l of an MLA model: its name, shape and where its
- * weights go (dst may be NULL when only checking); returns the count. */
-int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, TensorSpec *out)
-{
-    const MlaConfig *m = &c->m;
-    MlaLayer dummy = {0}; /* where nothing is loaded: only names and shapes are wanted */
-    if (!w) w = &dummy;
-    int n = 0, H = c->n_heads, qk = m->qk_nope_head_dim + m->qk_rope_head_dim, dim = c->dim;
-    Shard whole;
-    s = shard_or_whole(c, s, &whole);
-    int hq = s->q_heads, h0 = s->q_head0;
-    ADD("input_layernorm.weight", 0, dim, &w->rms_att);
-    ADD("post_attention_layernorm.weight", 0, dim, &w->rms_ffn);
-    if (m->q_lora_rank) {
-        MADD("self_attn.q_a_proj.weight", m->q_lora_rank, dim, &w->q_a);
-        ADD("self_attn.q_a_layernorm.weight", 0, m->q_lora_rank, &w->q_a_norm);
-        MSLICE("self_attn.q_b_proj.weight", H * qk, m->q_lora_rank, &w->q_b, h0 * qk, hq * qk, 0, m->q_lora_rank);
-    } else {
-        MSLICE("self_attn.q_proj.weight", H * qk, dim, &w->q, h0 * qk, hq * qk, 0, dim);
-    }
-    int kvb = m->qk_nope_head_dim + m->v_head_dim;
-    MADD("self_attn.kv_a_proj_with_mqa.weight", m->kv_lora_rank + m->qk_rope_head_dim, dim, &w->kv_a);
-    ADD("self_attn.kv_a_layernorm.weight", 0, m->kv_lora_rank, &w->kv_a_norm);
-    SLICE("self_attn.kv_b_proj.weight", H * kvb, m->kv_lora_rank, &w->kv_b, h0 * kvb, hq * kvb, 0, m->kv_lora_rank);
-    MSLICE("self_attn.o_proj.weight", dim, H * m->v_head_dim, &w->o, 0, dim, h0 * m->v_head_dim, hq * m->v_head_dim);
-    out[n - 1].chunks = s->chunks;
-    if (!MOE_LAYER(c, l)) {
-        MSLICE("mlp.gate_proj.weight", c->hidden_dim, dim, &w->gate, s->hidden0, s->hidden, 0, dim);
-        MSLICE("mlp.up_proj.weight", c->hidden_dim, dim, &w->up, s->hidden0, s->hidden, 0, dim);
-        MSLICE("mlp.down_proj.weight", dim, c->hidden_dim, &w->down, 0, dim, s->hidden0, s->hidden);
-        out[n - 1].chunks = s->chunks;
-        return n;
-    }
-    return n + moe_tensors(c, s, l, &w->moe, out + n);
-}
-
-int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, TensorSpec *out)
-{
-    const MoeConfig *moe = &c->moe;
-    MoeLayer dummy = {0}; /* where nothing is loaded: only names and shapes are wanted */
-    if (!w) w = &dummy;
-    Shard whole;
-    s = shard_or_whole(c, s, &whole);
-    int n = 0, dim = c->dim;
-    ADD("mlp.gate.weight", moe->n_routed_experts, dim, &w->router);
-    if (moe->sigmoid) ADD("mlp.gate.e_score_correction_bias", 0, moe->n_routed_experts, &w->router_bias);
-    for (int e = s->expert0; e < s->expert0 + s->experts; e++) {
-        char nm[96];
-        int mh = moe->moe_hidden, r0 = s->moe_hidden0, nr = s->moe_hidden;
-        /* e's place in the stack of the experts held */
-        size_t per = (size_t)nr * dim, at = (size_t)(e - s->expert0) * per, all = (size_t)s->experts * per;
-        snprintf(nm, sizeof nm, "mlp.experts.%d.gate_proj.weight", e);
-        PUT(nm, mh, dim, NULL, &w->e_gate, at, all, r0, nr, 0, dim);
-        snprintf(nm, sizeof nm, "mlp.experts.%d.up_proj.weight", e);
-        PUT(nm, mh, dim, NULL, &w->e_up, at, all, r0, nr, 0, dim);
-        snprintf(nm, sizeof nm, "mlp.experts.%d.down_proj.weight", e);
-        PUT(nm, dim, mh, NULL, &w->e_down, at, all, 0, dim, r0, nr);
-        out[n - 1].chunks = s->expert_chunks;
-    }
-    if (moe->n_shared_experts > 0) {
-        int sh = moe->moe_hidden * moe->n_shared_experts, r0 = s->shared_hidden0, nr = s->shared_hidden;
-        MSLICE("mlp.shared_experts.gate_proj.weight", sh, dim, &w->s_gate, r0, nr, 0, dim);
-        MSLICE("mlp.shared_experts.up_proj.weight", sh, dim, &w->s_up, r0, nr, 0, dim);
-        MSLICE("mlp.shared_experts.down_proj.weight", dim, sh, &w->s_down, 0, dim, r0, nr);
-        out[n - 1].chunks = s->chunks;
-    }
-#undef PUT
-#undef ADD
-#undef MADD
-#undef SLICE
-#undef MSLICE
-    return n;
-}
-
 int layer_max_tensors(const Config *c) { return 16 + 3 * c->moe.n_routed_experts; }
 
 /* Multi-token-prediction layers (indices from num_hidden_layers on) are
@@ -1014,33 +915,6 @@ static int load_named(Source *src, Model *m, const TensorSpec *mt, int n)
         else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, to);
     }
     return rc;
-}
-
-/* kv_b_proj's rows of each of this rank's heads, W_uk (nope, kv_lora) then
- * W_uv (v, kv_lora), rearranged in their own buffer into the absorbed
- * form's two stacks: uk_t, each head's W_uk transposed (kv_lora, nope),
- * then uv, each head's W_uv. A counted model's point where kv_b does. */
-static void mla_fold_kv_b(const Model *m, MlaLayer *w)
-{
-    const MlaConfig *a = &m->cfg.m;
-    size_t H = (size_t)m->shard.q_heads, nope = (size_t)a->qk_nope_head_dim, kvl = (size_t)a->kv_lora_rank,
-           vd = (size_t)a->v_head_dim, n = H * (nope + vd) * kvl;
-    w->uk_t = w->kv_b;
-    w->uv = w->kv_b + H * kvl * nope;
-    if (m->w.sizing) {
-        w->uv = w->kv_b;
-        return;
-    }
-    float *kv_b = xmalloc(sizeof(float) * n);
-    memcpy(kv_b, w->kv_b, sizeof(float) * n);
-    for (size_t hd = 0; hd < H; hd++) {
-        const float *rows = kv_b + hd * (nope + vd) * kvl;
-        float *t = w->uk_t + hd * kvl * nope;
-        for (size_t i = 0; i < nope; i++)
-            for (size_t j = 0; j < kvl; j++) t[j * nope + i] = rows[i * kvl + j];
-        memcpy(w->uv + hd * vd * kvl, rows + nope * kvl, sizeof(float) * vd * kvl);
-    }
-    free(kv_b);
 }
 
 /* Every layer of an MLA model, or the MoE blocks of a Qwen3-MoE model:

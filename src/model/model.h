@@ -168,6 +168,8 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, TensorSpec 
  * router, routed and shared experts */
 int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, TensorSpec *out);
 int layer_max_tensors(const Config *c);
+/* After an MLA layer's tensors are read: kv_b into uk_t and uv (MlaLayer) */
+void mla_fold_kv_b(const Model *m, MlaLayer *w);
 
 /* Reads shapes only (cheap): llama2.c .bin header or HF config.json.
  * path NULL means the generated default model. */
