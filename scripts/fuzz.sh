@@ -17,7 +17,7 @@ targets=${*:-requests config safetensors llama2c tokjson jinja}
 CLANG=${CLANG:-clang}
 command -v "$CLANG" >/dev/null || { echo "fuzz: $CLANG not found (apt-get install clang)" >&2; exit 77; }
 mkdir -p "$OUT"
-SRCS="src/base/util.c src/base/weight.c src/io/requests.c src/model/hparams.c src/model/model.c src/model/arch.c src/model/family_deepseek.c src/model/family_moe.c src/model/mkmodel.c src/io/safetensors.c src/io/tokenizer.c src/io/hftok.c src/io/tiktoken.c src/io/jinja_value.c src/io/jinja_parse.c src/io/jinja_render.c"
+SRCS="src/base/util.c src/base/weight.c src/io/requests.c src/model/hparams.c src/model/model.c src/model/arch.c src/model/family_llama.c src/model/family_deepseek.c src/model/family_moe.c src/model/mkmodel.c src/io/safetensors.c src/io/tokenizer.c src/io/hftok.c src/io/tiktoken.c src/io/jinja_value.c src/io/jinja_parse.c src/io/jinja_render.c"
 findings=0
 for t in $targets; do
     bin=$OUT/fuzz_$t

@@ -13,15 +13,23 @@
 #include "util.h"
 
 const Arch arch_table[] = {
-    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window  mla family alias moe */
-    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0, FAMILY_DENSE, NULL, 0},
-    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0, FAMILY_DENSE, NULL, 0},
-    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 0},
-    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 0},
-    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1, FAMILY_MLA, NULL, 0},
-    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2, FAMILY_MLA, "kimi_k2", 0},
-    {"Qwen3MoeForCausalLM", "qwen3_moe", 0,     1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 1},
-    {"Glm4MoeForCausalLM", "glm4_moe",  0,       2,             0,       2,      WINDOW_NONE,  0, FAMILY_DENSE, NULL, 2},
+    /* name                 model_type  qkv_bias attention_bias mlp_bias qk_norm window  mla family alias moe reader */
+    {"LlamaForCausalLM",   "llama",    0,       1,             1,       0,      WINDOW_NONE,  0, FAMILY_DENSE, NULL, 0,
+     llama_read_config},
+    {"MistralForCausalLM", "mistral",  0,       0,             0,       0,      WINDOW_ALL,   0, FAMILY_DENSE, NULL, 0,
+     llama_read_config},
+    {"Qwen2ForCausalLM",   "qwen2",    1,       0,             0,       0,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 0,
+     llama_read_config},
+    {"Qwen3ForCausalLM",   "qwen3",    0,       1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 0,
+     llama_read_config},
+    {"DeepseekV2ForCausalLM", "deepseek_v2", 0,  0,             0,       0,      WINDOW_NONE, 1, FAMILY_MLA, NULL, 0,
+     deepseek_read_config},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", 0,  0,             0,       0,      WINDOW_NONE, 2, FAMILY_MLA, "kimi_k2", 0,
+     deepseek_read_config},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", 0,     1,             0,       1,      WINDOW_UPPER, 0, FAMILY_DENSE, NULL, 1,
+     llama_read_config},
+    {"Glm4MoeForCausalLM", "glm4_moe",  0,       2,             0,       2,      WINDOW_NONE,  0, FAMILY_DENSE, NULL, 2,
+     llama_read_config},
 };
 const int arch_count = (int)(sizeof arch_table / sizeof *arch_table);
 
@@ -113,7 +121,6 @@ int get_choice(json_t *o, const char *key, const char *const *choices, const cha
                     list);
 }
 
-/* Reads and checks a DeepSeek-V2/V3 config (docs/models.md) into c. */
 /* quantization_config: block-scaled FP8 (DeepSeek-V3's own), or
  * compressed-tensors' pack-quantized INT4 W4A16 (Kimi K2's experts: one
  * config group of symmetric 4-bit integers in groups along the input,
@@ -324,44 +331,6 @@ int read_rope(json_t *root, Config *c, const char *path, float partial)
     return 0;
 }
 
-/* ---- the sliding window -------------------------------------------------- */
-
-static int read_window(json_t *root, const Arch *a, Config *c, const char *path)
-{
-    c->sliding_window = 0;
-    c->window_first_layer = 0;
-    int window = 0, use = a->window == WINDOW_ALL, first = 0;
-    if (a->window != WINDOW_NONE && get_int(root, "sliding_window", &window, path)) return -1;
-    if (a->window == WINDOW_UPPER) {
-        first = c->n_layers;
-        if (get_bool(root, "use_sliding_window", &use, path) || get_int(root, "max_window_layers", &first, path))
-            return -1;
-    }
-    if (use && window > 0) {
-        c->sliding_window = window;
-        c->window_first_layer = first < c->n_layers ? (first > 0 ? first : 0) : c->n_layers;
-    } else if (use && json_is_integer(json_object_get(root, "sliding_window")) && window <= 0) {
-        return dcp_fail("%s: sliding_window %d must be positive", path, window);
-    }
-    /* layer_types, when given, must say the same */
-    json_t *types = json_object_get(root, "layer_types");
-    if (types && !json_is_null(types)) {
-        if (!json_is_array(types) || (int)json_array_size(types) != c->n_layers)
-            return dcp_fail("%s: \"layer_types\" must list one type per layer (%d)", path, c->n_layers);
-        for (int l = 0; l < c->n_layers; l++) {
-            const char *t = json_string_value(json_array_get(types, (size_t)l));
-            int sliding = c->sliding_window > 0 && l >= c->window_first_layer;
-            if (!t || (strcmp(t, "full_attention") && strcmp(t, "sliding_attention")))
-                return dcp_fail("%s: layer_types[%d] is not \"full_attention\" or \"sliding_attention\"", path, l);
-            if ((strcmp(t, "sliding_attention") == 0) != sliding)
-                return dcp_fail("%s: layer_types[%d] is \"%s\", but sliding_window, use_sliding_window and "
-                                "max_window_layers make it %s",
-                                path, l, t, sliding ? "sliding_attention" : "full_attention");
-        }
-    }
-    return 0;
-}
-
 /* eos_token_id: an id or a list of them, added to c's (once each) */
 void add_eos_ids(json_t *v, Config *c)
 {
@@ -435,56 +404,8 @@ int arch_read_config(const char *path, const char *text, size_t len, Config *c)
     c->bos_id = -1;
     c->max_seq_len = 2048;
     c->norm_eps = 1e-6f;
-    if (a->mla) {
-        rc = deepseek_read_config(root, a->name, a->mla == 2, path, c);
-        c->wrapped = wrapped;
-        goto out;
-    }
-    json_t *act = json_object_get(root, "hidden_act");
-    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
-        dcp_fail("%s: hidden_act %s is not supported (silu only)", path,
-                 json_is_string(act) ? json_string_value(act) : "(not a string)");
-        goto out;
-    }
-    static const char *required[] = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                     "vocab_size"};
-    int *req_out[] = {&c->dim, &c->hidden_dim, &c->n_layers, &c->n_heads, &c->vocab_size};
-    for (int i = 0; i < 5; i++) {
-        json_t *v = json_object_get(root, required[i]);
-        if (!v || json_is_null(v)) {
-            dcp_fail("%s: missing \"%s\"", path, required[i]);
-            goto out;
-        }
-        if (get_int(root, required[i], req_out[i], path)) goto out;
-    }
-    c->n_kv_heads = c->n_heads;
-    int attention_bias = 0, mlp_bias = 0;
-    if (get_int(root, "num_key_value_heads", &c->n_kv_heads, path) ||
-        get_int(root, "max_position_embeddings", &c->max_seq_len, path) ||
-        get_int(root, "bos_token_id", &c->bos_id, path) || get_float(root, "rms_norm_eps", &c->norm_eps, path) ||
-        get_bool(root, "tie_word_embeddings", &c->tied_embeddings, path) ||
-        (a->attention_bias && get_bool(root, "attention_bias", &attention_bias, path)) ||
-        (a->mlp_bias && get_bool(root, "mlp_bias", &mlp_bias, path)))
-        goto out;
-    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
-    json_t *hd = json_object_get(root, "head_dim");
-    if (hd && !json_is_null(hd)) {
-        if (get_int(root, "head_dim", &c->head_dim, path)) goto out;
-    } else if (c->n_heads > 0 && c->dim % c->n_heads) {
-        dcp_fail("%s: hidden_size %d is not a multiple of num_attention_heads %d, and no head_dim is given", path,
-                 c->dim, c->n_heads);
-        goto out;
-    }
-    if (a->moe == 1 && qwen3_moe_read_config(root, a->name, path, c)) goto out;
-    if (a->moe == 2 && glm4_moe_read_config(root, a->name, path, c)) goto out;
-    c->qkv_bias = a->qkv_bias || attention_bias;
-    c->o_bias = a->attention_bias == 1 && attention_bias; /* GLM's attention_bias: q/k/v only */
-    c->mlp_bias = mlp_bias;
-    c->qk_norm = a->qk_norm == 1;
-    if (a->qk_norm == 2 && get_bool(root, "use_qk_norm", &c->qk_norm, path)) goto out;
-    if (read_rope(root, c, path, a->moe == 2 ? 0.5f : 0) || read_window(root, a, c, path)) goto out;
-    add_eos_ids(json_object_get(root, "eos_token_id"), c);
-    rc = 0;
+    c->wrapped = wrapped;
+    rc = a->read_config(root, a, path, c);
 out:
     if (!rc) {
         const char *td = json_string_value(json_object_get(root, "torch_dtype"));

@@ -6,8 +6,9 @@
  * (engine/layer_dense.c); a row says which of its parts the architecture
  * has: q/k/v biases, the attention_bias and mlp_bias fields, per-head q/k
  * norms, and its kind of sliding window. DeepSeek-V2/V3 share another
- * (engine/layer_mla.c). Anything else is refused before any weight is
- * read. */
+ * (engine/layer_mla.c). A row names its family's reader of config.json
+ * (family_llama.c, family_deepseek.c). Anything else is refused before any
+ * weight is read. */
 #ifndef DCP_ARCH_H
 #define DCP_ARCH_H
 
@@ -27,7 +28,9 @@ typedef enum {
     FAMILY_MLA,   /* DeepSeek-V2/V3: multi-head latent attention, mixture of experts */
 } LayerFamily;
 
-typedef struct {
+struct json_t;
+
+typedef struct Arch {
     const char *name;        /* architectures[0], e.g. "LlamaForCausalLM" */
     const char *model_type;  /* e.g. "llama" */
     int qkv_bias;            /* q/k/v biases always (Qwen2) */
@@ -41,6 +44,9 @@ typedef struct {
     int moe;                 /* mixture-of-experts layers: 1 Qwen3-MoE's (num_experts..., every layer, softmax
                               * router, no shared experts), 2 GLM-4.5's (n_routed_experts..., DeepSeek-V3's
                               * router, shared experts, the first layers dense, partial RoPE) */
+    /* the family's reader of the rest of config.json (arch_impl.h): shapes
+     * and features into c, or -1 with dcp_error() naming the field */
+    int (*read_config)(struct json_t *root, const struct Arch *a, const char *path, Config *c);
 } Arch;
 
 extern const Arch arch_table[];

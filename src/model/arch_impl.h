@@ -2,9 +2,10 @@
  * typed fields and the blocks every family reads the same way, and the
  * readers the families own, which arch_read_config calls by its table's
  * row:
- *   arch.c            the table, typed fields, RoPE, the sliding window,
- *                     eos ids, quantization_config's formats, the Llama
- *                     family's fields
+ *   arch.c            the table, typed fields, RoPE, eos ids,
+ *                     quantization_config's formats
+ *   family_llama.c    the Llama family: Llama, Mistral, Qwen2, Qwen3, and
+ *                     the attention side of Qwen3-MoE and GLM-4.5
  *   family_deepseek.c DeepSeek-V2/V3 (and Kimi K2): latent attention, its
  *                     experts, their tensors
  *   family_moe.c      the MoE blocks of Qwen3-MoE and GLM-4.5, and the
@@ -32,10 +33,13 @@ int read_rope(json_t *root, Config *c, const char *path, float partial);
 void add_eos_ids(json_t *v, Config *c);
 int read_quantization(json_t *q, QuantConfig *m, const char *path);
 
-/* The families' readers: the whole config (DeepSeek), or the MoE block
- * into c->moe of a Llama-family config read so far (arch name for
- * messages). */
-int deepseek_read_config(json_t *root, const char *arch, int v3, const char *path, Config *c);
+/* The families' readers, as arch_table's rows name them: everything past
+ * the architecture, for the row a (its name for messages, its features);
+ * and the MoE blocks into c->moe, which the Llama family's reader calls
+ * for the rows with experts (arch name for messages). */
+struct Arch;
+int llama_read_config(json_t *root, const struct Arch *a, const char *path, Config *c);
+int deepseek_read_config(json_t *root, const struct Arch *a, const char *path, Config *c);
 int qwen3_moe_read_config(json_t *root, const char *arch, const char *path, Config *c);
 int glm4_moe_read_config(json_t *root, const char *arch, const char *path, Config *c);
 

@@ -15,8 +15,11 @@
 #include "mkmodel.h"
 #include "util.h"
 
-int deepseek_read_config(json_t *root, const char *arch, int v3, const char *path, Config *cp)
+/* Reads and checks a DeepSeek-V2/V3 config (docs/models.md) into c. */
+int deepseek_read_config(json_t *root, const Arch *a, const char *path, Config *cp)
 {
+    const char *arch = a->name;
+    int v3 = a->mla == 2;
     Config c = *cp;
     MlaConfig m;
     MoeConfig moe;
