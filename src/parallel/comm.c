@@ -49,6 +49,12 @@ int comm_count(size_t n)
     return (int)n;
 }
 
+int comm_slice(int n, int N, int r, int *start)
+{
+    *start = (int)((long long)n * r / N);
+    return (int)((long long)n * (r + 1) / N) - *start;
+}
+
 void comm_stats_free(CommStats *s)
 {
     if (s->stage) s->be->host_release(s->stage);
@@ -64,7 +70,8 @@ void comm_sum_tree(CommStats *s, float *buf, float *scratch, int n, CommGroup gi
     s->t->sum_tree(s, buf, scratch, n, &g);
     /* every slice but its own to its owner, then its own slice (the
      * rank's share of n, as the transport slices it) to the others */
-    long long mine = (long long)n * (g.rank + 1) / g.size - (long long)n * g.rank / g.size;
+    int at;
+    long long mine = comm_slice(n, g.size, g.rank, &at);
     count(s, COMM_tp_sum, 4 * (n - mine) + 4 * mine * (g.size - 1), t0);
 }
 

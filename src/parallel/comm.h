@@ -141,6 +141,10 @@ typedef struct CommStats {
  * guards against a limit that was missed. */
 int comm_count(size_t n);
 
+/* Rank r's slice of n elements split over N ranks, comm_sum_tree's:
+ * [n r / N, n (r + 1) / N), its start in *start; returns its length. */
+int comm_slice(int n, int N, int r, int *start);
+
 /* Frees the staging buffer. */
 void comm_stats_free(CommStats *s);
 

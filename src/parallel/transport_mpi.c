@@ -38,15 +38,6 @@ static float *stage(CommStats *s, size_t floats)
     return s->stage;
 }
 
-/* Slice r of n elements split over N ranks: [n r / N, n (r + 1) / N). */
-static void slices(int n, int N, int *count, int *displ)
-{
-    for (int r = 0; r < N; r++) {
-        displ[r] = (int)((long long)n * r / N);
-        count[r] = (int)((long long)n * (r + 1) / N) - displ[r];
-    }
-}
-
 /* The canonical sum (comm_sum_tree) of b (n floats) with recv (N slices of
  * this rank's share) as scratch, both in memory MPI reads; the additions
  * by the backend (device) or on the host (staged). */
@@ -54,7 +45,7 @@ static void sum_tree_on(CommStats *s, float *b, float *recv, int n, const Group 
 {
     int N = g->size, me = g->rank;
     int *cnt = xmalloc(sizeof(int) * 4 * (size_t)N), *displ = cnt + N, *rcount = displ + N, *rdispl = rcount + N;
-    slices(n, N, cnt, displ);
+    for (int r = 0; r < N; r++) cnt[r] = comm_slice(n, N, r, &displ[r]);
     int mine = cnt[me];
     for (int r = 0; r < N; r++) {
         rcount[r] = mine;
@@ -90,8 +81,8 @@ static void mpi_sum_tree(CommStats *s, float *buf, float *scratch, int n, const 
 static void staged_sum_tree(CommStats *s, float *buf, float *scratch, int n, const Group *g)
 {
     (void)scratch;
-    size_t mine = (size_t)((long long)n * (g->rank + 1) / g->size - (long long)n * g->rank / g->size);
-    float *b = stage(s, (size_t)n + mine * (size_t)g->size); /* the whole exchange in host memory */
+    int at, mine = comm_slice(n, g->size, g->rank, &at);
+    float *b = stage(s, (size_t)n + (size_t)mine * (size_t)g->size); /* the whole exchange in host memory */
     s->be->download(b, buf, sizeof(float) * n);
     sum_tree_on(s, b, b + n, n, g, 0);
     staged_upload(s, buf, b, (size_t)n);
