@@ -7,7 +7,8 @@
 # variant's build (build only) where nvcc exists.
 # Last, make distcheck builds the release tarball and tests it (a few
 # tests; its file list against git's). Ends with
-# "N passed, N failed, N skipped".
+# "N passed, N failed, N skipped", after the logs of what failed (a test
+# that fails among the others runs once more alone; see run_suite).
 set -u
 . "$(dirname "$0")/setup.sh"
 ensure_packages || exit 1
@@ -38,10 +39,31 @@ run_suite() { # NAME BUILD_DIR CONFIGURE_ARGS [TESTS]: all of make check, or tho
         tail -30 "$BUILD_DIR/check.out"
         f=1
     fi
-    for log in $(grep -lE '^(FAIL|ERROR)' "$BUILD_DIR"/tests/*.log 2>/dev/null); do
-        echo "--- $log"; tail -25 "$log"
+    # a test that failed among the others runs again alone, once: a pass
+    # there counts, but its first log goes to the report at the end (as
+    # FLAKY), so that a failure that depends on load is seen, not lost
+    local t log
+    for t in $(sed -n 's/^\(FAIL\|ERROR\): //p' "$BUILD_DIR/check.out"); do
+        log=$BUILD_DIR/${t%.sh}.log
+        cp "$log" "$log.first" 2>/dev/null
+        if make -C "$BUILD_DIR" check TESTS="$t" >"$BUILD_DIR/rerun.out" 2>&1 && grep -q "^PASS: $t" "$BUILD_DIR/rerun.out"; then
+            echo "   FLAKY: $t failed among the others and passed alone"
+            report "FLAKY ($name build): $t, its failing log" "$log.first"
+            p=$((p + 1)) f=$((f - 1))
+        else
+            echo "   FAIL: $t again alone"
+            report "FAIL ($name build): $t" "$log"
+        fi
     done
     passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+}
+
+# report TITLE LOG: the log's tail, printed again just before the summary
+# line, where a reader of the run's end finds it
+REPORT=$(mktemp)
+trap 'rm -f "$REPORT"' EXIT
+report() {
+    { echo "--- $1"; tail -40 "$2" 2>/dev/null; } >>"$REPORT"
 }
 
 # the CUDA variant must keep compiling, GPU or not (its tests run where
@@ -92,7 +114,7 @@ system_tests() {
             skipped=$((skipped + 1))
         else
             echo "   FAIL: tests/$t.sh"
-            tail -30 "$TOP/build/$t.log"
+            report "FAIL: tests/$t.sh" "$TOP/build/$t.log"
             failed=$((failed + 1))
         fi
     done
@@ -162,5 +184,9 @@ if command -v git >/dev/null && git -C "$TOP" rev-parse >/dev/null 2>&1; then
     fi
 fi
 
+if [ -s "$REPORT" ]; then
+    echo "== the logs of what failed"
+    cat "$REPORT"
+fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]
