@@ -85,7 +85,7 @@ static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
         size_t ns = n / (size_t)host.qcols;
         w.data = d;
         if (host.scale8) { // NVFP4's codes as stored, and their tables
-            size_t nt = weight_tables(host, n) * 256;
+            size_t nt = weight_tables(host, n) * WEIGHT_TABLE;
             uint8_t *c = (uint8_t *)cuda_alloc(ns ? ns : 1);
             float *t = (float *)cuda_alloc(sizeof(float) * nt);
             upload_weights(c, host.scale8, ns);
@@ -215,6 +215,7 @@ extern "C" const Backend *backend_cuda(void)
     b.gemm_weights = cuda_gemm_weights;
     b.release_weights = cuda_release_weights;
     b.set_gemm_dtype = cuda_set_gemm_dtype;
+    b.nvfp4_act = cuda_fp4_activations;
     b.synchronize = cuda_synchronize;
     b.matmul = cuda_matmul;
     b.rmsnorm = cuda_rmsnorm;

@@ -105,6 +105,8 @@ __device__ static inline void kv_store(__nv_bfloat16 *p, float v) { *p = __float
 __device__ static inline void kv_store(uint8_t *p, float v) { *p = f32_to_f8e4m3(v); }
 
 // the ops, by file
+const float *cuda_fp4_activations(const float *x, int ldx, const int *rows, const int *start, int experts, int T,
+                                  WeightRef w, size_t w_step, int in);
 void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out);
 void cuda_matmul_batched(float *y, int ldy, size_t y_step, const float *x, int ldx, size_t x_step, WeightRef w,
                          int batch, int T, int in, int out);

@@ -6,11 +6,53 @@ static __nv_bfloat16 *x_bf16; // activations of a product with bf16 weights
 static size_t x_bf16_cap;
 static float *w_f32; // a quantized matrix widened for cuBLAS (cuda_matmul)
 static size_t w_f32_cap;
+static float *x_fp4; // activations quantized as NVFP4 (act_fp4)
+static size_t x_fp4_cap;
 
 __global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+// ---- W4A4 activations ---------------------------------------------------
+
+// Group g (16 columns) of row t of x (rows ldx apart; row rows[t] where
+// rows is set) quantized as the matrix's W4A4 input (nvfp4_act_group, the
+// CPU's arithmetic) into row t of y (in columns): the matrix is expert e's
+// of a stack, e found from start[] as k_moe_matmul finds it (start NULL:
+// one matrix). A matrix without an input global scale copies the row.
+__global__ void k_fp4_act(float *y, const float *x, int ldx, const int *rows, const int *start, int experts, int T,
+                          QS_PARAMS, size_t w_step, int in)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, groups = (size_t)in / NVFP4_ACT_GROUP;
+    if (i >= (size_t)T * groups) return;
+    int t = (int)(i / groups), g = (int)(i % groups) * NVFP4_ACT_GROUP, e = 0;
+    while (start && e < experts && t >= start[e + 1]) e++;
+    WeightRef qs = qs_ref(scale, scale8, tables, table_runs, run0, qcols, qflags);
+    qs.run0 += (size_t)e * w_step / (size_t)qcols;
+    float gs = weight_act_scale(&qs), *yr = y + (size_t)t * in + g;
+    const float *xr = x + (size_t)(rows ? rows[t] : t) * ldx + g;
+    if (gs != 0.0f) nvfp4_act_group(yr, xr, MUTANT(5) ? 1.0f : gs);
+    else
+        for (int k = 0; k < NVFP4_ACT_GROUP; k++) yr[k] = xr[k];
+}
+
+// T rows of x as the W4A4 matrix w (or its experts) reads them, into a
+// scratch buffer grown on demand
+const float *cuda_fp4_activations(const float *x, int ldx, const int *rows, const int *start, int experts, int T,
+                                  WeightRef w, size_t w_step, int in)
+{
+    size_t n = (size_t)T * in;
+    if (n > x_fp4_cap) {
+        if (x_fp4) cuda_release(x_fp4);
+        x_fp4_cap = 2 * n;
+        x_fp4 = (float *)cuda_alloc(sizeof(float) * x_fp4_cap);
+    }
+    DCP_LAUNCH(k_fp4_act, blocks_for(n / NVFP4_ACT_GROUP, 256), 256, 0, stream, x_fp4, x, ldx, rows, start, experts,
+               T, QS_ARGS(w), w_step, in);
+    DCP_CHECK_LAUNCH(stream);
+    return x_fp4;
 }
 
 // ---- GEMM -------------------------------------------------------------

@@ -65,7 +65,23 @@ ct ct_nvfp4 "{$W4}" nvfp4-pack-quantized
 expect_error ct_nvfp4_int 1 'nvfp4-pack-quantized weights must be 4-bit floats in tensor groups of 16' \
     --model "$WORK/ct_nvfp4" "$P"
 ct ct_w4a4 "{$(echo "$W4" | sed 's/"type": "int"/"type": "float"/; s/"group"/"tensor_group"/; s/32}/16}/'), \"input_activations\": {\"num_bits\": 4, \"type\": \"float\"}}" nvfp4-pack-quantized
-expect_error ct_w4a4 1 'NVFP4 input activations (W4A4) are not supported' --model "$WORK/ct_w4a4" "$P"
+expect_error ct_w4a4 1 'NVFP4 input_activations must be 4-bit floats in tensor groups of 16, dynamic "local"' \
+    --model "$WORK/ct_w4a4" "$P"
+# ModelOpt: config.json's quantization_config and hf_quant_config.json must
+# say the same (the module lists as sets, the KV cache's algorithm)
+mo() { # NAME SED (on hf_quant_config.json)
+    mkdir -p "$WORK/$1"
+    ln -sf "$SRC/tests/data/deepseek/v3_w4a4_mo/config.json" "$SRC/tests/data/deepseek/v3_w4a4_mo/model.safetensors" \
+        "$WORK/$1/"
+    sed "$2" "$SRC/tests/data/deepseek/v3_w4a4_mo/hf_quant_config.json" >"$WORK/$1/hf_quant_config.json"
+}
+mo mo_exclude 's/"model.layers.0.mlp\*",//'
+expect_error modelopt_exclude 1 '"model.layers.0.mlp*" is in quantization_config'"'"'s ignore but not in hf_quant_config.json'"'"'s exclude_modules: the two files must exclude the same modules' \
+    --model "$WORK/mo_exclude" "$P"
+mo mo_kv 's/"kv_cache_quant_algo": null/"kv_cache_quant_algo": "INT8"/'
+expect_error modelopt_kv 1 'quantization_config kv_cache_quant_algo is absent, but' --model "$WORK/mo_kv" "$P"
+mo mo_algo 's/"quant_algo": "NVFP4"/"quant_algo": "FP8"/'
+expect_error modelopt_algo 1 'quantization_config quant_algo is "NVFP4", but' --model "$WORK/mo_algo" "$P"
 ct ct_asym "{$(echo "$W4" | sed 's/"symmetric": true/"symmetric": false/')}"
 expect_error ct_asym 1 'asymmetric INT4 (weight_zero_point) is not supported (symmetric only)' --model "$WORK/ct_asym" "$P"
 ct ct_w4a8 "{$W4, \"input_activations\": {\"num_bits\": 8, \"type\": \"int\"}}"

@@ -51,10 +51,11 @@ static WeightRef rnd_fp4_codes(size_t n, int qcols, size_t table_runs, uint64_t 
     free((void *)w.scale);
     size_t ns = n / qcols, nt = (ns + table_runs - 1) / table_runs;
     uint8_t *codes = xmalloc(ns);
-    float *tables = xmalloc(sizeof(float) * 256 * nt);
+    float *tables = xcalloc(WEIGHT_TABLE * nt, sizeof(float));
     for (size_t i = 0; i < ns; i++) codes[i] = (uint8_t)(0x30 + splitmix64(st) % 0x20); /* 0.25 .. 7.5 */
     for (size_t j = 0; j < nt; j++)
-        for (int b = 0; b < 256; b++) tables[256 * j + b] = f8e4m3_to_f32((uint8_t)b) / (448.0f + 37.0f * (float)j);
+        for (int b = 0; b < 256; b++)
+            tables[WEIGHT_TABLE * j + b] = f8e4m3_to_f32((uint8_t)b) / (448.0f + 37.0f * (float)j);
     w.scale = NULL, w.scale8 = codes, w.tables = tables, w.table_runs = table_runs;
     return w;
 }
@@ -426,6 +427,25 @@ static void moe_ops(uint64_t *st)
             snprintf(name, sizeof name, "moe_matmul %s %s", tn, cases[k].name);
             EXPECT_CLOSE(name, g, yq, (size_t)P * MH, 5e-5);
             free(g);
+            if (i4 == 3) { /* W4A4: each expert's rows quantized with its input scale (0: none, copied) */
+                float *tab = (float *)q.tables;
+                for (int e = 0; e < E; e++) tab[WEIGHT_TABLE * e + WEIGHT_TABLE_ACT] = e % 3 ? 900.0f + 97.0f * e : 0;
+                release_matrix(dq);
+                dq = gpu->gemm_weights(q, (size_t)E * MH * DIM);
+                for (int one = 0; one < 2; one++) { /* the experts' pairs; one matrix's rows in order */
+                    const float *a = one ? cpu->nvfp4_act(x, DIM, NULL, NULL, 1, T, weight_at(q, MH * DIM), 0, DIM)
+                                         : cpu->nvfp4_act(x, DIM, rows, start, E, P, q, (size_t)MH * DIM, DIM);
+                    const float *d = one ? gpu->nvfp4_act(dx, DIM, NULL, NULL, 1, T, weight_at(dq, MH * DIM), 0, DIM)
+                                         : gpu->nvfp4_act(dx, DIM, drows, dstart, E, P, dq, (size_t)MH * DIM, DIM);
+                    size_t n = (size_t)(one ? T : P) * DIM;
+                    g = back(d, n);
+                    size_t diff = 0;
+                    for (size_t i = 0; i < n; i++) diff += g[i] != a[i];
+                    snprintf(name, sizeof name, "nvfp4_act %s %s", one ? "one matrix" : "experts", cases[k].name);
+                    CHECK(diff == 0, "%s differs from the CPU's in %zu of %zu values", name, diff, n);
+                    free(g);
+                }
+            }
             size_t half = (size_t)DIM * cin;
             gpu->upload(dy, yq, sizeof(float) * P * MH);
             cpu->moe_matmul(y2, yq + cin, MH, NULL, start, E, P, weight_at(q, half), (size_t)MH * DIM, cin, DIM);

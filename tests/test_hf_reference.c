@@ -22,11 +22,12 @@ static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/line
                               "hf/qwen3_qk_norm", "hf/mlp_bias",        "hf/qwen3_moe",       "hf/glm4_moe",
                               "deepseek/v3_yarn",
                               "deepseek/v2_softmax", "deepseek/v3_fp8", "deepseek/v3_int4", "deepseek/v3_nvfp4",
-                              "deepseek/v3_nvfp4_modelopt"};
+                              "deepseek/v3_nvfp4_modelopt", "deepseek/v3_w4a4", "deepseek/v3_w4a4_mo"};
 
 /* One request of the prompt at one rank: its logits at every position
  * ((n + max_tokens) x vocab, malloc'ed) and its result. */
-static float *run_prompt(const Model *m, const int *prompt, int n, int max_tokens, Result *res)
+static float *run_prompt_with(const Model *m, const int *prompt, int n, int max_tokens, Result *res,
+                              const EngineOptions *eo)
 {
     int vocab = m->cfg.vocab_size;
     RequestSet rs = {0};
@@ -34,13 +35,18 @@ static float *run_prompt(const Model *m, const int *prompt, int n, int max_token
     PromptLogits cap = {xcalloc((size_t)(n + max_tokens) * vocab, sizeof(float)), vocab};
     Timings tm = {0};
     Engine e;
-    engine_init(&e, m, backend_cpu(), NULL, NULL, &tm, NULL);
+    engine_init(&e, m, backend_cpu(), NULL, eo, &tm, NULL);
     GenOptions go = {.max_model_len = m->cfg.max_seq_len, .max_num_seqs = 4, .max_batched_tokens = 4096,
                      .on_logits = capture_prompt_logits, .on_logits_ctx = &cap};
     generate(&e, &rs, res, &go, NULL);
     engine_free(&e);
     requests_free(&rs);
     return cap.logits;
+}
+
+static float *run_prompt(const Model *m, const int *prompt, int n, int max_tokens, Result *res)
+{
+    return run_prompt_with(m, prompt, n, max_tokens, res, NULL);
 }
 
 /* Logits of every position of a model folder's prompt.txt, at one rank. */
@@ -66,8 +72,8 @@ static float *prompt_logits(const char *dir, int *n_out, int *vocab_out)
  * read that the checkpoint quantizes takes its stored bits per element
  * (FP8 8, INT4 and NVFP4 4) and a 4-byte scale per run of gcd(block or
  * group, its K chunk's columns) columns (NVFP4: its 1-byte E4M3 code, and
- * a 1 KiB table of the codes' values per matrix), against the twin's 4
- * bytes. */
+ * a table of the codes' values and the input scale, WEIGHT_TABLE floats,
+ * per matrix), against the twin's 4 bytes. */
 static void quant_twin(const char *src, const char *name, DType t, int block)
 {
     char dir[4096], twin[4200];
@@ -91,7 +97,8 @@ static void quant_twin(const char *src, const char *name, DType t, int block)
                 int run = block, cc = mt[i].ncols / mt[i].chunks;
                 while (cc % run) run /= 2; /* gcd(block, cc): both powers of two here */
                 /* NVFP4: a 1-byte code per run and one table of 256 fp32 values per matrix */
-                want += e * (long long)dtype_bits(t) / 8 + (t == DTYPE_FP4 ? e / run + 1024 : 4 * e / run) - 4 * e;
+                want += e * (long long)dtype_bits(t) / 8 + (t == DTYPE_FP4 ? e / run + 4 * WEIGHT_TABLE : 4 * e / run) -
+                        4 * e;
                 kept += mt[i].mat->dtype == t;
                 unkept += mt[i].mat->dtype != t;
             }
@@ -117,52 +124,68 @@ static void quant_twin(const char *src, const char *name, DType t, int block)
     free(b);
 }
 
+/* The model under tests/data/NAME against transformers: logits at every
+ * prompt position within 1e-4 of its logitsSUFFIX.f32 (relative to the
+ * row's largest), its 32 greedy tokens those of greedySUFFIX.txt; eo: the
+ * engine's options (NULL: defaults). */
+static void against_transformers(const char *src, const char *name, const char *suffix, const EngineOptions *eo)
+{
+    char dir[4096], path[4200], label[96];
+    snprintf(dir, sizeof dir, "%s/tests/data/%s", src, name);
+    snprintf(label, sizeof label, "%s%s", name, suffix);
+    int prompt[1024], want[64];
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    int n = read_ids(path, prompt, 1024);
+    snprintf(path, sizeof path, "%s/greedy%s.txt", dir, suffix);
+    int n_want = read_ids(path, want, 64);
+    Model m;
+    if (!CHECK_OK(n >= 64 && n_want == 32, "%s: reference data missing (%d prompt, %d greedy ids)", label, n,
+                  n_want) ||
+        !CHECK_OK(model_load(&m, dir, 1, 0) == 0, "%s: %s", label, dcp_error()))
+        return;
+    int vocab = m.cfg.vocab_size;
+    snprintf(path, sizeof path, "logits%s.f32", suffix);
+    float *ref = read_ref_logits_named(dir, path, n, vocab);
+    /* every position's logits, then the greedy continuation */
+    Result res;
+    float *logits = run_prompt_with(&m, prompt, n, 32, &res, eo);
+    double worst = 0;
+    for (int p = 0; p < n; p++) {
+        const float *a = logits + (size_t)p * vocab, *b = ref + (size_t)p * vocab;
+        double big = 0, d = 0;
+        for (int v = 0; v < vocab; v++) {
+            big = fmax(big, fabs(b[v]));
+            d = fmax(d, fabs((double)a[v] - b[v]));
+        }
+        worst = fmax(worst, d / (big > 0 ? big : 1));
+    }
+    int same = res.n == 32 && !memcmp(res.tokens, want, sizeof(int) * 32);
+    fprintf(stderr, "%-25s %-20s max |logit - transformers| / max |logit| = %.2g over %d positions; greedy %s\n",
+            label, arch_table[m.cfg.arch].name, worst, n, same ? "identical" : "DIFFER");
+    CHECK(worst <= 1e-4, "%s: logits differ from transformers by %g (relative)", label, worst);
+    CHECK(same, "%s: greedy tokens differ from transformers' (%d tokens)", label, res.n);
+    results_free(&res, 1);
+    free(logits);
+    free(ref);
+    model_free(&m);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
     const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        char dir[4096], path[4200];
-        snprintf(dir, sizeof dir, "%s/tests/data/%s", src, cases[k]);
-        int prompt[1024], want[64];
-        snprintf(path, sizeof path, "%s/prompt.txt", dir);
-        int n = read_ids(path, prompt, 1024);
-        snprintf(path, sizeof path, "%s/greedy.txt", dir);
-        int n_want = read_ids(path, want, 64);
-        Model m;
-        if (!CHECK_OK(n >= 200 && n_want == 32, "%s: reference data missing (%d prompt, %d greedy ids)", cases[k], n,
-                      n_want) ||
-            !CHECK_OK(model_load(&m, dir, 1, 0) == 0, "%s: %s", cases[k], dcp_error()))
-            continue;
-        int vocab = m.cfg.vocab_size;
-        float *ref = read_ref_logits(dir, n, vocab);
-        /* every position's logits, then the greedy continuation */
-        Result res;
-        float *logits = run_prompt(&m, prompt, n, 32, &res);
-        double worst = 0;
-        for (int p = 0; p < n; p++) {
-            const float *a = logits + (size_t)p * vocab, *b = ref + (size_t)p * vocab;
-            double big = 0, d = 0;
-            for (int v = 0; v < vocab; v++) {
-                big = fmax(big, fabs(b[v]));
-                d = fmax(d, fabs((double)a[v] - b[v]));
-            }
-            worst = fmax(worst, d / (big > 0 ? big : 1));
-        }
-        int same = res.n == 32 && !memcmp(res.tokens, want, sizeof(int) * 32);
-        fprintf(stderr, "%-16s %-20s max |logit - transformers| / max |logit| = %.2g over %d positions; greedy %s\n",
-                cases[k], arch_table[m.cfg.arch].name, worst, n, same ? "identical" : "DIFFER");
-        CHECK(worst <= 1e-4, "%s: logits differ from transformers by %g (relative)", cases[k], worst);
-        CHECK(same, "%s: greedy tokens differ from transformers' (%d tokens)", cases[k], res.n);
-        results_free(&res, 1);
-        free(logits);
-        free(ref);
-        model_free(&m);
-    }
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) against_transformers(src, cases[k], "", NULL);
+    /* W4A4 NVFP4 with emulated activations: compressed-tensors' own fake
+     * quantization of every expert's input in the reference */
+    EngineOptions emulate = {.nvfp4_act = 1};
+    against_transformers(src, "deepseek/v3_w4a4", "_emulate", &emulate);
+    against_transformers(src, "deepseek/v3_w4a4_mo", "_emulate", &emulate);
     quant_twin(src, "v3_fp8", DTYPE_F8_E4M3, 16);
     quant_twin(src, "v3_int4", DTYPE_I4, 32);
     quant_twin(src, "v3_nvfp4", DTYPE_FP4, 16);
     quant_twin(src, "v3_nvfp4_modelopt", DTYPE_FP4, 16);
+    quant_twin(src, "v3_w4a4", DTYPE_FP4, 16);
+    quant_twin(src, "v3_w4a4_mo", DTYPE_FP4, 16);
     MPI_Finalize();
     return test_finish("test_hf_reference");
 }

@@ -29,6 +29,7 @@ typedef struct {
     DType kv_dtype;   /* of the KV cache */
     int ep;           /* --enable-expert-parallel: whole experts over the np ranks */
     int ref_ep;       /* the reference ran with it too (its reduction order is the EP one) */
+    int nvfp4_act;    /* W4A4: emulated NVFP4 activations (EngineOptions.nvfp4_act) */
 } Layout;
 
 /* What a layout run reports besides its checks. */
@@ -88,8 +89,9 @@ static int rank_of_world(void)
 }
 
 /* One rank's run (every rank makes its own), with a KV cache of kv_dtype;
- * ep: with expert parallelism (over itself: whole experts, its order). */
-static Reference reference_run_ep(const char *path, RequestSet *rs, DType kv_dtype, int ep)
+ * ep: with expert parallelism (over itself: whole experts, its order);
+ * nvfp4_act: emulated W4A4 activations. */
+static Reference reference_run_act(const char *path, RequestSet *rs, DType kv_dtype, int ep, int nvfp4_act)
 {
     Model m;
     CHECK(model_load_ep(&m, path, 1, 0, ep, 0, "float32", 0) == 0, "load %s: %s", path, dcp_error());
@@ -103,7 +105,7 @@ static Reference reference_run_ep(const char *path, RequestSet *rs, DType kv_dty
     ref.cap = capture_new(rs, m.cfg.vocab_size, ref.identity);
     Timings tm = {0};
     Engine e;
-    EngineOptions eo = {.kv_dtype = kv_dtype};
+    EngineOptions eo = {.kv_dtype = kv_dtype, .nvfp4_act = nvfp4_act};
     CommStats cs = {0};
     engine_init(&e, &m, backend_cpu(), ep ? &t : NULL, &eo, &tm, ep ? &cs : NULL);
     GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = 4096,
@@ -113,6 +115,11 @@ static Reference reference_run_ep(const char *path, RequestSet *rs, DType kv_dty
     model_free(&m);
     if (ep) topology_free(&t);
     return ref;
+}
+
+static Reference reference_run_ep(const char *path, RequestSet *rs, DType kv_dtype, int ep)
+{
+    return reference_run_act(path, rs, kv_dtype, ep, 0);
 }
 
 static Reference reference_run_kv(const char *path, RequestSet *rs, DType kv_dtype)
@@ -151,7 +158,7 @@ static void run_layout_into(const char *label, const char *path, RequestSet *rs,
         Engine e;
         /* blocks of 16 positions, or the multiple of the interleave next above */
         EngineOptions eo = {L.merge, L.kv_memory ? L.kv_memory : 64 << 20,
-                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I, 0, 0, L.kv_dtype};
+                            L.block_size ? L.block_size : (16 + L.I - 1) / L.I * L.I, 0, 0, L.kv_dtype, L.nvfp4_act};
         engine_init(&e, &m, L.guarded ? backend_guarded() : backend_cpu(), &t, &eo, &tm, &cs);
         GenOptions go = {.max_model_len = m.cfg.max_seq_len, .max_num_seqs = 64, .max_batched_tokens = L.budget,
                          .on_logits = L.tokens_only ? NULL : capture, .on_logits_ctx = &cap};
@@ -779,6 +786,47 @@ static void deepseek_layouts(void)
     }
 }
 
+/* W4A4 NVFP4 checkpoints (tests/ref/make_w4a4_refs.py: compressed-tensors'
+ * and ModelOpt's) at tp 4 dcp 4, without and with expert parallelism, on
+ * v3_yarn's requests: weight-only, the bits of the float32 twin at one rank
+ * (with EP: of the twin at one rank with EP); emulated activations, the
+ * bits of one rank emulating them (which test_hf_reference holds to
+ * compressed-tensors' own quantization of every expert's input). */
+static void w4a4_layouts(void)
+{
+    const char *src = getenv("DCP_SRCDIR") ? getenv("DCP_SRCDIR") : ".";
+    static const char *const names[] = {"v3_w4a4", "v3_w4a4_mo"};
+    char dir[4096];
+    RequestSet rs = {0};
+    if (!deepseek_requests("v3_yarn", dir, sizeof dir, &rs)) return;
+    for (int k = 0; k < 2; k++) {
+        char q[4096], twin[4200], label[160];
+        snprintf(q, sizeof q, "%s/tests/data/deepseek/%s", src, names[k]);
+        snprintf(twin, sizeof twin, "%s_twin", q);
+        for (int act = 0; act < 2; act++) {
+            const char *how = act ? "emulated activations" : "weight-only";
+            for (int ep = 0; ep < 2; ep++) {
+                Reference ref = act ? reference_run_act(q, &rs, DTYPE_F32, ep, 1)
+                                    : reference_run_act(twin, &rs, DTYPE_F32, ep, 0);
+                snprintf(label, sizeof label, "deepseek %s %s: tp 4 dcp 4%s", names[k], how, ep ? " EP" : "");
+                run_layout(label, q, &rs, &ref,
+                           (Layout){.np = 4, .tp = 4, .dcp = 4, .I = 1, .budget = 16, .rel_tol = 1e-4, .ep = ep,
+                                    .ref_ep = ep, .nvfp4_act = act},
+                           NULL);
+                if (!ep) { /* EP's order at one rank: the same tokens, logits within 1e-4 */
+                    snprintf(label, sizeof label, "deepseek %s %s: one rank EP", names[k], how);
+                    run_layout(label, q, &rs, &ref,
+                               (Layout){.np = 1, .tp = 1, .dcp = 1, .I = 1, .budget = 16, .rel_tol = 1e-4, .ep = 1,
+                                        .nvfp4_act = act},
+                               NULL);
+                }
+                free_reference(&ref, rs.n);
+            }
+        }
+    }
+    requests_free(&rs);
+}
+
 /* Expert parallelism (--enable-expert-parallel) on DeepSeek-V3 and V2:
  * greedy tokens identical to one rank's and logits within 1e-4 of them
  * at tp 4 dcp 4, tp 2 dp 2 and tp 8 dcp 8 (16-token steps, so chunked
@@ -972,23 +1020,32 @@ int main(int argc, char **argv)
     }
     MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
 
-    chunked_transfers();
-    hf_layouts();
-    deepseek_layouts();
-    expert_parallel_layouts();
-    expert_parallel_bytes();
-    stories_layouts();
-    char *mqa8 = write_mqa(dir, 8, 512), *mqa16 = write_mqa(dir, 16, 512), *mqa_long = write_mqa(dir, 8, 4200);
-    mqa_layouts(mqa8, 8);
-    mqa_layouts(mqa16, 16);
-    kv_accounting(mqa8);
-    comm_bytes(mqa16, 16);
-    guarded_layouts(mqa16);
-    preemption(mqa8);
-    chunked_prefill_4k(mqa_long);
-    free(mqa8);
-    free(mqa16);
-    free(mqa_long);
+    /* the groups named on the command line (a developer's shortcut), else all */
+    static const struct {
+        const char *name;
+        void (*run)(void);
+    } groups[] = {{"chunked", chunked_transfers},  {"hf", hf_layouts},           {"deepseek", deepseek_layouts},
+                  {"ep", expert_parallel_layouts}, {"w4a4", w4a4_layouts},       {"ep_bytes", expert_parallel_bytes},
+                  {"stories", stories_layouts}};
+    int all = argc < 2;
+    for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
+        for (int a = all ? 0 : 1; a < (all ? 1 : argc); a++)
+            if (all || !strcmp(argv[a], groups[g].name)) groups[g].run();
+    int mqa = all;
+    for (int a = 1; a < argc; a++) mqa |= !strcmp(argv[a], "mqa");
+    if (mqa) {
+        char *mqa8 = write_mqa(dir, 8, 512), *mqa16 = write_mqa(dir, 16, 512), *mqa_long = write_mqa(dir, 8, 4200);
+        mqa_layouts(mqa8, 8);
+        mqa_layouts(mqa16, 16);
+        kv_accounting(mqa8);
+        comm_bytes(mqa16, 16);
+        guarded_layouts(mqa16);
+        preemption(mqa8);
+        chunked_prefill_4k(mqa_long);
+        free(mqa8);
+        free(mqa16);
+        free(mqa_long);
+    }
 
     int failures = test_failures, total;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

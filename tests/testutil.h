@@ -140,16 +140,21 @@ static inline int read_ids(const char *path, int *ids, int cap)
 
 /* A test model's reference logits (dir/logits.f32: n positions of vocab
  * floats, from transformers), malloc'ed; a check fails when short. */
-static inline float *read_ref_logits(const char *dir, int n, int vocab)
+static inline float *read_ref_logits_named(const char *dir, const char *file, int n, int vocab)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/logits.f32", dir);
+    char path[8400];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
     float *ref = xmalloc(sizeof(float) * (size_t)n * vocab);
     FILE *f = fopen(path, "rb");
     size_t got = f ? fread(ref, sizeof(float), (size_t)n * vocab, f) : 0;
     if (f) fclose(f);
     CHECK(got == (size_t)n * vocab, "%s: holds %zu of %d floats", path, got, n * vocab);
     return ref;
+}
+/* dir/logits.f32, the reference logits beside a test model */
+static inline float *read_ref_logits(const char *dir, int n, int vocab)
+{
+    return read_ref_logits_named(dir, "logits.f32", n, vocab);
 }
 
 /* A generate() logits callback (GenOptions.on_logits) keeping every

@@ -14,6 +14,7 @@
     X(prompts, "prompt file (its bytes)")                                                                    \
     X(dtype, "--dtype (resolved)")                                                                           \
     X(kv_cache_dtype, "--kv-cache-dtype")                                                                    \
+    X(nvfp4_activations, "--nvfp4-activations (a W4A4 checkpoint's; - for others)")                           \
     X(backend, "--backend")                                                                                  \
     X(cpu_gemm, "--cpu-gemm")                                                                                \
     X(max_model_len, "--max-model-len (resolved)")                                                           \

@@ -523,6 +523,13 @@ static int make_identity(Run *r)
                         r->world))
         return EXIT_RUN_FAILED;
     DCP_CHECK(MPI_Bcast(&model_hash, 1, MPI_UINT64_T, 0, r->world));
+    if (failed_anywhere(!strcmp(options_nvfp4_activations(o), "emulate") && !r->cfg.quant.nvfp4_w4a4
+                            ? dcp_fail("--nvfp4-activations emulate: %s does not quantize activations (not a W4A4 "
+                                       "NVFP4 checkpoint)",
+                                       o->model ? o->model : "the generated default model")
+                            : 0,
+                        r->world))
+        return EXIT_USAGE;
     identity_set(id, ID_version, "%s", PACKAGE_VERSION);
     identity_set(id, ID_model, "%016llx", (unsigned long long)model_hash);
     if (r->tok) identity_set(id, ID_tokenizer, "%016llx", (unsigned long long)r->tok->content_hash);
@@ -530,6 +537,7 @@ static int make_identity(Run *r)
     identity_set(id, ID_prompts, "%016llx", (unsigned long long)r->prompts_hash);
     identity_set(id, ID_dtype, "%s", gemm == DTYPE_BF16 ? "bfloat16" : "float32");
     identity_set(id, ID_kv_cache_dtype, "%s", dtype_name(options_kv_dtype(o)));
+    identity_set(id, ID_nvfp4_activations, "%s", r->cfg.quant.nvfp4_w4a4 ? options_nvfp4_activations(o) : "-");
     identity_set(id, ID_backend, "%s", r->be->name);
     identity_set(id, ID_cpu_gemm, "%s", r->be->host_memory ? o->cpu_gemm : "-");
     identity_set(id, ID_max_model_len, "%d", r->max_model_len);
@@ -610,6 +618,15 @@ static int load_model(Run *r)
         return EXIT_RUN_FAILED;
     if (r->tok) config_add_eos(&r->model.cfg, r->tok->eos_id);
     r->tm.load = now_s() - t0;
+    int emulate = !strcmp(options_nvfp4_activations(o), "emulate");
+    if (failed_anywhere(emulate && r->model.w.act_split[0]
+                            ? dcp_fail("--nvfp4-activations emulate: '%s' cannot quantize its input at -tp %d (its "
+                                       "columns split a group of 16, or it is a kv_b_proj, folded into the "
+                                       "attention); choose weight-only or a -tp whose slices hold whole groups",
+                                       r->model.w.act_split, r->topo.tp)
+                            : 0,
+                        r->world))
+        return EXIT_USAGE;
     const Topology *t = &r->topo;
     const Shard *s = &r->model.shard;
     RankInfo me = {.world_rank = r->rank, .dp_rank = t->dp_rank, .tp_rank = t->tp_rank, .dcp_rank = t->dcp_rank,
@@ -629,6 +646,11 @@ static int load_model(Run *r)
         char weights[512];
         model_weights_summary(&r->model, weights, sizeof weights);
         printf("# weights: %s (rank 0)\n", weights);
+        if (cfg->quant.nvfp4_w4a4)
+            printf("# NVFP4 activations: %s (the checkpoint is W4A4; --nvfp4-activations)\n",
+                   !strcmp(options_nvfp4_activations(o), "emulate")
+                       ? "emulate, each row quantized to FP4 in groups of 16 with the input scales"
+                       : "weight-only, in the compute dtype: input scales read and checked, not applied");
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
                r->world_size, t->dp, t->tp, t->dcp, t->interleave, o->dcp_comm_backend, r->mpi_buffers);
         if (t->expert_parallel)

@@ -21,7 +21,7 @@ enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
-    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE,
+    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE, OPT_NVFP4_ACT,
     OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER, OPT_TOP_K, OPT_MIN_P,
     OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_PREFIX_CACHING, OPT_NO_PREFIX_CACHING,
     OPT_EXPERT_PARALLEL
@@ -53,6 +53,7 @@ static const struct option long_opts[] = {
     {"mpi-device-buffers", required_argument, 0, OPT_MPI_DEVICE_BUFFERS},
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"kv-cache-dtype", required_argument, 0, OPT_KV_DTYPE},
+    {"nvfp4-activations", required_argument, 0, OPT_NVFP4_ACT},
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
@@ -115,6 +116,12 @@ void options_usage(FILE *f)
             "                           bf16 weights and activations, fp32 accumulation)\n"
             "  --mpi-device-buffers M   cuda: auto (default: ask MPI whether it takes device\n"
             "                           memory), yes, or no (stage through pinned host buffers)\n"
+            "  --nvfp4-activations A    a W4A4 NVFP4 checkpoint's activations: auto (default:\n"
+            "                           weight-only), weight-only (the compute dtype; the input\n"
+            "                           scales read and checked, not applied: the dequantized\n"
+            "                           weights' results) or emulate (each activation row quantized\n"
+            "                           to FP4 in groups of 16 with the checkpoint's input scale, as\n"
+            "                           FP4 tensor cores compute)\n"
             "  --cpu-gemm KIND          invariant (default): a request's results never depend on the\n"
             "                           rest of its batch; openblas: OpenBLAS sgemm, faster for\n"
             "                           large prefills, rounding varies with the batch\n"
@@ -214,6 +221,11 @@ static int parse_float(const char *opt, const char *s, float lo, float hi, int l
     return 0;
 }
 
+const char *options_nvfp4_activations(const Options *o)
+{
+    return strcmp(o->nvfp4_activations, "emulate") ? "weight-only" : "emulate";
+}
+
 DType options_kv_dtype(const Options *o)
 {
     const char *name = o->kv_cache_dtype;
@@ -224,7 +236,8 @@ EngineOptions options_engine(const Options *o)
 {
     return (EngineOptions){.merge = strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A,
                            .kv_cache_memory = o->kv_cache_memory, .block_size = o->block_size,
-                           .kv_dtype = options_kv_dtype(o)};
+                           .kv_dtype = options_kv_dtype(o),
+                           .nvfp4_act = !strcmp(options_nvfp4_activations(o), "emulate")};
 }
 
 int options_max_model_len(const Options *o, const Config *c, int *out)
@@ -241,7 +254,7 @@ int options_parse(Options *o, int argc, char **argv, int flags)
     *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .cpu_isa = "auto", .tp = 1, .dcp = 1,
                    .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
                    .block_size = 16, .mpi_device_buffers = "auto",
-                   .dtype = "auto", .kv_cache_dtype = "auto", .max_tokens = 16, .temperature = 1.0f,
+                   .dtype = "auto", .kv_cache_dtype = "auto", .nvfp4_activations = "auto", .max_tokens = 16, .temperature = 1.0f,
                    .top_p = 1.0f, .sampling = {.repetition_penalty = 1.0f}, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1,
                    .journal = 1, .prefix_caching = 1};
     optind = 1;
@@ -301,6 +314,11 @@ int options_parse(Options *o, int argc, char **argv, int flags)
             if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16") &&
                 strcmp(optarg, "fp8") && strcmp(optarg, "fp8_e4m3"))
                 rc = dcp_fail("--kv-cache-dtype %s: choose auto, float32, bfloat16 or fp8 (fp8_e4m3)", optarg);
+            break;
+        case OPT_NVFP4_ACT:
+            o->nvfp4_activations = optarg;
+            if (strcmp(optarg, "auto") && strcmp(optarg, "weight-only") && strcmp(optarg, "emulate"))
+                rc = dcp_fail("--nvfp4-activations %s: choose auto, weight-only or emulate", optarg);
             break;
         case OPT_MPI_DEVICE_BUFFERS:
             o->mpi_device_buffers = optarg;

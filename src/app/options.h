@@ -42,6 +42,7 @@ typedef struct {
     const char *mpi_device_buffers; /* auto | yes | no */
     const char *dtype;               /* auto | float32 | bfloat16: GEMM weights */
     const char *kv_cache_dtype;      /* auto (float32) | float32 | bfloat16 | fp8 | fp8_e4m3 */
+    const char *nvfp4_activations;   /* auto | weight-only | emulate: a W4A4 checkpoint's activations */
     int resume;            /* reuse the journal of an earlier run of the same output */
     int journal;           /* record finished requests as they finish (default on) */
     double step_timeout;   /* seconds without a finished step before the job ends; 0: off */
@@ -52,6 +53,9 @@ typedef struct {
  * printed, exit 0; -1: error in dcp_error(). */
 enum { OPTIONS_PRINT = 1, OPTIONS_NO_PROMPTS = 2 };
 int options_parse(Options *o, int argc, char **argv, int flags);
+/* What --nvfp4-activations resolves to: "emulate" when asked for, else
+ * "weight-only" (auto: no backend here has FP4 math to run them on) */
+const char *options_nvfp4_activations(const Options *o);
 /* The KV cache's element type --kv-cache-dtype names. */
 DType options_kv_dtype(const Options *o);
 /* The engine's options these say: the DCP merge, the KV cache's memory,

@@ -121,6 +121,16 @@ typedef struct Backend {
 
     /* y (T, out) = x (T, in) . w (out, in)^T */
     void (*matmul)(float *y, const float *x, WeightRef w, int T, int in, int out);
+    /* W4A4 NVFP4 activations (--nvfp4-activations emulate): T rows of x
+     * (row rows[t], or t, ldx apart) as the NVFP4 matrix w reads them, each
+     * group of 16 of the in columns quantized to FP4 and back
+     * (nvfp4_act_group) with w's input global scale (weight_act_scale),
+     * copied where it has none; w is a stack of experts w_step elements
+     * apart, row t expert e's for start[e] <= t < start[e + 1] (start NULL:
+     * one matrix, experts 1). Returns (T, in) in the backend's scratch,
+     * valid until the next call. */
+    const float *(*nvfp4_act)(const float *x, int ldx, const int *rows, const int *start, int experts, int T,
+                              WeightRef w, size_t w_step, int in);
     /* y (T, dim) = x / rms(x) * w, per row */
     void (*rmsnorm)(float *y, const float *x, const float *w, int T, int dim, float eps);
     /* rotates x (T, n_heads, head_dim) in place for the positions pos (T):

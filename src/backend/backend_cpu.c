@@ -19,6 +19,27 @@
 #include "util.h"
 
 static int use_openblas;
+static float *gather_scratch(int which, size_t n);
+
+static const float *cpu_nvfp4_act(const float *x, int ldx, const int *rows, const int *start, int experts, int T,
+                                  WeightRef w, size_t w_step, int in)
+{
+    float *q = gather_scratch(2, (size_t)T * in);
+    for (int e = 0; e < experts; e++) {
+        int t0 = start ? start[e] : 0, t1 = start ? start[e + 1] : T;
+        WeightRef we = weight_at(w, (size_t)e * w_step);
+        float gs = weight_act_scale(&we);
+#pragma omp parallel for if (t1 - t0 > 4)
+        for (int t = t0; t < t1; t++) {
+            const float *xr = x + (size_t)(rows ? rows[t] : t) * ldx;
+            float *qr = q + (size_t)t * in;
+            if (gs == 0.0f) memcpy(qr, xr, sizeof(float) * (size_t)in);
+            else
+                for (int g = 0; g < in; g += NVFP4_ACT_GROUP) nvfp4_act_group(qr + g, xr + g, gs);
+        }
+    }
+    return q;
+}
 
 static void cpu_matmul(float *y, const float *x, WeightRef wr, int T, int in, int out)
 {
@@ -267,8 +288,8 @@ static void cpu_strided_copy(float *dst, int dst_stride, const float *src, int s
 
 /* Scratch of the ops below that gather rows into contiguous matrices for
  * the GEMM, grown on demand (the forward pass runs on one thread). */
-static float *gather_buf[2];
-static size_t gather_cap[2];
+static float *gather_buf[3];
+static size_t gather_cap[3];
 
 static float *gather_scratch(int which, size_t n)
 {
@@ -546,6 +567,7 @@ static const Backend cpu = {
     .release_weights = cpu_release_weights,
     .gemm_row_group = cpu_gemm_row_group,
     .set_gemm_dtype = cpu_set_gemm_dtype,
+    .nvfp4_act = cpu_nvfp4_act,
     .synchronize = cpu_synchronize,
     .gather_rows = cpu_gather_rows,
     .kv_write = cpu_kv_write,

@@ -60,6 +60,13 @@ static WeightRef null_gemm_weights(WeightRef host, size_t n)
     return host;
 }
 static void null_release_weights(const void *p) { (void)p; }
+static const float *null_nvfp4_act(const float *x, int ldx, const int *rows, const int *start, int experts, int T,
+                                   WeightRef w, size_t w_step, int in)
+{
+    (void)ldx, (void)rows, (void)start, (void)experts, (void)T, (void)w, (void)w_step, (void)in;
+    return x; /* the kernels that read it do nothing */
+}
+
 static int null_set_gemm_dtype(const char *dtype)
 {
     (void)dtype;
@@ -165,6 +172,7 @@ const Backend *backend_null(int ep_ranks)
         .gemm_weights = null_gemm_weights,
         .release_weights = null_release_weights,
         .set_gemm_dtype = null_set_gemm_dtype,
+        .nvfp4_act = null_nvfp4_act,
         .synchronize = null_synchronize,
         .matmul = null_matmul,
         .rmsnorm = null_rmsnorm,

@@ -1188,7 +1188,7 @@ static inline QRowScales qrow_scales(WeightRef w, size_t e0)
 {
     size_t j0 = e0 / (size_t)w.qcols;
     QRowScales s = {w.scale ? w.scale + j0 : NULL, w.scale8 ? w.scale8 + j0 : NULL, NULL};
-    if (s.codes) s.tab = w.tables + qrow_table(w, e0) * 256;
+    if (s.codes) s.tab = w.tables + qrow_table(w, e0) * WEIGHT_TABLE;
     return s;
 }
 static inline __attribute__((always_inline)) float qrow_scale(const QRowScales *s, int r, int runs, int g, int codes)

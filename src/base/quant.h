@@ -92,4 +92,43 @@ DCP_QUANT_FN uint8_t f32_to_f8e4m3(float x)
     return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
 }
 
+/* x to the nearest FP4 E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+ * negatives), ties to the even code, saturating at +-6: the boundaries of
+ * compressed-tensors' cast_to_fp4 (0.25 goes to 0, 0.75 to 1, 2.5 to 2,
+ * 5 to 4). */
+DCP_QUANT_FN float fp4_round(float x)
+{
+    float a = fabsf(x), r;
+    if (a <= 0.25f) r = 0.0f;
+    else if (a < 0.75f) r = 0.5f;
+    else if (a <= 1.25f) r = 1.0f;
+    else if (a < 1.75f) r = 1.5f;
+    else if (a <= 2.5f) r = 2.0f;
+    else if (a < 3.5f) r = 3.0f;
+    else if (a <= 5.0f) r = 4.0f;
+    else r = 6.0f;
+    return x < 0 ? -r : r;
+}
+
+/* NVFP4 activations: the 16 values of one group of a row (x, into y; may
+ * be the same) quantized to FP4 and back, as compressed-tensors' dynamic
+ * "local" tensor-group quantization does with the Linear's input global
+ * scale gs: the group's scale amax / 6 times gs, rounded to FP8 E4M3 (0
+ * becomes E4M3's epsilon, 0.125), over gs; each value over that scale,
+ * clamped to +-6, rounded to FP4, times the scale again. Every step one
+ * fp32 operation in that order, so the bits are the package's. */
+#define NVFP4_ACT_GROUP 16
+DCP_QUANT_FN void nvfp4_act_group(float *y, const float *x, float gs)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < NVFP4_ACT_GROUP; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float s = f8e4m3_to_f32(f32_to_f8e4m3(gs * (amax / 6.0f)));
+    if (s == 0.0f) s = 0.125f;
+    s = s / gs;
+    for (int i = 0; i < NVFP4_ACT_GROUP; i++) {
+        float v = x[i] / s;
+        y[i] = fp4_round(fminf(fmaxf(v, -6.0f), 6.0f)) * s;
+    }
+}
+
 #endif

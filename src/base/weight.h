@@ -60,11 +60,16 @@ const char *dtype_name(DType t);
  * K chunk start at any row.
  * NVFP4 scales may instead be held as stored (scale NULL, scale8 set):
  * each run's E4M3 code, whose value with the global scale of its matrix
- * applied is tables[256 * t + code], t = (run0 + run) / table_runs. One
- * table per checkpoint matrix (an expert's, in a stack), each of
- * table_runs runs; run0 is the first run's place in that count, so that
- * weight_at can start anywhere. The table holds the very fp32 values the
- * fp32 scales would, at a quarter of their bytes. */
+ * applied is tables[WEIGHT_TABLE * t + code], t = (run0 + run) /
+ * table_runs. One table per checkpoint matrix (an expert's, in a stack),
+ * each of table_runs runs; run0 is the first run's place in that count, so
+ * that weight_at can start anywhere. The table holds the very fp32 values
+ * the fp32 scales would, at a quarter of their bytes, and after the 256
+ * codes' values the matrix's input global scale (WEIGHT_TABLE_ACT: a W4A4
+ * checkpoint's, which quantizes the matrix's input activations; 0 where
+ * the checkpoint has none). */
+#define WEIGHT_TABLE 260   /* floats per table: 256 values, the input global scale, padding to 16 bytes */
+#define WEIGHT_TABLE_ACT 256
 typedef struct {
     const void *data;
     DType dtype;
@@ -73,7 +78,7 @@ typedef struct {
     int qcols;
     int qflags;         /* QF_ROUND_BF16: each value rounded to bf16 */
     const uint8_t *scale8; /* NVFP4 scales as stored, one per qcols elements (scale NULL) */
-    const float *tables;   /* their values, 256 per table */
+    const float *tables;   /* their values, WEIGHT_TABLE per table */
     size_t table_runs, run0;
 } WeightRef;
 enum { QF_ROUND_BF16 = 1 };
@@ -96,7 +101,13 @@ static inline WeightRef weight_at(WeightRef w, size_t elements)
 /* The scale of run j of a quantized matrix (its elements j * qcols on) */
 DCP_QUANT_FN float weight_run_scale(const WeightRef *w, size_t j)
 {
-    return w->scale ? w->scale[j] : w->tables[(w->run0 + j) / w->table_runs * 256 + w->scale8[j]];
+    return w->scale ? w->scale[j] : w->tables[(w->run0 + j) / w->table_runs * WEIGHT_TABLE + w->scale8[j]];
+}
+/* The input global scale of the checkpoint matrix w starts in (an NVFP4
+ * matrix with its codes as stored), 0 when it has none */
+DCP_QUANT_FN float weight_act_scale(const WeightRef *w)
+{
+    return w->scale8 ? w->tables[w->run0 / w->table_runs * WEIGHT_TABLE + WEIGHT_TABLE_ACT] : 0.0f;
 }
 /* How many scale tables a matrix of n elements from w on reaches into */
 static inline size_t weight_tables(WeightRef w, size_t n)

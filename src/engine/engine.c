@@ -61,7 +61,7 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
      * unless the MPI library takes device pointers */
     if (!cs->t) cs->t = be->host_memory || (eo && eo->mpi_device_buffers) ? &transport_mpi : &transport_mpi_staged;
     e->env = (LayerEnv){.model = m, .be = be, .topo = topo, .tm = tm, .comm = cs, .timing_sync = eo && eo->timing_sync,
-                        .att = &e->att};
+                        .nvfp4_act = eo && eo->nvfp4_act, .att = &e->att};
     e->ops = engine_layer_ops(arch_family(&m->cfg));
     const Config *c = &m->cfg;
     if (topo->expert_parallel) {
@@ -179,7 +179,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
     be->gather_rows(env->xb, env->x, e->d_rows, R, c->dim);
     be->rmsnorm(e->xf, env->xb, e->rms_final, R, c->dim, c->norm_eps);
     double t0 = layer_clock(env);
-    be->matmul(e->logits, e->xf, e->lm_head, R, c->dim, s->vocab);
+    be->matmul(e->logits, layer_act(env, e->xf, e->lm_head, R, c->dim), e->lm_head, R, c->dim, s->vocab);
     be->download(logits, e->logits, sizeof(float) * R * s->vocab);
     env->tm->lm_head += now_s() - t0;
 }

@@ -17,6 +17,7 @@ typedef struct {
     int mpi_device_buffers; /* GPU backends: MPI takes device pointers (else staged) */
     int timing_sync;        /* wait for the device around timed phases (benchmarks) */
     DType kv_dtype;         /* of the KV cache (DTYPE_F32 unless --kv-cache-dtype) */
+    int nvfp4_act;          /* W4A4 checkpoints: quantize each NVFP4 matrix's input (LayerEnv.nvfp4_act) */
 } EngineOptions;
 
 typedef struct {

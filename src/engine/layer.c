@@ -11,11 +11,23 @@ double layer_clock(const LayerEnv *env)
     return now_s();
 }
 
-void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out)
+const float *layer_act(const LayerEnv *env, const float *x, WeightRef w, int T, int in)
+{
+    if (!env->nvfp4_act || w.dtype != DTYPE_FP4 || !w.scale8) return x;
+    return env->be->nvfp4_act(x, in, NULL, NULL, 1, T, w, 0, in);
+}
+
+/* the product on x as given, timed as matmul */
+static void matmul_timed(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out)
 {
     double t0 = layer_clock(env);
     env->be->matmul(y, x, w, T, in, out);
     env->tm->matmul += layer_clock(env) - t0;
+}
+
+void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out)
+{
+    matmul_timed(env, y, layer_act(env, x, w, T, in), w, T, in, out);
 }
 
 void layer_matmul_batched(const LayerEnv *env, float *y, int ldy, size_t y_step, const float *x, int ldx,
@@ -37,8 +49,9 @@ void layer_attention(const LayerEnv *env, int layer, int sliding, const float *q
 void layer_matmul_rows(const LayerEnv *env, float *parts, const float *x, WeightRef w, int T, int in, int out)
 {
     int chunks = env->model->shard.chunks, cin = in / chunks;
+    x = layer_act(env, x, w, T, in); /* whole rows: a chunk may hold part of a group of 16 */
     if (chunks == 1) {
-        layer_matmul(env, parts, x, w, T, in, out);
+        matmul_timed(env, parts, x, w, T, in, out);
         return;
     }
     for (int c = 0; c < chunks; c++) {
@@ -48,7 +61,7 @@ void layer_matmul_rows(const LayerEnv *env, float *parts, const float *x, Weight
             env->be->strided_copy(env->xchunk, cin, xc, in, T, cin);
             xc = env->xchunk;
         }
-        layer_matmul(env, parts + (size_t)c * T * out, xc, weight_at(w, (size_t)c * out * cin), T, cin, out);
+        matmul_timed(env, parts + (size_t)c * T * out, xc, weight_at(w, (size_t)c * out * cin), T, cin, out);
     }
 }
 

@@ -34,6 +34,7 @@ typedef struct {
     Timings *tm;
     CommStats *comm;
     int timing_sync;  /* wait for the device around timed phases (benchmarks) */
+    int nvfp4_act;    /* quantize the input of every NVFP4 matrix with an input scale (layer_act) */
     Attention *att;   /* the attention core; its step holds the step's tokens and positions */
     /* the residual stream and a block's input, (T, dim) each, in backend
      * memory, sized by the engine for the step */
@@ -66,7 +67,11 @@ typedef struct {
 
 /* A clock reading; with timing_sync, after the device's queued work. */
 double layer_clock(const LayerEnv *env);
-/* y (T, out) = x (T, in) . w^T, timed as matmul. */
+/* x (T, in) as the matrix w reads it: with nvfp4_act and an NVFP4 w,
+ * quantized by the backend's nvfp4_act (W4A4, where w has an input
+ * scale); else x itself */
+const float *layer_act(const LayerEnv *env, const float *x, WeightRef w, int T, int in);
+/* y (T, out) = layer_act(x) (T, in) . w^T, timed as matmul. */
 void layer_matmul(const LayerEnv *env, float *y, const float *x, WeightRef w, int T, int in, int out);
 /* The backend's matmul_batched (one GEMM per head, backend.h), timed as matmul. */
 void layer_matmul_batched(const LayerEnv *env, float *y, int ldy, size_t y_step, const float *x, int ldx,

@@ -94,11 +94,19 @@ static void experts_swiglu(const LayerEnv *env, const MoeWeights *w, MoeScratch 
     int dim = env->model->cfg.dim, mh = env->model->shard.moe_hidden, cin = mh / chunks;
     size_t per = (size_t)mh * dim;
     double t0 = layer_clock(env);
-    be->moe_matmul(s->hg, x, dim, rows, start, experts, P, w->gate, per, dim, mh);
-    be->moe_matmul(s->hu, x, dim, rows, start, experts, P, w->up, per, dim, mh);
+    /* W4A4 (LayerEnv.nvfp4_act): each expert's input rows quantized with
+     * that matrix's input scale, in pair order; the down projection's whole
+     * rows, before its K chunks */
+    int act = env->nvfp4_act && w->gate.dtype == DTYPE_FP4 && w->gate.scale8;
+    const float *xa = act ? be->nvfp4_act(x, dim, rows, start, experts, P, w->gate, per, dim) : x;
+    be->moe_matmul(s->hg, xa, dim, act ? NULL : rows, start, experts, P, w->gate, per, dim, mh);
+    xa = act ? be->nvfp4_act(x, dim, rows, start, experts, P, w->up, per, dim) : x;
+    be->moe_matmul(s->hu, xa, dim, act ? NULL : rows, start, experts, P, w->up, per, dim, mh);
     be->silu_mul(s->hg, s->hu, (size_t)P * mh);
+    act = env->nvfp4_act && w->down.dtype == DTYPE_FP4 && w->down.scale8;
+    const float *h = act ? be->nvfp4_act(s->hg, mh, NULL, start, experts, P, w->down, per, mh) : s->hg;
     for (int ch = 0; ch < chunks; ch++)
-        be->moe_matmul(y + (size_t)ch * P * dim, s->hg + (size_t)ch * cin, mh, NULL, start, experts, P,
+        be->moe_matmul(y + (size_t)ch * P * dim, h + (size_t)ch * cin, mh, NULL, start, experts, P,
                        weight_at(w->down, (size_t)ch * dim * cin), per, cin, dim);
     env->tm->matmul += layer_clock(env) - t0;
 }

@@ -121,6 +121,99 @@ int get_choice(json_t *o, const char *key, const char *const *choices, const cha
                     list);
 }
 
+/* ModelOpt's settings in one form: {quant_algo, group_size,
+ * kv_cache_quant_algo, exclude_modules}, from config.json's
+ * quantization_config (quant_method "modelopt": quant_algo, group_size,
+ * kv_cache_quant_algo or an 8-bit float kv_cache_scheme, ignore) and from
+ * hf_quant_config.json beside config_path (quantization: quant_algo,
+ * group_size, kv_cache_quant_algo, exclude_modules). Where both exist they
+ * must agree (the module lists as sets); q NULL: the file alone, as older
+ * exports ship. A new reference, or NULL with the message. */
+static json_t *modelopt_settings(json_t *q, const char *config_path)
+{
+    json_t *out[2] = {NULL, NULL};
+    if (q && !json_is_null(q)) {
+        json_t *kv = json_object_get(q, "kv_cache_quant_algo"), *scheme = json_object_get(q, "kv_cache_scheme");
+        json_t *ex = json_object_get(q, "ignore");
+        if (!kv && json_is_object(scheme)) /* as vLLM maps it */
+            kv = json_integer_value(json_object_get(scheme, "num_bits")) == 8 &&
+                         json_string_value(json_object_get(scheme, "type")) &&
+                         !strcmp(json_string_value(json_object_get(scheme, "type")), "float")
+                     ? json_string("FP8")
+                     : json_string("(kv_cache_scheme)");
+        else
+            kv = json_incref(kv);
+        out[0] = json_pack("{s:O?, s:O?, s:o?, s:O?}", "quant_algo", json_object_get(q, "quant_algo"), "group_size",
+                           json_object_get(q, "group_size"), "kv_cache_quant_algo", kv, "exclude_modules", ex);
+    }
+    char *file = path_beside(config_path, "hf_quant_config.json");
+    if (path_exists(file)) {
+        json_error_t err;
+        json_t *root = json_load_file(file, 0, &err), *h = json_object_get(root, "quantization");
+        if (!root || !json_is_object(h)) {
+            if (root) dcp_fail("%s: no \"quantization\" object", file);
+            else dcp_fail("%s:%d: %s", file, err.line, err.text);
+            json_decref(root);
+            json_decref(out[0]);
+            free(file);
+            return NULL;
+        }
+        out[1] = json_pack("{s:O?, s:O?, s:O?, s:O?}", "quant_algo", json_object_get(h, "quant_algo"), "group_size",
+                           json_object_get(h, "group_size"), "kv_cache_quant_algo",
+                           json_object_get(h, "kv_cache_quant_algo"), "exclude_modules",
+                           json_object_get(h, "exclude_modules"));
+        json_decref(root);
+    }
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        json_t *ex = json_object_get(out[k], "exclude_modules");
+        if (ex && !json_is_null(ex) && !json_is_array(ex))
+            rc = dcp_fail("%s: %s must be a list of module patterns", k ? file : config_path,
+                          k ? "exclude_modules" : "quantization_config ignore");
+        for (size_t i = 0; !rc && i < json_array_size(ex); i++)
+            if (!json_is_string(json_array_get(ex, i)))
+                rc = dcp_fail("%s: %s[%zu] is not a string", k ? file : config_path,
+                              k ? "exclude_modules" : "quantization_config ignore", i);
+    }
+    if (!rc && out[0] && out[1]) { /* the two must say the same */
+        static const char *const keys[] = {"quant_algo", "group_size", "kv_cache_quant_algo"};
+        for (int i = 0; i < 3 && !rc; i++) {
+            json_t *a = json_object_get(out[0], keys[i]), *b = json_object_get(out[1], keys[i]);
+            if (json_is_null(a)) a = NULL;
+            if (json_is_null(b)) b = NULL;
+            if (a && b ? !json_equal(a, b) : i != 1 && a != b) {
+                char *sa = a ? json_dumps(a, JSON_ENCODE_ANY) : NULL, *sb = b ? json_dumps(b, JSON_ENCODE_ANY) : NULL;
+                rc = dcp_fail("%s: quantization_config %s is %s, but %s says %s", config_path, keys[i],
+                              sa ? sa : "absent", file, sb ? sb : "absent");
+                free(sa);
+                free(sb);
+            }
+        }
+        json_t *ea = json_object_get(out[0], "exclude_modules"), *eb = json_object_get(out[1], "exclude_modules");
+        for (int side = 0; side < 2 && !rc; side++) {
+            json_t *from = side ? eb : ea, *to = side ? ea : eb;
+            for (size_t i = 0; i < json_array_size(from) && !rc; i++) {
+                size_t j = 0;
+                while (j < json_array_size(to) && !json_equal(json_array_get(from, i), json_array_get(to, j))) j++;
+                if (j == json_array_size(to))
+                    rc = dcp_fail("%s: \"%s\" is in %s but not in %s: the two files must exclude the same modules",
+                                  config_path, json_string_value(json_array_get(from, i)),
+                                  side ? "hf_quant_config.json's exclude_modules" : "quantization_config's ignore",
+                                  side ? "quantization_config's ignore" : "hf_quant_config.json's exclude_modules");
+            }
+        }
+    }
+    free(file);
+    json_t *r = out[0] ? out[0] : out[1];
+    json_decref(r == out[0] ? out[1] : out[0]);
+    if (rc || !r) {
+        json_decref(r);
+        if (!rc) dcp_fail("%s: no ModelOpt quantization settings", config_path);
+        return NULL;
+    }
+    return r;
+}
+
 /* quantization_config: block-scaled FP8 (DeepSeek-V3's own), or
  * compressed-tensors' pack-quantized INT4 W4A16 (Kimi K2's experts: one
  * config group of symmetric 4-bit integers in groups along the input,
@@ -128,6 +221,14 @@ int get_choice(json_t *o, const char *key, const char *const *choices, const cha
 int read_quantization(json_t *q, QuantConfig *m, const char *path)
 {
     const char *qm = json_string_value(json_object_get(q, "quant_method"));
+    if (!q || json_is_null(q)) { /* none, or a ModelOpt export's hf_quant_config.json alone */
+        char *file = path_beside(path, "hf_quant_config.json");
+        int there = path_exists(file);
+        free(file);
+        if (!there) return 0;
+        q = NULL;
+        qm = "modelopt";
+    }
     if (qm && !strcmp(qm, "compressed-tensors")) {
         json_t *groups = json_object_get(q, "config_groups"), *kv = json_object_get(q, "kv_cache_scheme");
         const char *fmt = json_string_value(json_object_get(q, "format"));
@@ -150,10 +251,19 @@ int read_quantization(json_t *q, QuantConfig *m, const char *path)
                 return dcp_fail("%s: quantization_config: nvfp4-pack-quantized weights must be 4-bit floats in "
                                 "tensor groups of 16",
                                 path);
-            if (ia && !json_is_null(ia))
-                return dcp_fail("%s: quantization_config: NVFP4 input activations (W4A4) are not supported: dcpinfer "
-                                "runs NVFP4 weight-only, activations in fp32 (input_activations null)",
-                                path);
+            if (ia && !json_is_null(ia)) { /* W4A4: activations in dynamic groups of 16 too */
+                const char *it = json_string_value(json_object_get(ia, "type"));
+                const char *is = json_string_value(json_object_get(ia, "strategy"));
+                json_t *dyn = json_object_get(ia, "dynamic");
+                if (!json_is_object(ia) || !it || strcmp(it, "float") ||
+                    json_integer_value(json_object_get(ia, "num_bits")) != 4 || !is || strcmp(is, "tensor_group") ||
+                    json_integer_value(json_object_get(ia, "group_size")) != 16 || !json_is_string(dyn) ||
+                    strcmp(json_string_value(dyn), "local"))
+                    return dcp_fail("%s: quantization_config: NVFP4 input_activations must be 4-bit floats in "
+                                    "tensor groups of 16, dynamic \"local\" (as compressed-tensors' NVFP4 scheme)",
+                                    path);
+                m->nvfp4_w4a4 = 1;
+            }
             if (kv && !json_is_null(kv))
                 return dcp_fail("%s: quantization_config: kv_cache_scheme is not supported (use --kv-cache-dtype fp8)",
                                 path);
@@ -185,21 +295,27 @@ int read_quantization(json_t *q, QuantConfig *m, const char *path)
         m->int4_group = (int)json_integer_value(gs);
         return 0;
     }
-    if (qm && !strcmp(qm, "modelopt")) { /* NVIDIA ModelOpt's NVFP4 export, weight-only here */
-        const char *algo = json_string_value(json_object_get(q, "quant_algo"));
-        json_t *gs = json_object_get(q, "group_size"), *kv = json_object_get(q, "kv_cache_quant_algo");
+    if (qm && !strcmp(qm, "modelopt")) { /* NVIDIA ModelOpt's NVFP4 export */
+        json_t *mo = modelopt_settings(q, path);
+        if (!mo) return -1;
+        const char *algo = json_string_value(json_object_get(mo, "quant_algo"));
+        json_t *gs = json_object_get(mo, "group_size"), *kv = json_object_get(mo, "kv_cache_quant_algo");
+        int rc = 0;
         if (!algo || strcmp(algo, "NVFP4"))
-            return dcp_fail("%s: quantization_config: modelopt quant_algo %s is not supported (NVFP4 only)", path,
-                            algo ? algo : "(none)");
-        if (gs && json_integer_value(gs) != 16)
-            return dcp_fail("%s: quantization_config: NVFP4 group_size %lld is not supported (16)", path,
-                            (long long)json_integer_value(gs));
-        if (kv && !json_is_null(kv))
-            return dcp_fail("%s: quantization_config: kv_cache_quant_algo is not supported (use --kv-cache-dtype fp8)",
-                            path);
+            rc = dcp_fail("%s: quantization_config: modelopt quant_algo %s is not supported (NVFP4 only)", path,
+                          algo ? algo : "(none)");
+        else if (gs && !json_is_null(gs) && json_integer_value(gs) != 16)
+            rc = dcp_fail("%s: quantization_config: NVFP4 group_size %lld is not supported (16)", path,
+                          (long long)json_integer_value(gs));
+        else if (kv && !json_is_null(kv))
+            rc = dcp_fail("%s: quantization_config: kv_cache_quant_algo is not supported (use --kv-cache-dtype fp8)",
+                          path);
+        json_decref(mo);
+        if (rc) return rc;
         m->nvfp4_group = 16;
         m->nvfp4_modelopt = 1;
         m->nvfp4_round_bf16 = 1;
+        m->nvfp4_w4a4 = 1; /* ModelOpt's NVFP4 quantizes activations: every Linear has its input_scale */
         return 0;
     }
     const char *fmt = json_string_value(json_object_get(q, "fmt"));
@@ -445,11 +561,22 @@ QuantRules *quant_rules_read(const char *config_path)
     r->wrapped = wrapped;
     const char *qm = json_string_value(json_object_get(q, "quant_method"));
     json_t *all = json_pack("[s]", "Linear");
-    if (qm && !strcmp(qm, "modelopt")) { /* every Linear but exclude_modules, shell patterns */
+    json_t *mo = NULL;
+    char *hf = path_beside(config_path, "hf_quant_config.json");
+    if ((qm && !strcmp(qm, "modelopt")) || (!q && path_exists(hf))) {
+        /* every Linear but the excluded, shell patterns (ModelOpt's own) */
+        if (!(mo = modelopt_settings(q, config_path))) {
+            free(hf);
+            json_decref(root);
+            json_decref(all);
+            free(r);
+            return NULL;
+        }
         lists[0] = all;
-        lists[1] = json_object_get(q, "exclude_modules");
+        lists[1] = json_object_get(mo, "exclude_modules");
         r->glob = 1;
     }
+    free(hf);
     int rc = 0;
     for (int k = 0; k < 2 && !rc; k++) {
         if (lists[k] && !json_is_null(lists[k]) && !json_is_array(lists[k])) {
@@ -465,7 +592,7 @@ QuantRules *quant_rules_read(const char *config_path)
                 rc = dcp_fail("%s: quantization_config %s[%d] is not a string", config_path, k ? "ignore" : "targets", i);
                 break;
             }
-            if (strncmp(e, "re:", 3)) {
+            if (r->glob || strncmp(e, "re:", 3)) {
                 r->name[k][i] = xstrdup(e);
                 continue;
             }
@@ -482,6 +609,7 @@ QuantRules *quant_rules_read(const char *config_path)
     }
     json_decref(root);
     json_decref(all);
+    json_decref(mo);
     if (rc) {
         quant_rules_free(r);
         return NULL;

@@ -110,7 +110,7 @@ int deepseek_read_config(json_t *root, const Arch *a, const char *path, Config *
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
     if (act && strcmp(act, "silu")) return dcp_fail("%s: hidden_act %s is not supported (silu only)", path, act);
     json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q) && read_quantization(q, &c.quant, path)) return -1;
+    if (read_quantization(q, &c.quant, path)) return -1; /* none, or config.json's / hf_quant_config.json's */
     if (get_int(root, "bos_token_id", &c.bos_id, path) || get_float(root, "rms_norm_eps", &c.norm_eps, path) ||
         get_bool(root, "tie_word_embeddings", &c.tied_embeddings, path))
         return -1;

@@ -49,11 +49,16 @@ typedef struct {
     int fp8_block[2];              /* block-scaled FP8 weights (quantization_config): block rows, cols; 0: none */
     int int4_group;                /* compressed-tensors pack-quantized INT4 (W4A16, symmetric): columns per
                                       scale; which matrices: its targets and ignore (model_check_checkpoint) */
-    int nvfp4_group;               /* NVFP4 (W4A16 here): columns per FP8 scale; 0: none */
+    int nvfp4_group;               /* NVFP4: columns per FP8 scale; 0: none */
+    int nvfp4_w4a4;                /* the checkpoint quantizes activations too (compressed-tensors'
+                                      input_activations, every ModelOpt NVFP4): each quantized Linear has an
+                                      input scale (input_global_scale /, ModelOpt's input_scale x) */
     int nvfp4_modelopt;            /* as NVIDIA ModelOpt writes it (weight, weight_scale, weight_scale_2 x);
                                       else as compressed-tensors (weight_packed, ..., weight_global_scale /) */
     int nvfp4_round_bf16;          /* dequantized values rounded to bf16 (compressed-tensors always; ModelOpt:
                                       to the model's dtype) */
+    int kv_fp8;                    /* the checkpoint's FP8 KV cache scales (kv_cache_quant_algo FP8 or an
+                                      8-bit float kv_cache_scheme): k_scale, v_scale per attention layer */
 } QuantConfig;
 
 /* DeepSeek-V2/V3 multi-head latent attention, as config.json gives it. */

@@ -449,6 +449,12 @@ static int write_named(const ModelSpec *s, const char *dir, int bf16)
     return rc ? -1 : 0;
 }
 
+/* the modules ModelOpt leaves unquantized in dcpinfer-mkmodel's models (the
+ * first %s: a wrapper's prefix) */
+#define MODELOPT_EXCLUDE                                                                                               \
+    "[\"%slm_head\", \"model.layers.*.self_attn*\", \"model.layers.*.shared_experts*\", \"*.mlp.gate_proj\", "      \
+    "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"]"
+
 /* the quantization_config line of a quantized DeepSeek model ("" if none) */
 static void mla_quant_config(const ModelSpec *s, char *buf, size_t n)
 {
@@ -472,11 +478,28 @@ static void mla_quant_config(const ModelSpec *s, char *buf, size_t n)
                    "true, \"group_size\": 16, \"strategy\": \"tensor_group\", \"dynamic\": false, \"scale_dtype\": "
                    "\"torch.float8_e4m3fn\"}}}, \"ignore\": [\"%slm_head\", \"re:.*self_attn.*\", \"re:.*shared_experts.*\", "
                    "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n", lm);
-    if (s->nvfp4 == 2)
+    if (s->nvfp4 == 2) /* ModelOpt's config.json form; hf_quant_config.json says the same (modelopt_quant_file) */
         snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\", "
-                   "\"group_size\": 16, \"kv_cache_quant_algo\": null, \"exclude_modules\": [\"%slm_head\", "
-                   "\"model.layers.*.self_attn*\", \"model.layers.*.shared_experts*\", \"*.mlp.gate_proj\", "
-                   "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"]},\n", lm);
+                   "\"producer\": {\"name\": \"modelopt\"}, \"config_groups\": {\"group_0\": {\"targets\": "
+                   "[\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"group_size\": 16, "
+                   "\"dynamic\": false}, \"input_activations\": {\"num_bits\": 4, \"type\": \"float\", "
+                   "\"group_size\": 16, \"dynamic\": false}}}, \"ignore\": " MODELOPT_EXCLUDE "},\n",
+                 lm);
+}
+
+/* hf_quant_config.json, as ModelOpt writes it beside config.json: the
+ * settings of config.json's quantization_config, exclude_modules for its
+ * ignore */
+static int modelopt_quant_file(const ModelSpec *s, const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/hf_quant_config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return dcp_fail("%s: %s", path, strerror(errno));
+    fprintf(f, "{\n  \"producer\": {\"name\": \"modelopt\"},\n  \"quantization\": {\"quant_algo\": \"NVFP4\", "
+               "\"kv_cache_quant_algo\": null, \"group_size\": 16, \"exclude_modules\": " MODELOPT_EXCLUDE "}\n}\n",
+            s->kimi_k25 ? WRAPPED_PREFIX : "");
+    return fclose(f) ? dcp_fail("%s: write error", path) : 0;
 }
 
 static int write_mla_config(const ModelSpec *s, const char *dir)
@@ -531,7 +554,10 @@ int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
     if (a->mla || a->moe) {
         if (shards > 1) return dcp_fail("DeepSeek, Qwen3-MoE and GLM-4.5 models are written as one file");
         if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
-        return (a->mla ? write_mla_config(s, dir) : write_config_json(s, dir)) || write_named(s, dir, bf16) ? -1 : 0;
+        return (a->mla ? write_mla_config(s, dir) : write_config_json(s, dir)) ||
+                       (s->nvfp4 == 2 && modelopt_quant_file(s, dir)) || write_named(s, dir, bf16)
+                   ? -1
+                   : 0;
     }
     if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
     if (write_config_json(s, dir)) return -1;

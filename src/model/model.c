@@ -281,7 +281,8 @@ typedef struct {
                            weight_global_scale) or multiplies them (ModelOpt's weight_scale_2); or NULL */
     int divide;
     const char *shape;  /* INT4's weight_shape (I64 [2]), or NULL */
-    const char *input;  /* ModelOpt's input_scale (an F32 scalar): read and checked, not applied; or NULL */
+    const char *input;  /* W4A4's input scale, an F32 scalar: compressed-tensors' input_global_scale (it
+                           divides, as weight_global_scale) or ModelOpt's input_scale (it multiplies); or NULL */
     int group, per;
 } QuantFormat;
 
@@ -295,8 +296,8 @@ static int quant_format(const Config *c, QuantFormat *f)
         *f = (QuantFormat){DTYPE_FP4, "weight", "weight_scale", "weight_scale_2", 0, NULL, "input_scale",
                            qc->nvfp4_group, 2};
     else if (qc->nvfp4_group)
-        *f = (QuantFormat){DTYPE_FP4, "weight_packed", "weight_scale", "weight_global_scale", 1, NULL, NULL,
-                           qc->nvfp4_group, 2};
+        *f = (QuantFormat){DTYPE_FP4, "weight_packed", "weight_scale", "weight_global_scale", 1, NULL,
+                           qc->nvfp4_w4a4 ? "input_global_scale" : NULL, qc->nvfp4_group, 2};
     else
         return 0;
     return 1;
@@ -320,7 +321,7 @@ static int check_quantized(const char *path, const StCheckpoint *ck, const Quant
     for (int k = 0; k < 5; k++) {
         if (!parts[k]) continue;
         snprintf(used[*n_used], sizeof *used, "%s.%s", module, parts[k]);
-        if (!(t[k] = st_find(ck, used[(*n_used)++])) && k != 4)
+        if (!(t[k] = st_find(ck, used[(*n_used)++])))
             return dcp_fail("%s: tensor '%s.%s' not found: config.json's quantization_config quantizes '%s' (%s)",
                             path, module, parts[k], module, dtype_name(f->dtype));
     }
@@ -343,7 +344,7 @@ static int check_quantized(const char *path, const StCheckpoint *ck, const Quant
                         cols / G);
     if (f->global && (st_scalar(t[2], &v) || !(v > 0) || !isfinite(v)))
         return dcp_fail("%s: tensor '%s.%s' must be one positive F32 value", path, module, f->global);
-    if (f->input && t[4] && (st_scalar(t[4], &v) || !(v > 0) || !isfinite(v)))
+    if (f->input && (st_scalar(t[4], &v) || !(v > 0) || !isfinite(v)))
         return dcp_fail("%s: tensor '%s.%s' must be one positive F32 value", path, module, f->input);
     return 0;
 }
@@ -742,6 +743,14 @@ static int read_nibbles(Source *src, const TensorSpec *mt, const StTensor *t, co
     }
     float mul = f->divide ? 1 : global, div = f->divide ? global : 0;
     for (int b = 0; table && b < 256; b++) table[b] = global_scaled(f8e4m3_to_f32((uint8_t)b), mul, div);
+    float act = 0; /* the input global scale: compressed-tensors' as stored, one over ModelOpt's input_scale */
+    if (table && f->input) {
+        snprintf(name, sizeof name, "%s.%s", module, f->input);
+        if (st_scalar(st_find(&src->ck, name), &act))
+            return dcp_fail("%s: tensor '%s' must be one F32 value", src->path, name);
+        if (!f->divide) act = 1.0f / act;
+    }
+    for (int b = 256; table && b < WEIGHT_TABLE; b++) table[b] = b == WEIGHT_TABLE_ACT ? act : 0;
     return st_read_nibbles(t, scale, shape, f->group, mul, div, mt->row0, mt->nrows, col0, ncols, qcols, dst,
                            scale_dst, code_dst);
 }
@@ -817,7 +826,7 @@ static int load_spec_matrix(Source *src, Model *m, const TensorSpec *mt, const S
                          .qcols = qcols, .qflags = qflags};
         if (codes) {
             w->scale8 = owned_alloc(&m->w, mt->mat_n / (size_t)qcols);
-            w->tables = owned_alloc(&m->w, mt->mat_n / per * 256 * sizeof(float));
+            w->tables = owned_alloc(&m->w, mt->mat_n / per * WEIGHT_TABLE * sizeof(float));
             w->table_runs = runs;
         } else if (fp8 || nib) {
             w->scale = owned_alloc(&m->w, mt->mat_n / (size_t)qcols * sizeof(float));
@@ -827,6 +836,8 @@ static int load_spec_matrix(Source *src, Model *m, const TensorSpec *mt, const S
                         "format",
                         src->path, mt->name, st_dtype_name(t->dtype));
     }
+    if (codes && f.input && gcd(gcd(f.group, mt->ncols), mt->col0) != f.group && !m->w.act_split[0])
+        snprintf(m->w.act_split, sizeof m->w.act_split, "%s", mt->name);
     if (m->w.sizing) return 0;
     char sc[160];
     snprintf(sc, sizeof sc, "%s_scale_inv", mt->name);
@@ -839,7 +850,7 @@ static int load_spec_matrix(Source *src, Model *m, const TensorSpec *mt, const S
                                    mt->nrows, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale);
         else if (codes)
             rc = read_nibbles(src, mt, t, &f, col0, cc, qcols, (uint8_t *)to.data, NULL, (uint8_t *)to.scale8,
-                              ch ? NULL : (float *)w->tables + mt->mat_at / per * 256);
+                              ch ? NULL : (float *)w->tables + mt->mat_at / per * WEIGHT_TABLE);
         else if (nib)
             rc = read_nibbles(src, mt, t, &f, col0, cc, qcols, (uint8_t *)to.data, (float *)to.scale, NULL, NULL);
         else if (want == DTYPE_BF16)
@@ -910,8 +921,13 @@ static int load_named(Source *src, Model *m, const TensorSpec *mt, int n)
         if (t->dtype == ST_F8_E4M3) /* kv_b: dequantized here, this rank's slice only */
             rc = st_read_f32_scaled(t, st_find(&src->ck, sc), c->quant.fp8_block[0], c->quant.fp8_block[1], mt[i].row0,
                                     mt[i].nrows, mt[i].col0, mt[i].ncols, to);
-        else if (t->dtype == ST_I32 || t->dtype == ST_U8) /* a 4-bit kv_b: the same, through its stored form */
+        else if (t->dtype == ST_I32 || t->dtype == ST_U8) { /* a 4-bit kv_b: the same, through its stored form */
             rc = read_nibbles_as_f32(src, &mt[i], t, to);
+            /* folded into the attention at load, it reads no activation
+             * row of its own to quantize */
+            if (c->quant.nvfp4_w4a4 && !w->act_split[0])
+                snprintf(w->act_split, sizeof w->act_split, "%s", mt[i].name);
+        }
         else rc = st_read_f32(t, mt[i].row0, mt[i].nrows, mt[i].col0, mt[i].ncols, to);
     }
     return rc;
@@ -945,8 +961,8 @@ static void format_name(const Config *c, WeightRef w, char *buf, size_t n)
     else if (w.dtype == DTYPE_I4)
         snprintf(buf, n, "int4-w4a16 g%d%s", c->quant.int4_group, w.qflags & QF_ROUND_BF16 ? " (bf16 scales)" : "");
     else if (w.dtype == DTYPE_FP4)
-        snprintf(buf, n, "nvfp4 g%d (%s)", c->quant.nvfp4_group,
-                 c->quant.nvfp4_modelopt ? "modelopt" : "compressed-tensors");
+        snprintf(buf, n, "nvfp4 g%d (%s%s)", c->quant.nvfp4_group,
+                 c->quant.nvfp4_modelopt ? "modelopt" : "compressed-tensors", c->quant.nvfp4_w4a4 ? ", W4A4" : "");
     else snprintf(buf, n, "%s", dtype_name(w.dtype));
 }
 

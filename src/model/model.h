@@ -108,6 +108,10 @@ typedef struct {
     size_t part_bytes[WPART_N]; /* the same by part */
     WeightPart part;            /* the part being loaded */
     int sizing;                 /* model_size: counted, nothing allocated or read */
+    /* a W4A4 matrix whose input activations cannot be quantized as the
+     * checkpoint does ("" when none): its columns on this rank start or end
+     * inside a group of 16, or it is an MLA kv_b_proj, folded at load */
+    char act_split[128];
     void *map;
     size_t map_size;
 } Weights;

@@ -131,8 +131,9 @@ static double qgemv_rate(DType t, double seconds, double *gws)
     for (size_t i = 0; scale && i < nscale; i++) scale[i] = 1.0f / 64;
     if (codes) {
         memset(code, 0x38, nscale); /* E4M3 1.0 */
-        tables = xmalloc(mats * 256 * sizeof(float));
-        for (size_t i = 0; i < mats * 256; i++) tables[i] = f8e4m3_to_f32((uint8_t)(i % 256)) / 64;
+        tables = xcalloc(mats * WEIGHT_TABLE, sizeof(float));
+        for (size_t i = 0; i < mats * WEIGHT_TABLE; i++)
+            if (i % WEIGHT_TABLE < 256) tables[i] = f8e4m3_to_f32((uint8_t)(i % WEIGHT_TABLE)) / 64;
     }
     float x[IN], y[OUT];
     for (int i = 0; i < IN; i++) x[i] = 1e-3f * (float)i;
@@ -144,7 +145,7 @@ static double qgemv_rate(DType t, double seconds, double *gws)
                            .scale = scale ? scale + m * per / (size_t)qcols : NULL, .qcols = nscale ? qcols : 0,
                            .qflags = dtype_nibbles(t) ? QF_ROUND_BF16 : 0,
                            .scale8 = code ? code + m * per / (size_t)qcols : NULL,
-                           .tables = tables ? tables + 256 * m : NULL, .table_runs = per / (size_t)qcols};
+                           .tables = tables ? tables + WEIGHT_TABLE * m : NULL, .table_runs = per / (size_t)qcols};
             gemm_invariant(y, x, r, 1, IN, OUT);
         }
     double dt = now_s() - start;

@@ -54,8 +54,11 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     Engine e;
     /* a pool just large enough for the batch */
     size_t per_seq = (size_t)kv_blocks_for(&t, L + steps + 1, 16) * 16;
-    EngineOptions eo = {v.merge, per_seq * b * kv_bytes_per_position(m.cfg.n_layers, m.shard.kv_heads, m.cfg.head_dim, sizeof(float)),
-                        16, 0, 1, DTYPE_F32};
+    EngineOptions eo = {.merge = v.merge,
+                        .kv_cache_memory = per_seq * b *
+                                           kv_bytes_per_position(m.cfg.n_layers, m.shard.kv_heads, m.cfg.head_dim,
+                                                                 sizeof(float)),
+                        .block_size = 16, .timing_sync = 1, .kv_dtype = DTYPE_F32};
     engine_init(&e, &m, be, &t, &eo, &tm, &cs);
     Chunk *chunks = xmalloc(sizeof(Chunk) * b);
     BlockTable *tables = xcalloc((size_t)b, sizeof(BlockTable));

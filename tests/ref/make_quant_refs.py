@@ -212,7 +212,8 @@ E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 def make_nvfp4_modelopt(src, out, twin):
     """v3_nvfp4_modelopt: the same experts as NVIDIA ModelOpt exports NVFP4 (quant_method modelopt,
     quant_algo NVFP4: weight, two E2M1 per byte, the even element in the low nibble; weight_scale,
-    FP8 per 16; weight_scale_2, an F32 scalar that multiplies them; input_scale). The twin follows
+    FP8 per 16; weight_scale_2, an F32 scalar that multiplies them; input_scale; config.json's
+    "ignore" and hf_quant_config.json's "exclude_modules", as ModelOpt writes both). The twin follows
     NVFP4QTensor.dequantize of nvidia-modelopt 0.47.0: e2m1 * (weight_scale.float() * weight_scale_2)
     in float32, then to the model's dtype (bf16)."""
     from safetensors.torch import load_file
@@ -233,10 +234,15 @@ def make_nvfp4_modelopt(src, out, twin):
                 f"{module}.weight_scale_2": ws2.contiguous(), f"{module}.input_scale": torch.tensor(1.0)}, twin
 
     q, t = routed_experts(load_file(os.path.join(src, "model.safetensors")), fn)
+    exclude = ["lm_head", "model.layers.*.self_attn*", "model.layers.*.shared_experts*", "model.layers.0.mlp*",
+               "model.layers.*.mlp.gate"]
     qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
-          "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.*.shared_experts*",
-                              "model.layers.0.mlp*", "model.layers.*.mlp.gate"]}
+          "ignore": exclude}
     save_pair(src, out, twin, q, t, qc)
+    import json  # ModelOpt's second file says the same, its list as exclude_modules
+    json.dump({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None,
+                                                                  "group_size": 16, "exclude_modules": exclude}},
+              open(os.path.join(out, "hf_quant_config.json"), "w"), indent=2)
     print(f"{out}: NVFP4 experts (ModelOpt)")
 
 
