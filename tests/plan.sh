@@ -67,9 +67,9 @@ same v2-tp2-dcp2 2 "--model $WORK/v2" -tp 2 -dcp 2 --kv-cache-memory 900K
 same default-model 1 "" --kv-cache-memory 64M
 same gqa-tp2-bf16 2 "--model $WORK/gqa" -tp 2 --dtype bfloat16 --kv-cache-memory 1M
 # the checkpoints' own formats: block-scaled FP8, INT4 W4A16, NVFP4 (both
-# layouts), a V2 with softmax routing
+# layouts, weight-only and W4A4), a V2 with softmax routing
 Q=$DCP_SRCDIR/tests/data/deepseek
-for q in v3_fp8 v3_int4 v3_nvfp4 v3_nvfp4_modelopt v2_softmax; do
+for q in v3_fp8 v3_int4 v3_nvfp4 v3_nvfp4_modelopt v3_w4a4 v3_w4a4_mo v2_softmax; do
     same "$q-tp2" 2 "--model $Q/$q" -tp 2 --kv-cache-memory 1M
 done
 same v3_int4-tp4-dcp2 4 "--model $Q/v3_int4" -tp 4 -dcp 2 --kv-cache-memory 1M
@@ -87,7 +87,7 @@ bare() {
     fi
 }
 bare v3-tp4-dcp4 "$WORK/v3/config.json" -tp 4 -dcp 4 --kv-cache-memory 1500K
-for q in v3_fp8 v3_int4 v3_nvfp4 v3_nvfp4_modelopt v2_softmax; do
+for q in v3_fp8 v3_int4 v3_nvfp4 v3_nvfp4_modelopt v3_w4a4 v3_w4a4_mo v2_softmax; do
     bare "$q-tp2" "$Q/$q/config.json" -tp 2 --kv-cache-memory 1M
 done
 bare gqa-tp2-bf16 "$WORK/gqa/config.json" -tp 2 --dtype bfloat16 --kv-cache-memory 1M
@@ -235,6 +235,26 @@ if grep -q "\"experts\": $want," "$WORK/k2.json"; then
 else
     fail "Kimi K2 Thinking tp 8: by hand $want bytes of experts, the plan: $(grep '"experts"' "$WORK/k2.json")"
 fi
+
+# Kimi K2's shapes in W4A4 NVFP4 (compressed-tensors' NVFP4 scheme on the
+# routed experts): planned on 8 B200s at tp 8 and tp 8 dcp 8 and on 8
+# H200s; the experts by hand: gate and up 256 x 7,168 nibbles, down
+# 7,168 x 256, each with a 1-byte FP8 code per 16 and a table of
+# WEIGHT_TABLE (260) floats per matrix; the router as above
+for case in "B200 1" "B200 8" "H200 1"; do
+    set -- $case
+    checks=$((checks + 1))
+    "$PLAN" --model "$C/kimi-k2-nvfp4.config.json" --gpu "$1" -tp 8 -dcp "$2" --kv-cache-dtype bfloat16 \
+        --input-len 67000 --output-len 1000 --format json >"$WORK/k2fp4-$1-$2.json" 2>&1
+    expert=$(( 3 * (256 * 7168 / 2 + 256 * 7168 / 16 + 260 * 4) ))
+    want=$(( 60 * (384 * expert + (384 * 7168 + 1) * 4 + (384 + 1) * 4) ))
+    if grep -q '"fits": true' "$WORK/k2fp4-$1-$2.json" && grep -q "\"experts\": $want," "$WORK/k2fp4-$1-$2.json" &&
+        grep -q '"kv_cache_tokens": [1-9]' "$WORK/k2fp4-$1-$2.json"; then
+        pass "Kimi K2 W4A4 NVFP4 on 8 $1 at tp 8 dcp $2: fits, $want bytes of experts and router per rank as by hand"
+    else
+        fail "Kimi K2 W4A4 NVFP4 on 8 $1 at tp 8 dcp $2"; cat "$WORK/k2fp4-$1-$2.json" >&2
+    fi
+done
 
 # the plan's own options refuse what they cannot mean
 refuse() {
