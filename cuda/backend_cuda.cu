@@ -222,6 +222,7 @@ extern "C" const Backend *backend_cuda(void)
     b.rope = cuda_rope;
     b.silu_mul = cuda_silu_mul;
     b.add = cuda_add;
+    b.scale = cuda_scale;
     b.add_bias = cuda_add_bias;
     b.embedding = cuda_embedding;
     b.gather_rows = cuda_gather_rows;

@@ -94,6 +94,18 @@ void cuda_add(float *y, const float *x, size_t n)
     DCP_CHECK_LAUNCH(stream);
 }
 
+__global__ void k_scale(float *x, size_t n, float s, int divide)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = divide ? x[i] / s : x[i] * s;
+}
+
+void cuda_scale(float *x, size_t n, float s, int divide)
+{
+    if (n) DCP_LAUNCH(k_scale, blocks_for(n, 256), 256, 0, stream, x, n, s, divide);
+    DCP_CHECK_LAUNCH(stream);
+}
+
 // dst row r = src row rows[r] (embedding: src = table, rows = tokens)
 __global__ void k_gather_rows(float *dst, const float *src, const int *rows, int dim)
 {

@@ -78,8 +78,11 @@ mo() { # NAME SED (on hf_quant_config.json)
 mo mo_exclude 's/"model.layers.0.mlp\*",//'
 expect_error modelopt_exclude 1 '"model.layers.0.mlp*" is in quantization_config'"'"'s ignore but not in hf_quant_config.json'"'"'s exclude_modules: the two files must exclude the same modules' \
     --model "$WORK/mo_exclude" "$P"
-mo mo_kv 's/"kv_cache_quant_algo": null/"kv_cache_quant_algo": "INT8"/'
-expect_error modelopt_kv 1 'quantization_config kv_cache_quant_algo is absent, but' --model "$WORK/mo_kv" "$P"
+mo mo_kv 's/"kv_cache_quant_algo": "FP8"/"kv_cache_quant_algo": "INT8"/'
+expect_error modelopt_kv 1 'quantization_config kv_cache_quant_algo is "FP8", but' --model "$WORK/mo_kv" "$P"
+# an FP8 KV cache's scales: 8-bit floats, static, per tensor
+deepseek ct_kv v3_int4 's/"quant_method": "compressed-tensors"/"kv_cache_scheme": {"num_bits": 8, "type": "int", "strategy": "tensor"}, &/'
+expect_error ct_kv_scheme 1 'kv_cache_scheme must be 8-bit floats with a static scale per tensor' --model "$WORK/ct_kv" "$P"
 mo mo_algo 's/"quant_algo": "NVFP4"/"quant_algo": "FP8"/'
 expect_error modelopt_algo 1 'quantization_config quant_algo is "NVFP4", but' --model "$WORK/mo_algo" "$P"
 ct ct_asym "{$(echo "$W4" | sed 's/"symmetric": true/"symmetric": false/')}"

@@ -121,6 +121,18 @@ static void elementwise(uint64_t *st)
         gpu->release_weights(stack.data);
     }
     gpu->set_gemm_dtype("float32");
+    /* an FP8 cache's scales: x / s and x * s, each one fp32 operation, the same bits */
+    for (int divide = 0; divide < 2; divide++) {
+        float sx[T * DIM];
+        memcpy(sx, x, sizeof sx);
+        float *ds = on_gpu(x, sizeof sx);
+        cpu->scale(sx, T * DIM, 0.0123f, divide);
+        gpu->scale(ds, T * DIM, 0.0123f, divide);
+        float *gs = back(ds, T * DIM);
+        CHECK(!memcmp(gs, sx, sizeof sx), "scale (%s) differs from the CPU's", divide ? "divide" : "multiply");
+        free(gs);
+        gpu->release(ds);
+    }
     /* rmsnorm */
     float *g = rnd(DIM, st), n1[T * DIM];
     cpu->rmsnorm(n1, x, g, T, DIM, 1e-5f);

@@ -104,6 +104,7 @@ static void quant_twin(const char *src, const char *name, DType t, int block)
             }
         }
         st_checkpoint_close(&ck);
+        if (q.cfg.quant.kv_fp8) want += 2 * 4 * q.cfg.n_layers; /* an FP8 cache's k_scale and v_scale per layer */
         fprintf(stderr, "deepseek/%-17s weights %zu bytes as stored (%lld %s matrices), %zu as the float32 twin\n",
                 name, q.w.bytes, kept, dtype_name(t), w.w.bytes);
         CHECK(kept > 0 && !unkept, "%s: %lld quantized matrices widened on loading", name, unkept);

@@ -261,7 +261,7 @@ static const char *merge_name(MergeBackend m) { return m == MERGE_A2A ? "a2a" : 
  * differing greedy token (the positions that saw the same inputs), printed
  * with the count of greedy tokens that agree. */
 static double kv_cache_distance(const char *label, const char *against, const RequestSet *rs, const Reference *a,
-                                const Reference *b)
+                                const Reference *b, int vocab)
 {
     double worst = 0;
     int same = 0, total = 0;
@@ -269,7 +269,7 @@ static double kv_cache_distance(const char *label, const char *against, const Re
         int n = a->res[i].n, agree = 0;
         while (agree < n && a->res[i].tokens[agree] == b->res[i].tokens[agree]) agree++;
         same += agree, total += n;
-        for (size_t x = 0; x < (size_t)(rs->r[i].n_prompt + (agree < n ? agree : n - 1)) * 512; x++)
+        for (size_t x = 0; x < (size_t)(rs->r[i].n_prompt + (agree < n ? agree : n - 1)) * vocab; x++)
             worst = fmax(worst, fabs(a->cap.logits[i][x] - b->cap.logits[i][x]));
     }
     if (rank_of_world() == 0)
@@ -318,12 +318,12 @@ static void stories_layouts(void)
      * of K and V to 8 mantissa bits; DCP shards and merges it as it does
      * fp32 (against one rank with the same cache) */
     Reference ref16 = reference_run_kv(path, &rs, DTYPE_BF16);
-    double worst = kv_cache_distance("stories260K bf16 KV, one rank", "fp32", &rs, &ref16, &ref);
+    double worst = kv_cache_distance("stories260K bf16 KV, one rank", "fp32", &rs, &ref16, &ref, 512);
     CHECK(worst <= BF16_KV_TOL, "bf16 KV cache: logits differ from the fp32 cache's by %g (tolerance %g)", worst,
           BF16_KV_TOL);
     /* an FP8 KV cache against the bf16 one: FP8_KV_TOL */
     Reference ref8 = reference_run_kv(path, &rs, DTYPE_F8_E4M3);
-    worst = kv_cache_distance("stories260K fp8 KV, one rank", "bf16", &rs, &ref8, &ref16);
+    worst = kv_cache_distance("stories260K fp8 KV, one rank", "bf16", &rs, &ref8, &ref16, 512);
     CHECK(worst <= FP8_KV_TOL, "fp8 KV cache: logits differ from the bf16 cache's by %g (tolerance %g)", worst,
           FP8_KV_TOL);
     free_reference(&ref8, rs.n);
@@ -786,6 +786,13 @@ static void deepseek_layouts(void)
     }
 }
 
+/* an FP8 latent cache with a checkpoint's scales against the fp32 cache on
+ * v3_w4a4_mo (logits span about +-4): the mean |logit difference| over the
+ * prompts' positions. The scales applied as they should be give 0.077
+ * (scale 1: 0.088); a cache whose scores or outputs miss their scale,
+ * about 0.97. */
+#define W4A4_FP8_KV_MEAN 0.2
+
 /* W4A4 NVFP4 checkpoints (tests/ref/make_w4a4_refs.py: compressed-tensors'
  * and ModelOpt's) at tp 4 dcp 4, without and with expert parallelism, on
  * v3_yarn's requests: weight-only, the bits of the float32 twin at one rank
@@ -822,6 +829,31 @@ static void w4a4_layouts(void)
                 }
                 free_reference(&ref, rs.n);
             }
+        }
+        if (k == 1) { /* ModelOpt's FP8 KV scales, one per layer, with an FP8 cache */
+            Reference f32 = reference_run_act(q, &rs, DTYPE_F32, 0, 0), f8 = reference_run_act(q, &rs, DTYPE_F8_E4M3, 0, 0);
+            kv_cache_distance("deepseek v3_w4a4_mo fp8 KV (its scales)", "fp32", &rs, &f8, &f32, 256);
+            double mean = 0;
+            size_t count = 0;
+            for (int i = 0; i < rs.n; i++)
+                for (size_t x = 0; x < (size_t)rs.r[i].n_prompt * 256; x++, count++)
+                    mean += fabs(f8.cap.logits[i][x] - f32.cap.logits[i][x]);
+            mean /= (double)count;
+            if (rank_of_world() == 0)
+                fprintf(stderr, "deepseek v3_w4a4_mo fp8 KV (its scales): mean |logit - fp32 KV's| over the prompts %.3g\n",
+                        mean);
+            CHECK(mean <= W4A4_FP8_KV_MEAN, "v3_w4a4_mo: the FP8 cache with its scales moves the prompts' logits by %g on "
+                                            "average (at most %g)", mean, (double)W4A4_FP8_KV_MEAN);
+            run_layout("deepseek v3_w4a4_mo fp8 KV (its scales): tp 4 dcp 4", q, &rs, &f8,
+                       (Layout){.np = 4, .tp = 4, .dcp = 4, .I = 1, .budget = 16, .rel_tol = 1e-4,
+                                .kv_dtype = DTYPE_F8_E4M3},
+                       NULL);
+            run_layout("deepseek v3_w4a4_mo fp8 KV (its scales): tp 8 dcp 8 a2a", q, &rs, &f8,
+                       (Layout){.np = 8, .tp = 8, .dcp = 8, .I = 1, .merge = MERGE_A2A, .budget = 16, .rel_tol = 1e-4,
+                                .kv_dtype = DTYPE_F8_E4M3},
+                       NULL);
+            free_reference(&f32, rs.n);
+            free_reference(&f8, rs.n);
         }
     }
     requests_free(&rs);

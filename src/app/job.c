@@ -536,7 +536,7 @@ static int make_identity(Run *r)
     else identity_set(id, ID_tokenizer, "none");
     identity_set(id, ID_prompts, "%016llx", (unsigned long long)r->prompts_hash);
     identity_set(id, ID_dtype, "%s", gemm == DTYPE_BF16 ? "bfloat16" : "float32");
-    identity_set(id, ID_kv_cache_dtype, "%s", dtype_name(options_kv_dtype(o)));
+    identity_set(id, ID_kv_cache_dtype, "%s", dtype_name(options_kv_dtype(o, &r->cfg)));
     identity_set(id, ID_nvfp4_activations, "%s", r->cfg.quant.nvfp4_w4a4 ? options_nvfp4_activations(o) : "-");
     identity_set(id, ID_backend, "%s", r->be->name);
     identity_set(id, ID_cpu_gemm, "%s", r->be->host_memory ? o->cpu_gemm : "-");
@@ -651,6 +651,10 @@ static int load_model(Run *r)
                    !strcmp(options_nvfp4_activations(o), "emulate")
                        ? "emulate, each row quantized to FP4 in groups of 16 with the input scales"
                        : "weight-only, in the compute dtype: input scales read and checked, not applied");
+        if (options_kv_dtype(o, cfg) == DTYPE_F8_E4M3)
+            printf("# KV cache dtype: fp8 e4m3, %s\n",
+                   r->model.w.kv_scale ? "the checkpoint's k_scale and v_scale per layer (--kv-cache-dtype)"
+                                       : "scale 1 (the checkpoint has no KV scales)");
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
                r->world_size, t->dp, t->tp, t->dcp, t->interleave, o->dcp_comm_backend, r->mpi_buffers);
         if (t->expert_parallel)
@@ -732,7 +736,7 @@ static void generate_all(Run *r, Generated *g)
     const Options *o = r->o;
     const Topology *topo = &r->topo;
     Engine eng;
-    EngineOptions eo = options_engine(o);
+    EngineOptions eo = options_engine(o, &r->model.cfg);
     eo.mpi_device_buffers = r->mpi_device;
     engine_init(&eng, &r->model, r->be, topo, &eo, &r->tm, &g->comm);
     g->capacity = engine_kv_capacity(&eng);

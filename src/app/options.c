@@ -156,9 +156,11 @@ void options_usage(FILE *f)
             "\n"
             "KV cache:\n"
             "  --kv-cache-memory BYTES  K/V memory per rank, e.g. 512M or 2G (default 1G)\n"
-            "  --kv-cache-dtype T       auto (float32), float32, bfloat16 (half the bytes per\n"
-            "                           position, twice the positions in the same memory) or\n"
-            "                           fp8 (FP8 E4M3, scale 1 as vLLM's default: a quarter);\n"
+            "  --kv-cache-dtype T       auto (fp8 for a checkpoint with FP8 KV scales, else\n"
+            "                           float32), float32, bfloat16 (half the bytes per position,\n"
+            "                           twice the positions in the same memory) or fp8 (FP8\n"
+            "                           E4M3, a quarter: the checkpoint's per-layer k_scale and\n"
+            "                           v_scale where it has them, else 1 as vLLM's default);\n"
             "                           attention still accumulates in fp32\n"
             "  --block-size B           positions per KV block per rank (default 16); a block id\n"
             "                           spans B x dcp positions of the DCP group\n"
@@ -226,17 +228,18 @@ const char *options_nvfp4_activations(const Options *o)
     return strcmp(o->nvfp4_activations, "emulate") ? "weight-only" : "emulate";
 }
 
-DType options_kv_dtype(const Options *o)
+DType options_kv_dtype(const Options *o, const Config *c)
 {
     const char *name = o->kv_cache_dtype;
+    if (!strcmp(name, "auto")) return c->quant.kv_fp8 ? DTYPE_F8_E4M3 : DTYPE_F32;
     return !strcmp(name, "bfloat16") ? DTYPE_BF16 : !strncmp(name, "fp8", 3) ? DTYPE_F8_E4M3 : DTYPE_F32;
 }
 
-EngineOptions options_engine(const Options *o)
+EngineOptions options_engine(const Options *o, const Config *c)
 {
     return (EngineOptions){.merge = strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A,
                            .kv_cache_memory = o->kv_cache_memory, .block_size = o->block_size,
-                           .kv_dtype = options_kv_dtype(o),
+                           .kv_dtype = options_kv_dtype(o, c),
                            .nvfp4_act = !strcmp(options_nvfp4_activations(o), "emulate")};
 }
 

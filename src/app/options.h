@@ -41,7 +41,7 @@ typedef struct {
     int prefix_caching;      /* reuse cached full KV blocks (default on) */
     const char *mpi_device_buffers; /* auto | yes | no */
     const char *dtype;               /* auto | float32 | bfloat16: GEMM weights */
-    const char *kv_cache_dtype;      /* auto (float32) | float32 | bfloat16 | fp8 | fp8_e4m3 */
+    const char *kv_cache_dtype;      /* auto | float32 | bfloat16 | fp8 | fp8_e4m3 (options_kv_dtype) */
     const char *nvfp4_activations;   /* auto | weight-only | emulate: a W4A4 checkpoint's activations */
     int resume;            /* reuse the journal of an earlier run of the same output */
     int journal;           /* record finished requests as they finish (default on) */
@@ -56,11 +56,14 @@ int options_parse(Options *o, int argc, char **argv, int flags);
 /* What --nvfp4-activations resolves to: "emulate" when asked for, else
  * "weight-only" (auto: no backend here has FP4 math to run them on) */
 const char *options_nvfp4_activations(const Options *o);
-/* The KV cache's element type --kv-cache-dtype names. */
-DType options_kv_dtype(const Options *o);
-/* The engine's options these say: the DCP merge, the KV cache's memory,
- * block size and type (a run adds how MPI takes device buffers). */
-EngineOptions options_engine(const Options *o);
+/* The KV cache's element type --kv-cache-dtype names for the model c:
+ * auto is FP8 for a checkpoint with FP8 KV scales (QuantConfig.kv_fp8),
+ * else float32 */
+DType options_kv_dtype(const Options *o, const Config *c);
+/* The engine's options these say for the model c: the DCP merge, the KV
+ * cache's memory, block size and type, the W4A4 activations (a run adds
+ * how MPI takes device buffers). */
+EngineOptions options_engine(const Options *o, const Config *c);
 /* The context limit: --max-model-len, else the model's; -1 when it
  * exceeds the model's (dcp_error() says so). */
 int options_max_model_len(const Options *o, const Config *c, int *out);

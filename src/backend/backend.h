@@ -144,6 +144,9 @@ typedef struct Backend {
     void (*silu_mul)(float *gate, const float *up, size_t n);
     /* y (n) += x */
     void (*add)(float *y, const float *x, size_t n);
+    /* x (n) = x / s (divide) or x * s, each one fp32 operation: an FP8 KV
+     * cache's per-layer scales (attention.c) */
+    void (*scale)(float *x, size_t n, float s, int divide);
     /* x (T, dim) = table[tokens] */
     void (*embedding)(float *x, const float *table, const int *tokens, int T, int dim);
     /* dst (R, dim) = src[rows[r]] */

@@ -126,6 +126,14 @@ static void cpu_add(float *y, const float *x, size_t n)
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+static void cpu_scale(float *x, size_t n, float s, int divide)
+{
+    if (divide)
+        for (size_t i = 0; i < n; i++) x[i] = x[i] / s;
+    else
+        for (size_t i = 0; i < n; i++) x[i] = x[i] * s;
+}
+
 static void cpu_embedding(float *x, const float *table, const int *tokens, int T, int dim)
 {
     for (int t = 0; t < T; t++) memcpy(x + (size_t)t * dim, table + (size_t)tokens[t] * dim, sizeof(float) * dim);
@@ -584,6 +592,7 @@ static const Backend cpu = {
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .scale = cpu_scale,
     .add_bias = cpu_add_bias,
     .embedding = cpu_embedding,
     .attention = cpu_attention,

@@ -188,13 +188,15 @@ static void *kv_layer(const Attention *a, void *pool, int layer)
 }
 
 /* The attention of copies x T queries over this rank's cache of a layer,
- * its keys in the canonical key shards this rank holds (Attention). */
-static void attend(const Attention *a, int layer, int sliding, int copies, const float *q, float *out, float *lse)
+ * its keys in the canonical key shards this rank holds (Attention);
+ * k_scale: the FP8 cache's key scale (1 for others) */
+static void attend(const Attention *a, int layer, int sliding, int copies, const float *q, float *out, float *lse,
+                   float k_scale)
 {
     const AttnShape *sh = &a->shape;
     const Step *s = &a->step;
     AttnBatch ab = {.T = s->T * copies, .n_heads = sh->q_heads, .n_kv_heads = sh->kv_heads, .head_dim = sh->head_dim,
-                    .scale = sh->scale, .q = q, .out = out, .lse = lse, .kv_stride = sh->kv_heads * sh->head_dim,
+                    .scale = sh->scale * k_scale, .q = q, .out = out, .lse = lse, .kv_stride = sh->kv_heads * sh->head_dim,
                     .v_dim = sh->v_dim, .block_size = a->pool.block_size, .n_keys = s->cache_n,
                     .key0 = sliding ? s->cache_key0 : NULL, .blocks = s->cache_tables, .kv_dtype = a->kv_dtype,
                     .shards = a->shards, .shard_interleave = a->topo->interleave, .d_n_keys = s->d_cache_n,
@@ -241,22 +243,22 @@ static float *merge_ranks(Attention *a, float *parts, int rows, int D)
     return recv;
 }
 
-void attention_layer(Attention *a, int layer, int sliding, const float *q, float *k, float *v, float *out, float *lse)
+/* attention_layer's work on keys and values as the cache holds them */
+static void attend_and_merge(Attention *a, int layer, int sliding, const float *q, float *k, float *v, float *out,
+                             float *lse, void *k_pool, void *v_pool, float ks)
 {
     const Backend *be = a->be;
     const AttnShape *sh = &a->shape;
     const Topology *tp = a->topo;
     const Step *s = &a->step;
     int T = s->T, kv_row = sh->kv_heads * sh->head_dim, D = sh->v_dim ? sh->v_dim : sh->head_dim, N = tp->dcp;
-    void *k_pool = kv_layer(a, a->k_pool, layer), *v_pool = kv_layer(a, a->v_pool, layer);
-    if (sh->keys_only) v = NULL;
     /* The owners store the new keys first (docs/design.md, "Where a token's
      * KV lives"), and every token reads its keys from the cache in one
      * pass: the same keys in the same order whether its prompt came in one
      * chunk or several, alone or batched. */
     be->kv_write(k_pool, v_pool, a->kv_dtype, k, v, s->d_slots, T, kv_row, sh->kv_heads, a->pool.block_size);
     if (N == 1) {
-        attend(a, layer, sliding, 1, q, out, lse);
+        attend(a, layer, sliding, 1, q, out, lse, ks);
         return;
     }
     if (!s->has_context) {
@@ -269,7 +271,7 @@ void attention_layer(Attention *a, int layer, int sliding, const float *q, float
             if (v) be->round_kv(v, (size_t)T * kv_row, a->kv_dtype);
         }
         AttnBatch ab = {.T = T, .n_heads = sh->q_heads, .n_kv_heads = sh->kv_heads, .head_dim = sh->head_dim,
-                        .scale = sh->scale, .q = q, .out = out, .lse = lse, .k = k, .v = v ? v : k,
+                        .scale = sh->scale * ks, .q = q, .out = out, .lse = lse, .k = k, .v = v ? v : k,
                         .n_keys = s->new_n, .key0 = sliding ? s->new_key0 : NULL, .kv_stride = kv_row,
                         .v_dim = sh->v_dim, .kv_dtype = DTYPE_F32, .row0 = s->new_row0,
                         .shards = a->shards * N, .shard_interleave = tp->interleave, .d_n_keys = s->d_new_n,
@@ -282,9 +284,28 @@ void attention_layer(Attention *a, int layer, int sliding, const float *q, float
     int H = sh->q_heads, rows = T * H;
     size_t qd = (size_t)H * sh->head_dim;
     comm_allgather(a->comm, COMM_q_allgather, q, comm_count(T * qd), a->q_all, GROUP_DCP);
-    attend(a, layer, sliding, N, a->q_all, a->o_all, a->lse_all);
+    attend(a, layer, sliding, N, a->q_all, a->o_all, a->lse_all, ks);
     be->pack_partials(a->parts, a->o_all, a->lse_all, N * rows, D);
     const float *mine = merge_ranks(a, a->parts, rows, D);
     be->strided_copy(out, D, mine, D + 1, rows, D);
     be->strided_copy(lse, 1, mine + D, D + 1, rows, 1);
+}
+
+void attention_layer(Attention *a, int layer, int sliding, const float *q, float *k, float *v, float *out, float *lse)
+{
+    const Backend *be = a->be;
+    const AttnShape *sh = &a->shape;
+    int T = a->step.T, kv_row = sh->kv_heads * sh->head_dim, D = sh->v_dim ? sh->v_dim : sh->head_dim;
+    void *k_pool = kv_layer(a, a->k_pool, layer), *v_pool = kv_layer(a, a->v_pool, layer);
+    if (sh->keys_only) v = NULL;
+    /* an FP8 cache with the checkpoint's scales: it holds k / k_scale and
+     * v / v_scale (the new rows divided here, in place: nothing reads them
+     * after); the scores take k_scale in the softmax scale and the output
+     * v_scale, after every merge, as at every layout */
+    float ks = a->kv_scale && a->kv_dtype == DTYPE_F8_E4M3 ? a->kv_scale[2 * layer] : 1.0f;
+    float vs = a->kv_scale && a->kv_dtype == DTYPE_F8_E4M3 ? a->kv_scale[2 * layer + (sh->keys_only ? 0 : 1)] : 1.0f;
+    if (ks != 1.0f) be->scale(k, (size_t)T * kv_row, ks, 1);
+    if (v && vs != 1.0f) be->scale(v, (size_t)T * kv_row, vs, 1);
+    attend_and_merge(a, layer, sliding, q, k, v, out, lse, k_pool, v_pool, ks);
+    if (vs != 1.0f) be->scale(out, (size_t)T * sh->q_heads * D, vs, 0);
 }

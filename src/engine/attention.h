@@ -85,6 +85,11 @@ typedef struct {
     BlockPool pool;
     void *k_pool, *v_pool; /* elements of kv_dtype; v_pool NULL when keys_only */
     DType kv_dtype;
+    /* an FP8 cache's per-layer scales, k then v for each layer (host; NULL:
+     * 1): the cache holds x / scale; the keys' scale multiplies the
+     * softmax scale and the values' the attention's output (the latent
+     * cache's: its k_scale both) */
+    const float *kv_scale;
     KvSizing kv;            /* the pool's sizing */
     Step step;
     /* capacities of the step arrays (tokens, chunks, table entries) */

@@ -79,6 +79,7 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     shape.key_shards = m->shard.key_shards;
     attention_init(&e->att, be, topo, cs, &shape, eo ? eo->kv_cache_memory : 0, eo ? eo->block_size : 0,
                    eo ? eo->kv_dtype : DTYPE_F32, eo ? eo->merge : MERGE_AG_RS);
+    e->att.kv_scale = m->w.kv_scale; /* an FP8 cache uses the checkpoint's scales */
 }
 
 static void free_step_buffers(Engine *e)

@@ -214,6 +214,23 @@ static json_t *modelopt_settings(json_t *q, const char *config_path)
     return r;
 }
 
+/* compressed-tensors' kv_cache_scheme: none, or FP8 E4M3 with a static
+ * per-tensor scale per layer (k_scale, v_scale) */
+static int read_kv_scheme(json_t *kv, QuantConfig *m, const char *path)
+{
+    if (!kv || json_is_null(kv)) return 0;
+    const char *type = json_string_value(json_object_get(kv, "type"));
+    const char *strategy = json_string_value(json_object_get(kv, "strategy"));
+    json_t *dyn = json_object_get(kv, "dynamic"), *sym = json_object_get(kv, "symmetric");
+    if (!json_is_object(kv) || !type || strcmp(type, "float") || json_integer_value(json_object_get(kv, "num_bits")) != 8 ||
+        (strategy && strcmp(strategy, "tensor")) || (dyn && !json_is_false(dyn)) || json_is_false(sym))
+        return dcp_fail("%s: quantization_config: kv_cache_scheme must be 8-bit floats with a static scale per tensor "
+                        "(FP8 k_scale and v_scale per layer)",
+                        path);
+    m->kv_fp8 = 1;
+    return 0;
+}
+
 /* quantization_config: block-scaled FP8 (DeepSeek-V3's own), or
  * compressed-tensors' pack-quantized INT4 W4A16 (Kimi K2's experts: one
  * config group of symmetric 4-bit integers in groups along the input,
@@ -264,9 +281,7 @@ int read_quantization(json_t *q, QuantConfig *m, const char *path)
                                     path);
                 m->nvfp4_w4a4 = 1;
             }
-            if (kv && !json_is_null(kv))
-                return dcp_fail("%s: quantization_config: kv_cache_scheme is not supported (use --kv-cache-dtype fp8)",
-                                path);
+            if (read_kv_scheme(kv, m, path)) return -1;
             m->nvfp4_group = 16;
             m->nvfp4_round_bf16 = 1; /* compressed-tensors decompresses to bf16 */
             return 0;
@@ -289,9 +304,7 @@ int read_quantization(json_t *q, QuantConfig *m, const char *path)
             return dcp_fail("%s: quantization_config: quantized input activations are not supported (W4A16: "
                             "input_activations null)",
                             path);
-        if (kv && !json_is_null(kv))
-            return dcp_fail("%s: quantization_config: kv_cache_scheme is not supported (use --kv-cache-dtype fp8)",
-                            path);
+        if (read_kv_scheme(kv, m, path)) return -1;
         m->int4_group = (int)json_integer_value(gs);
         return 0;
     }
@@ -307,9 +320,10 @@ int read_quantization(json_t *q, QuantConfig *m, const char *path)
         else if (gs && !json_is_null(gs) && json_integer_value(gs) != 16)
             rc = dcp_fail("%s: quantization_config: NVFP4 group_size %lld is not supported (16)", path,
                           (long long)json_integer_value(gs));
-        else if (kv && !json_is_null(kv))
-            rc = dcp_fail("%s: quantization_config: kv_cache_quant_algo is not supported (use --kv-cache-dtype fp8)",
-                          path);
+        else if (kv && !json_is_null(kv) && (!json_is_string(kv) || strcmp(json_string_value(kv), "FP8")))
+            rc = dcp_fail("%s: quantization_config: kv_cache_quant_algo %s is not supported (FP8, or none)", path,
+                          json_is_string(kv) ? json_string_value(kv) : "(not a string)");
+        m->kv_fp8 = kv && json_is_string(kv) && !strcmp(json_string_value(kv), "FP8");
         json_decref(mo);
         if (rc) return rc;
         m->nvfp4_group = 16;

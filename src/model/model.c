@@ -349,6 +349,41 @@ static int check_quantized(const char *path, const StCheckpoint *ck, const Quant
     return 0;
 }
 
+/* Layer l's FP8 KV cache scale (kv 'k' or 'v') in the checkpoint: at the
+ * attention (compressed-tensors: self_attn.k_scale) or at its projection
+ * (ModelOpt: self_attn.k_proj.k_scale); its name into name, or NULL */
+static const StTensor *kv_scale_tensor(const StCheckpoint *ck, int l, char kv, char *name, size_t n)
+{
+    snprintf(name, n, "model.layers.%d.self_attn.%c_scale", l, kv);
+    const StTensor *t = st_find(ck, name);
+    if (t) return t;
+    snprintf(name, n, "model.layers.%d.self_attn.%c_proj.%c_scale", l, kv, kv);
+    return st_find(ck, name);
+}
+
+/* Every layer's FP8 KV scales into to (k then v per layer; an MLA layer's
+ * v its k, whose latent cache has one scale), each one positive F32
+ * value; their names into names (NULL: not wanted) */
+static int read_kv_scales(const char *path, const StCheckpoint *ck, const Config *c, float *to, char (*names)[160],
+                          int *n_names)
+{
+    for (int l = 0; l < c->n_layers; l++)
+        for (int k = 0; k < 2; k++) {
+            char name[160];
+            const StTensor *t = kv_scale_tensor(ck, l, "kv"[k], name, sizeof name);
+            float v = 1;
+            if (!t && (k == 0 || !c->mla))
+                return dcp_fail("%s: tensor 'model.layers.%d.self_attn.%c_scale' (or its %c_proj's) not found: "
+                                "the quantization config says the KV cache is FP8 with the checkpoint's scales",
+                                path, l, "kv"[k], "kv"[k]);
+            if (t && (st_scalar(t, &v) || !(v > 0) || !isfinite(v)))
+                return dcp_fail("%s: tensor '%s' must be one positive F32 value", path, name);
+            if (t && names) strcpy(names[(*n_names)++], name);
+            if (to) to[2 * l + k] = k && c->mla ? to[2 * l] : v;
+        }
+    return 0;
+}
+
 /* Tensors a checkpoint may hold that no architecture reads. */
 static int ignorable_tensor(const char *name)
 {
@@ -442,6 +477,7 @@ int model_check_checkpoint(const char *path, const Config *c)
                       path);
     quant_rules_free(rules);
     free(mt);
+    if (!rc && c->quant.kv_fp8) rc = read_kv_scales(path, &ck, c, NULL, names, &n_names);
     for (int k = 0; k < T_COUNT && !rc; k++) {
         if (!tensor_present(c, (TensorKind)k)) continue;
         if (c->mla && k != T_EMBED && k != T_RMS_FINAL && k != T_LM_HEAD) continue;
@@ -950,6 +986,12 @@ static int load_layers(Source *src, Model *m)
                                           : 0);
     for (int l = 0; c->mla && l < c->n_layers && !rc; l++) mla_fold_kv_b(m, &w->mla[l]);
     free(mt);
+    if (!rc && c->quant.kv_fp8) {
+        w->part = WPART_ATTENTION;
+        w->kv_scale = owned_alloc(w, sizeof(float) * 2 * (size_t)c->n_layers);
+        if (!w->sizing && !src->bare) rc = read_kv_scales(src->path, &src->ck, c, w->kv_scale, NULL, NULL);
+        if (w->sizing) w->kv_scale = NULL;
+    }
     return rc;
 }
 

@@ -112,6 +112,10 @@ typedef struct {
      * checkpoint does ("" when none): its columns on this rank start or end
      * inside a group of 16, or it is an MLA kv_b_proj, folded at load */
     char act_split[128];
+    /* an FP8 KV checkpoint's scales (QuantConfig.kv_fp8): k_scale then
+     * v_scale of each layer (an MLA layer's v_scale its k_scale); NULL
+     * without */
+    float *kv_scale;
     void *map;
     size_t map_size;
 } Weights;

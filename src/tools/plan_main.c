@@ -271,7 +271,7 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
         if (!p->kv_given) L->kv_memory = L->usable > taken ? L->usable - taken : 0;
         L->fits = L->kv_memory > 0 && taken + L->kv_memory <= L->usable;
     }
-    EngineOptions eo = options_engine(o);
+    EngineOptions eo = options_engine(o, &m.cfg);
     eo.kv_cache_memory = L->kv_memory;
     engine_kv_sizing(&m, L->dcp, &eo, &L->kv);
     if (L->fits == 1 && L->kv.n_blocks < 1) L->fits = 0;

@@ -12,9 +12,13 @@ input), its routed experts quantized two ways, weights and activations:
                 weight_global_scale and input_global_scale per Linear.
   v3_w4a4_mo    NVIDIA ModelOpt's NVFP4 export in its two config files:
                 config.json's quantization_config with "ignore", and
-                hf_quant_config.json with "exclude_modules"; weight,
-                weight_scale, weight_scale_2 and input_scale per Linear
-                (make_quant_refs.py's ModelOpt formulas).
+                hf_quant_config.json with "exclude_modules", both with
+                kv_cache_quant_algo FP8; weight, weight_scale,
+                weight_scale_2 and input_scale per Linear
+                (make_quant_refs.py's ModelOpt formulas), and an FP8 KV
+                cache scale per layer, self_attn.k_scale and v_scale (the
+                latent cache's range over 448, as ModelOpt calibrates it;
+                v_scale the same, which an MLA cache does not use).
 
 Each has its dequantized float32 twin (NAME_twin). The input scales come
 from the model's own activations on the prompt (every token through every
@@ -81,8 +85,19 @@ def experts_modules(model):
 
 def calibrate(model, prompt):
     """each routed expert's input ranges on the prompt, every token through every expert:
-    amax[(layer, e, "gate_up" | "down")]"""
+    amax[(layer, e, "gate_up" | "down")]; and each layer's latent KV row (its normalized latent
+    and its RoPE part, with room for the rotation): amax[(layer, "kv")]"""
     amax = {}
+    for l, layer in enumerate(model.model.layers):
+        att, rope = layer.self_attn, model.config.qk_rope_head_dim
+
+        def latent(mod, args, out, l=l):
+            amax[(l, "kv")] = max(amax.get((l, "kv"), 0.0), out.abs().max().item())
+
+        def pe(mod, args, out, l=l, rope=rope):
+            amax[(l, "kv")] = max(amax.get((l, "kv"), 0.0), 1.5 * out[..., -rope:].abs().max().item())
+        att.kv_a_layernorm.register_forward_hook(latent)
+        att.kv_a_proj_with_mqa.register_forward_hook(pe)
     for l, ex in experts_modules(model):
         def fwd(self, hidden_states, top_k_index, top_k_weights, l=l, orig=ex.forward):
             for e in range(self.num_experts):
@@ -194,7 +209,11 @@ def quantize_mo(w, amax):
         q.update({f"{module}.weight": packed.contiguous(), f"{module}.weight_scale": s8.contiguous(),
                   f"{module}.weight_scale_2": ws2.contiguous(), f"{module}.input_scale": iscale})
         gscale[key] = (1.0 / iscale).item()
-    qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "producer": {"name": "modelopt"},
+    for l in range(CONFIG.num_hidden_layers):
+        s = torch.tensor(amax[(l, "kv")] / 448.0, dtype=torch.float32)
+        q[f"model.layers.{l}.self_attn.k_scale"] = s
+        q[f"model.layers.{l}.self_attn.v_scale"] = s.clone()
+    qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "producer": {"name": "modelopt"},
           "config_groups": {"group_0": {"targets": ["Linear"],
                                         "weights": {"num_bits": 4, "type": "float", "group_size": 16, "dynamic": False},
                                         "input_activations": {"num_bits": 4, "type": "float", "group_size": 16,
@@ -243,7 +262,7 @@ def main():
         json.dump(dict(cfg, quantization_config=qc), open(os.path.join(out, "config.json"), "w"), indent=2)
         if name == "v3_w4a4_mo":
             json.dump({"producer": {"name": "modelopt"},
-                       "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                       "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16,
                                         "exclude_modules": MO_EXCLUDE}},
                       open(os.path.join(out, "hf_quant_config.json"), "w"), indent=2)
         lw, gw = reference(load(twin), prompt, out, "")
