@@ -60,6 +60,24 @@ if [ -n "$size16" ] && [ "$size8" = $((2 * size16)) ] && [ -n "$peak16" ] && [ "
 else
     fail "fp8 KV cache: positions $size8 vs $size16, peak bytes $peak8 vs $peak16"
 fi
+# --kv-cache-dtype auto is the checkpoint's dtype, as vLLM's: a bf16
+# checkpoint (torch_dtype bfloat16) gets a bf16 cache, twice the positions
+# of the float32 one in the same memory; the default model, fp32, float32
+"$MKMODEL" --out "$WORK/b16" --layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 96 --vocab 512 --dtype bf16 >/dev/null
+for kv in auto float32; do
+    run_dcp b16$kv --model "$WORK/b16" --kv-cache-memory 1M --kv-cache-dtype $kv --output "$WORK/b16$kv.h5" "$P"
+done
+run_dcp kvauto --kv-cache-memory 1M --output "$WORK/kvauto.h5" "$P"
+checks=$((checks + 1))
+auto16=$(sed -n 's/^# KV cache size: \([0-9]*\) tokens.*/\1/p' "$WORK/b16auto.out")
+auto32=$(sed -n 's/^# KV cache size: \([0-9]*\) tokens.*/\1/p' "$WORK/b16float32.out")
+if [ -n "$auto32" ] && [ "$auto16" = $((2 * auto32)) ] &&
+    h5dump -A "$WORK/b16auto.h5" 2>/dev/null | grep -q '"kv_cache_dtype":"bfloat16"' &&
+    h5dump -A "$WORK/kvauto.h5" 2>/dev/null | grep -q '"kv_cache_dtype":"float32"'; then
+    pass "--kv-cache-dtype auto on a bf16 checkpoint: bfloat16, $auto16 positions in 1M (float32: $auto32)"
+else
+    fail "--kv-cache-dtype auto on a bf16 checkpoint: $auto16 positions in 1M, float32 $auto32"; cat "$WORK/b16auto.err" >&2
+fi
 
 # --cpu-isa: every instruction set this CPU has gives the portable
 # kernels' bits (tokens, logprobs, prompt logprobs), fp32 and bf16

@@ -156,8 +156,9 @@ void options_usage(FILE *f)
             "\n"
             "KV cache:\n"
             "  --kv-cache-memory BYTES  K/V memory per rank, e.g. 512M or 2G (default 1G)\n"
-            "  --kv-cache-dtype T       auto (fp8 for a checkpoint with FP8 KV scales, else\n"
-            "                           float32), float32, bfloat16 (half the bytes per position,\n"
+            "  --kv-cache-dtype T       auto (the checkpoint's: fp8 with FP8 KV scales, bfloat16\n"
+            "                           for a bf16 checkpoint, else float32), float32, bfloat16\n"
+            "                           (half the bytes per position,\n"
             "                           twice the positions in the same memory) or fp8 (FP8\n"
             "                           E4M3, a quarter: the checkpoint's per-layer k_scale and\n"
             "                           v_scale where it has them, else 1 as vLLM's default);\n"
@@ -231,7 +232,7 @@ const char *options_nvfp4_activations(const Options *o)
 DType options_kv_dtype(const Options *o, const Config *c)
 {
     const char *name = o->kv_cache_dtype;
-    if (!strcmp(name, "auto")) return c->quant.kv_fp8 ? DTYPE_F8_E4M3 : DTYPE_F32;
+    if (!strcmp(name, "auto")) return c->quant.kv_fp8 ? DTYPE_F8_E4M3 : c->stored_bf16 ? DTYPE_BF16 : DTYPE_F32;
     return !strcmp(name, "bfloat16") ? DTYPE_BF16 : !strncmp(name, "fp8", 3) ? DTYPE_F8_E4M3 : DTYPE_F32;
 }
 

@@ -57,8 +57,9 @@ int options_parse(Options *o, int argc, char **argv, int flags);
  * "weight-only" (auto: no backend here has FP4 math to run them on) */
 const char *options_nvfp4_activations(const Options *o);
 /* The KV cache's element type --kv-cache-dtype names for the model c:
- * auto is FP8 for a checkpoint with FP8 KV scales (QuantConfig.kv_fp8),
- * else float32 */
+ * auto is the checkpoint's, as vLLM's: FP8 for one with FP8 KV scales
+ * (QuantConfig.kv_fp8), bf16 for one whose torch_dtype is bfloat16
+ * (quantized ones too), else float32 */
 DType options_kv_dtype(const Options *o, const Config *c);
 /* The engine's options these say for the model c: the DCP merge, the KV
  * cache's memory, block size and type, the W4A4 activations (a run adds

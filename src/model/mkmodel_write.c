@@ -53,18 +53,19 @@ static FILE *open_config(const char *dir, char *path, size_t n)
 }
 
 /* The fields every config.json ends with, and the close. */
-static int finish_config(FILE *f, const char *path, const ModelSpec *s, const char *eos, const char *eps)
+static int finish_config(FILE *f, const char *path, const ModelSpec *s, const char *eos, const char *eps, int bf16)
 {
     fprintf(f,
             "  \"rms_norm_eps\": %s,\n  \"tie_word_embeddings\": %s,\n  \"hidden_act\": \"silu\",\n"
             "  \"bos_token_id\": null,\n  \"eos_token_id\": %s,\n"
-            "  \"torch_dtype\": \"float32\",\n  \"dcpinfer_seed\": %llu\n}%s\n",
-            eps, s->tied ? "true" : "false", eos, (unsigned long long)s->seed, s->kimi_k25 ? "}" : "");
+            "  \"torch_dtype\": \"%s\",\n  \"dcpinfer_seed\": %llu\n}%s\n",
+            eps, s->tied ? "true" : "false", eos, bf16 ? "bfloat16" : "float32", (unsigned long long)s->seed,
+            s->kimi_k25 ? "}" : "");
     if (fclose(f)) return dcp_fail("%s: write error", path);
     return 0;
 }
 
-static int write_config_json(const ModelSpec *s, const char *dir)
+static int write_config_json(const ModelSpec *s, const char *dir, int bf16)
 {
     char path[4096];
     FILE *f = open_config(dir, path, sizeof path);
@@ -111,7 +112,7 @@ static int write_config_json(const ModelSpec *s, const char *dir)
                 s->sliding_window ? "true" : "false", s->sliding_window ? s->sliding_window : 4096,
                 s->sliding_window ? s->max_window_layers : s->layers);
     }
-    return finish_config(f, path, s, eos, "1e-05");
+    return finish_config(f, path, s, eos, "1e-05", bf16);
 }
 
 /* One safetensors file holding tensors [first, last) of the flat list. */
@@ -502,7 +503,7 @@ static int modelopt_quant_file(const ModelSpec *s, const char *dir)
     return fclose(f) ? dcp_fail("%s: write error", path) : 0;
 }
 
-static int write_mla_config(const ModelSpec *s, const char *dir)
+static int write_mla_config(const ModelSpec *s, const char *dir, int bf16)
 {
     char path[4096];
     FILE *f = open_config(dir, path, sizeof path);
@@ -544,7 +545,7 @@ static int write_mla_config(const ModelSpec *s, const char *dir)
     if (!s->kimi_k25) fputs(quant, f);
     write_rope(f, s);
     fprintf(f, "  \"attention_bias\": false,\n");
-    return finish_config(f, path, s, eos, "1e-06");
+    return finish_config(f, path, s, eos, "1e-06", bf16);
 }
 
 int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
@@ -554,13 +555,13 @@ int mkmodel_write_hf(const ModelSpec *s, const char *dir, int bf16, int shards)
     if (a->mla || a->moe) {
         if (shards > 1) return dcp_fail("DeepSeek, Qwen3-MoE and GLM-4.5 models are written as one file");
         if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
-        return (a->mla ? write_mla_config(s, dir) : write_config_json(s, dir)) ||
+        return (a->mla ? write_mla_config(s, dir, bf16) : write_config_json(s, dir, bf16)) ||
                        (s->nvfp4 == 2 && modelopt_quant_file(s, dir)) || write_named(s, dir, bf16)
                    ? -1
                    : 0;
     }
     if (mkdir(dir, 0755) && errno != EEXIST) return dcp_fail("%s: %s", dir, strerror(errno));
-    if (write_config_json(s, dir)) return -1;
+    if (write_config_json(s, dir, bf16)) return -1;
     Config c;
     mkmodel_config(s, &c);
     TensorRef *refs = xmalloc(sizeof(TensorRef) * (size_t)(T_COUNT * s->layers + T_COUNT));
