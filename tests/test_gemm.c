@@ -163,14 +163,15 @@ static void nibble_shape(DType t, int T, int K, int N, int qcols, uint64_t *st)
     enum { TABLE_ROWS = 7 };
     size_t table_runs = (size_t)TABLE_ROWS * K / qcols, nt = (ns + table_runs - 1) / table_runs;
     uint8_t *codes = xmalloc(ns);
-    float *tables = xmalloc(sizeof(float) * 256 * nt);
+    float *tables = xcalloc(WEIGHT_TABLE * nt, sizeof(float)); /* the input scale after the 256 values: 0, none */
     for (size_t j = 0; j < nt; j++)
-        for (int b = 0; b < 256; b++) tables[256 * j + b] = e4m3_ref((uint8_t)b) / (437.5f + 61.25f * (float)j);
+        for (int b = 0; b < 256; b++)
+            tables[WEIGHT_TABLE * j + b] = e4m3_ref((uint8_t)b) / (437.5f + 61.25f * (float)j);
     for (int i = 0; i < T * K; i++) x[i] = frand(st);
     for (size_t i = 0; i < ns; i++) { /* bf16 for INT4; for FP4 an E4M3 value over a global scale */
         codes[i] = (uint8_t)(splitmix64(st) % 0x7e);
         scale[i] = t == DTYPE_I4 ? from_bf16(to_bf16(ldexpf(1.0f + frand(st), -(int)(splitmix64(st) % 8))))
-                                 : tables[256 * (i / table_runs) + codes[i]];
+                                 : tables[WEIGHT_TABLE * (i / table_runs) + codes[i]];
     }
     for (size_t i = 0; i < (size_t)N * K; i++) {
         int v = (int)(splitmix64(st) % 16);

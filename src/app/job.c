@@ -652,7 +652,7 @@ static int load_model(Run *r)
                        ? "emulate, each row quantized to FP4 in groups of 16 with the input scales"
                        : "weight-only, in the compute dtype: input scales read and checked, not applied");
         if (options_kv_dtype(o, cfg) == DTYPE_F8_E4M3)
-            printf("# KV cache dtype: fp8 e4m3, %s\n",
+            printf("# FP8 KV cache (E4M3): %s\n",
                    r->model.w.kv_scale ? "the checkpoint's k_scale and v_scale per layer (--kv-cache-dtype)"
                                        : "scale 1 (the checkpoint has no KV scales)");
         printf("# layout: %d rank(s) = dp %d x tp %d, dcp %d, interleave %d, dcp comm backend %s, MPI buffers %s\n",
