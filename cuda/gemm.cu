@@ -6,7 +6,7 @@ static __nv_bfloat16 *x_bf16; // activations of a product with bf16 weights
 static size_t x_bf16_cap;
 static float *w_f32; // a quantized matrix widened for cuBLAS (cuda_matmul)
 static size_t w_f32_cap;
-static float *x_fp4; // activations quantized as NVFP4 (act_fp4)
+static float *x_fp4; // activations quantized as NVFP4 (cuda_fp4_activations)
 static size_t x_fp4_cap;
 
 __global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, size_t n)

@@ -209,6 +209,24 @@ def make_nvfp4(src, out, twin):
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
+def modelopt_nvfp4(module, x):
+    """a float32 weight as ModelOpt's NVFP4 stores it ({module}.weight, .weight_scale,
+    .weight_scale_2) and its dequantized twin (bf16)"""
+    xb = x.to(torch.bfloat16).float()
+    ws2 = (xb.abs().max() / (6.0 * 448.0)).reshape(())
+    blocks = xb.reshape(x.shape[0], -1, 16)
+    s8 = (blocks.abs().amax(-1) / 6.0 / ws2).to(torch.float8_e4m3fn)
+    scale = s8.float() * ws2
+    y = blocks / scale.clamp(min=1e-30).unsqueeze(-1)
+    idx = (y.abs().unsqueeze(-1) - E2M1).abs().argmin(-1)  # nearest magnitude (ties: the smaller)
+    code = (idx | ((y < 0).to(torch.long) << 3)).reshape(x.shape[0], -1)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
+    vals = E2M1[idx] * torch.where(y < 0, -1.0, 1.0)
+    twin = (vals * scale.unsqueeze(-1)).reshape(x.shape).to(torch.bfloat16)
+    return {f"{module}.weight": packed.contiguous(), f"{module}.weight_scale": s8.contiguous(),
+            f"{module}.weight_scale_2": ws2.contiguous()}, twin
+
+
 def make_nvfp4_modelopt(src, out, twin):
     """v3_nvfp4_modelopt: the same experts as NVIDIA ModelOpt exports NVFP4 (quant_method modelopt,
     quant_algo NVFP4: weight, two E2M1 per byte, the even element in the low nibble; weight_scale,
@@ -219,19 +237,9 @@ def make_nvfp4_modelopt(src, out, twin):
     from safetensors.torch import load_file
 
     def fn(module, x):
-        xb = x.to(torch.bfloat16).float()
-        ws2 = (xb.abs().max() / (6.0 * 448.0)).reshape(())
-        blocks = xb.reshape(x.shape[0], -1, 16)
-        s8 = (blocks.abs().amax(-1) / 6.0 / ws2).to(torch.float8_e4m3fn)
-        scale = s8.float() * ws2
-        y = blocks / scale.clamp(min=1e-30).unsqueeze(-1)
-        idx = (y.abs().unsqueeze(-1) - E2M1).abs().argmin(-1)  # nearest magnitude (ties: the smaller)
-        code = (idx | ((y < 0).to(torch.long) << 3)).reshape(x.shape[0], -1)
-        packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
-        vals = E2M1[idx] * torch.where(y < 0, -1.0, 1.0)
-        twin = (vals * scale.unsqueeze(-1)).reshape(x.shape).to(torch.bfloat16)
-        return {f"{module}.weight": packed.contiguous(), f"{module}.weight_scale": s8.contiguous(),
-                f"{module}.weight_scale_2": ws2.contiguous(), f"{module}.input_scale": torch.tensor(1.0)}, twin
+        stored, twin = modelopt_nvfp4(module, x)
+        stored[f"{module}.input_scale"] = torch.tensor(1.0)
+        return stored, twin
 
     q, t = routed_experts(load_file(os.path.join(src, "model.safetensors")), fn)
     exclude = ["lm_head", "model.layers.*.self_attn*", "model.layers.*.shared_experts*", "model.layers.0.mlp*",

@@ -52,7 +52,7 @@ import transformers
 from transformers import AutoModelForCausalLM, DeepseekV3Config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_quant_refs import E2M1, IGNORE  # noqa: E402
+from make_quant_refs import IGNORE, modelopt_nvfp4, routed_experts  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(TOP, "tests", "data", "deepseek")
@@ -160,55 +160,44 @@ def quantize_ct(w, amax):
     from compressed_tensors.quantization import preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
     scheme = preset_name_to_scheme("NVFP4", ["Linear"])
-    q, t, gscale = {}, {}, {}
-    for name, x in w.items():
-        if ".mlp.experts." not in name or not name.endswith(".weight"):
-            q[name] = t[name] = x
-            continue
-        module = name[:-len(".weight")]
+    gscale = {}
+
+    def fn(module, x):
         xb = x.to(torch.bfloat16)
         gs = generate_gparam(xb.float().amin(), xb.float().amax())
         g = xb.float().reshape(x.shape[0], -1, 16)
         scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), scheme.weights, global_scale=gs)
         sd = NVFP4PackedCompressor.compress({"weight": xb, "weight_scale": scale, "weight_global_scale": gs,
                                              "weight_zero_point": zp}, scheme)
-        t[name] = NVFP4PackedCompressor.decompress(dict(sd), scheme)["weight"].float().contiguous()
-        q.update({f"{module}.{k}": v.contiguous() for k, v in sd.items()})
+        twin = NVFP4PackedCompressor.decompress(dict(sd), scheme)["weight"]
+        stored = {f"{module}.{k}": v.contiguous() for k, v in sd.items()}
         key = expert_key(module)
         a = amax[key]
         igs = generate_gparam(torch.tensor(-a), torch.tensor(a)).reshape(1).float()
-        q[f"{module}.input_global_scale"] = igs
+        stored[f"{module}.input_global_scale"] = igs
         gscale[key] = igs.item()
+        return stored, twin
+
+    q, t = routed_experts(w, fn)
     qc = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
           "config_groups": {"group_0": scheme.model_dump(exclude_none=True, mode="json")}, "ignore": IGNORE}
     return q, t, gscale, qc
 
 
 def quantize_mo(w, amax):
-    """ModelOpt's NVFP4: weight, weight_scale, weight_scale_2 (make_quant_refs.py's formulas) and
-    input_scale = amax / (6 * 448); the input global scale ModelOpt's readers apply is its inverse"""
-    q, t, gscale = {}, {}, {}
-    for name, x in w.items():
-        if ".mlp.experts." not in name or not name.endswith(".weight"):
-            q[name] = t[name] = x
-            continue
-        module = name[:-len(".weight")]
-        xb = x.to(torch.bfloat16).float()
-        ws2 = (xb.abs().max() / (6.0 * 448.0)).reshape(())
-        blocks = xb.reshape(x.shape[0], -1, 16)
-        s8 = (blocks.abs().amax(-1) / 6.0 / ws2).to(torch.float8_e4m3fn)
-        scale = s8.float() * ws2
-        y = blocks / scale.clamp(min=1e-30).unsqueeze(-1)
-        idx = (y.abs().unsqueeze(-1) - E2M1).abs().argmin(-1)
-        code = (idx | ((y < 0).to(torch.long) << 3)).reshape(x.shape[0], -1)
-        packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
-        vals = E2M1[idx] * torch.where(y < 0, -1.0, 1.0)
-        t[name] = (vals * scale.unsqueeze(-1)).reshape(x.shape).to(torch.bfloat16).float().contiguous()
+    """ModelOpt's NVFP4: weight, weight_scale, weight_scale_2 (make_quant_refs.py's modelopt_nvfp4)
+    and input_scale = amax / (6 * 448); the input global scale ModelOpt's readers apply is its inverse"""
+    gscale = {}
+
+    def fn(module, x):
+        stored, twin = modelopt_nvfp4(module, x)
         key = expert_key(module)
         iscale = torch.tensor(amax[key] / (6.0 * 448.0), dtype=torch.float32)
-        q.update({f"{module}.weight": packed.contiguous(), f"{module}.weight_scale": s8.contiguous(),
-                  f"{module}.weight_scale_2": ws2.contiguous(), f"{module}.input_scale": iscale})
+        stored[f"{module}.input_scale"] = iscale
         gscale[key] = (1.0 / iscale).item()
+        return stored, twin
+
+    q, t = routed_experts(w, fn)
     for l in range(CONFIG.num_hidden_layers):
         s = torch.tensor(amax[(l, "kv")] / 448.0, dtype=torch.float32)
         q[f"model.layers.{l}.self_attn.k_scale"] = s
