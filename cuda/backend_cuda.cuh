@@ -118,7 +118,7 @@ void cuda_add_bias(float *y, const float *b, int T, int n);
 void cuda_add(float *y, const float *x, size_t n);
 void cuda_scale(float *x, size_t n, float s, int divide);
 void cuda_gather_rows(float *dst, const float *src, const int *rows, int R, int dim);
-void cuda_embedding(float *x, const float *table, const int *tokens, int T, int dim);
+void cuda_embedding(float *x, WeightRef table, int row0, int rows, const int *tokens, int T, int dim);
 void cuda_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots,
                    int T, int kvd, int kv_heads, int block_size);
 void cuda_round_kv(float *x, size_t n, DType t);

@@ -114,8 +114,8 @@ static const float *g_nvfp4_act(const float *x, int ldx, const int *rows, const 
     CLOSE();
     return q;
 }
-static void g_embedding(float *x, const float *t, const int *tok, int T, int dim)
-{ OPEN(); guarded_cpu->embedding(x, t, tok, T, dim); CLOSE(); }
+static void g_embedding(float *x, WeightRef t, int row0, int rows, const int *tok, int T, int dim)
+{ OPEN(); guarded_cpu->embedding(x, t, row0, rows, tok, T, dim); CLOSE(); }
 static void g_gather_rows(float *d, const float *s, const int *rows, int R, int dim)
 { OPEN(); guarded_cpu->gather_rows(d, s, rows, R, dim); CLOSE(); }
 static void g_kv_write(void *kp, void *vp, DType kv, const float *k, const float *v, const int *slots, int T, int kvd,

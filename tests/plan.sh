@@ -193,15 +193,16 @@ for cfg in deepseek-v3 kimi-k2-instruct kimi-k2-thinking llama-3.1-70b-instruct 
     esac
 done
 
-# Llama-3.1-70B at tp 8, bf16 as its torch_dtype says, by hand: the fp32
-# embedding whole on every rank; per layer 8 of 64 query heads, 1 of 8 KV
-# heads, o's 1,024 columns, 3,584 of 28,672 feed-forward rows, two fp32
-# norms; 16,032 LM head rows and the final norm.
+# Llama-3.1-70B at tp 8, bf16 as its torch_dtype says, by hand: the bf16
+# embedding's 16,032 rows of the vocabulary's 128,256 (vocabulary-parallel,
+# as the LM head); per layer 8 of 64 query heads, 1 of 8 KV heads, o's
+# 1,024 columns, 3,584 of 28,672 feed-forward rows, two fp32 norms; 16,032
+# LM head rows and the final norm.
 checks=$((checks + 1))
-vocab=128256 dim=8192 hd=128
+dim=8192 hd=128
 attn=$(( (8 * hd * dim + 2 * hd * dim + dim * 8 * hd) * 2 + dim * 4 ))
 mlp=$(( 3 * 3584 * dim * 2 + dim * 4 ))
-want=$(( vocab * dim * 4 + 80 * (attn + mlp) + 16032 * dim * 2 + dim * 4 ))
+want=$(( 16032 * dim * 2 + 80 * (attn + mlp) + 16032 * dim * 2 + dim * 4 ))
 got=$("$PLAN" --model "$C/llama-3.1-70b-instruct.config.json" -tp 8 | sed -n 's/^# weight bytes by TP rank: \([0-9]*\) .*/\1/p')
 if [ "$got" = "$want" ]; then
     pass "Llama-3.1-70B tp 8: $got weight bytes on rank 0, as counted by hand"

@@ -102,8 +102,7 @@ static void elementwise(uint64_t *st)
      * takes it (weight_at), in fp32 and in bf16 storage */
     enum { LAYERS = 3 };
     float *x = rnd(T * DIM, st), *w = rnd((size_t)LAYERS * OUT * DIM, st), y[T * OUT];
-    float *dx = on_gpu(x, sizeof(float) * T * DIM), *dy = gpu->alloc(sizeof(float) * T * OUT),
-          *dw = on_gpu(w, sizeof(float) * OUT * DIM);
+    float *dx = on_gpu(x, sizeof(float) * T * DIM), *dy = gpu->alloc(sizeof(float) * T * OUT);
     const char *dtypes[2] = {"float32", "bfloat16"};
     for (int b = 0; b < 2; b++) {
         CHECK(gpu->set_gemm_dtype(dtypes[b]) == 0, "%s GEMMs: %s", dtypes[b], dcp_error());
@@ -172,18 +171,39 @@ static void elementwise(uint64_t *st)
     EXPECT_CLOSE("add", ga, a, T * DIM, 1e-6);
     free(ga);
     /* embedding and row gather */
-    int tok[T] = {3, 0, 49, 7, 7, 20, 1};
+    /* a rank's rows 10..39 of a vocabulary of 50: the others' tokens are
+     * zeros; in fp32, and in bf16 (on the CPU grouped in 8s as it holds
+     * bf16 matrices: three groups and a tail of six rows) */
+    enum { ROW0 = 10, ROWS = 30 };
+    int tok[T] = {13, 0, 39, 40, 10, 20, 25};
     int *dtok = on_gpu(tok, sizeof tok);
-    float e1[T * DIM];
-    cpu->embedding(e1, w, tok, T, DIM);
-    gpu->embedding(dn, dw, dtok, T, DIM);
-    float *ge = back(dn, T * DIM);
-    EXPECT_CLOSE("embedding", ge, e1, T * DIM, 0);
-    free(ge);
+    float e1[T * DIM], want[T * DIM];
+    uint16_t tb[ROWS * DIM];
+    f32_to_bf16_n(tb, w + ROW0 * DIM, ROWS * DIM);
+    for (int bf = 0; bf < 2; bf++) {
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < DIM; c++) {
+                int r = tok[t] - ROW0;
+                want[t * DIM + c] = r < 0 || r >= ROWS ? 0.0f : bf ? bf16_to_f32(tb[r * DIM + c]) : w[tok[t] * DIM + c];
+            }
+        uint16_t grouped[ROWS * DIM];
+        memcpy(grouped, tb, sizeof tb);
+        WeightRef table = bf ? weight_ref(grouped, DTYPE_BF16, weight_group_rows(grouped, ROWS, DIM, 2, 8))
+                             : weight_ref(w + ROW0 * DIM, DTYPE_F32, 0);
+        /* the GPU holds bf16 row after row (it has no gemm_row_group) */
+        WeightRef dtable = gpu->gemm_weights(bf ? weight_ref(tb, DTYPE_BF16, 0) : table, ROWS * DIM);
+        cpu->embedding(e1, table, ROW0, ROWS, tok, T, DIM);
+        gpu->embedding(dn, dtable, ROW0, ROWS, dtok, T, DIM);
+        float *ge = back(dn, T * DIM);
+        EXPECT_CLOSE(bf ? "embedding bf16 grouped (CPU)" : "embedding (CPU)", e1, want, T * DIM, 0);
+        EXPECT_CLOSE(bf ? "embedding bf16" : "embedding", ge, want, T * DIM, 0);
+        free(ge);
+        gpu->release_weights(dtable.data);
+    }
     cpu->gather_rows(e1, x, (int[]){6, 2, 2}, 3, DIM);
     int *drows = on_gpu((int[]){6, 2, 2}, 3 * sizeof(int));
     gpu->gather_rows(dn, dx, drows, 3, DIM);
-    ge = back(dn, 3 * DIM);
+    float *ge = back(dn, 3 * DIM);
     EXPECT_CLOSE("gather_rows", ge, e1, 3 * DIM, 0);
     free(ge);
     /* a bias added to every row */
@@ -192,7 +212,7 @@ static void elementwise(uint64_t *st)
     ga = back(da, T * DIM);
     EXPECT_CLOSE("add_bias", ga, a, T * DIM, 1e-6);
     free(ga);
-    void *bufs[] = {dx, dw, dy, dg, dn, dpos, da, db, dtok, drows, dfreq};
+    void *bufs[] = {dx, dy, dg, dn, dpos, da, db, dtok, drows, dfreq};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
     free(x), free(w), free(g), free(a), free(b);
 }
@@ -710,7 +730,7 @@ static void wide_ops(uint64_t *st)
         release_matrix(dq);
         free_quant(q);
     }
-    void *bufs[] = {dx, dw, dy, dpos};
+    void *bufs[] = {dx, dy, dpos};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->release(bufs[i]);
     free(x), free(w), free(y), free(wm);
 }

@@ -472,8 +472,10 @@ static void comm_bytes(const char *path, int heads)
                 long long want_calls[COMM_N] = {0}, want_bytes[COMM_N] = {0};
                 long long s = steps[p], n = T[p] * dim, rows = T[p] * qh;
                 long long mine = n * (rank % tp + 1) / tp - n * (rank % tp) / tp; /* this rank's slice */
-                want_calls[COMM_tp_sum] = 2 * Lyr * s;
-                want_bytes[COMM_tp_sum] = 2 * Lyr * s * 4 * (n - mine + (tp - 1) * mine);
+                /* two per layer, and the embedding's: each rank holds a
+                 * slice of the vocabulary (as the LM head) */
+                want_calls[COMM_tp_sum] = (2 * Lyr + 1) * s;
+                want_bytes[COMM_tp_sum] = (2 * Lyr + 1) * s * 4 * (n - mine + (tp - 1) * mine);
                 /* decode steps read the sharded cache; the prompt's one
                  * chunk (from position 0) is attended on every rank alone */
                 long long ctx = p == PHASE_DECODE;

@@ -3,7 +3,8 @@
  * stores GEMM weights as bf16 (2 bytes, in allocations of exactly that
  * size, as a GPU with --dtype bfloat16 does): run on the 4-layer default
  * model, it must give bit for bit the logits of the CPU backend on the
- * same model with its GEMM weights rounded to bf16. Reading a layer at a
+ * same model with its GEMM weights (and the embedding, held as the LM
+ * head's rows are) rounded to bf16. Reading a layer at a
  * float-sized offset would read the wrong layer (different logits) and,
  * from the middle layer on, past the allocation (AddressSanitizer).
  * Weights that make the logits NaN stop each request with a reason
@@ -107,6 +108,8 @@ int main(int argc, char **argv)
     round_to_bf16(w->w_up, L * hid * dim);
     round_to_bf16(w->w_down, L * dim * hid);
     round_to_bf16(w->lm_head, (size_t)s->vocab * dim);
+    /* the embedding, a GEMM weight's rows (and a tied LM head itself) */
+    if (w->token_embedding.data != w->lm_head.data) round_to_bf16(w->token_embedding, (size_t)s->vocab * dim);
     float *want = forward(&m, backend_cpu(), ids, n);
     size_t count = (size_t)n * s->vocab, differ = 0;
     double worst = 0;

@@ -147,8 +147,11 @@ typedef struct Backend {
     /* x (n) = x / s (divide) or x * s, each one fp32 operation: an FP8 KV
      * cache's per-layer scales (attention.c) */
     void (*scale)(float *x, size_t n, float s, int divide);
-    /* x (T, dim) = table[tokens] */
-    void (*embedding)(float *x, const float *table, const int *tokens, int T, int dim);
+    /* x (T, dim) = table[tokens] for a table of the vocabulary's rows row0
+     * to row0 + rows (fp32 or bf16, rows grouped as WeightRef.group says),
+     * widened to fp32; zeros for a token outside them (another rank's
+     * rows, which the TP sum adds) */
+    void (*embedding)(float *x, WeightRef table, int row0, int rows, const int *tokens, int T, int dim);
     /* dst (R, dim) = src[rows[r]] */
     void (*gather_rows)(float *dst, const float *src, const int *rows, int R, int dim);
     /* Multi-head latent attention and mixture of experts (NULL on a backend

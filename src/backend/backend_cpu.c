@@ -134,9 +134,23 @@ static void cpu_scale(float *x, size_t n, float s, int divide)
         for (size_t i = 0; i < n; i++) x[i] = x[i] * s;
 }
 
-static void cpu_embedding(float *x, const float *table, const int *tokens, int T, int dim)
+static void cpu_embedding(float *x, WeightRef table, int row0, int rows, const int *tokens, int T, int dim)
 {
-    for (int t = 0; t < T; t++) memcpy(x + (size_t)t * dim, table + (size_t)tokens[t] * dim, sizeof(float) * dim);
+    for (int t = 0; t < T; t++) {
+        float *y = x + (size_t)t * dim;
+        int r = tokens[t] - row0;
+        if (r < 0 || r >= rows) {
+            memset(y, 0, sizeof(float) * dim);
+            continue;
+        }
+        size_t at = weight_row_start(table.group, r, rows, dim), step = weight_row_step(table.group, r, rows);
+        for (int c = 0; c < dim; c += 16)
+            for (int i = 0; i < 16 && c + i < dim; i++) {
+                size_t e = at + (size_t)(c / 16) * step + i;
+                y[c + i] = table.dtype == DTYPE_BF16 ? bf16_to_f32(((const uint16_t *)table.data)[e])
+                                                     : ((const float *)table.data)[e];
+            }
+    }
 }
 
 /* tokens attended together, at most: consecutive tokens of one sequence

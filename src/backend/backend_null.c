@@ -91,9 +91,9 @@ static void null_add_bias(float *y, const float *b, int T, int n) { (void)y, (vo
 static void null_silu_mul(float *gate, const float *up, size_t n) { (void)gate, (void)up, (void)n; }
 static void null_add(float *y, const float *x, size_t n) { (void)y, (void)x, (void)n; }
 static void null_scale(float *x, size_t n, float s, int divide) { (void)x, (void)n, (void)s, (void)divide; }
-static void null_embedding(float *x, const float *table, const int *tokens, int T, int dim)
+static void null_embedding(float *x, WeightRef table, int row0, int rows, const int *tokens, int T, int dim)
 {
-    (void)x, (void)table, (void)tokens, (void)T, (void)dim;
+    (void)x, (void)table, (void)row0, (void)rows, (void)tokens, (void)T, (void)dim;
 }
 static void null_gather_rows(float *dst, const float *src, const int *rows, int R, int dim)
 {

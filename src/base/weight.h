@@ -120,12 +120,12 @@ float weight_value(WeightRef w, size_t i);
 
 /* Where row r's first element is, and how many elements apart its steps
  * of 16 columns are (16 for a row stored whole). */
-static inline size_t weight_row_start(int group, int r, int rows, int cols)
+DCP_QUANT_FN size_t weight_row_start(int group, int r, int rows, int cols)
 {
     return group && r < rows / group * group ? (size_t)(r / group) * group * cols + (size_t)(r % group) * 16
                                              : (size_t)r * cols;
 }
-static inline size_t weight_row_step(int group, int r, int rows)
+DCP_QUANT_FN size_t weight_row_step(int group, int r, int rows)
 {
     return group && r < rows / group * group ? 16 * (size_t)group : 16;
 }

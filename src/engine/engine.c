@@ -70,9 +70,11 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
         e->env.moe_counts = &e->moe_counts;
     }
     size_t dim = (size_t)c->dim;
-    e->token_embedding = upload_vector(&e->env, &e->up, m->w.token_embedding, (size_t)c->vocab_size * dim);
+    size_t vocab = (size_t)m->shard.vocab;
+    e->token_embedding = upload_matrix(&e->env, &e->up, m->w.token_embedding, vocab * dim);
     e->rms_final = upload_vector(&e->env, &e->up, m->w.rms_final, dim);
-    e->lm_head = upload_matrix(&e->env, &e->up, m->w.lm_head, (size_t)m->shard.vocab * dim);
+    e->lm_head = m->w.lm_head.data == m->w.token_embedding.data ? e->token_embedding
+                                                                : upload_matrix(&e->env, &e->up, m->w.lm_head, vocab * dim);
     e->layers = e->ops->load(&e->env);
     AttnShape shape;
     e->ops->attn_shape(m, &shape);
@@ -161,7 +163,11 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
     int T = attention_begin_step(&e->att, chunks, n_chunks);
     reserve(e, T);
     be->upload(e->d_tokens, tokens, sizeof(int) * T);
-    be->embedding(env->x, e->token_embedding, e->d_tokens, T, c->dim);
+    /* each rank embeds the tokens of its rows of the vocabulary, zeros for
+     * the rest; the TP sum adds the one row each token has (exact: the
+     * other terms are zeros) */
+    be->embedding(env->x, e->token_embedding, s->vocab0, s->vocab, e->d_tokens, T, c->dim);
+    if (s->vocab < c->vocab_size) comm_sum_tree(env->comm, env->x, env->sum_scratch, comm_count((size_t)T * c->dim), GROUP_TP);
     for (int l = 0; l < c->n_layers; l++) e->ops->forward(env, e->layers, l);
 
     /* final norm and this rank's slice of the vocabulary-parallel LM head,

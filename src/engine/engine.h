@@ -27,9 +27,9 @@ typedef struct {
     void *layers;          /* its weights and scratch */
     /* the weights every family shares, in the backend */
     Uploads up;
-    const float *token_embedding; /* (vocab, dim), full */
+    WeightRef token_embedding;    /* (vocab shard, dim): Weights.token_embedding */
     const float *rms_final;       /* (dim) */
-    WeightRef lm_head;            /* (vocab shard, dim) */
+    WeightRef lm_head;            /* (vocab shard, dim); a tied one is token_embedding */
     /* the step's buffers, sized for cap_T tokens and cap_R logit rows */
     int cap_T, cap_R;
     float *xf, *logits;

@@ -79,8 +79,8 @@ static void *mla_load(const LayerEnv *env)
         lw->kv_a = upload_matrix(env, u, hl->kv_a, (kvl + rope) * dim);
         lw->kv_a_norm = upload_vector(env, u, hl->kv_a_norm, kvl);
         lw->o = upload_matrix(env, u, hl->o, dim * H * vd);
-        lw->uk_t = upload_f32_matrix(env, u, hl->uk_t, H * kvl * nope);
-        lw->uv = upload_f32_matrix(env, u, hl->uv, H * vd * kvl);
+        lw->uk_t = upload_matrix(env, u, hl->uk_t, H * kvl * nope);
+        lw->uv = upload_matrix(env, u, hl->uv, H * vd * kvl);
         lw->is_moe = MOE_LAYER(c, l);
         if (lw->is_moe) {
             moe_load(env, u, &hl->moe, &lw->moe);

@@ -160,6 +160,7 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, TensorSpec 
     MADD("self_attn.kv_a_proj_with_mqa.weight", m->kv_lora_rank + m->qk_rope_head_dim, dim, &w->kv_a);
     ADD("self_attn.kv_a_layernorm.weight", 0, m->kv_lora_rank, &w->kv_a_norm);
     SLICE("self_attn.kv_b_proj.weight", H * kvb, m->kv_lora_rank, &w->kv_b, h0 * kvb, hq * kvb, 0, m->kv_lora_rank);
+    out[n - 1].bf16 = &w->kv_b16;
     MSLICE("self_attn.o_proj.weight", dim, H * m->v_head_dim, &w->o, 0, dim, h0 * m->v_head_dim, hq * m->v_head_dim);
     out[n - 1].chunks = s->chunks;
     if (!MOE_LAYER(c, l)) {
@@ -173,30 +174,36 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, TensorSpec 
 }
 
 /* kv_b_proj's rows of each of this rank's heads, W_uk (nope, kv_lora) then
- * W_uv (v, kv_lora), rearranged in their own buffer into the absorbed
- * form's two stacks: uk_t, each head's W_uk transposed (kv_lora, nope),
- * then uv, each head's W_uv. A counted model's point where kv_b does. */
+ * W_uv (v, kv_lora), rearranged into the absorbed form's two stacks: uk_t,
+ * each head's W_uk transposed (kv_lora, nope), then uv, each head's W_uv;
+ * in kv_b's own buffer, or in bf16 into kv_b16 (kv_b then freed: it was
+ * read into a scratch copy). A counted model's point where kv_b does. */
 void mla_fold_kv_b(const Model *m, MlaLayer *w)
 {
     const MlaConfig *a = &m->cfg.m;
     size_t H = (size_t)m->shard.q_heads, nope = (size_t)a->qk_nope_head_dim, kvl = (size_t)a->kv_lora_rank,
            vd = (size_t)a->v_head_dim, n = H * (nope + vd) * kvl;
-    w->uk_t = w->kv_b;
-    w->uv = w->kv_b + H * kvl * nope;
-    if (m->w.sizing) {
-        w->uv = w->kv_b;
-        return;
-    }
-    float *kv_b = xmalloc(sizeof(float) * n);
-    memcpy(kv_b, w->kv_b, sizeof(float) * n);
+    DType t = w->kv_b16 ? DTYPE_BF16 : DTYPE_F32;
+    WeightRef all = weight_ref(w->kv_b16 ? (const void *)w->kv_b16 : w->kv_b, t, 0);
+    w->uk_t = all;
+    w->uv = m->w.sizing ? all : weight_at(all, H * kvl * nope);
+    if (m->w.sizing) return;
+    float *fold = xmalloc(sizeof(float) * n);
     for (size_t hd = 0; hd < H; hd++) {
-        const float *rows = kv_b + hd * (nope + vd) * kvl;
-        float *t = w->uk_t + hd * kvl * nope;
+        const float *rows = w->kv_b + hd * (nope + vd) * kvl;
+        float *uk = fold + hd * kvl * nope;
         for (size_t i = 0; i < nope; i++)
-            for (size_t j = 0; j < kvl; j++) t[j * nope + i] = rows[i * kvl + j];
-        memcpy(w->uv + hd * vd * kvl, rows + nope * kvl, sizeof(float) * vd * kvl);
+            for (size_t j = 0; j < kvl; j++) uk[j * nope + i] = rows[i * kvl + j];
+        memcpy(fold + H * kvl * nope + hd * vd * kvl, rows + nope * kvl, sizeof(float) * vd * kvl);
     }
-    free(kv_b);
+    if (w->kv_b16) {
+        f32_to_bf16_n(w->kv_b16, fold, n); /* exact: the values are bf16's */
+        free(w->kv_b);
+        w->kv_b = NULL;
+    } else {
+        memcpy(w->kv_b, fold, sizeof(float) * n);
+    }
+    free(fold);
 }
 
 /* dcpinfer-mkmodel's DeepSeek shapes: what the config reader accepts */

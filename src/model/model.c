@@ -753,6 +753,27 @@ static int load_matrix(Source *src, Model *m, WeightRef *dst, TensorKind k, int 
 }
 
 
+/* The embedding as vLLM's vocabulary-parallel one holds it: this rank's
+ * rows of the vocabulary (the LM head's), in the GEMM type; a token of
+ * another rank's rows embeds as zeros here and the TP sum adds its row. */
+static int load_embedding(Source *src, Model *m)
+{
+    m->w.part = WPART_EMBED;
+    return load_matrix(src, m, &m->w.token_embedding, T_EMBED, m->shard.vocab0, m->shard.vocab, 0, m->cfg.dim);
+}
+
+/* The LM head, this rank's rows of the vocabulary; a tied one is the
+ * embedding's same rows: one copy */
+static int load_lm_head(Source *src, Model *m)
+{
+    m->w.part = WPART_LM_HEAD;
+    if (m->cfg.tied_embeddings) {
+        m->w.lm_head = m->w.token_embedding;
+        return 0;
+    }
+    return load_matrix(src, m, &m->w.lm_head, T_LM_HEAD, m->shard.vocab0, m->shard.vocab, 0, m->cfg.dim);
+}
+
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 
 /* This rank's slice of a 4-bit matrix (t: its packed elements) in its
@@ -932,7 +953,8 @@ static StDtype stored_dtype(const Source *src, const TensorSpec *mt)
 
 /* The named tensors mt[0..n) of a layer (mla_tensors, moe_tensors) into
  * this rank's storage: matrices in their stored formats (load_spec_matrix),
- * vectors and kv_b in fp32. */
+ * vectors and kv_b in fp32 (a bf16 model's kv_b in a scratch copy, folded
+ * into bf16: mla_fold_kv_b). */
 static int load_named(Source *src, Model *m, const TensorSpec *mt, int n)
 {
     const Config *c = &m->cfg;
@@ -950,7 +972,16 @@ static int load_named(Source *src, Model *m, const TensorSpec *mt, int n)
             rc = load_spec_matrix(src, m, &mt[i], t);
             continue;
         }
-        float *to = *mt[i].dst = owned_alloc(w, ((size_t)mt[i].nrows * mt[i].ncols + 1) * sizeof(float));
+        size_t elems = (size_t)mt[i].nrows * mt[i].ncols;
+        float *to;
+        if (mt[i].bf16 && m->gemm_dtype == DTYPE_BF16 && (t->dtype == ST_BF16 || t->dtype == ST_F32)) {
+            /* kv_b of a bf16 model: held in bf16 once folded, read here
+             * into a scratch copy (mla_fold_kv_b) */
+            *mt[i].bf16 = owned_alloc(w, elems * sizeof(uint16_t));
+            to = *mt[i].dst = w->sizing ? NULL : xmalloc(sizeof(float) * (elems + 1));
+        } else {
+            to = *mt[i].dst = owned_alloc(w, (elems + 1) * sizeof(float));
+        }
         if (w->sizing) continue;
         char sc[160];
         snprintf(sc, sizeof sc, "%s_scale_inv", mt[i].name);
@@ -1146,17 +1177,15 @@ static int load(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_
     int D = c->head_dim, dim = c->dim;
     Weights *w = &m->w;
     if (c->mla) {
-        w->part = WPART_EMBED;
-        int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim);
+        int rc = load_embedding(&src, m);
         w->part = WPART_LM_HEAD;
-        rc = rc || load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) ||
-             load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim) || load_layers(&src, m);
+        rc = rc || load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) || load_lm_head(&src, m) ||
+             load_layers(&src, m);
         source_close(&src);
         if (rc) model_free(m);
         return rc ? -1 : 0;
     }
-    w->part = WPART_EMBED;
-    int rc = load_kind(&src, w, &w->token_embedding, T_EMBED, 0, c->vocab_size, 0, dim);
+    int rc = load_embedding(&src, m);
     w->part = WPART_ATTENTION;
     rc = rc || load_kind(&src, w, &w->rms_att, T_RMS_ATT, 0, 1, 0, dim) ||
          load_matrix(&src, m, &w->wq, T_WQ, s->q_head0 * D, s->q_heads * D, 0, dim) ||
@@ -1172,13 +1201,8 @@ static int load(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_
              load_matrix(&src, m, &w->w_up, T_UP, s->hidden0, s->hidden, 0, dim) ||
              load_matrix_chunked(&src, m, &w->w_down, T_DOWN, 0, dim, s->hidden0, s->hidden, s->chunks);
     if (c->moe.n_routed_experts) rc = rc || load_layers(&src, m);
-    /* a tied LM head that is the whole embedding in the GEMM type is the
-     * embedding itself: one copy */
     w->part = WPART_LM_HEAD;
-    rc = rc || load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim);
-    if (!rc && c->tied_embeddings && s->vocab == c->vocab_size && m->gemm_dtype == DTYPE_F32)
-        w->lm_head = weight_ref(w->token_embedding, DTYPE_F32, 0);
-    else if (!rc) rc = load_matrix(&src, m, &w->lm_head, T_LM_HEAD, s->vocab0, s->vocab, 0, dim);
+    rc = rc || load_kind(&src, w, &w->rms_final, T_RMS_FINAL, 0, 1, 0, dim) || load_lm_head(&src, m);
     /* biases follow their matrices' split: column-parallel ones are
      * sharded, row-parallel ones (o, down) are whole and added once after
      * the TP sum; q/k norms act within a head and are whole */
@@ -1225,6 +1249,9 @@ int model_size(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_r
 
 void model_free(Model *m)
 {
+    /* a bf16 kv_b's scratch copy, left by a load that failed before the fold */
+    for (int l = 0; m->w.mla && l < m->cfg.n_layers; l++)
+        if (m->w.mla[l].kv_b16) free(m->w.mla[l].kv_b);
     free(m->w.mla);
     free(m->w.moe);
     if (m->w.map) munmap(m->w.map, m->w.map_size);

@@ -50,9 +50,10 @@ typedef struct {
  * by heads, o_proj by its head columns, the feed-forward and each expert
  * by intermediate rows; the rest whole. The matrices the GEMMs read are
  * quantized ones as stored (FP8, INT4, NVFP4), the others in the model's
- * gemm_dtype (fp32 or bf16); kv_b and the router are fp32, kv_b folded
- * at load into the absorbed attention's stacks uk_t and uv (layer_mla.c),
- * in its own buffer. */
+ * gemm_dtype (fp32 or bf16); the router is fp32. kv_b is read in fp32 and
+ * folded at load into the absorbed attention's stacks uk_t and uv
+ * (layer_mla.c), in its own buffer: bf16 in a bf16 model (kv_b16, the
+ * fp32 one then freed), else fp32, as a quantized kv_b's values are. */
 typedef struct {
     float *rms_att, *rms_ffn;            /* (dim) */
     WeightRef q_a, q_b;                  /* (q_lora, dim), (H*(nope+rope), q_lora); q_lora_rank > 0 */
@@ -60,7 +61,8 @@ typedef struct {
     WeightRef q;                         /* (H*(nope+rope), dim); q_lora_rank 0 */
     WeightRef kv_a;                      /* (kv_lora+rope, dim) */
     float *kv_a_norm, *kv_b;             /* (kv_lora), (H*(nope+v), kv_lora) as read */
-    float *uk_t, *uv;                    /* kv_b folded: (H, kv_lora, nope) then (H, v, kv_lora) */
+    uint16_t *kv_b16;                    /* bf16 model: where kv_b is folded to (kv_b: a scratch copy) */
+    WeightRef uk_t, uv;                  /* kv_b folded: (H, kv_lora, nope) then (H, v, kv_lora) */
     WeightRef o;                         /* (dim, H*v) */
     WeightRef gate, up, down;            /* dense feed-forward: (hidden, dim), (hidden, dim), (dim, hidden) */
     MoeLayer moe;                        /* a MoE layer's */
@@ -77,7 +79,8 @@ extern const char *const weight_part_names[WPART_N];
 /* Per-rank weights; shapes are the shard's (tp = 1: the full model's). The
  * matrices the GEMMs read are in the model's gemm_dtype, the rest fp32. */
 typedef struct {
-    float *token_embedding; /* (vocab, dim), full: every rank embeds every token */
+    WeightRef token_embedding; /* (vocab shard, dim): the LM head's rows (Shard.vocab0, vocab), whose */
+                               /* tokens this rank embeds; the TP sum gives each token its row */
     float *rms_att;         /* (layer, dim) */
     WeightRef wq;           /* (layer, q_heads*head_dim, dim) */
     WeightRef wk;           /* (layer, kv_heads*head_dim, dim) */
@@ -165,6 +168,7 @@ typedef struct {
     char name[128];
     int rows, cols; /* rows 0: a vector of cols */
     float **dst;     /* fp32 (vectors, kv_b, the router) */
+    uint16_t **bf16; /* kv_b: where a bf16 model holds it folded (MlaLayer.kv_b16) */
     WeightRef *mat;  /* or a matrix the GEMMs read, in the stored type (FP8 stays FP8) */
     size_t mat_at;   /* its elements before this tensor's (an expert in a stack) */
     size_t mat_n;    /* the elements of the whole matrix or stack */

@@ -1,7 +1,8 @@
 /* The collectives dcpinfer calls, each counted: calls, bytes this rank
  * sends, seconds, split by prefill and decode steps. Bytes sent per call:
  *   tp_sum           4 * (count - s + (N - 1) * s), s = this rank's slice of count
- *                                         (MPI_Alltoallv + MPI_Allgatherv over tp_comm)
+ *                                         (MPI_Alltoallv + MPI_Allgatherv over tp_comm; two a
+ *                                         layer and the vocabulary-parallel embedding's)
  *   q_allgather      count * 4            (MPI_Allgather of Q, over dcp_comm)
  *   merge_exchange   count * 4            (MPI_Sendrecv of partials + LSE with one rank, ag_rs)
  *   all_to_all       N * count * 4        (MPI_Alltoall of partials + LSE, a2a)
