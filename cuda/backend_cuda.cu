@@ -75,6 +75,14 @@ static void cuda_release_weights(const void *p) { cuda_release((void *)p); }
 // The matrices matmul reads: as loaded (bf16 stays bf16), or fp32 rounded
 // to bf16 (round to nearest even, as f32_to_bf16 does) with --dtype
 // bfloat16, stored in half the memory.
+// the device's total memory (HIP-CPU: the host's)
+static size_t cuda_device_memory(void)
+{
+    size_t free_bytes = 0, total = 0;
+    DCP_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return total;
+}
+
 static WeightRef cuda_gemm_weights(WeightRef host, size_t n)
 {
     if (dtype_quantized(host.dtype)) { // as stored, with its scales: --dtype never widens it
@@ -204,6 +212,7 @@ extern "C" const Backend *backend_cuda(void)
     b.name = "cuda";
     b.runs_on = GPU_RUNS_ON;
     b.host_memory = 0;
+    b.device_memory = cuda_device_memory;
     b.alloc = cuda_alloc;
     b.release = cuda_release;
     b.upload = cuda_upload;

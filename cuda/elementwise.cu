@@ -123,24 +123,25 @@ void cuda_gather_rows(float *dst, const float *src, const int *rows, int R, int 
 // x row t = table row tokens[t] - row0 widened to fp32, zeros outside the
 // table's rows (backend.h)
 template <typename W>
-__global__ void k_embedding(float *x, const W *table, WeightRef ref, int row0, int rows, const int *tokens, int dim)
+__global__ void k_embedding(float *x, const W *table, int group, int row0, int rows, const int *tokens, int dim)
 {
+    const WeightRef plain{}; // fp32 and bf16 elements need no scale
     float *y = x + (size_t)blockIdx.x * dim;
     int r = tokens[blockIdx.x] - row0;
     if (r < 0 || r >= rows) {
         for (int i = threadIdx.x; i < dim; i += blockDim.x) y[i] = 0.0f;
         return;
     }
-    size_t at = weight_row_start(ref.group, r, rows, dim), step = weight_row_step(ref.group, r, rows);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) y[i] = w_load(table, ref, at + (size_t)(i / 16) * step + i % 16);
+    size_t at = weight_row_start(group, r, rows, dim), step = weight_row_step(group, r, rows);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) y[i] = w_load(table, plain, at + (size_t)(i / 16) * step + i % 16);
 }
 
 void cuda_embedding(float *x, WeightRef table, int row0, int rows, const int *tokens, int T, int dim)
 {
     if (T && table.dtype == DTYPE_BF16)
-        DCP_LAUNCH(k_embedding<__nv_bfloat16>, T, 128, 0, stream, x, (const __nv_bfloat16 *)table.data, table, row0, rows, tokens, dim);
+        DCP_LAUNCH(k_embedding<__nv_bfloat16>, T, 128, 0, stream, x, (const __nv_bfloat16 *)table.data, table.group, row0, rows, tokens, dim);
     else if (T)
-        DCP_LAUNCH(k_embedding<float>, T, 128, 0, stream, x, (const float *)table.data, table, row0, rows, tokens, dim);
+        DCP_LAUNCH(k_embedding<float>, T, 128, 0, stream, x, (const float *)table.data, table.group, row0, rows, tokens, dim);
     DCP_CHECK_LAUNCH(stream);
 }
 

@@ -62,6 +62,7 @@ typedef hipStream_t cudaStream_t;
 typedef hipError_t cudaError_t;
 typedef hipDeviceProp_t cudaDeviceProp;
 #define cudaSuccess hipSuccess
+#define cudaMemGetInfo hipMemGetInfo
 #define cudaGetErrorString hipGetErrorString
 #define cudaGetLastError hipGetLastError
 #define cudaMalloc hipMalloc

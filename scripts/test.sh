@@ -130,7 +130,7 @@ hip_cpu_suite() {
         skipped=$((skipped + 1))
         return
     fi
-    run_suite hip-cpu "$TOP/build-hip" "--with-hip-cpu=$hip" "tests/test_backends tests/mutants.sh tests/gpu_stories.sh"
+    run_suite hip-cpu "$TOP/build-hip" "--with-hip-cpu=$hip" "tests/test_backends tests/mutants.sh tests/gpu_stories.sh tests/gpu_memory.sh"
 }
 
 run_suite normal "$TOP/build" ""

@@ -147,15 +147,16 @@ fi
 
 # The shipped real configs on 8 GPUs: every layout listed (tp dividing 8,
 # dcp dividing tp); an MLA model's KV cache at dcp 8 holds 8 times the
-# tokens of dcp 1 at tp 8 (the same weights, so the same KV memory per
-# rank); a GQA model's dcp is capped by its KV heads (Llama-3.1-70B's and
+# tokens of dcp 1 at tp 8 in the same KV memory per rank (given: the
+# activation peak, and so what --gpu-memory-utilization leaves, differs
+# with dcp); a GQA model's dcp is capped by its KV heads (Llama-3.1-70B's and
 # GLM-4.5's 8: none; Qwen3-235B-A22B's 4: dcp 2 at tp 8, twice dcp 1's
 # tokens).
 C=$DCP_SRCDIR/tests/data/configs
 for cfg in deepseek-v3 kimi-k2-instruct kimi-k2-thinking llama-3.1-70b-instruct qwen3-235b-a22b glm-4.5; do
     checks=$((checks + 2))
     "$PLAN" --model "$C/$cfg.config.json" --gpus 8 --sweep --gpu B200 --input-len 67000 --output-len 1000 \
-        --kv-cache-dtype bfloat16 >"$WORK/$cfg.sweep" 2>&1
+        --kv-cache-dtype bfloat16 --kv-cache-memory 10G >"$WORK/$cfg.sweep" 2>&1
     rows=$(grep -v '^#' "$WORK/$cfg.sweep" | awk '{print $1 "/" $2 "/" $3}' | tr '\n' ' ')
     if [ "$rows" = "1/1/8 2/1/4 2/2/4 4/1/2 4/2/2 4/4/2 8/1/1 8/2/1 8/4/1 8/8/1 " ]; then
         pass "$cfg: --sweep lists the 10 layouts of 8 GPUs"

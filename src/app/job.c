@@ -729,16 +729,78 @@ static void gather_moe(Run *r, const Engine *e, Generated *g)
                          .idle_seconds = g->idle_seconds};
 }
 
+/* The device memory --gpu-memory-utilization takes a share of: the
+ * smallest rank's, or DCPINFER_GPU_MEMORY's (tests: HIP-CPU reports the
+ * host's); 0 with dcp_error() when that is not a size */
+static size_t device_memory(const Run *r)
+{
+    const char *env = getenv("DCPINFER_GPU_MEMORY");
+    size_t total = 0;
+    if (env && parse_bytes(env, &total)) {
+        dcp_fail("DCPINFER_GPU_MEMORY: '%s' is not a size (e.g. 80G)", env);
+        total = 0;
+    } else if (!env) {
+        total = r->be->device_memory();
+    }
+    unsigned long long t = total;
+    DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, r->world));
+    return (size_t)t;
+}
+
+/* On a GPU without --kv-cache-memory, the KV cache as vLLM sizes it
+ * (engine_gpu_budget): a step of --max-num-batched-tokens profiled on the
+ * engine, whose pool is then resized; the same on every rank (the
+ * smallest device, the largest weights and activation peak). A budget
+ * with no room for a KV cache is refused. */
+static int size_kv_for_gpu(Run *r, Engine *eng, size_t total, size_t weights)
+{
+    const Options *o = r->o;
+    double t0 = now_s();
+    unsigned long long peak = generate_profile(eng, o->max_batched_tokens, r->max_model_len, r->topo.dp, r->topo.dp_rank);
+    DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, r->world));
+    GpuBudget b;
+    if (failed_anywhere(engine_gpu_budget(total, o->gpu_memory_utilization, weights, peak, o->max_batched_tokens, &b),
+                        r->world))
+        return EXIT_USAGE;
+    engine_resize_kv(eng, b.kv);
+    if (r->rank == 0 && !o->quiet) {
+        report_gpu_budget(&b);
+        printf("# memory profiling: %.2f s\n", now_s() - t0);
+    }
+    return EXIT_OK;
+}
+
 /* This rank's DP group's requests, less those done earlier, through the
  * engine; every group's results and steps to rank 0. */
-static void generate_all(Run *r, Generated *g)
+static int generate_all(Run *r, Generated *g)
 {
     const Options *o = r->o;
     const Topology *topo = &r->topo;
     Engine eng;
     EngineOptions eo = options_engine(o, &r->model.cfg);
     eo.mpi_device_buffers = r->mpi_device;
+    size_t total = 0;
+    unsigned long long weights = r->model.w.bytes; /* the largest rank's */
+    if (r->be->device_memory && !o->kv_cache_memory_given) {
+        /* refused before the weights go to the device when they alone
+         * leave no room; the engine's pool starts at a profiling step's */
+        GpuBudget b;
+        total = device_memory(r);
+        DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, &weights, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, r->world));
+        if (failed_anywhere(
+                !total || engine_gpu_budget(total, o->gpu_memory_utilization, weights, 0, o->max_batched_tokens, &b),
+                r->world))
+            return EXIT_USAGE;
+        eo.kv_cache_memory = generate_profile_kv(&r->model, topo->dcp, &eo, o->max_batched_tokens, r->max_model_len);
+    }
     engine_init(&eng, &r->model, r->be, topo, &eo, &r->tm, &g->comm);
+    if (total) {
+        int rc = size_kv_for_gpu(r, &eng, total, weights);
+        if (rc != EXIT_OK) {
+            engine_free(&eng);
+            return rc;
+        }
+    }
     g->capacity = engine_kv_capacity(&eng);
     if (r->rank == 0 && !o->quiet) report_kv_cache(&eng.att.kv, topo->dcp, r->max_model_len);
     RequestSet *rs = &r->rs;
@@ -796,6 +858,7 @@ static void generate_all(Run *r, Generated *g)
             }
     g->n_steps = gather_steps(&gs, topo, &g->steps, &g->step_dp);
     free(gs.steps);
+    return EXIT_OK;
 }
 
 /* Rank 0: the summary on stdout and the results file; then the journal
@@ -931,8 +994,8 @@ int run_job(const Options *o, MPI_Comm world, int device)
     if (status == EXIT_OK && !r.complete) {
         Generated g = {0};
         catch_interrupts(o, r.rank);
-        generate_all(&r, &g);
-        status = finish(&r, &g);
+        status = generate_all(&r, &g);
+        if (status == EXIT_OK) status = finish(&r, &g);
         release_interrupts();
         if (g.res) results_free(g.res, r.rs.n);
         free(g.res);

@@ -21,7 +21,7 @@ enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
-    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE, OPT_NVFP4_ACT,
+    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE, OPT_NVFP4_ACT, OPT_GPU_UTIL,
     OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER, OPT_TOP_K, OPT_MIN_P,
     OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_PREFIX_CACHING, OPT_NO_PREFIX_CACHING,
     OPT_EXPERT_PARALLEL
@@ -54,6 +54,7 @@ static const struct option long_opts[] = {
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"kv-cache-dtype", required_argument, 0, OPT_KV_DTYPE},
     {"nvfp4-activations", required_argument, 0, OPT_NVFP4_ACT},
+    {"gpu-memory-utilization", required_argument, 0, OPT_GPU_UTIL},
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
@@ -155,7 +156,12 @@ void options_usage(FILE *f)
             "                           dense layers stay tensor-parallel\n"
             "\n"
             "KV cache:\n"
-            "  --kv-cache-memory BYTES  K/V memory per rank, e.g. 512M or 2G (default 1G)\n"
+            "  --kv-cache-memory BYTES  K/V memory per rank, e.g. 512M or 2G (default: on the CPU\n"
+            "                           1G; on a GPU what --gpu-memory-utilization leaves)\n"
+            "  --gpu-memory-utilization F  --backend cuda: the share of each GPU's memory for\n"
+            "                           weights, activations and KV cache (default 0.9); the KV\n"
+            "                           cache takes what the weights and the activation peak of a\n"
+            "                           step of --max-num-batched-tokens (measured) leave\n"
             "  --kv-cache-dtype T       auto (the checkpoint's: fp8 with FP8 KV scales, bfloat16\n"
             "                           for a bf16 checkpoint, else float32), float32, bfloat16\n"
             "                           (half the bytes per position,\n"
@@ -256,7 +262,7 @@ int options_parse(Options *o, int argc, char **argv, int flags)
 {
     int print = flags & OPTIONS_PRINT;
     *o = (Options){.output = "dcpinfer.h5", .backend = "cpu", .cpu_gemm = "invariant", .cpu_isa = "auto", .tp = 1, .dcp = 1,
-                   .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30,
+                   .interleave = 1, .dcp_comm_backend = "ag_rs", .kv_cache_memory = (size_t)1 << 30, .gpu_memory_utilization = 0.9,
                    .block_size = 16, .mpi_device_buffers = "auto",
                    .dtype = "auto", .kv_cache_dtype = "auto", .nvfp4_activations = "auto", .max_tokens = 16, .temperature = 1.0f,
                    .top_p = 1.0f, .sampling = {.repetition_penalty = 1.0f}, .max_num_seqs = 256, .max_batched_tokens = 2048, .progress = -1,
@@ -303,7 +309,16 @@ int options_parse(Options *o, int argc, char **argv, int flags)
             if (parse_bytes(optarg, &o->kv_cache_memory))
                 rc = dcp_fail("--kv-cache-memory: '%s' is not a size from 1K to 1P (e.g. 536870912, 512M, 2G)",
                               optarg);
+            o->kv_cache_memory_given = 1;
             break;
+        case OPT_GPU_UTIL: {
+            char *end;
+            double f = strtod(optarg, &end);
+            if (end == optarg || *end || !(f > 0 && f <= 1))
+                rc = dcp_fail("--gpu-memory-utilization: '%s' is not a share of the GPU's memory in (0, 1]", optarg);
+            else o->gpu_memory_utilization = f;
+            break;
+        }
         case OPT_BLOCK_SIZE: rc = parse_int("--block-size", optarg, 1, 1 << 16, &o->block_size); break;
         case OPT_PREFIX_CACHING: o->prefix_caching = 1; break;
         case OPT_NO_PREFIX_CACHING: o->prefix_caching = 0; break;

@@ -37,6 +37,8 @@ typedef struct {
     const char *dcp_comm_backend; /* ag_rs | a2a */
     int expert_parallel;   /* --enable-expert-parallel: routed experts whole over world */
     size_t kv_cache_memory;  /* bytes of K/V per rank */
+    int kv_cache_memory_given;     /* --kv-cache-memory: on a GPU, instead of what the budget leaves */
+    double gpu_memory_utilization; /* GPU backends: the share of the device's memory dcpinfer takes */
     int block_size;          /* positions per KV block per rank */
     int prefix_caching;      /* reuse cached full KV blocks (default on) */
     const char *mpi_device_buffers; /* auto | yes | no */

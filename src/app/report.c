@@ -216,6 +216,15 @@ void report_kv_cache(const KvSizing *kv, int dcp, int max_model_len)
            kv->capacity, max_model_len, (double)kv->capacity / max_model_len);
 }
 
+void report_gpu_budget(const GpuBudget *b)
+{
+    const double G = 1073741824.0;
+    printf("# GPU memory: %.2f GiB x gpu_memory_utilization %.2f = %.2f GiB per rank; model weights take %.2f GiB; "
+           "the activation peak of a step of %d tokens takes %.2f GiB\n"
+           "# Available KV cache memory: %.2f GiB (--kv-cache-memory %zu)\n",
+           b->total / G, b->utilization, b->usable / G, b->weights / G, b->tokens, b->activations / G, b->kv / G, b->kv);
+}
+
 void report_prefix_cache(const RequestSet *rs, const Result *res, const char *skip)
 {
     long long cached = 0, prompt = 0;

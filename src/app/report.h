@@ -15,6 +15,9 @@ void report_rank_map(const RankInfo *ri, int world);
  * rank, "KV cache size: N tokens", "Maximum concurrency for L tokens per
  * request: X.XXx" (the run's and dcpinfer-plan's). */
 void report_kv_cache(const KvSizing *kv, int dcp, int max_model_len);
+/* --gpu-memory-utilization's sizing of the KV cache, as vLLM says it
+ * (dcpinfer and dcpinfer-plan print the same lines) */
+void report_gpu_budget(const GpuBudget *b);
 /* One line per request: id, prompt and output tokens, finish, TTFT,
  * latency and the start of its text (or of its token ids). */
 void report_requests(const RequestSet *rs, const Result *res, char *const *texts);

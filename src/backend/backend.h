@@ -95,6 +95,9 @@ typedef struct Backend {
      * per-token arrays of AttnBatch are host arrays (its block tables
      * pointers into buffers). */
     int host_memory;
+    /* the device's total memory in bytes (NULL on the CPU, whose KV cache
+     * is --kv-cache-memory): --gpu-memory-utilization's whole */
+    size_t (*device_memory)(void);
     void *(*alloc)(size_t bytes);
     void (*release)(void *p);
     void (*upload)(void *dst, const void *host_src, size_t bytes);

@@ -21,6 +21,18 @@ void kv_sizing(const AttnShape *shape, DType kv_dtype, size_t kv_memory, int blo
     out->capacity = (long long)out->n_blocks * out->block_size * dcp;
 }
 
+/* The KV pool of kv_memory bytes (kv_sizing) */
+static void alloc_pool(Attention *a, size_t kv_memory, int block_size)
+{
+    kv_sizing(&a->shape, a->kv_dtype, kv_memory, block_size, a->topo->dcp, &a->kv);
+    const KvSizing *kv = &a->kv;
+    pool_init(&a->pool, kv->n_blocks, kv->block_size);
+    /* on the CPU, untouched pages of the pool cost no memory until used */
+    size_t bytes = (size_t)kv->n_blocks * kv->block_size * kv->bytes_per_token / (a->shape.keys_only ? 1 : 2);
+    a->k_pool = a->be->alloc(bytes ? bytes : sizeof(float));
+    a->v_pool = a->shape.keys_only ? NULL : a->be->alloc(bytes ? bytes : sizeof(float));
+}
+
 void attention_init(Attention *a, const Backend *be, const Topology *topo, CommStats *comm, const AttnShape *shape,
                     size_t kv_memory, int block_size, DType kv_dtype, MergeBackend merge)
 {
@@ -35,13 +47,15 @@ void attention_init(Attention *a, const Backend *be, const Topology *topo, CommS
      * their count attends its whole shard as one */
     int C = shape->key_shards > 0 ? shape->key_shards : 1;
     a->shards = C % topo->dcp ? 1 : C / topo->dcp;
-    kv_sizing(shape, kv_dtype, kv_memory, block_size, topo->dcp, &a->kv);
-    const KvSizing *kv = &a->kv;
-    pool_init(&a->pool, kv->n_blocks, kv->block_size);
-    /* on the CPU, untouched pages of the pool cost no memory until used */
-    size_t bytes = (size_t)kv->n_blocks * kv->block_size * kv->bytes_per_token / (shape->keys_only ? 1 : 2);
-    a->k_pool = be->alloc(bytes ? bytes : sizeof(float));
-    a->v_pool = shape->keys_only ? NULL : be->alloc(bytes ? bytes : sizeof(float));
+    alloc_pool(a, kv_memory, block_size);
+}
+
+void attention_resize_kv(Attention *a, size_t kv_memory)
+{
+    a->be->release(a->k_pool);
+    if (a->v_pool) a->be->release(a->v_pool);
+    pool_free_all(&a->pool);
+    alloc_pool(a, kv_memory, a->kv.block_size);
 }
 
 static void free_step_arrays(Attention *a)

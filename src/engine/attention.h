@@ -108,6 +108,9 @@ void kv_sizing(const AttnShape *shape, DType kv_dtype, size_t kv_memory, int blo
 void attention_init(Attention *a, const Backend *be, const Topology *topo, CommStats *comm, const AttnShape *shape,
                     size_t kv_memory, int block_size, DType kv_dtype, MergeBackend merge);
 void attention_free(Attention *a);
+/* A new KV pool of kv_memory bytes in place of the one it has, which holds
+ * no request (after a profiling step: generate_profile) */
+void attention_resize_kv(Attention *a, size_t kv_memory);
 
 /* Bytes of K/V this rank stores per position it owns. */
 size_t attention_kv_bytes_per_token(const Attention *a);

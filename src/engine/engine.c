@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,25 @@ const LayerOps *engine_layer_ops(LayerFamily family)
 size_t engine_kv_bytes_per_token(const Engine *e) { return attention_kv_bytes_per_token(&e->att); }
 
 long long engine_kv_capacity(const Engine *e) { return attention_kv_capacity(&e->att); }
+
+int engine_gpu_budget(size_t total, double utilization, size_t weights, size_t activations, int tokens, GpuBudget *b)
+{
+    *b = (GpuBudget){.total = total, .usable = (size_t)((double)total * utilization), .weights = weights,
+                     .activations = activations, .utilization = utilization, .tokens = tokens};
+    if (b->usable <= weights || b->usable - weights <= activations) {
+        char act[128] = "";
+        if (activations)
+            snprintf(act, sizeof act, " and the activation peak of a step of %d tokens (%zu bytes)", tokens, activations);
+        return dcp_fail("--gpu-memory-utilization %.2f: %zu bytes of the GPU's %zu, less the weights (%zu bytes a "
+                        "rank)%s, leave nothing for the KV cache (give a larger share, more ranks to -tp, a smaller "
+                        "--max-num-batched-tokens, or --kv-cache-memory)",
+                        utilization, b->usable, total, weights, act);
+    }
+    b->kv = b->usable - weights - activations;
+    return 0;
+}
+
+void engine_resize_kv(Engine *e, size_t kv_memory) { attention_resize_kv(&e->att, kv_memory); }
 
 void engine_kv_sizing(const Model *m, int dcp, const EngineOptions *eo, KvSizing *out)
 {

@@ -58,6 +58,22 @@ void engine_kv_sizing(const Model *m, int dcp, const EngineOptions *eo, KvSizing
 /* Logical KV capacity of the DCP group in positions: blocks x B x dcp. */
 long long engine_kv_capacity(const Engine *e);
 
+/* vLLM's --gpu-memory-utilization: of a device's total memory, the share
+ * `utilization` is dcpinfer's (usable, rounded down to a byte); the KV
+ * cache takes what the weights and the activation peak of a profiled step
+ * of `tokens` tokens (generate_profile) leave of it. dcpinfer and
+ * dcpinfer-plan size it with this one function. */
+typedef struct {
+    size_t total, usable, weights, activations, kv;
+    double utilization;
+    int tokens;
+} GpuBudget;
+/* fills b; -1 with dcp_error() when the weights and activations leave no
+ * byte for the KV cache */
+int engine_gpu_budget(size_t total, double utilization, size_t weights, size_t activations, int tokens, GpuBudget *b);
+/* A new KV pool of kv_memory bytes, before any request has run */
+void engine_resize_kv(Engine *e, size_t kv_memory);
+
 /* The most tokens a step may hold at this model and layout: above it, an
  * MPI message of a layer (a TP sum, the DCP gathers and merges) would
  * count more than 2^31 - 1 elements, which MPI's int counts cannot say. */

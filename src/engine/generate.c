@@ -480,3 +480,105 @@ void dp_select(const RequestSet *rs, const int *group, int g, RequestSet *out, i
         }
 }
 
+
+/* The profiling step's allocations through the backend: those alive now
+ * and the most at once */
+static struct {
+    const Backend *be;
+    void **p;
+    size_t *bytes;
+    size_t n, cap, now, peak;
+} prof;
+
+static void *prof_alloc(size_t bytes)
+{
+    void *p = prof.be->alloc(bytes);
+    if (prof.n == prof.cap) {
+        prof.cap = prof.cap ? 2 * prof.cap : 64;
+        prof.p = xrealloc(prof.p, sizeof(void *) * prof.cap);
+        prof.bytes = xrealloc(prof.bytes, sizeof(size_t) * prof.cap);
+    }
+    prof.p[prof.n] = p;
+    prof.bytes[prof.n++] = bytes;
+    prof.now += bytes;
+    if (prof.now > prof.peak) prof.peak = prof.now;
+    return p;
+}
+
+static void prof_release(void *p)
+{
+    for (size_t i = 0; i < prof.n; i++)
+        if (prof.p[i] == p) {
+            prof.now -= prof.bytes[i];
+            prof.p[i] = prof.p[--prof.n];
+            prof.bytes[i] = prof.bytes[prof.n];
+            break;
+        }
+    prof.be->release(p);
+}
+
+/* The requests of a profiling step of `tokens` prompt tokens: prompts of
+ * at most max_model_len - 1 tokens, each to give one token */
+static int profile_requests(int tokens, int max_model_len, int *per)
+{
+    *per = max_model_len - 1 < tokens ? max_model_len - 1 : tokens;
+    if (*per < 1) *per = 1;
+    return (tokens + *per - 1) / *per;
+}
+
+size_t generate_profile_kv(const Model *m, int dcp, const EngineOptions *eo, int tokens, int max_model_len)
+{
+    KvSizing kv;
+    engine_kv_sizing(m, dcp, eo, &kv);
+    int per, n = profile_requests(tokens, max_model_len, &per);
+    /* every request's positions on every rank, rounded up to whole blocks */
+    return ((size_t)tokens + (size_t)(n + 1) * kv.block_size) * kv.bytes_per_token;
+}
+
+size_t generate_profile(Engine *e, int tokens, int max_model_len, int dp, int dp_rank)
+{
+    /* what the step allocates goes through a counting copy of the backend;
+     * its collectives, timings and expert counts are not the run's */
+    const Backend *real = e->env.be;
+    Backend counting = *real;
+    counting.alloc = prof_alloc;
+    counting.release = prof_release;
+    prof = (__typeof__(prof)){.be = real};
+    CommStats *cs = e->env.comm;
+    CommCounter saved[PHASE_N][COMM_N];
+    memcpy(saved, cs->c, sizeof saved);
+    Timings *tm = e->env.tm, scratch_tm = {0};
+    MoeCounts *mc = e->env.moe_counts, moe_saved = e->moe_counts;
+    e->env.be = e->att.be = &counting;
+    e->env.tm = &scratch_tm;
+    e->env.moe_counts = NULL;
+
+    int per, n = profile_requests(tokens, max_model_len, &per);
+    int *ids = xcalloc((size_t)per, sizeof(int));
+    for (int i = 0; i < per; i++) ids[i] = e->env.model->cfg.bos_id > 0 ? e->env.model->cfg.bos_id : 0;
+    RequestSet rs = {.r = xcalloc((size_t)n, sizeof(Request)), .n = n, .path = "(the profiling step)"};
+    for (int i = 0; i < n; i++)
+        rs.r[i] = (Request){.id = "profile", .line = i + 1, .prompt_tokens = ids,
+                            .n_prompt = i < n - 1 ? per : tokens - per * (n - 1), .max_tokens = 1, .top_p = 1.0f,
+                            .x = {.repetition_penalty = 1.0f}, .ignore_eos = 1, .logprobs = -1, .prompt_logprobs = -1,
+                            .n_choices = 1};
+    Result *res = xcalloc((size_t)n, sizeof(Result));
+    GenOptions go = {.max_model_len = max_model_len, .max_num_seqs = n, .max_batched_tokens = tokens, .dp = dp,
+                     .dp_rank = dp_rank};
+    generate(e, &rs, res, &go, NULL);
+    results_free(res, n);
+    free(res);
+    free(rs.r);
+    free(ids);
+
+    e->env.be = e->att.be = real;
+    e->env.tm = tm;
+    e->env.moe_counts = mc;
+    e->moe_counts = moe_saved;
+    memcpy(cs->c, saved, sizeof saved);
+    free(prof.p);
+    free(prof.bytes);
+    size_t peak = prof.peak;
+    prof = (__typeof__(prof)){0};
+    return peak;
+}

@@ -56,6 +56,19 @@ typedef struct {
  * requests that could never fit the KV cache (they get an error). res has
  * one entry per request; stats (may be NULL) receives the step records. */
 int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenStats *stats);
+/* vLLM's profiling run, for --gpu-memory-utilization: engine e, whose KV
+ * pool holds generate_profile_kv bytes and no request, runs one step of
+ * `tokens` prompt tokens (the most a step takes: --max-num-batched-tokens;
+ * requests of at most max_model_len - 1 tokens, one output token each)
+ * and returns the most backend memory its buffers held at once: the
+ * activation peak, weights and KV pool not counted. Its collectives,
+ * timings and expert counts are not counted as the run's. A collective
+ * call over the ranks of e's topology (each DP group runs the same step);
+ * on the null backend, dcpinfer-plan's same number. */
+size_t generate_profile(Engine *e, int tokens, int max_model_len, int dp, int dp_rank);
+/* The KV pool bytes a profiling step of `tokens` tokens needs at options eo */
+size_t generate_profile_kv(const Model *m, int dcp, const EngineOptions *eo, int tokens, int max_model_len);
+
 /* The DP group of each request (malloc'ed, rs->n entries): balanced by
  * prompt plus output tokens, longest first to the least-loaded group,
  * lowest group on ties; the same on every rank. Requests with skip[i]

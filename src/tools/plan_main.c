@@ -56,8 +56,7 @@ typedef struct {
     int gpus;             /* 0: tp x dp */
     const GpuPreset *gpu; /* NULL: none named */
     size_t gpu_memory;    /* 0: the preset's, or unknown */
-    double utilization;   /* of gpu_memory for weights, KV and the reserve */
-    size_t reserve;       /* per GPU: activations, workspaces, the runtime */
+    double utilization;   /* of gpu_memory for weights, activations and KV */
     int kv_given;         /* --kv-cache-memory on the command line: KV bytes per rank as given */
     int sweep, json, input_len, output_len;
 } PlanOptions;
@@ -72,7 +71,10 @@ typedef struct {
     int ep;                     /* ranks of the expert-parallel group; 0: off */
     int experts;                /* routed experts per rank under it */
     int moe_layers;             /* layers with routed experts */
-    size_t usable, kv_memory;   /* per GPU: memory for weights, KV and reserve; KV bytes per rank */
+    size_t usable, kv_memory;   /* per GPU: memory for weights, activations and KV; KV bytes per rank */
+    GpuBudget budget;           /* with a GPU's memory: engine_gpu_budget's (the run's own sizing) */
+    int budget_ok;              /* it left room for a KV cache */
+    char budget_why[512];       /* else why not, in dcpinfer's words */
     int fits;                   /* -1: unknown (no GPU memory given) */
     KvSizing kv;
     int max_model_len;
@@ -85,7 +87,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "Usage: dcpinfer-plan --model PATH [--gpus N] [--gpu H100|H200|B200|MI300X] [--gpu-memory SIZE]\n"
-            "                     [--gpu-memory-utilization F] [--reserve SIZE] [-tp N] [-dcp N] [-dp N] [--sweep]\n"
+            "                     [--gpu-memory-utilization F] [-tp N] [-dcp N] [-dp N] [--sweep]\n"
             "                     [--input-len N] [--output-len N] [--format table|json] [dcpinfer's options]\n"
             "What a model gets at a layout without running it: each rank's weight bytes (by part), whether\n"
             "it fits, the KV cache dcpinfer would have (its own 'KV cache size' and 'Maximum concurrency'\n"
@@ -96,8 +98,9 @@ static void usage(FILE *f)
             "  --gpu NAME            memory, HBM and link bandwidth of an H100 (80 GB), H200 (141 GB),\n"
             "                        B200 (180 GB) or MI300X (192 GB), from their data sheets\n"
             "  --gpu-memory SIZE     memory per GPU (default: the preset's)\n"
-            "  --gpu-memory-utilization F  share of it for weights, KV cache and reserve (default 0.9)\n"
-            "  --reserve SIZE        per GPU, for activations, workspaces and the runtime (default 4G)\n"
+            "  --gpu-memory-utilization F  share of it for weights, activations and KV cache (default\n"
+            "                        0.9); the KV cache takes what the weights and the activation peak\n"
+            "                        of a step of --max-num-batched-tokens leave, as dcpinfer sizes it\n"
             "  --kv-cache-memory SIZE  KV bytes per rank as dcpinfer takes it (default with a GPU: what is\n"
             "                        left of its memory; without: dcpinfer's default)\n"
             "  --sweep               every layout of the GPUs (instead of -tp, -dcp, -dp): tp dividing them,\n"
@@ -124,13 +127,12 @@ static const char *opt_name(const char *arg, char *buf, size_t n)
  * options_parse); 0, or -1 with dcp_error() set. */
 static int plan_options(int *argc, char **argv, PlanOptions *p)
 {
-    *p = (PlanOptions){.utilization = 0.9, .reserve = (size_t)4 << 30};
+    *p = (PlanOptions){.utilization = 0.9};
     int out = 1;
     for (int i = 1; i < *argc; i++) {
         char name[64];
         const char *n = opt_name(argv[i], name, sizeof name), *eq = strchr(argv[i], '=');
-        static const char *const takes_value[] = {"gpus", "gpu", "gpu-memory", "gpu-memory-utilization", "reserve",
-                                                  "input-len", "output-len", "format", NULL};
+        static const char *const takes_value[] = {"gpus", "gpu", "gpu-memory", "gpu-memory-utilization", "input-len", "output-len", "format", NULL};
         int known = -1;
         for (int k = 0; n && takes_value[k]; k++)
             if (!strcmp(n, takes_value[k])) known = k;
@@ -167,17 +169,12 @@ static int plan_options(int *argc, char **argv, PlanOptions *p)
             p->utilization = d;
             break;
         case 4:
-            if (parse_bytes(v, &p->reserve) && strcmp(v, "0"))
-                return dcp_fail("--reserve: '%s' is not a size (e.g. 4G, 0)", v);
-            if (!strcmp(v, "0")) p->reserve = 0;
-            break;
         case 5:
-        case 6:
             if (*end || d < 1 || d > 1 << 30 || d != floor(d))
                 return dcp_fail("--%s: '%s' is not a positive number of tokens", n, v);
-            *(known == 5 ? &p->input_len : &p->output_len) = (int)d;
+            *(known == 4 ? &p->input_len : &p->output_len) = (int)d;
             break;
-        case 7:
+        case 6:
             if (strcmp(v, "table") && strcmp(v, "json")) return dcp_fail("--format: '%s' is not table or json", v);
             p->json = !strcmp(v, "json");
             break;
@@ -187,6 +184,16 @@ static int plan_options(int *argc, char **argv, PlanOptions *p)
     *argc = out;
     if (p->gpu && !p->gpu_memory) p->gpu_memory = (size_t)p->gpu->memory;
     return 0;
+}
+
+/* Rank 0's Topology at layout L, its communicators MPI_COMM_NULL */
+static Topology plan_topology(const Options *o, const Layout *L)
+{
+    Topology t = {.world_size = L->tp * L->dp, .tp = L->tp, .dcp = L->dcp, .dp = L->dp, .interleave = o->interleave,
+                  .world = MPI_COMM_NULL, .tp_comm = MPI_COMM_NULL, .dcp_comm = MPI_COMM_NULL, .ep = 1,
+                  .ep_comm = MPI_COMM_NULL, .expert_parallel = L->ep > 0};
+    if (L->ep) t.ep = L->ep;
+    return t;
 }
 
 /* The bytes of a decode step of T requests at layout L (the KV cache and
@@ -200,10 +207,7 @@ static int plan_options(int *argc, char **argv, PlanOptions *p)
  * take the options' temperature. */
 static void count_decode_step(const Options *o, const Model *m, Layout *L, const EngineOptions *eo, int T)
 {
-    Topology t = {.world_size = L->tp * L->dp, .tp = L->tp, .dcp = L->dcp, .dp = L->dp, .interleave = o->interleave,
-                  .world = MPI_COMM_NULL, .tp_comm = MPI_COMM_NULL, .dcp_comm = MPI_COMM_NULL, .ep = 1,
-                  .ep_comm = MPI_COMM_NULL, .expert_parallel = L->ep > 0};
-    if (L->ep) t.ep = L->ep;
+    Topology t = plan_topology(o, L);
     CommStats cs = {.t = &transport_counting};
     Timings tm = {0};
     Engine e;
@@ -225,6 +229,23 @@ static void count_decode_step(const Options *o, const Model *m, Layout *L, const
     free(res);
     free(rs.r);
     engine_free(&e);
+}
+
+/* The activation peak of a step of --max-num-batched-tokens at layout L:
+ * dcpinfer's profiling step (generate_profile) run by rank 0 of the first
+ * DP group on the null backend and the counting transport */
+static size_t profile_step(const Options *o, const Model *m, const Layout *L, const EngineOptions *eo)
+{
+    Topology t = plan_topology(o, L);
+    CommStats cs = {.t = &transport_counting};
+    Timings tm = {0};
+    EngineOptions pe = *eo;
+    pe.kv_cache_memory = generate_profile_kv(m, L->dcp, eo, o->max_batched_tokens, L->max_model_len);
+    Engine e;
+    engine_init(&e, m, backend_null(t.ep), &t, &pe, &tm, &cs);
+    size_t peak = generate_profile(&e, o->max_batched_tokens, L->max_model_len, L->dp, 0);
+    engine_free(&e);
+    return peak;
 }
 
 /* Everything about layout L that does not need the hardware, and what fits. */
@@ -262,16 +283,20 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     for (int l = 0; l < cfg.n_layers; l++)
         L->moe_layers += MOE_LAYER(&cfg, l);
     /* KV bytes per rank: as given, else what the GPU's usable memory
-     * leaves after the largest rank's weights and the reserve */
+     * leaves after the largest rank's weights and the activation peak of a
+     * step of --max-num-batched-tokens, profiled as dcpinfer profiles it */
+    EngineOptions eo = options_engine(o, &m.cfg);
     L->fits = -1;
     L->kv_memory = o->kv_cache_memory;
     if (p->gpu_memory) {
-        L->usable = (size_t)(p->gpu_memory * p->utilization);
-        size_t taken = L->weights + p->reserve;
-        if (!p->kv_given) L->kv_memory = L->usable > taken ? L->usable - taken : 0;
-        L->fits = L->kv_memory > 0 && taken + L->kv_memory <= L->usable;
+        size_t act = profile_step(o, &m, L, &eo);
+        L->budget_ok = !engine_gpu_budget(p->gpu_memory, p->utilization, L->weights, act, o->max_batched_tokens,
+                                          &L->budget);
+        L->usable = L->budget.usable;
+        if (!L->budget_ok) snprintf(L->budget_why, sizeof L->budget_why, "%s", dcp_error());
+        if (!p->kv_given) L->kv_memory = L->budget_ok ? L->budget.kv : 0;
+        L->fits = L->kv_memory > 0 && L->weights + act + L->kv_memory <= L->usable;
     }
-    EngineOptions eo = options_engine(o, &m.cfg);
     eo.kv_cache_memory = L->kv_memory;
     engine_kv_sizing(&m, L->dcp, &eo, &L->kv);
     if (L->fits == 1 && L->kv.n_blocks < 1) L->fits = 0;
@@ -331,11 +356,15 @@ static void print_layout(const PlanOptions *p, const Layout *L)
     if (L->ep)
         printf("# expert parallel: %d routed experts over %d ranks, %d whole experts each\n", L->ep * L->experts,
                L->ep, L->experts);
+    if (L->fits >= 0 && !p->kv_given) {
+        if (L->budget_ok) report_gpu_budget(&L->budget);
+        else printf("# no KV cache: %s\n", L->budget_why);
+    }
     if (L->fits >= 0)
-        printf("# fits: %s (%.2f GiB usable per GPU: weights %.2f + reserve %.2f + KV %.2f GiB; "
+        printf("# fits: %s (%.2f GiB usable per GPU: weights %.2f + activations %.2f + KV %.2f GiB; "
                "--kv-cache-memory %zu)\n",
-               L->fits ? "yes" : "no", gib(L->usable), gib(L->weights), gib(p->reserve), gib(L->kv_memory),
-               L->kv_memory);
+               L->fits ? "yes" : "no", gib(L->usable), gib(L->weights), gib(L->budget.activations),
+               gib(L->kv_memory), L->kv_memory);
     if (L->fits == 0) return;
     report_kv_cache(&L->kv, L->dcp, L->max_model_len);
     printf("# KV bytes per token per rank: %zu\n", L->kv.bytes_per_token);
@@ -402,6 +431,7 @@ static json_t *layout_json(const Layout *L)
     if (L->ep) json_object_set_new(j, "expert_parallel_ranks", json_integer(L->ep));
     json_object_set_new(j, "fits", L->fits < 0 ? json_null() : json_boolean(L->fits));
     json_object_set_new(j, "kv_cache_memory_per_rank", json_integer((json_int_t)L->kv_memory));
+    if (L->fits >= 0) json_object_set_new(j, "activation_bytes_per_rank", json_integer((json_int_t)L->budget.activations));
     if (L->fits == 0) return j;
     json_object_set_new(j, "kv_bytes_per_token_per_rank", json_integer((json_int_t)L->kv.bytes_per_token));
     json_object_set_new(j, "kv_blocks_per_rank", json_integer(L->kv.n_blocks));
@@ -467,7 +497,6 @@ int main(int argc, char **argv)
         if (p.gpu_memory) {
             json_object_set_new(root, "gpu_memory", json_integer((json_int_t)p.gpu_memory));
             json_object_set_new(root, "gpu_memory_utilization", json_real(p.utilization));
-            json_object_set_new(root, "reserve", json_integer((json_int_t)p.reserve));
         }
         for (int i = 0; i < n; i++) json_array_append_new(arr, layout_json(&ls[i]));
         json_object_set_new(root, "layouts", arr);
@@ -481,8 +510,7 @@ int main(int argc, char **argv)
             printf(" %s: %.0f GB, %.2f TB/s HBM, %.0f GB/s link each way", p.gpu->name, p.gpu->memory / 1e9,
                    p.gpu->hbm / 1e12, p.gpu->link / 1e9);
         if (p.gpu_memory)
-            printf("; %.2f GiB x %.2f per GPU for weights, reserve %.2f GiB and KV", gib(p.gpu_memory), p.utilization,
-                   gib(p.reserve));
+            printf("; %.2f GiB x %.2f per GPU for weights, activations and KV", gib(p.gpu_memory), p.utilization);
         printf("\n");
         if (p.sweep) print_sweep(ls, n);
         else print_layout(&p, &ls[0]);
