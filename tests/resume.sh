@@ -4,8 +4,9 @@
 # at -tp 8 -dcp 2, and killed at -tp 2 and resumed at -tp 4 (half of the
 # requests sampled), and the resumed run prefills only the requests the
 # killed one had not finished; resuming on a layout of another reduction
-# order is refused; resuming with other inputs is refused; a
-# rank stopped with SIGSTOP ends the job within --step-timeout.
+# order is refused; resuming with other inputs is refused; records spliced
+# from a journal of other inputs are redone; a rank stopped with SIGSTOP
+# ends the job within --step-timeout.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
 stories_or_generated
@@ -130,6 +131,30 @@ if [ "$(cat "$WORK/complete.rc")" = 0 ] && grep -q "already the complete result"
     pass "--resume on a complete results file: nothing to do, file untouched"
 else
     fail "--resume on a complete file: exit $(cat "$WORK/complete.rc")"; cat "$WORK/complete.out" >&2
+fi
+
+# a journal spliced from a run of other inputs (the same prompts with
+# other seeds) under this run's header: its records fail their checksums,
+# which cover the run's identity, and their requests run again; the
+# results are the uninterrupted run's
+sed 's/"seed": \([0-9]*\)/"seed": 1\1/' "$P" >"$WORK/seeds.jsonl"
+b=$WORK/seeds.h5
+(timeout 120 "$MPIRUN" -q -np 1 "$DCPINFER" $M --max-num-seqs 2 --output "$b" "$WORK/seeds.jsonl" >/dev/null 2>&1 &)
+for i in $(seq 1200); do [ "$(lines "$b.journal.dp0")" -ge 17 ] && break; sleep 0.05; done
+pkill -9 -f "^$DCPINFER .*--output $b"
+sleep 0.5
+sp=$WORK/splice.h5
+{ head -1 "$out.journal.dp0"; tail -n +2 "$b.journal.dp0"; } >"$sp.journal.dp0"
+foreign=$(($(lines "$sp.journal.dp0") - 1))
+NP=1 run_dcp splice $M --max-num-seqs 2 --resume --output "$sp" "$P"
+checks=$((checks + 1))
+if [ "$(cat "$WORK/splice.rc")" = 0 ] && [ "$foreign" -ge 16 ] &&
+    grep -q "^# --resume: $foreign journal record(s) failed their checks.*written by a run of other inputs" \
+        "$WORK/splice.out" && same_results "$WORK/one-full.h5" "$sp"; then
+    pass "$foreign records of another run's journal under this run's header: all redone, the uninterrupted run's results"
+else
+    fail "spliced journal ($foreign foreign records): exit $(cat "$WORK/splice.rc"): $(grep -m1 'resume' "$WORK/splice.out")"
+    cat "$WORK/splice.err" >&2
 fi
 
 # a stopped rank: the others end the job within the step timeout

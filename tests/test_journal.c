@@ -1,7 +1,8 @@
 /* The journal proves its records: a changed byte fails the checksum, and a
  * record with a valid checksum that does not fit its request (ids outside
  * the vocabulary, more tokens than max_tokens, log-probabilities nobody
- * asked for, another request's id) is dropped; duplicates count once,
+ * asked for, another request's id) is dropped, and so is one written by a
+ * run of another identity; duplicates count once,
  * conflicting ones not at all. Journal files are taken by exact name and
  * only as regular files; the syncer puts a line on the disk without a
  * later append; the output's lock keeps a second job out. */
@@ -121,6 +122,39 @@ int main(int argc, char **argv)
     CHECK(rc == 0 && taken == 4 && st.dropped == 2, "request 4 with logprobs 2: taken %d, dropped %d", taken, st.dropped);
     rs.r[4].logprobs = -1;
     char *dp0 = path_in(dir, "out.h5.journal.dp0");
+
+    /* records are bound to their run: under another identity (other
+     * inputs or options, with this journal's header spliced on) every one
+     * fails its sum and runs again */
+    RunIdentity foreign = id;
+    identity_set(&foreign, ID_prompts, "another prompt file");
+    char *dp0_other = path_in(dir, "other.h5.journal.dp0"), *other_out = path_in(dir, "other.h5");
+    Journal jo;
+    CHECK(journal_open(&jo, other_out, 0, &foreign, 10.0) == 0, "journal_open: %s", dcp_error());
+    for (int i = 0; i < 3; i++) {
+        Result r = result_of(8, 10 * i + 1);
+        journal_append(&jo, i, &rs.r[i], &r);
+        results_free(&r, 1);
+    }
+    journal_close(&jo);
+    {
+        char *a, *b;
+        size_t na, nb;
+        char *dp0a = path_in(dir, "out.h5.journal.dp0");
+        CHECK(read_file(dp0a, &a, &na) == 0 && read_file(dp0_other, &b, &nb) == 0, "reading the journals");
+        FILE *f = fopen(dp0_other, "w"); /* this run's header, the other run's records */
+        fwrite(a, 1, (size_t)(strchr(a, '\n') + 1 - a), f);
+        fputs(strchr(b, '\n') + 1, f);
+        fclose(f);
+        free(a), free(b), free(dp0a);
+    }
+    taken = load(other_out, &id, &rs, &st, &rc);
+    CHECK(rc == 0 && taken == 0 && st.dropped == 3 && strstr(st.first_drop, "checksum"),
+          "another run's records under this run's header: taken %d, dropped %d: %s", taken, st.dropped,
+          rc ? dcp_error() : st.first_drop);
+    taken = load(other_out, &foreign, &rs, &st, &rc); /* its own header refuses the file as a whole */
+    CHECK(rc != 0, "the spliced journal under the other run's identity: accepted (%d taken)", taken);
+    free(dp0_other), free(other_out);
 
     /* a changed digit fails the checksum */
     edit(dp0, "\"tokens\":[10,11", "\"tokens\":[10,13");

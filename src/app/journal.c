@@ -17,7 +17,7 @@
 #include "identity.h"
 #include "util.h"
 
-enum { JOURNAL_VERSION = 2 };
+enum { JOURNAL_VERSION = 3 }; /* 3: each record's sum covers its run's identity */
 
 static char *joined(const char *a, const char *b)
 {
@@ -124,25 +124,37 @@ static int read_journal_file(const char *path, char **data, size_t *size)
 /* ---- records ------------------------------------------------------------- */
 
 /* A record line is {"sum":"<16 hex>",<the record's other fields>}: the sum
- * is the FNV-1a hash of the line from the brace that follows "sum"'s value
- * to the end, taken as "{" + those bytes. */
+ * is the FNV-1a hash of the run's identity (identity_json) followed by the
+ * line from the brace that follows "sum"'s value to the end, taken as "{"
+ * + those bytes. A record is proof of its own run only: one copied from a
+ * journal of other inputs or options fails its sum under this run's
+ * identity, and its request runs again. */
 #define SUM_PREFIX "{\"sum\":\""
 enum { SUM_PREFIX_LEN = sizeof SUM_PREFIX - 1, SUM_HEX = 16 };
 
-static uint64_t record_sum(const char *body, size_t n)
+/* the hash a run's record sums start from */
+static uint64_t identity_sum(const RunIdentity *id)
 {
-    return fnv1a(fnv1a(FNV_START, "{", 1), body, n);
+    char *ij = identity_json(id);
+    uint64_t h = fnv1a(FNV_START, ij, strlen(ij));
+    free(ij);
+    return h;
 }
 
-/* The line of a record object: its sum, then its fields; malloc'ed, with
- * the newline. */
-static char *record_line(json_t *o, size_t *len)
+static uint64_t record_sum(uint64_t id_sum, const char *body, size_t n)
+{
+    return fnv1a(fnv1a(id_sum, "{", 1), body, n);
+}
+
+/* The line of a record object of the run whose identity_sum is id_sum: its
+ * sum, then its fields; malloc'ed, with the newline. */
+static char *record_line(uint64_t id_sum, json_t *o, size_t *len)
 {
     char *body = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER); /* "{...}" */
     size_t n = strlen(body) - 1;                                   /* after the "{" */
     char *line = xmalloc(SUM_PREFIX_LEN + SUM_HEX + 2 + n + 2);
     int k = snprintf(line, SUM_PREFIX_LEN + SUM_HEX + 3, SUM_PREFIX "%016llx\",",
-                     (unsigned long long)record_sum(body + 1, n));
+                     (unsigned long long)record_sum(id_sum, body + 1, n));
     memcpy(line + k, body + 1, n);
     line[k + n] = '\n';
     line[k + n + 1] = '\0';
@@ -378,7 +390,7 @@ static int check_header(const char *path, const char *line, size_t n, const RunI
 
 /* One record line (without its newline) of file path, line number ln:
  * taken into res/done, or dropped with the reason counted in st. */
-static void load_record(const char *path, int ln, const char *line, size_t n, const RequestSet *rs,
+static void load_record(const char *path, int ln, const char *line, size_t n, uint64_t id_sum, const RequestSet *rs,
                         const JournalCheck *chk, Result *res, char *done, char *conflict, JournalLoad *st)
 {
     const char *why = NULL;
@@ -393,8 +405,10 @@ static void load_record(const char *path, int ln, const char *line, size_t n, co
         hex[SUM_HEX] = '\0';
         const char *body = line + SUM_PREFIX_LEN + SUM_HEX + 2;
         char want[SUM_HEX + 1];
-        snprintf(want, sizeof want, "%016llx", (unsigned long long)record_sum(body, n - (size_t)(body - line)));
-        if (strcmp(hex, want)) why = "its checksum does not hold (the line was changed or cut)";
+        snprintf(want, sizeof want, "%016llx", (unsigned long long)record_sum(id_sum, body, n - (size_t)(body - line)));
+        if (strcmp(hex, want))
+            why = "its checksum does not hold (the line was changed or cut, or written by a run of other inputs or "
+                  "options)";
         else if (!(o = json_loadb(line, n, 0, NULL)) || !json_is_object(o)) why = "not a JSON object";
         else why = check_record(o, rs, chk, &i);
     }
@@ -438,13 +452,15 @@ int journal_load(const char *out, const RunIdentity *id, const RequestSet *rs, c
         if (nl) rc = check_header(files[k], data[k], (size_t)(nl - data[k]), id);
     }
     char *conflict = xcalloc((size_t)rs->n + 1, 1);
+    uint64_t id_sum = identity_sum(id);
     for (int k = 0; k < n_files && !rc; k++) {
         char *nl = memchr(data[k], '\n', size[k]);
         size_t at = nl ? (size_t)(nl - data[k]) + 1 : size[k];
         for (int ln = 2; at < size[k]; ln++) {
             char *nl = memchr(data[k] + at, '\n', size[k] - at);
             if (!nl) break; /* the last line was cut short by a kill: never written whole */
-            load_record(files[k], ln, data[k] + at, (size_t)(nl - data[k] - at), rs, chk, res, done, conflict, st);
+            load_record(files[k], ln, data[k] + at, (size_t)(nl - data[k] - at), id_sum, rs, chk, res, done, conflict,
+                        st);
             at = (size_t)(nl - data[k]) + 1;
         }
     }
@@ -480,11 +496,12 @@ int journal_consolidate(const char *out, const RunIdentity *id, const RequestSet
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), rc = 0;
     if (fd < 0 || write_all(fd, header, strlen(header)))
         rc = dcp_fail("%s: cannot write the journal: %s", tmp, strerror(errno));
+    uint64_t id_sum = identity_sum(id);
     for (int i = 0; i < rs->n && !rc; i++) {
         if (!done[i]) continue;
         json_t *o = record_object(i, &rs->r[i], &res[i]);
         size_t len;
-        char *line = record_line(o, &len);
+        char *line = record_line(id_sum, o, &len);
         json_decref(o);
         if (write_all(fd, line, len)) rc = dcp_fail("%s: writing the journal: %s", tmp, strerror(errno));
         free(line);
@@ -554,6 +571,7 @@ int journal_open(Journal *j, const char *out, int dp_group, const RunIdentity *i
         return rc;
     }
     j->interval = interval;
+    j->id_sum = identity_sum(id);
     pthread_mutex_init(&j->lock, NULL);
     pthread_cond_init(&j->wake, NULL);
     pthread_create(&j->syncer, NULL, syncer, j);
@@ -565,7 +583,7 @@ void journal_append(Journal *j, int i, const Request *q, const Result *r)
     if (j->fd < 0) return;
     json_t *o = record_object(i, q, r);
     size_t len;
-    char *line = record_line(o, &len);
+    char *line = record_line(j->id_sum, o, &len);
     json_decref(o);
     /* one write of the whole line (O_APPEND): a kill never leaves half a
      * record behind another */

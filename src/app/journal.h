@@ -60,6 +60,7 @@ typedef struct {
     int fd;
     char *path;
     double interval;      /* seconds: a line is on the disk this long after it was written, at most */
+    uint64_t id_sum;      /* where its records' sums start: the run's identity */
     int dirty, stop;
     long syncs;           /* fdatasyncs made by the syncer */
     pthread_t syncer;
