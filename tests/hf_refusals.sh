@@ -53,6 +53,23 @@ expect_error deepseek_rope_type 1 'rope type "longrope" is not supported; suppor
 deepseek ds_gptq v3_yarn 's/"n_group": 4,/"n_group": 4, "quantization_config": {"quant_method": "gptq", "bits": 4},/'
 expect_error deepseek_quantization 1 'quantization_config gptq is not supported (block-scaled fp8, compressed-tensors pack-quantized INT4 or NVFP4, modelopt NVFP4)' \
     --model "$WORK/ds_gptq" "$P"
+# block-scaled FP8 with static activation scales (not applied) or a block
+# past the bound
+deepseek ds_static v3_fp8 's/"activation_scheme": "dynamic"/"activation_scheme": "static"/'
+expect_error deepseek_fp8_static 1 'quantization_config fp8 "activation_scheme": static is not supported (dynamic only' \
+    --model "$WORK/ds_static" "$P"
+deepseek ds_block v3_fp8 '/"weight_block_size"/{n;s/[0-9][0-9]*/2147483648/}'
+expect_error deepseek_fp8_block 1 'quantization_config fp8 needs "weight_block_size": [rows, cols], each from 1 to 1048576' \
+    --model "$WORK/ds_block" "$P"
+# an FP8 block scale that is NaN: the tensor and block named, not NaN logits
+mkdir -p "$WORK/ds_nan" && cp "$SRC/tests/data/deepseek/v3_fp8/"* "$WORK/ds_nan/" && chmod u+w "$WORK/ds_nan/"*
+f=$WORK/ds_nan/model.safetensors
+hlen=$(od -An -tu8 -N8 "$f" | tr -d ' ')
+off=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null |
+    sed -n 's/.*"model\.layers\.0\.self_attn\.q_a_proj\.weight_scale_inv":{[^}]*"data_offsets":\[\([0-9]*\),.*/\1/p')
+printf '\000\000\300\177' | dd of="$f" bs=1 seek=$((8 + hlen + off)) conv=notrunc 2>/dev/null # NaN, little-endian
+expect_error deepseek_fp8_nan_scale 1 "tensor 'model.layers.0.self_attn.q_a_proj.weight_scale_inv': block [0, 0] has the scale nan, not a finite number" \
+    --model "$WORK/ds_nan" "$P"
 # compressed-tensors: what is not INT4 W4A16 pack-quantized, symmetric, in one group
 ct() { # NAME GROUP [FORMAT]
     deepseek "$1" v3_yarn "s/\"n_group\": 4,/\"n_group\": 4, \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"${3:-pack-quantized}\", \"config_groups\": {\"group_0\": $2}, \"ignore\": [\"lm_head\"]},/"

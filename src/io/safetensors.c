@@ -312,6 +312,15 @@ static float *f8_block_scales(const StTensor *t, const StTensor *scale_inv, int 
         free(scale);
         return NULL;
     }
+    /* a scale that is not a finite number would poison every value of its
+     * block: named here rather than found as NaN logits */
+    for (int64_t i = 0; i < br * bc; i++)
+        if (!isfinite(scale[i])) {
+            dcp_fail("%s: tensor '%s': block [%lld, %lld] has the scale %g, not a finite number", scale_inv->file,
+                     scale_inv->name, (long long)(i / bc), (long long)(i % bc), (double)scale[i]);
+            free(scale);
+            return NULL;
+        }
     *bc_out = bc;
     return scale;
 }

@@ -344,7 +344,18 @@ int read_quantization(json_t *q, QuantConfig *m, const char *path)
         !json_is_integer(json_array_get(bs, 1)) || json_integer_value(json_array_get(bs, 0)) <= 0 ||
         json_integer_value(json_array_get(bs, 1)) <= 0 || json_integer_value(json_array_get(bs, 0)) > 1 << 20 ||
         json_integer_value(json_array_get(bs, 1)) > 1 << 20)
-        return dcp_fail("%s: quantization_config fp8 needs \"weight_block_size\": [rows, cols], positive", path);
+        return dcp_fail("%s: quantization_config fp8 needs \"weight_block_size\": [rows, cols], each from 1 to "
+                        "1048576",
+                        path);
+    /* static activation scales (an input_scale per Linear, which dcpinfer
+     * would not apply): refused rather than run differently from the
+     * checkpoint's own numerics */
+    const char *as = json_string_value(json_object_get(q, "activation_scheme"));
+    if (json_object_get(q, "activation_scheme") && (!as || strcmp(as, "dynamic")))
+        return dcp_fail("%s: quantization_config fp8 \"activation_scheme\": %s is not supported (dynamic only: "
+                        "dcpinfer keeps activations unquantized, as a dynamic scheme's weight-only reading)",
+                        path, as ? as : "(not a string)");
+
     m->fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
     m->fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
     return 0;
