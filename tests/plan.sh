@@ -211,6 +211,19 @@ else
     fail "Llama-3.1-70B tp 8: the plan says '$got' weight bytes on rank 0, by hand $want"
 fi
 
+# a small model's sizes in KiB (or MiB), not as 0.00 GiB
+checks=$((checks + 1))
+"$PLAN" --model "$WORK/gqa" --gpu-memory 64M >"$WORK/small.plan" 2>&1
+b=$(sed -n 's/^# weight bytes by TP rank: \([0-9]*\)$/\1/p' "$WORK/small.plan")
+w=$(sed -n 's/^# weights per rank: \([0-9.]*\) KiB (.* KiB)$/\1/p' "$WORK/small.plan")
+if [ -n "$b" ] && [ "$w" = "$(awk -v b="$b" 'BEGIN {printf "%.2f", b / 1024}')" ] &&
+    grep -q '^# model: .*; 64.00 MiB x 0.90 per GPU' "$WORK/small.plan" &&
+    grep -q '^# Available KV cache memory: [0-9.]* MiB (--kv-cache-memory [0-9]*)$' "$WORK/small.plan"; then
+    pass "small model: weights $w KiB ($b bytes), memory in MiB"
+else
+    fail "small model's sizes: $(grep -E '^# (weights|model|Available)' "$WORK/small.plan")"
+fi
+
 # --format json says what the table says; Kimi K2 Thinking's INT4 experts
 # by hand: 60 MoE layers of 384 experts, each rank 256 of 2,048 rows; gate
 # and up 256 x 7,168 nibbles with an fp32 scale per row and group of 32,

@@ -216,13 +216,23 @@ void report_kv_cache(const KvSizing *kv, int dcp, int max_model_len)
            kv->capacity, max_model_len, (double)kv->capacity / max_model_len);
 }
 
+/* "1.50 GiB", "12.34 MiB", "0.50 KiB": GiB, or MiB and KiB for small sizes */
+static const char *size_text(char *buf, size_t n, size_t bytes)
+{
+    double u;
+    const char *unit = size_unit((double)bytes, &u);
+    snprintf(buf, n, "%.2f %s", bytes / u, unit);
+    return buf;
+}
+
 void report_gpu_budget(const GpuBudget *b)
 {
-    const double G = 1073741824.0;
-    printf("# GPU memory: %.2f GiB x gpu_memory_utilization %.2f = %.2f GiB per rank; model weights take %.2f GiB; "
-           "the activation peak of a step of %d tokens takes %.2f GiB\n"
-           "# Available KV cache memory: %.2f GiB (--kv-cache-memory %zu)\n",
-           b->total / G, b->utilization, b->usable / G, b->weights / G, b->tokens, b->activations / G, b->kv / G, b->kv);
+    char s[5][32];
+    printf("# GPU memory: %s x gpu_memory_utilization %.2f = %s per rank; model weights take %s; the activation peak "
+           "of a step of %d tokens takes %s\n"
+           "# Available KV cache memory: %s (--kv-cache-memory %zu)\n",
+           size_text(s[0], 32, b->total), b->utilization, size_text(s[1], 32, b->usable), size_text(s[2], 32, b->weights),
+           b->tokens, size_text(s[3], 32, b->activations), size_text(s[4], 32, b->kv), b->kv);
 }
 
 void report_prefix_cache(const RequestSet *rs, const Result *res, const char *skip)

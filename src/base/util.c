@@ -255,6 +255,15 @@ void balanced_part(int n, int p, int i, int *start, int *count)
     *start = i * base + (i < rem ? i : rem);
 }
 
+const char *size_unit(double bytes, double *scale)
+{
+    static const char *const names[] = {"B", "KiB", "MiB", "GiB"};
+    int u = 0;
+    while (u < 3 && bytes >= (double)(1ull << (10 * (u + 1)))) u++;
+    *scale = (double)(1ull << (10 * u));
+    return names[u];
+}
+
 int parse_bytes(const char *s, size_t *out)
 {
     char *end;

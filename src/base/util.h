@@ -29,6 +29,9 @@ void balanced_part(int n, int p, int i, int *start, int *count);
 /* Parses a byte count with an optional K, M, G, T or P suffix (powers of
  * 1024); from 1K to 1P, else -1. */
 int parse_bytes(const char *s, size_t *out);
+/* The unit to print a size of `bytes` in: "GiB", "MiB", "KiB" (the largest
+ * that gives at least 1) or "B"; *scale is its bytes. */
+const char *size_unit(double bytes, double *scale);
 
 /* Deterministic generators shared by sampling and the test-model writer. */
 uint64_t splitmix64(uint64_t *state);

@@ -328,8 +328,6 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     model_free(&m);
 }
 
-static double gib(double b) { return b / 1073741824.0; }
-
 /* " tp_sum 768 B in 2 call(s), ..." for each collective called, or
  * " nothing" */
 static void print_comm(const CommCounter c[COMM_N])
@@ -347,9 +345,11 @@ static void print_layout(const PlanOptions *p, const Layout *L)
         printf("# refused: %s\n", L->refused);
         return;
     }
-    printf("# weights per rank: %.2f GiB (attention %.2f, mlp %.2f, experts %.2f, embedding %.2f, LM head %.2f GiB)\n",
-           gib(L->weights), gib(L->part[WPART_ATTENTION]), gib(L->part[WPART_MLP]), gib(L->part[WPART_EXPERTS]),
-           gib(L->part[WPART_EMBED]), gib(L->part[WPART_LM_HEAD]));
+    double u;
+    const char *unit = size_unit((double)L->weights, &u); /* GiB, or MiB and KiB for a small model */
+    printf("# weights per rank: %.2f %s (attention %.2f, mlp %.2f, experts %.2f, embedding %.2f, LM head %.2f %s)\n",
+           L->weights / u, unit, L->part[WPART_ATTENTION] / u, L->part[WPART_MLP] / u, L->part[WPART_EXPERTS] / u,
+           L->part[WPART_EMBED] / u, L->part[WPART_LM_HEAD] / u, unit);
     printf("# weight bytes by %s:", L->ep ? "rank" : "TP rank");
     for (int r = 0; r < (L->ep ? L->ep : L->tp); r++) printf(" %zu", L->rank_weights[r]);
     printf("\n");
@@ -360,11 +360,13 @@ static void print_layout(const PlanOptions *p, const Layout *L)
         if (L->budget_ok) report_gpu_budget(&L->budget);
         else printf("# no KV cache: %s\n", L->budget_why);
     }
-    if (L->fits >= 0)
-        printf("# fits: %s (%.2f GiB usable per GPU: weights %.2f + activations %.2f + KV %.2f GiB; "
+    if (L->fits >= 0) {
+        unit = size_unit((double)L->usable, &u);
+        printf("# fits: %s (%.2f %s usable per GPU: weights %.2f + activations %.2f + KV %.2f %s; "
                "--kv-cache-memory %zu)\n",
-               L->fits ? "yes" : "no", gib(L->usable), gib(L->weights), gib(L->budget.activations),
-               gib(L->kv_memory), L->kv_memory);
+               L->fits ? "yes" : "no", L->usable / u, unit, L->weights / u, L->budget.activations / u,
+               L->kv_memory / u, unit, L->kv_memory);
+    }
     if (L->fits == 0) return;
     report_kv_cache(&L->kv, L->dcp, L->max_model_len);
     printf("# KV bytes per token per rank: %zu\n", L->kv.bytes_per_token);
@@ -395,7 +397,9 @@ static void print_sweep(const Layout *ls, int n)
             printf("refused: %s\n", L->refused);
             continue;
         }
-        printf("%9.2f GiB %5s ", gib(L->weights), L->fits < 0 ? "?" : L->fits ? "yes" : "no");
+        double u;
+        const char *unit = size_unit((double)L->weights, &u);
+        printf("%9.2f %-3s %5s ", L->weights / u, unit, L->fits < 0 ? "?" : L->fits ? "yes" : "no");
         if (!L->fits) {
             printf("\n");
             continue;
@@ -480,7 +484,7 @@ int main(int argc, char **argv)
     for (int tp = 1; p.sweep && tp <= gpus; tp++)
         for (int dcp = 1; !(gpus % tp) && dcp <= tp; dcp++) cap += !(tp % dcp);
     Layout *ls = xcalloc((size_t)cap, sizeof(Layout));
-    if (!p.sweep) ls[n++] = (Layout){.tp = o.tp, .dcp = o.dcp, .dp = dp};
+    if (!p.sweep) ls[n++] = (Layout){.tp = o.tp, .dcp = o.dcp ? o.dcp : topology_max_dcp(&cfg, o.tp), .dp = dp};
     for (int tp = 1; p.sweep && tp <= gpus; tp++)
         for (int dcp = 1; !(gpus % tp) && dcp <= tp; dcp++)
             if (!(tp % dcp)) ls[n++] = (Layout){.tp = tp, .dcp = dcp, .dp = gpus / tp};
@@ -509,8 +513,11 @@ int main(int argc, char **argv)
         if (p.gpu)
             printf(" %s: %.0f GB, %.2f TB/s HBM, %.0f GB/s link each way", p.gpu->name, p.gpu->memory / 1e9,
                    p.gpu->hbm / 1e12, p.gpu->link / 1e9);
-        if (p.gpu_memory)
-            printf("; %.2f GiB x %.2f per GPU for weights, activations and KV", gib(p.gpu_memory), p.utilization);
+        if (p.gpu_memory) {
+            double u;
+            const char *unit = size_unit((double)p.gpu_memory, &u);
+            printf("; %.2f %s x %.2f per GPU for weights, activations and KV", p.gpu_memory / u, unit, p.utilization);
+        }
         printf("\n");
         if (p.sweep) print_sweep(ls, n);
         else print_layout(&p, &ls[0]);
