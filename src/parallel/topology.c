@@ -5,6 +5,8 @@
 #include "check.h"
 #include "util.h"
 
+int topology_max_dcp(const Config *c, int tp) { return tp > c->n_kv_heads ? tp / c->n_kv_heads : 1; }
+
 int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave, int block_size)
 {
     int Hq = c->n_heads, Hkv = c->n_kv_heads;

@@ -26,6 +26,9 @@ typedef struct Topology {
 /* Checks a layout against the model before anything is loaded. On failure
  * dcp_error() names the values and the rule. dp 0 means world / tp. */
 int topology_check(const Config *c, int world_size, int tp, int dcp, int dp, int interleave, int block_size);
+/* The largest -dcp the model allows at -tp tp (-dcp auto): tp / kv_heads
+ * where tp is above the KV heads (an MLA model's one latent: tp), else 1 */
+int topology_max_dcp(const Config *c, int tp);
 /* Builds the communicators; collective over world. */
 void topology_init(Topology *t, MPI_Comm world, int tp, int dcp, int interleave);
 /* Turns expert parallelism on over every rank of world (its own
