@@ -46,7 +46,8 @@ printf '%s\n' '{"id": "ok", "messages": [{"role": "user", "content": "Hi"}], "ma
     '{"id": "alt", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "max_tokens": 1}' \
     '{"id": "tools", "messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}], "max_tokens": 1}' \
     '{"id": "image", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "max_tokens": 1}' \
-    '{"id": "plain", "prompt": "Hi", "max_tokens": 1}' >"$WORK/m.jsonl"
+    '{"id": "plain", "prompt": "Hi", "max_tokens": 1}' \
+    '{"id": "notext", "messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 1}' >"$WORK/m.jsonl"
 rm "$WORK/mistral/tokenizer_config.json"
 cp "$SHARED/tokenizers/mistral-sp/tokenizer_config.json" "$WORK/mistral/"
 ln -s "$CT/mistralai-Mistral-Nemo-Instruct-2407.jinja" "$WORK/mistral/chat_template.jinja"
@@ -60,8 +61,9 @@ if [ "$(cat "$WORK/mistral.rc")" = 4 ] &&
     [ "$alt" = "\"$WORK/m.jsonl:2: request \\\"alt\\\": After the optional system message, conversation roles must alternate user/assistant/user/assistant/...\"" ] &&
     err_of "$WORK/mistral.jsonl" tools | grep -q 'dcpinfer does not run tools' &&
     err_of "$WORK/mistral.jsonl" image | grep -q 'not a text part (image_url)' &&
+    err_of "$WORK/mistral.jsonl" notext | grep -q 'content\[0\] is a text part without a string \\"text\\"' &&
     [ "$(err_of "$WORK/mistral.jsonl" ok)" = null ] && [ "$(err_of "$WORK/mistral.jsonl" plain)" = null ]; then
-    pass "chat_template.jinja: rendered ($ok_ids prompt ids); raise_exception, tools and images fail their request alone"
+    pass "chat_template.jinja: rendered ($ok_ids prompt ids); raise_exception, tools, images and a text part without text fail their request alone"
 else
     fail "chat_template.jinja: exit $(cat "$WORK/mistral.rc"); alt error $alt"; cat "$WORK/mistral.jsonl" "$WORK/mistral.err" >&2
 fi
@@ -146,6 +148,26 @@ else
     else
         fail "chat batch: $(cat "$WORK/read.txt")"; echo "$c1" >&2
     fi
+fi
+# an OpenAI chat body without max_tokens runs to EOS or the context limit
+# (vLLM's chat endpoint); a completions body gets --max-tokens (16); a
+# given --max-tokens is every request's that does not say
+cat >"$WORK/nomax.jsonl" <<JSON
+{"custom_id": "c5", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "q", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}}
+{"custom_id": "p3", "method": "POST", "url": "/v1/completions", "body": {"model": "q", "prompt": "Hello", "temperature": 0}}
+JSON
+run_dcp nomax --model "$WORK/qwen" --max-model-len 48 --output "$WORK/nomax_out.jsonl" "$WORK/nomax.jsonl"
+run_dcp nomax5 --model "$WORK/qwen" --max-model-len 48 --max-tokens 5 --output "$WORK/nomax5_out.jsonl" "$WORK/nomax.jsonl"
+usage() { grep "\"custom_id\":\"$2\"" "$1" | grep -o "\"$3\":[0-9]*" | grep -o '[0-9]*$'; }
+checks=$((checks + 1))
+cp=$(usage "$WORK/nomax_out.jsonl" c5 prompt_tokens) cc=$(usage "$WORK/nomax_out.jsonl" c5 completion_tokens)
+if [ "$(cat "$WORK/nomax.rc")" = 0 ] && [ -n "$cp" ] && [ $((cp + cc)) = 48 ] &&
+    [ "$(usage "$WORK/nomax_out.jsonl" p3 completion_tokens)" = 16 ] &&
+    [ "$(usage "$WORK/nomax5_out.jsonl" c5 completion_tokens)" = 5 ] &&
+    [ "$(usage "$WORK/nomax5_out.jsonl" p3 completion_tokens)" = 5 ]; then
+    pass "chat body without max_tokens: $cc tokens to the context of 48 ($cp prompt); completions 16; --max-tokens 5: 5 each"
+else
+    fail "chat body without max_tokens: exit $(cat "$WORK/nomax.rc"), prompt $cp + completion $cc (want 48); $(cat "$WORK/nomax_out.jsonl" "$WORK/nomax5_out.jsonl" | cut -c1-300)"
 fi
 # a real split: a logit_bias on Qwen3's "</think>" (151668) makes the
 # model close its reasoning mid-output; the own form's text is

@@ -13,7 +13,16 @@ printf '{"id": "a", "prompt_token_ids": "1 2 3"}\n' >"$P"
 expect_error wrong_type 1 'p.jsonl:1: wrong field type: "prompt_token_ids" must be an array of integers' "$P"
 
 printf '{"id": "a", "prompt": "x", "max_tokens": "ten"}\n' >"$P"
-expect_error wrong_type_max_tokens 1 'p.jsonl:1: "max_tokens" must be a positive integer' "$P"
+expect_error wrong_type_max_tokens 1 'p.jsonl:1: "max_tokens" must be an integer from 1 to 2147483647' "$P"
+printf '{"id": "a", "prompt": "x", "max_tokens": 2147483648}\n' >"$P"
+expect_error big_max_tokens 1 'p.jsonl:1: "max_tokens" must be an integer from 1 to 2147483647' "$P"
+printf '{"id": "a", "prompt": "a\\u0000b"}\n' >"$P"
+expect_error nul_in_string 1 'p.jsonl:1: a \u0000 (NUL) character in a string at column' "$P"
+# stop_token_ids outside the vocabulary are refused, as logit_bias's
+printf '{"id": "a", "prompt_token_ids": [1, 2], "stop_token_ids": [99999]}\n' >"$P"
+expect_error stop_id_vocab 1 'p.jsonl:1: "stop_token_ids" names token 99999, outside the vocabulary [0, 512)' "$P"
+printf '{"id": "a", "prompt_token_ids": [1, 2], "stop_token_ids": [-1]}\n' >"$P"
+expect_error stop_id_negative 1 'p.jsonl:1: "stop_token_ids" names token -1, outside the vocabulary [0, 512)' "$P"
 
 : >"$P"
 expect_error empty_file 1 "p.jsonl: no requests (the prompt file is empty)" "$P"

@@ -31,6 +31,17 @@ for opt in --model --tokenizer --max-tokens --temperature --top-p --seed --max-m
 done
 if [ -z "$missing" ]; then pass "--help documents every option"; else fail "--help lacks:$missing"; fi
 
+# --quiet does what --help says: only the closing summary on stdout
+checks=$((checks + 1))
+run_dcp quiet --quiet --output "$WORK/quiet.h5" "$P"
+if grep -q -- '--quiet  *only the closing summary on stdout: no start-up header' "$WORK/help" &&
+    [ "$(cat "$WORK/quiet.rc")" = 0 ] && ! grep -qE '^# (dcpinfer |layout|KV cache|weights)' "$WORK/quiet.out" &&
+    grep -q '^# [0-9]* request(s), 0 failed' "$WORK/quiet.out"; then
+    pass "--quiet: the summary only, as --help says"
+else
+    fail "--quiet: exit $(cat "$WORK/quiet.rc"): $(head -3 "$WORK/quiet.out")"
+fi
+
 # --kv-cache-dtype bfloat16 and fp8: the same memory holds twice and four
 # times the positions, and the KV bytes reported are 2 and 1 bytes per
 # element: the default model has 4 layers, 2 KV heads of 16, so K and V

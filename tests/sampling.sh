@@ -89,13 +89,20 @@ if command -v h5dump >/dev/null 2>&1; then
     if [ "$choice" = "DATA{0,1,2,0}" ]; then pass "n in HDF5: one row per sequence, choice 0 1 2 0"
     else fail "n in HDF5: $choice"; fi
 fi
-printf '{"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": [5, 6], "max_tokens": 3, "n": 2}}\n' >"$WORK/nc.jsonl"
-run_dcp nc --model "$WORK/m" --output "$WORK/nc_out.jsonl" "$WORK/nc.jsonl"
+# (and the response ids number the output lines: consecutive after it;
+# --served-model-name is the responses' "model")
+for c in b c d; do
+    printf '{"custom_id": "%s", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": [5, 6], "max_tokens": 3%s}}\n' \
+        $c "$([ $c = b ] && echo ', "n": 2')"
+done >"$WORK/nc.jsonl"
+run_dcp nc --model "$WORK/m" --served-model-name org/served-name --output "$WORK/nc_out.jsonl" "$WORK/nc.jsonl"
 checks=$((checks + 1))
 if [ "$(cat "$WORK/nc.rc")" = 0 ] && "$BUILD/tests/read_batch_output" "$WORK/nc_out.jsonl" >/dev/null &&
-    [ "$(grep -o '"index":[01]' "$WORK/nc_out.jsonl" | tr -d '\n')" = '"index":0"index":1' ] &&
-    grep -q '"completion_tokens":6,' "$WORK/nc_out.jsonl"; then
-    pass "n 2 in an OpenAI batch body: two choices, usage over both"
+    [ "$(head -1 "$WORK/nc_out.jsonl" | grep -o '"index":[01]' | tr -d '\n')" = '"index":0"index":1' ] &&
+    head -1 "$WORK/nc_out.jsonl" | grep -q '"completion_tokens":6,' &&
+    [ "$(grep -o '^{"id":"dcpinfer-[0-9]*-[0-9]*"' "$WORK/nc_out.jsonl" | sed 's/.*-\([0-9]*\)"$/\1/' | tr '\n' ' ')" = "0 1 2 " ] &&
+    [ "$(grep -c '"model":"org/served-name"' "$WORK/nc_out.jsonl")" = 3 ]; then
+    pass "n 2 in an OpenAI batch body: two choices, usage over both; response ids 0, 1, 2 for its line and the next two; --served-model-name"
 else
     fail "n in a batch body: $(cat "$WORK/nc_out.jsonl" "$WORK/nc.err")"
 fi

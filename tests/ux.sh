@@ -1,5 +1,6 @@
 #!/bin/sh
-# What a user sees around the results: progress under mpirun and on a
+# What a user sees around the results: progress under mpirun (a long
+# prefill's prompt tokens too) and on a
 # terminal, the thread note only when binding limited the threads, DP
 # summaries per group (never concurrent times added up), --version and
 # --help; an output that is an input refused, a Hub id answered with how
@@ -11,7 +12,7 @@ P=$WORK/p.jsonl
 for i in 1 2 3 4; do
     printf '{"id": "r%d", "prompt_token_ids": [1, %d, 3], "max_tokens": 300, "temperature": 0, "ignore_eos": true}\n' $i $i
 done >"$P"
-progress_re='^dcpinfer: [0-4]/4 requests done, [0-9]+ running, [0-9]+ waiting, [0-9.]+ tokens/s, KV [0-9]+% used, [0-9hms]+ elapsed, ETA (<1s|[0-9hms]+)$'
+progress_re='^dcpinfer: [0-4]/4 requests done, [0-9]+ running, [0-9]+ waiting, prompts [0-9]+/12 tokens in, [0-9.]+ tokens/s, KV [0-9]+% used, [0-9hms]+ elapsed, ETA (<1s|[0-9hms]+)$'
 
 # under mpirun stderr is a pipe: plain lines, every --progress-interval
 checks=$((checks + 1))
@@ -34,6 +35,22 @@ if echo "$first" | grep -q '^dcpinfer: 0/4 requests done, 4 running, 0 waiting' 
     pass "progress: from '$first' to '$last'"
 else
     fail "progress: first '$first', last '$last'"
+fi
+
+# a long prompt's prefill shows in the progress: its prompt tokens in, step
+# by step (chunks of --max-num-batched-tokens 64), before its first token
+checks=$((checks + 1))
+printf '{"id": "long", "prompt_token_ids": [%s], "max_tokens": 2}\n' "$(seq 1 600 | awk '{printf "%s%d", (NR > 1 ? ", " : ""), $1 % 500 + 1}')" \
+    >"$WORK/prefill.jsonl"
+run_dcp prefill --progress-interval 0.001 --max-num-batched-tokens 64 --max-num-seqs 4 --output "$WORK/prefill.h5" \
+    "$WORK/prefill.jsonl"
+ins=$(grep -o 'prompts [0-9]*/600 tokens in, 0.0 tokens/s' "$WORK/prefill.err" | cut -d' ' -f2 | cut -d/ -f1 | tr '\n' ' ')
+# (a line per step at most: each a whole chunk more than one before it)
+steady=$(echo "$ins" | awk '{ok = NF >= 3; for (i = 1; i <= NF; i++) if ($i % 64 || (i > 1 && $i <= $(i - 1))) ok = 0; print ok}')
+if [ "$(cat "$WORK/prefill.rc")" = 0 ] && [ "$steady" = 1 ]; then
+    pass "a 600-token prefill in chunks of 64: progress at $ins prompt tokens in"
+else
+    fail "long prefill progress: '$ins' (exit $(cat "$WORK/prefill.rc"))"; head -3 "$WORK/prefill.err" >&2
 fi
 
 # a 30-second run under mpirun with the default settings, its stderr a pipe

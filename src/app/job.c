@@ -397,6 +397,7 @@ static void release_interrupts(void)
 /* One run's state, from its inputs to its report. */
 typedef struct {
     const Options *o;
+    Options resolved;    /* o with -dcp auto resolved for the model (o then points here) */
     MPI_Comm world;
     int rank, world_size, device;
     const Backend *be;
@@ -460,12 +461,21 @@ static int read_inputs(Run *r)
     if (failed_anywhere(r->rank == 0 && (output_check_writable(o->output) || check_output_not_input(o, r->tok_path)),
                         world))
         return EXIT_RUN_FAILED;
-    RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed, o->sampling};
+    /* an OpenAI chat body without max_tokens runs to EOS or the context
+     * limit, as vLLM's chat endpoint, unless --max-tokens says otherwise */
+    RequestDefaults defaults = {o->max_tokens, o->temperature, o->top_p, o->seed, o->sampling,
+                                o->max_tokens_given ? 0 : INT32_MAX};
     if (failed_anywhere(read_prompts(o->prompts, &defaults, o->skip_invalid, &r->rs, world, &r->prompts_hash), world))
         return EXIT_RUN_FAILED;
     Config *cfg = &r->cfg;
-    if (failed_anywhere(model_read_config(o->model, cfg) || model_check_checkpoint(o->model, cfg) ||
-                            topology_check(cfg, r->world_size, o->tp, o->dcp, o->dp, o->interleave, o->block_size) ||
+    if (failed_anywhere(model_read_config(o->model, cfg) || model_check_checkpoint(o->model, cfg), world))
+        return EXIT_RUN_FAILED;
+    if (!o->dcp) { /* -dcp auto: the largest the model allows at this tp */
+        r->resolved = *o;
+        r->resolved.dcp = topology_max_dcp(cfg, o->tp);
+        r->o = o = &r->resolved;
+    }
+    if (failed_anywhere(topology_check(cfg, r->world_size, o->tp, o->dcp, o->dp, o->interleave, o->block_size) ||
                             (o->expert_parallel && expert_parallel_check(cfg, r->world_size)) ||
                             check_step_tokens(o, cfg, r->world_size) ||
                             requests_check_vocab(&r->rs, cfg->vocab_size, o->skip_invalid),
@@ -541,7 +551,7 @@ static int make_identity(Run *r)
     identity_set(id, ID_backend, "%s", r->be->name);
     identity_set(id, ID_cpu_gemm, "%s", r->be->host_memory ? o->cpu_gemm : "-");
     identity_set(id, ID_max_model_len, "%d", r->max_model_len);
-    identity_set(id, ID_max_tokens, "%d", o->max_tokens);
+    identity_set(id, ID_max_tokens, o->max_tokens_given ? "%d" : "%d (chat: the context)", o->max_tokens);
     identity_set(id, ID_temperature, "%.9g", (double)o->temperature);
     identity_set(id, ID_top_p, "%.9g", (double)o->top_p);
     identity_set(id, ID_sampling, "top_k %d min_p %.9g presence %.9g frequency %.9g repetition %.9g", o->sampling.top_k,
@@ -905,7 +915,7 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
     char *identity = identity_json(&r->id);
     RunInfo info = {.reduction_order = r->id.v[ID_reduction_order], .k_chunks = r->model.shard.k_chunks,
                     .key_shards = r->model.shard.key_shards,
-                    .model_path = r->model.path, .cfg = &r->cfg, .max_model_len = r->max_model_len,
+                    .model_path = r->model.path, .served_model_name = o->served_model_name, .cfg = &r->cfg, .max_model_len = r->max_model_len,
                     .world_size = r->world_size, .tp = r->topo.tp, .dcp = r->topo.dcp, .dp = r->topo.dp,
                     .interleave = r->topo.interleave, .dcp_comm_backend = o->dcp_comm_backend,
                     .threads_per_rank = r->threads, .backend = r->be->name, .mpi_buffers = r->mpi_buffers,

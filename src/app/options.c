@@ -21,7 +21,7 @@ enum {
     OPT_MODEL = 256, OPT_TOKENIZER, OPT_OUTPUT, OPT_BACKEND, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_SEED,
     OPT_MAX_MODEL_LEN, OPT_MAX_NUM_SEQS, OPT_MAX_BATCHED, OPT_SKIP_INVALID, OPT_PROGRESS, OPT_NO_PROGRESS,
     OPT_QUIET, OPT_HELP, OPT_VERSION, OPT_CPU_GEMM, OPT_TP, OPT_DCP, OPT_DP, OPT_INTERLEAVE, OPT_DCP_BACKEND, OPT_KV_MEMORY, OPT_BLOCK_SIZE, OPT_MPI_DEVICE_BUFFERS, OPT_DTYPE,
-    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE, OPT_NVFP4_ACT, OPT_GPU_UTIL,
+    OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE, OPT_NVFP4_ACT, OPT_GPU_UTIL, OPT_SERVED_NAME,
     OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER, OPT_TOP_K, OPT_MIN_P,
     OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_PREFIX_CACHING, OPT_NO_PREFIX_CACHING,
     OPT_EXPERT_PARALLEL
@@ -55,6 +55,7 @@ static const struct option long_opts[] = {
     {"kv-cache-dtype", required_argument, 0, OPT_KV_DTYPE},
     {"nvfp4-activations", required_argument, 0, OPT_NVFP4_ACT},
     {"gpu-memory-utilization", required_argument, 0, OPT_GPU_UTIL},
+    {"served-model-name", required_argument, 0, OPT_SERVED_NAME},
     {"max-tokens", required_argument, 0, OPT_MAX_TOKENS},
     {"temperature", required_argument, 0, OPT_TEMPERATURE},
     {"top-p", required_argument, 0, OPT_TOP_P},
@@ -108,6 +109,8 @@ void options_usage(FILE *f)
             "  --reasoning-parser P     deepseek_r1, qwen3 or kimi_k2 (vLLM's parsers): split each\n"
             "                           output into reasoning_content (its think tags' text) and\n"
             "                           content, in the results beside the whole text\n"
+            "  --served-model-name NAME  the \"model\" of OpenAI batch responses (default: the model\n"
+            "                           folder's name), as vLLM's option\n"
             "  --max-model-len N        context limit, prompt + output tokens (default: the model's)\n"
             "  --backend NAME           cpu (default) or cuda (one GPU per rank, chosen from the\n"
             "                           launcher's local rank)\n"
@@ -130,7 +133,9 @@ void options_usage(FILE *f)
             "                           avx512, avx2 or generic; every choice gives the same bits\n"
             "\n"
             "Sampling defaults (a request's own fields win):\n"
-            "  --max-tokens N           tokens to generate per request (default 16)\n"
+            "  --max-tokens N           tokens to generate per request that does not say (default\n"
+            "                           16; an OpenAI chat completion body: to EOS or the context\n"
+            "                           limit, as vLLM's chat endpoint, unless this is given)\n"
             "  --temperature T          0 is greedy (default 1.0)\n"
             "  --top-p P                nucleus sampling mass in (0, 1] (default 1.0)\n"
             "  --top-k K                sample among the K most likely tokens (default 0: all)\n"
@@ -145,7 +150,8 @@ void options_usage(FILE *f)
             "Parallelism (world = dp x tp; DCP splits each TP group's KV cache along the sequence):\n"
             "  -tp, --tensor-parallel-size N      ranks per model replica (default 1)\n"
             "  -dcp, --decode-context-parallel-size N  ranks of a TP group that share a KV head and\n"
-            "                           split its cache by position (default 1; at most tp/kv_heads)\n"
+            "                           split its cache by position (default 1; at most tp/kv_heads;\n"
+            "                           auto: the largest the model allows at this tp)\n"
             "  -dp, --data-parallel-size N        model replicas (default world / tp)\n"
             "  --cp-kv-cache-interleave-size I    consecutive positions per DCP rank (default 1)\n"
             "  --dcp-comm-backend B     ag_rs (default: allgather LSEs + reduce-scatter) or a2a\n"
@@ -198,7 +204,8 @@ void options_usage(FILE *f)
             "                           rewritten in place, or under mpirun/srun; off with --quiet)\n"
             "  --progress-interval S    seconds between progress updates (default: 1 on a\n"
             "                           terminal, 10 for plain lines into a pipe or a Slurm log)\n"
-            "  --quiet                  no per-request lines on stdout\n"
+            "  --quiet                  only the closing summary on stdout: no start-up header\n"
+            "                           (model, layout, KV cache), per-request lines or progress\n"
             "  --help, --version\n"
             "\n"
             "Threads per rank default to the node's cores divided by the ranks on the node;\n"
@@ -292,6 +299,10 @@ int options_parse(Options *o, int argc, char **argv, int flags)
             o->reasoning_parser = reasoning_parser(optarg);
             if (o->reasoning_parser < 0) rc = dcp_fail("--reasoning-parser %s: choose deepseek_r1, qwen3 or kimi_k2", optarg);
             break;
+        case OPT_SERVED_NAME:
+            if (!*optarg) rc = dcp_fail("--served-model-name: an empty name");
+            o->served_model_name = optarg;
+            break;
         case OPT_OUTPUT: o->output = optarg; break;
         case OPT_OUTPUT_FORMAT:
             if (strcmp(optarg, "hdf5") && strcmp(optarg, "jsonl"))
@@ -302,7 +313,10 @@ int options_parse(Options *o, int argc, char **argv, int flags)
         case OPT_CPU_GEMM: o->cpu_gemm = optarg; break;
         case OPT_CPU_ISA: o->cpu_isa = optarg; break;
         case OPT_TP: rc = parse_int("-tp", optarg, 1, 1 << 16, &o->tp); break;
-        case OPT_DCP: rc = parse_int("-dcp", optarg, 1, 1 << 16, &o->dcp); break;
+        case OPT_DCP: /* auto: 0 here, the largest the model allows (topology_max_dcp) once it is read */
+            if (!strcmp(optarg, "auto")) o->dcp = 0;
+            else rc = parse_int("-dcp", optarg, 1, 1 << 16, &o->dcp);
+            break;
         case OPT_DP: rc = parse_int("-dp", optarg, 1, 1 << 16, &o->dp); break;
         case OPT_INTERLEAVE: rc = parse_int("--cp-kv-cache-interleave-size", optarg, 0, 1 << 16, &o->interleave); break;
         case OPT_KV_MEMORY:
@@ -349,7 +363,10 @@ int options_parse(Options *o, int argc, char **argv, int flags)
             if (strcmp(optarg, "ag_rs") && strcmp(optarg, "a2a"))
                 rc = dcp_fail("--dcp-comm-backend %s: choose ag_rs or a2a", optarg);
             break;
-        case OPT_MAX_TOKENS: rc = parse_int("--max-tokens", optarg, 1, 1 << 30, &o->max_tokens); break;
+        case OPT_MAX_TOKENS:
+            rc = parse_int("--max-tokens", optarg, 1, 1 << 30, &o->max_tokens);
+            o->max_tokens_given = 1;
+            break;
         case OPT_TEMPERATURE:
             rc = parse_float("--temperature", optarg, 0, 1e6f, 0, &o->temperature);
             o->temperature = request_temperature(o->temperature);

@@ -65,6 +65,7 @@ typedef struct {
 
 typedef struct {
     const char *model_path;
+    const char *served_model_name; /* OpenAI responses' "model" (NULL: model_path's last part) */
     const Config *cfg;
     int max_model_len;
     int world_size, tp, dcp, dp;

@@ -207,7 +207,7 @@ static json_t *chat_choice(const RunInfo *in, const Request *q, const Result *r,
 /* One line of the OpenAI batch output form:
  * {"id", "custom_id", "response": {"status_code", "request_id", "body"} | null, "error": {"code", "message"} | null} */
 static json_t *batch_line(const RunInfo *in, const Request *q, const Result *r, const char *text, const Tokenizer *tok,
-                          long created, int index)
+                          long created, int index) /* index: the output line's, which the id numbers */
 {
     char rid[64];
     snprintf(rid, sizeof rid, "dcpinfer-%ld-%d", created, index);
@@ -244,7 +244,9 @@ static json_t *batch_line(const RunInfo *in, const Request *q, const Result *r, 
     json_object_set_new(body, "id", json_string(body_id));
     json_object_set_new(body, "object", json_string(q->chat_api ? "chat.completion" : "text_completion"));
     json_object_set_new(body, "created", json_integer(created));
-    json_object_set_new(body, "model", json_string(slash && slash[1] ? slash + 1 : in->model_path));
+    json_object_set_new(body, "model", json_string(in->served_model_name ? in->served_model_name
+                                                   : slash && slash[1]                ? slash + 1
+                                                                                      : in->model_path));
     json_object_set_new(body, "choices", choices);
     json_object_set_new(body, "usage", usage(q, r));
     json_object_set_new(resp, "status_code", json_integer(200));
@@ -255,23 +257,24 @@ static json_t *batch_line(const RunInfo *in, const Request *q, const Result *r, 
     return o;
 }
 
-/* A line's n sequences (n > 1: requests i..i+n-1) as one result: in the
- * own form a "choices" array (index, text, token_ids, finish_reason,
- * stop_reason and the per-sequence fields), in the OpenAI forms the body's
- * choices; usage counts the prompt once and every sequence's tokens. */
+/* A line's n sequences (n > 1: requests i..i+n-1) as one result, output
+ * line `line`: in the own form a "choices" array (index, text, token_ids,
+ * finish_reason, stop_reason and the per-sequence fields), in the OpenAI
+ * forms the body's choices; usage counts the prompt once and every
+ * sequence's tokens. */
 static json_t *choices_line(const RunInfo *in, const RequestSet *rs, const Result *res, char *const *texts,
-                            const Tokenizer *tok, long created, int i)
+                            const Tokenizer *tok, long created, int i, int line)
 {
     const Request *q = &rs->r[i];
     int n = q->n_choices;
     long completion = 0;
     for (int k = 0; k < n; k++) completion += res[i + k].n;
     if (rs->batch) {
-        json_t *o = batch_line(in, q, &res[i], texts[i], tok, created, i), *body;
+        json_t *o = batch_line(in, q, &res[i], texts[i], tok, created, line), *body;
         if (!(body = json_object_get(json_object_get(o, "response"), "body"))) return o; /* failed: one error */
         json_t *choices = json_object_get(body, "choices");
         for (int k = 1; k < n; k++) {
-            json_t *other = batch_line(in, &rs->r[i + k], &res[i + k], texts[i + k], tok, created, i + k);
+            json_t *other = batch_line(in, &rs->r[i + k], &res[i + k], texts[i + k], tok, created, line);
             json_t *c = json_array_get(json_object_get(json_object_get(json_object_get(other, "response"), "body"),
                                                        "choices"),
                                        0);
@@ -311,11 +314,14 @@ int output_write_jsonl(const char *path, const RunInfo *info, const RequestSet *
     char *buf = NULL;
     size_t len = 0, cap = 0;
     long created = (long)time(NULL);
-    for (int i = 0; i < rs->n; i++) {
+    /* response ids number the output lines: consecutive, a line of n
+     * sequences taking one */
+    for (int i = 0, ln = 0; i < rs->n; i++) {
         if (rs->r[i].choice) continue; /* in its first sequence's line */
-        json_t *o = rs->r[i].n_choices > 1 ? choices_line(info, rs, res, texts, tok, created, i)
-                    : rs->batch ? batch_line(info, &rs->r[i], &res[i], texts[i], tok, created, i)
+        json_t *o = rs->r[i].n_choices > 1 ? choices_line(info, rs, res, texts, tok, created, i, ln)
+                    : rs->batch ? batch_line(info, &rs->r[i], &res[i], texts[i], tok, created, ln)
                                 : own_line(info, &rs->r[i], &res[i], texts[i], tok);
+        ln++;
         char *line = json_dumps(o, JSON_COMPACT);
         json_decref(o);
         size_t n = strlen(line);

@@ -280,11 +280,17 @@ static void print_progress(const GenOptions *o, const Scheduler *sch, long gener
 {
     const RequestSet *rs = sch->rs;
     long left = 0;
-    for (int i = 0; i < rs->n; i++)
+    long long prompt = 0, prefilled = 0; /* prompt positions, and those with their K/V stored (or finished) */
+    for (int i = 0; i < rs->n; i++) {
+        if (rs->r[i].error) continue;
+        int n = rs->r[i].n_prompt, c = sch->seq[i].computed;
+        prompt += n;
+        prefilled += sch->res[i].finish_reason ? n : c < n ? c : n;
         if (!sch->res[i].finish_reason) {
             long cap = (long)sch->max_model_len - rs->r[i].n_prompt, want = rs->r[i].max_tokens;
             left += (want < cap ? want : cap) - sch->res[i].n;
         }
+    }
     double rate = elapsed > 0 ? generated / elapsed : 0.0;
     char eta[32] = "?", took[32], group[48] = "";
     if (left <= 0) strcpy(eta, "0s");
@@ -293,10 +299,10 @@ static void print_progress(const GenOptions *o, const Scheduler *sch, long gener
     format_duration(took, sizeof took, elapsed);
     if (o->dp > 1) snprintf(group, sizeof group, "DP group %d of %d: ", o->dp_rank, o->dp);
     int terminal = o->progress == PROGRESS_TERMINAL;
-    fprintf(stderr, "%sdcpinfer: %s%d/%d requests done, %d running, %d waiting, %.1f tokens/s, KV %.0f%% used, "
-                    "%s elapsed, ETA %s%s",
-            terminal ? "\r\033[K" : "", group, sch->done, rs->n, sch->n_running, sch->tail - sch->head, rate, kv_pct,
-            took, eta, terminal ? "" : "\n");
+    fprintf(stderr, "%sdcpinfer: %s%d/%d requests done, %d running, %d waiting, prompts %lld/%lld tokens in, "
+                    "%.1f tokens/s, KV %.0f%% used, %s elapsed, ETA %s%s",
+            terminal ? "\r\033[K" : "", group, sch->done, rs->n, sch->n_running, sch->tail - sch->head, prefilled,
+            prompt, rate, kv_pct, took, eta, terminal ? "" : "\n");
     fflush(stderr);
 }
 

@@ -111,6 +111,8 @@ static json_t *template_message(json_t *m, size_t i, char **err)
         {
             const char *type = json_string_value(json_object_get(part, "type"));
             json_t *text = json_object_get(part, "text");
+            if (json_is_object(part) && type && !strcmp(type, "text") && !json_is_string(text))
+                return *err = msg("messages[%zu].content[%zu] is a text part without a string \"text\"", i, k), NULL;
             if (!json_is_object(part) || (type && strcmp(type, "text")) || !json_is_string(text))
                 return *err = msg("messages[%zu].content[%zu] is not a text part (%s): dcpinfer takes text only", i, k,
                                   type ? type : "no \"type\""),

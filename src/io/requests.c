@@ -260,7 +260,8 @@ static int parse_fields(json_t *o, Request *r, const char *const *keys, const ch
     }
     if ((v = mt && !json_is_null(mt) ? mt : mct) && !json_is_null(v)) {
         if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX) {
-            snprintf(why, wn, "\"%s\" must be a positive integer", v == mt ? "max_tokens" : "max_completion_tokens");
+            snprintf(why, wn, "\"%s\" must be an integer from 1 to 2147483647",
+                     v == mt ? "max_tokens" : "max_completion_tokens");
             return -1;
         }
         r->max_tokens = (int)json_integer_value(v);
@@ -347,7 +348,9 @@ static char *id_text(json_t *v)
     return xstrdup(buf);
 }
 
-static int parse_line(json_t *o, Request *r, char *why, size_t wn)
+/* One line into r; chat_max_tokens (when nonzero) is the max_tokens of an
+ * OpenAI chat completion body that gives none */
+static int parse_line(json_t *o, Request *r, int chat_max_tokens, char *why, size_t wn)
 {
     if (!json_is_object(o)) {
         snprintf(why, wn, "a request must be a JSON object");
@@ -383,6 +386,7 @@ static int parse_line(json_t *o, Request *r, char *why, size_t wn)
             snprintf(why, wn, "a \"/v1/chat/completions\" body needs \"messages\"");
             return -1;
         }
+        if (r->chat_api && chat_max_tokens) r->max_tokens = chat_max_tokens;
         return parse_fields(body, r, r->chat_api ? chat_body_keys : body_keys, " in \"body\"", why, wn);
     }
     return parse_fields(o, r, plain_keys, "", why, wn);
@@ -479,8 +483,11 @@ int requests_parse(const char *path, const char *data, size_t size, const Reques
         json_t *o = nul ? NULL : json_loadb(line, len, 0, &jerr);
         if (nul) snprintf(why, sizeof why, "a NUL byte at column %ld (binary data in the prompt file?)",
                           (long)(nul - line) + 1);
+        else if (!o && strstr(jerr.text, "\\u0000")) /* the JSON library's words name its own flag */
+            snprintf(why, sizeof why, "a \\u0000 (NUL) character in a string at column %d: prompts and texts cannot "
+                                      "hold one", jerr.column);
         else if (!o) snprintf(why, sizeof why, "invalid JSON: %s (column %d)", jerr.text, jerr.column);
-        else parse_line(o, r, why, sizeof why);
+        else parse_line(o, r, d->chat_max_tokens, why, sizeof why);
         json_decref(o);
         if (!r->id) {
             char buf[32];
@@ -538,7 +545,14 @@ int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid)
     for (int i = 0; i < set->n; i++) {
         Request *r = &set->r[i];
         if (r->error) continue;
-        for (int j = 0; j < r->n_bias; j++) {
+        for (int j = 0; j < r->n_stop; j++) { /* as logit_bias: an id the model cannot give is a mistake */
+            if (r->stop_ids[j] >= 0 && r->stop_ids[j] < vocab) continue;
+            request_fail(r, "%s:%d: \"stop_token_ids\" names token %d, outside the vocabulary [0, %d)", set->path,
+                         r->line, r->stop_ids[j], vocab);
+            if (!skip_invalid) return dcp_fail("%s", r->error);
+            break;
+        }
+        for (int j = 0; j < r->n_bias && !r->error; j++) {
             if (r->bias_ids[j] < vocab) continue;
             request_fail(r, "%s:%d: \"logit_bias\" names token %d, outside the vocabulary [0, %d)", set->path, r->line,
                          r->bias_ids[j], vocab);

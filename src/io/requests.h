@@ -25,6 +25,9 @@ typedef struct {
     float top_p;
     uint64_t seed; /* run seed; a request without "seed" derives its own from it */
     SamplingExtra x;
+    /* an OpenAI chat completion body without max_tokens: this many (vLLM:
+     * to EOS or the context limit, INT32_MAX here); 0: max_tokens */
+    int chat_max_tokens;
 } RequestDefaults;
 
 typedef struct {
