@@ -82,7 +82,8 @@ enum {
     F_RANGE, F_NAMESPACE, F_RAISE, F_STRFTIME, F_DICT,                                /* globals */
     F_SPLIT, F_STRIP, F_LSTRIP, F_RSTRIP, F_STARTSWITH, F_ENDSWITH, F_UPPER, F_LOWER, /* str */
     F_REPLACE, F_GET, F_ITEMS, F_KEYS, F_VALUES,                                      /* str, dict */
-    F_UNSAFE                                                                          /* mutators */
+    F_UNSAFE,                                                                         /* mutators */
+    F_UNSUPPORTED /* Python's methods the engine does not implement */
 };
 static const char *const globals[] = {"range", "namespace", "raise_exception", "strftime_now", "dict", NULL};
 static const char *const str_methods[] = {"split",      "strip",    "lstrip", "rstrip", "startswith",
@@ -92,6 +93,17 @@ static const char *const dict_methods[] = {"get", "items", "keys", "values", NUL
  * them when called, and so does the engine */
 static const char *const unsafe_methods[] = {"append", "pop",  "extend", "insert",     "remove", "update", "clear",
                                              "sort",   "reverse", "setdefault", "popitem", "add", NULL};
+
+/* the rest of Python's str, dict and list methods: jinja2 finds them (so
+ * they are defined), the engine refuses to call or print them */
+static const char *const py_str_methods[] = {
+    "capitalize", "casefold", "center", "count", "encode", "expandtabs", "find", "format", "format_map", "index",
+    "isalnum", "isalpha", "isascii", "isdecimal", "isdigit", "isidentifier", "islower", "isnumeric",
+    "isprintable", "isspace", "istitle", "isupper", "join", "ljust", "maketrans", "partition", "removeprefix",
+    "removesuffix", "rfind", "rindex", "rjust", "rpartition", "rsplit", "splitlines", "swapcase", "title",
+    "translate", "zfill", NULL};
+static const char *const py_dict_methods[] = {"copy", "fromkeys", NULL};
+static const char *const py_list_methods[] = {"copy", "count", "index", NULL};
 
 static inline int in_list(const char *const *list, const char *s)
 {
@@ -106,10 +118,21 @@ typedef struct {
     time_t now; /* strftime_now's clock */
     Val *none, *yes, *no;
     long steps;
+    int line; /* the line being evaluated, for an error that has none (memory, output) */
     int depth;
-    char *out; /* the output being written (arena) */
+    char *out; /* the output being written: the template's own on the heap (top), a capture's
+                * (a macro call, a set block, a string built) in the arena */
     size_t n, cap;
+    int top;      /* out is the template's output */
+    char *top_out; /* the template's output buffer, freed by an error wherever it happens */
 } Ctx;
+
+/* a capture: output redirected into a fresh string, then restored */
+typedef struct {
+    char *out;
+    size_t n, cap;
+    int top;
+} Capture;
 
 /* json.dumps's options */
 typedef struct {
@@ -128,6 +151,13 @@ enum {
     E_BINARY, E_CONCAT, E_AND, E_OR, E_NOT, E_COND, E_COMPARE
 };
 
+/* Node.flags */
+enum {
+    USES_VARARGS = 1, /* a macro whose body names varargs: extra positional arguments go there */
+    USES_KWARGS = 2,  /* ... names kwargs: extra keyword arguments go there */
+    UNKNOWN = 4       /* a filter or test the engine lacks, inside an if: refused when evaluated, as jinja2 does */
+};
+
 struct Node {
     int k, line;
     const char *name; /* E_NAME, E_ATTR, E_FILTER, E_TEST, N_SET*, N_MACRO; E_BINARY, E_COMPARE: operators */
@@ -138,6 +168,7 @@ struct Node {
     const char **kw; /* keyword arguments' names; N_FOR: the loop's targets; N_MACRO/N_CALL_BLOCK: parameters */
     int nkw;
     int negate;        /* E_TEST: "is not" */
+    int flags;         /* N_MACRO: USES_VARARGS, USES_KWARGS; E_FILTER, E_TEST: UNKNOWN */
     const char **ops;  /* E_COMPARE: the operators between v[0], v[1], ... */
     Val *val;          /* E_CONST */
 };
@@ -156,12 +187,15 @@ typedef struct Test Test;
 /* jinja_value.c */
 void __attribute__((noreturn, format(printf, 2, 3))) arena_fail(Arena *a, const char *fmt, ...);
 void *arena_alloc(Arena *a, size_t n);
+char *at_line(char *err, const char *name, int line);
 char *arena_dup(Arena *a, const char *s, size_t n);
 void arena_free(Arena *a);
 int dict_find(Ctx *C, const Val *d, const Val *key);
 int dict_find_str(const Val *d, const char *key);
 void dict_set(Ctx *C, Val *d, Val *key, Val *x);
 void emit(Ctx *C, const char *s, size_t n);
+void capture_begin(Ctx *C, Capture *s);
+Val *capture_end(Ctx *C, const Capture *s);
 Val *from_json(Ctx *C, json_t *j);
 void json_dump(Ctx *C, const Val *v, const JsonOpts *o, int level);
 void list_push(Ctx *C, Val *l, Val *x);

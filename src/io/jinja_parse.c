@@ -36,9 +36,16 @@ typedef struct {
     int n, cap, at;
     int depth;
     int loops; /* for loops around the statement being parsed */
+    int soft;  /* inside an if or a conditional expression (jinja2's soft frame, which a for loop,
+                * a macro, a call block and a set block leave): an unknown filter or test there is
+                * refused when evaluated, elsewhere now */
+    Node **pending; /* unknown filters and tests outside a soft frame, refused (settle) unless the
+                     * expression they are in turns out to be a conditional one */
+    int n_pending, cap_pending;
+    int names; /* USES_VARARGS, USES_KWARGS: the macro body being parsed names them */
     /* names the template calls as functions, checked against its macros at the end */
-    const char **calls;
-    int *call_lines, n_calls;
+    struct Call **calls; /* the names called, checked against the macros when the parse ends */
+    int n_calls;
     const char **macros;
     int n_macros;
 } Parser;
@@ -298,19 +305,25 @@ static Node *node(Parser *P, int k, int line)
     return n;
 }
 
+/* An array of n pointers in the arena, room for one more: it doubles when
+ * n reaches a power of two, so a long list costs twice its size, not its
+ * square (the arena frees nothing before the end). */
+static void *grow(Parser *P, void *v, int n)
+{
+    if (n & (n - 1)) return v; /* room left */
+    void *w = arena_alloc(&P->a, sizeof(void *) * (size_t)(n ? 2 * n : 1));
+    if (n) memcpy(w, v, sizeof(void *) * (size_t)n);
+    return w;
+}
 static void add_kid(Parser *P, Node *n, Node *kid)
 {
-    Node **v = arena_alloc(&P->a, sizeof(Node *) * (size_t)(n->nv + 1));
-    if (n->nv) memcpy(v, n->v, sizeof(Node *) * (size_t)n->nv);
-    v[n->nv++] = kid;
-    n->v = v;
+    n->v = grow(P, n->v, n->nv);
+    n->v[n->nv++] = kid;
 }
 static void add_name(Parser *P, const char ***list, int *n, const char *name)
 {
-    const char **v = arena_alloc(&P->a, sizeof(char *) * (size_t)(*n + 1));
-    if (*n) memcpy(v, *list, sizeof(char *) * (size_t)*n);
-    v[(*n)++] = name;
-    *list = v;
+    *list = grow(P, (void *)*list, *n);
+    (*list)[(*n)++] = name;
 }
 
 static Tok *cur(Parser *P) { return &P->t[P->at]; }
@@ -371,7 +384,10 @@ static void parse_args(Parser *P, Node *n)
         if (n->nv) expect_op(P, ",");
         if (is_op(P, ")")) break; /* a trailing comma */
         if (cur(P)->k == K_NAME && P->t[P->at + 1].k == K_OP && !strcmp(P->t[P->at + 1].p, "=")) {
-            add_name(P, &n->kw, &n->nkw, next(P)->p);
+            const char *kw = next(P)->p;
+            for (int i = 0; i < n->nkw; i++)
+                if (!strcmp(n->kw[i], kw)) perr(P, cur(P)->line, "keyword argument repeated: %s", kw);
+            add_name(P, &n->kw, &n->nkw, kw);
             next(P);
         } else if (n->nkw) perr(P, cur(P)->line, "a positional argument follows a keyword argument");
         add_kid(P, n, parse_expr(P));
@@ -396,6 +412,8 @@ static Node *parse_primary(Parser *P)
         }
         n = node(P, E_NAME, t->line);
         n->name = t->p;
+        if (!strcmp(t->p, "varargs")) P->names |= USES_VARARGS;
+        if (!strcmp(t->p, "kwargs")) P->names |= USES_KWARGS;
         return n;
     }
     if (t->k == K_STR) { /* adjacent literals join */
@@ -467,14 +485,18 @@ static Node *parse_primary(Parser *P)
     perr(P, t->line, "unexpected %s in an expression", tok_text(t));
 }
 
+/* a call by name, checked when the parse ends (macros may come later) */
+typedef struct Call {
+    const char *name;
+    int line, soft; /* soft: in a soft frame, where it fails only when called (undefined) */
+} Call;
+
 static void note_call(Parser *P, const char *name, int line)
 {
-    int n = P->n_calls;
-    add_name(P, &P->calls, &P->n_calls, name);
-    int *l = arena_alloc(&P->a, sizeof(int) * (size_t)(n + 1));
-    if (n) memcpy(l, P->call_lines, sizeof(int) * (size_t)n);
-    l[n] = line;
-    P->call_lines = l;
+    P->calls = grow(P, P->calls, P->n_calls);
+    Call *c = arena_alloc(&P->a, sizeof *c);
+    c->name = name, c->line = line, c->soft = P->soft;
+    P->calls[P->n_calls++] = c;
 }
 
 static Node *parse_postfix(Parser *P, Node *n)
@@ -525,11 +547,7 @@ static Node *parse_postfix(Parser *P, Node *n)
             /* what may be called: the engine's globals, the template's
              * macros, the methods it knows */
             if (n->k == E_NAME) note_call(P, n->name, line);
-            else if (n->k == E_ATTR) {
-                if (in_list(str_methods, n->name) < 0 && in_list(dict_methods, n->name) < 0 &&
-                    in_list(unsafe_methods, n->name) < 0)
-                    perr(P, line, "the method '%s' is not supported", n->name);
-            } else perr(P, line, "only names and methods can be called");
+            else if (n->k != E_ATTR) perr(P, line, "only names and methods can be called");
             n = a;
         } else {
             P->depth = depth;
@@ -538,13 +556,35 @@ static Node *parse_postfix(Parser *P, Node *n)
     }
 }
 
+/* A filter or test the engine lacks: refused when evaluated inside a soft
+ * frame, at parse time elsewhere (settle), as jinja2 does */
+static void unknown(Parser *P, Node *n)
+{
+    n->flags |= UNKNOWN;
+    if (P->soft) return;
+    if (P->n_pending == P->cap_pending) {
+        int cap = P->cap_pending ? 2 * P->cap_pending : 8;
+        Node **v = arena_alloc(&P->a, sizeof(Node *) * (size_t)cap);
+        if (P->n_pending) memcpy(v, P->pending, sizeof(Node *) * (size_t)P->n_pending);
+        P->pending = v, P->cap_pending = cap;
+    }
+    P->pending[P->n_pending++] = n;
+}
+
+static void settle(Parser *P)
+{
+    if (!P->n_pending) return;
+    const Node *n = P->pending[0];
+    perr(P, n->line, "the %s '%s' is not supported", n->k == E_FILTER ? "filter" : "test", n->name);
+}
+
 static Node *parse_filter(Parser *P, Node *n)
 {
     int line = cur(P)->line;
     next(P); /* | */
     Node *f = node(P, E_FILTER, line);
     f->a = n, f->name = expect_name(P);
-    if (!find_filter(f->name)) perr(P, line, "the filter '%s' is not supported", f->name);
+    if (!find_filter(f->name)) unknown(P, f);
     if (is_op(P, "(")) {
         next(P);
         parse_args(P, f);
@@ -569,7 +609,7 @@ static Node *parse_test(Parser *P, Node *n)
     if (is_name(P, "not")) next(P), t->negate = 1;
     if (cur(P)->k == K_OP && (is_op(P, "==") || is_op(P, "!="))) t->name = next(P)->p;
     else t->name = expect_name(P);
-    if (!find_test(t->name)) perr(P, line, "the test '%s' is not supported", t->name);
+    if (!find_test(t->name)) unknown(P, t);
     if (is_op(P, "(")) {
         next(P);
         parse_args(P, t);
@@ -712,15 +752,21 @@ static Node *parse_expr(Parser *P)
 {
     int line = cur(P)->line;
     if (++P->depth > JINJA_MAX_DEPTH) perr(P, line, "expressions nest more than %d deep", JINJA_MAX_DEPTH);
+    int pending = P->n_pending, calls = P->n_calls;
     Node *n = parse_or(P);
-    while (is_name(P, "if")) { /* a if cond else b */
+    while (is_name(P, "if")) { /* a if cond else b: a soft frame, as an if statement's */
         next(P);
+        P->n_pending = pending; /* the value part is in it too */
+        for (int i = calls; i < P->n_calls; i++) P->calls[i]->soft = 1;
+        int soft = P->soft;
+        P->soft = 1;
         Node *c = node(P, E_COND, line);
         c->a = n, c->b = parse_or(P);
         if (is_name(P, "else")) {
             next(P);
             c->c = parse_expr(P);
         }
+        P->soft = soft;
         n = c;
     }
     P->depth--;
@@ -747,7 +793,9 @@ static Node *parse_statement(Parser *P)
     int line = next(P)->line; /* {% */
     const char *name = expect_name(P);
     Node *n;
+    int soft = P->soft;
     if (!strcmp(name, "if")) {
+        P->soft = 1;
         n = node(P, N_IF, line);
         n->a = parse_expr(P);
         expect_kind(P, K_BEND);
@@ -774,15 +822,22 @@ static Node *parse_statement(Parser *P)
                 break;
             }
         }
+        P->soft = soft;
         return n;
     }
     if (!strcmp(name, "for")) {
         n = node(P, N_FOR, line);
-        add_name(P, &n->kw, &n->nkw, expect_name(P));
-        while (is_op(P, ",")) next(P), add_name(P, &n->kw, &n->nkw, expect_name(P));
+        do {
+            if (n->nkw) next(P);
+            const char *target = expect_name(P);
+            if (!strcmp(target, "loop")) perr(P, line, "can't assign to the special loop variable in a for loop's target");
+            add_name(P, &n->kw, &n->nkw, target);
+        } while (is_op(P, ","));
         if (!is_name(P, "in")) perr(P, cur(P)->line, "expected 'in' in a for loop");
         next(P);
         n->a = parse_or(P); /* the iterable: no conditional expression, its 'if' filters */
+        settle(P);
+        P->soft = 0; /* the loop's own frame */
         if (is_name(P, "if")) next(P), n->d = parse_expr(P);
         if (is_name(P, "recursive")) perr(P, line, "recursive for loops are not supported");
         expect_kind(P, K_BEND);
@@ -797,10 +852,12 @@ static Node *parse_statement(Parser *P)
             n->c = parse_body(P, end);
         }
         end_tag(P, "endfor");
+        P->soft = soft;
         return n;
     }
     if (!strcmp(name, "set")) {
         const char *target = expect_name(P);
+        if (P->loops && !strcmp(target, "loop")) perr(P, line, "can't assign to the special loop variable inside a for loop");
         if (is_op(P, ".")) {
             next(P);
             n = node(P, N_SET_ATTR, line);
@@ -817,7 +874,9 @@ static Node *parse_statement(Parser *P)
             n = node(P, N_SET_BLOCK, line);
             n->name = target;
             static const char *const end[] = {"endset", NULL};
+            P->soft = 0;
             n->b = parse_body(P, end);
+            P->soft = soft;
             end_tag(P, "endset");
             return n;
         } else perr(P, line, "this form of set is not supported (one name, name.attribute, or a block)");
@@ -828,11 +887,15 @@ static Node *parse_statement(Parser *P)
         int is_macro = name[0] == 'm';
         n = node(P, is_macro ? N_MACRO : N_CALL_BLOCK, line);
         if (is_macro) n->name = expect_name(P);
+        P->soft = 0; /* the macro's own frame */
         if (is_macro || is_op(P, "(")) { /* parameters, with defaults */
             expect_op(P, "(");
             while (!is_op(P, ")")) {
                 if (n->nkw) expect_op(P, ",");
-                add_name(P, &n->kw, &n->nkw, expect_name(P));
+                const char *param = expect_name(P);
+                for (int i = 0; i < n->nkw; i++)
+                    if (!strcmp(n->kw[i], param)) perr(P, line, "duplicate argument '%s' in a macro's definition", param);
+                add_name(P, &n->kw, &n->nkw, param);
                 Node *def = NULL;
                 if (is_op(P, "=")) next(P), def = parse_expr(P);
                 else if (n->nv) perr(P, line, "a parameter without a default follows one with a default");
@@ -845,12 +908,19 @@ static Node *parse_statement(Parser *P)
         }
         if (is_macro) add_name(P, &P->macros, &P->n_macros, n->name);
         else {
+            P->soft = soft; /* the call itself is in the enclosing frame */
             n->a = parse_expr(P);
+            P->soft = 0;
             if (n->a->k != E_CALL) perr(P, line, "call needs a macro call");
         }
         expect_kind(P, K_BEND);
         const char *const end[] = {is_macro ? "endmacro" : "endcall", NULL};
+        int names = P->names;
+        P->names = 0;
         n->b = parse_body(P, end);
+        n->flags = P->names;
+        P->names |= names; /* a nested macro's names count for the one around it too, as in jinja2 */
+        P->soft = soft;
         end_tag(P, end[0]);
         return n;
     }
@@ -902,6 +972,7 @@ static Node *parse_body(Parser *P, const char *const *stops)
                 perr(P, t->line, "unexpected '%s'", name);
             add_kid(P, body, parse_statement(P));
         } else perr(P, t->line, "unexpected %s", tok_text(t));
+        settle(P);
     }
     P->depth--;
     return body;
@@ -915,7 +986,7 @@ JinjaTemplate *jinja_parse(const char *name, const char *src, size_t len, char *
     P->name = name;
     *err = NULL;
     if (setjmp(jb)) {
-        *err = P->a.err;
+        *err = at_line(P->a.err, name, P->n ? P->t[P->at < P->n ? P->at : P->n - 1].line : 1);
         arena_free(&P->a);
         free(P);
         return NULL;
@@ -923,9 +994,10 @@ JinjaTemplate *jinja_parse(const char *name, const char *src, size_t len, char *
     lex(P, src, len);
     Node *root = parse_body(P, NULL);
     for (int i = 0; i < P->n_calls; i++) {
-        int known = in_list(globals, P->calls[i]) >= 0 || !strcmp(P->calls[i], "caller");
-        for (int m = 0; m < P->n_macros && !known; m++) known = !strcmp(P->macros[m], P->calls[i]);
-        if (!known) perr(P, P->call_lines[i], "the function '%s' is not supported", P->calls[i]);
+        const Call *c = P->calls[i];
+        int known = in_list(globals, c->name) >= 0 || !strcmp(c->name, "caller");
+        for (int m = 0; m < P->n_macros && !known; m++) known = !strcmp(P->macros[m], c->name);
+        if (!known && !c->soft) perr(P, c->line, "the function '%s' is not supported", c->name);
     }
     JinjaTemplate *t = xcalloc(1, sizeof *t);
     t->a = P->a, t->root = root, t->name = xstrdup(name);

@@ -68,6 +68,7 @@ static void __attribute__((noreturn)) undefined_error(Ctx *C, const Val *v, int 
 
 static void step(Ctx *C, int line)
 {
+    C->line = line;
     if (++C->steps > JINJA_MAX_STEPS) rfail(C, line, "the template runs more than %ld steps", JINJA_MAX_STEPS);
 }
 
@@ -101,7 +102,7 @@ static Val *lookup(Ctx *C, Frame *f, const char *name)
     int g = in_list(globals, name);
     if (g >= 0) {
         Val *v = mk(C, V_FUNC);
-        v->fn.id = g;
+        v->fn.id = g, v->what = globals[g];
         return v;
     }
     return mk_undef(C, afmt(C, "'%s' is undefined", name));
@@ -254,6 +255,7 @@ static Val *get_attr(Ctx *C, Val *obj, const char *name, int line)
     case V_DICT:
         if ((m = in_list(dict_methods, name)) >= 0) return method(C, obj, F_GET + m, name);
         if (in_list(unsafe_methods, name) >= 0) return method(C, obj, F_UNSAFE, name);
+        if (in_list(py_dict_methods, name) >= 0) return method(C, obj, F_UNSUPPORTED, name);
         if ((m = dict_find_str(obj, name)) >= 0) return obj->d.v[m];
         return mk_undef(C, afmt(C, "'dict object' has no attribute '%s'", name));
     case V_NS:
@@ -261,9 +263,14 @@ static Val *get_attr(Ctx *C, Val *obj, const char *name, int line)
         return mk_undef(C, afmt(C, "'Namespace object' has no attribute '%s'", name));
     case V_STR:
         if ((m = in_list(str_methods, name)) >= 0) return method(C, obj, F_SPLIT + m, name);
+        if (in_list(py_str_methods, name) >= 0) return method(C, obj, F_UNSUPPORTED, name);
         break;
     case V_LIST:
         if (in_list(unsafe_methods, name) >= 0) return method(C, obj, F_UNSAFE, name);
+        if (in_list(py_list_methods, name) >= 0) return method(C, obj, F_UNSUPPORTED, name);
+        break;
+    case V_MACRO:
+        if (!strcmp(name, "name")) return obj->m.def->name ? mk_str(C, obj->m.def->name, strlen(obj->m.def->name)) : C->none;
         break;
     case V_LOOP: {
         const Val *l = obj->loop.items;
@@ -279,6 +286,7 @@ static Val *get_attr(Ctx *C, Val *obj, const char *name, int line)
         if (!strcmp(name, "depth0")) return mk_int(C, 0);
         if (!strcmp(name, "previtem") && i > 0) return l->l.v[i - 1];
         if (!strcmp(name, "nextitem") && i + 1 < n) return l->l.v[i + 1];
+        if (!strcmp(name, "cycle") || !strcmp(name, "changed")) return method(C, obj, F_UNSUPPORTED, name);
         break;
     }
     default: break;
@@ -403,6 +411,8 @@ static Val *arith(Ctx *C, const char *op, Val *a, Val *b, int line)
                 }
                 return mk_int(C, acc);
             }
+            if (p == 0 && q < 0) rfail(C, line, "ZeroDivisionError: 0.0 cannot be raised to a negative power");
+            if (p < 0 && q != floor(q)) rfail(C, line, "a negative number to a fractional power (a complex number) is not supported");
             return mk_float(C, pow(p, q));
         }
         if (q == 0) rfail(C, line, "ZeroDivisionError: division by zero");
@@ -436,13 +446,21 @@ static Val *arith(Ctx *C, const char *op, Val *a, Val *b, int line)
     }
     if (o == '*' && !two && ((a->t == V_STR || a->t == V_LIST) && (b->t == V_INT || b->t == V_BOOL))) {
         long long k = inum(b);
-        Val *r = a->t == V_STR ? mk_str(C, "", 0) : mk(C, V_LIST);
+        if (a->t == V_STR) { /* one string of k copies */
+            if (k <= 0 || !a->s.n) return mk_str(C, "", 0);
+            if ((unsigned long long)k > JINJA_MAX_OUTPUT / a->s.n)
+                rfail(C, line, "a string grows past %u MiB", JINJA_MAX_OUTPUT >> 20);
+            char *s = arena_alloc(&C->a, a->s.n * (size_t)k + 1);
+            for (long long i = 0; i < k; i++) memcpy(s + a->s.n * (size_t)i, a->s.p, a->s.n);
+            Val *r = mk(C, V_STR);
+            r->s.p = s, r->s.n = a->s.n * (size_t)k;
+            return r;
+        }
+        Val *r = mk(C, V_LIST);
         r->tuple = a->tuple;
         for (long long i = 0; i < k; i++) {
             step(C, line);
-            if (a->t == V_STR) r = concat_str(C, r->s.p, r->s.n, a->s.p, a->s.n);
-            else
-                for (int j = 0; j < a->l.n; j++) list_push(C, r, a->l.v[j]);
+            for (int j = 0; j < a->l.n; j++) list_push(C, r, a->l.v[j]);
         }
         return r;
     }
@@ -458,14 +476,10 @@ static int exec(Ctx *C, Frame *f, const Node *n);
 /* the output of a body (a macro's, a block set's) as a string */
 static Val *capture(Ctx *C, Frame *f, const Node *body)
 {
-    char *o = C->out;
-    size_t n = C->n, cap = C->cap;
-    C->out = NULL, C->n = C->cap = 0;
+    Capture s;
+    capture_begin(C, &s);
     exec(C, f, body);
-    Val *s = mk(C, V_STR);
-    s->s.p = C->out ? C->out : "", s->s.n = C->n;
-    C->out = o, C->n = n, C->cap = cap;
-    return s;
+    return capture_end(C, &s);
 }
 
 typedef struct {
@@ -506,15 +520,25 @@ static const Val *want_str(Ctx *C, const Val *v, const char *what, int line)
 static Val *call_macro(Ctx *C, Val *m, const Args *a, Val *caller, int line)
 {
     const Node *def = m->m.def;
+    const char *name = def->name ? def->name : "caller";
     if (++C->depth > JINJA_MAX_DEPTH) rfail(C, line, "macro calls nest more than %d deep", JINJA_MAX_DEPTH);
     Frame *fr = new_frame(C, m->m.scope);
     int npos = a->n - a->nkw;
-    if (npos > def->nkw) rfail(C, line, "TypeError: macro '%s' takes not more than %d argument(s)", def->name ? def->name : "caller", def->nkw);
+    /* extra arguments: into varargs and kwargs where the body names them
+     * (jinja2 decides by the same test), refused otherwise */
+    Val *varargs = mk(C, V_LIST), *kwargs = mk(C, V_DICT);
+    varargs->tuple = 1;
+    if (npos > def->nkw && !(def->flags & USES_VARARGS))
+        rfail(C, line, "TypeError: macro '%s' takes not more than %d argument(s)", name, def->nkw);
+    for (int i = def->nkw; i < npos; i++) list_push(C, varargs, a->v[i]);
     for (int i = 0; i < a->nkw; i++) {
         int k;
         for (k = 0; k < def->nkw && strcmp(def->kw[k], a->kw[i]); k++) {}
-        if (k == def->nkw) rfail(C, line, "TypeError: macro '%s' takes no keyword argument '%s'", def->name ? def->name : "caller", a->kw[i]);
-        if (k < npos) rfail(C, line, "TypeError: macro '%s' got multiple values for argument '%s'", def->name ? def->name : "caller", a->kw[i]);
+        if (k == def->nkw) {
+            if (!(def->flags & USES_KWARGS))
+                rfail(C, line, "TypeError: macro '%s' takes no keyword argument '%s'", name, a->kw[i]);
+            dict_set(C, kwargs, mk_str(C, a->kw[i], strlen(a->kw[i])), a->v[npos + i]);
+        } else if (k < npos) rfail(C, line, "TypeError: macro '%s' got multiple values for argument '%s'", name, a->kw[i]);
     }
     for (int k = 0; k < def->nkw; k++) {
         Val *v = k < npos ? a->v[k] : NULL;
@@ -524,6 +548,8 @@ static Val *call_macro(Ctx *C, Val *m, const Args *a, Val *caller, int line)
         if (!v) v = mk_undef(C, afmt(C, "parameter '%s' was not provided", def->kw[k]));
         bind(C, fr, def->kw[k], v);
     }
+    if (def->flags & USES_VARARGS) bind(C, fr, "varargs", varargs);
+    if (def->flags & USES_KWARGS) bind(C, fr, "kwargs", kwargs);
     if (caller) bind(C, fr, "caller", caller);
     Val *out = capture(C, fr, def->b);
     C->depth--;
@@ -571,10 +597,8 @@ static Val *split(Ctx *C, const Val *s, const Val *sep, long long max)
 
 static Val *replace(Ctx *C, const Val *s, const Val *old, const Val *new, long long count)
 {
-    char *o = C->out;
-    size_t on = C->n, ocap = C->cap;
-    C->out = NULL, C->n = C->cap = 0;
-    emit(C, "", 0);
+    Capture save;
+    capture_begin(C, &save);
     long long done = 0;
     if (!old->s.n) { /* between every character */
         for (size_t i = 0;;) {
@@ -592,10 +616,7 @@ static Val *replace(Ctx *C, const Val *s, const Val *old, const Val *new, long l
                 i += old->s.n, done++;
             } else emit(C, s->s.p + i++, 1);
         }
-    Val *r = mk(C, V_STR);
-    r->s.p = C->out, r->s.n = C->n;
-    C->out = o, C->n = on, C->cap = ocap;
-    return r;
+    return capture_end(C, &save);
 }
 
 static Val *case_map(Ctx *C, const Val *s, int upper)
@@ -670,6 +691,7 @@ static Val *call_func(Ctx *C, Val *fn, const Args *a, int line)
     }
     case F_RAISE: { /* the template's own message, as the request's error */
         Val *m = a->n ? to_str(C, a->v[0]) : mk_str(C, "", 0);
+        C->line = -1; /* as written: no place in front */
         arena_fail(&C->a, "%s", m->s.p);
     }
     case F_STRFTIME: {
@@ -732,6 +754,7 @@ static Val *call_func(Ctx *C, Val *fn, const Args *a, int line)
         }
         return l;
     }
+    case F_UNSUPPORTED: rfail(C, line, "the method '%s' of a %s is not supported", fn->what, type_name(self));
     default:
         rfail(C, line, "SecurityError: access to attribute '%s' of '%s' object is unsafe.", fn->what,
               type_name(self));
@@ -878,15 +901,10 @@ static const char *const no_kw[] = {NULL};
 /* what fn(C, arg) writes to the output, as a string */
 static Val *rendered(Ctx *C, void (*fn)(Ctx *C, const void *arg), const void *arg)
 {
-    char *out = C->out;
-    size_t on = C->n, ocap = C->cap;
-    C->out = NULL, C->n = C->cap = 0;
-    emit(C, "", 0);
+    Capture s;
+    capture_begin(C, &s);
     fn(C, arg);
-    Val *r = mk(C, V_STR);
-    r->s.p = C->out, r->s.n = C->n;
-    C->out = out, C->n = on, C->cap = ocap;
-    return r;
+    return capture_end(C, &s);
 }
 
 static Val *f_length(Ctx *C, const char *name, Val *v, Args *a, int line)
@@ -944,7 +962,8 @@ static Val *f_tojson(Ctx *C, const char *name, Val *v, Args *a, int line)
     if (indent && indent->t != V_NONE) {
         if (indent->t == V_STR) j.o.indent = indent->s.p;
         else if (indent->t == V_INT) {
-            long long k = indent->i < 0 ? 0 : indent->i > 64 ? 64 : indent->i;
+            long long k = indent->i < 0 ? 0 : indent->i; /* json.dumps: a negative indent is none */
+            if (k > JINJA_MAX_OUTPUT) rfail(C, line, "tojson's indent %lld is longer than the output may be (%u MiB)", k, JINJA_MAX_OUTPUT >> 20);
             char *sp = arena_alloc(&C->a, (size_t)k + 1);
             memset(sp, ' ', (size_t)k);
             j.o.indent = sp;
@@ -1098,12 +1117,14 @@ static Val *eval(Ctx *C, Frame *f, const Node *n)
                      n->d ? eval(C, f, n->d) : NULL, n->line);
     }
     case E_CALL: return eval_call(C, f, n, NULL);
-    case E_FILTER: return apply_filter(C, f, n);
-    case E_TEST: {
+    case E_FILTER:
+    case E_TEST:
+        if (n->flags & UNKNOWN) /* one inside an if, which jinja2 refuses only when it runs */
+            rfail(C, n->line, "the %s '%s' is not supported", n->k == E_FILTER ? "filter" : "test", n->name);
+        if (n->k == E_FILTER) return apply_filter(C, f, n);
         Val *v = eval(C, f, n->a);
         Args a = eval_args(C, f, n);
         return mk_bool(C, apply_test(C, n->name, v, &a, n->line) != n->negate);
-    }
     case E_NEG:
     case E_POS: {
         Val *v = eval(C, f, n->a);
@@ -1165,7 +1186,13 @@ static int exec(Ctx *C, Frame *f, const Node *n)
         }
         return DONE;
     case N_TEXT: emit(C, n->name, (size_t)n->nkw); return DONE;
-    case N_OUTPUT: str_of(C, eval(C, f, n->a)); return DONE;
+    case N_OUTPUT: {
+        Val *v = eval(C, f, n->a);
+        if (v->t == V_FUNC) /* Python prints a function with its address: no template can depend on it */
+            rfail(C, n->line, "printing the %s '%s' is not supported", v->fn.self ? "method" : "function", v->what);
+        str_of(C, v);
+        return DONE;
+    }
     case N_IF:
         if (truthy(eval(C, f, n->a))) return exec(C, f, n->b);
         return n->c ? exec(C, f, n->c) : DONE;
@@ -1239,7 +1266,8 @@ char *jinja_render(const JinjaTemplate *t, json_t *vars, long long now, size_t *
     R->name = t->name;
     *err = NULL;
     if (setjmp(jb)) {
-        *err = C->a.err;
+        *err = at_line(C->a.err, t->name, C->line);
+        free(C->top_out);
         arena_free(&C->a);
         free(R);
         return NULL;
@@ -1250,10 +1278,10 @@ char *jinja_render(const JinjaTemplate *t, json_t *vars, long long now, size_t *
     const char *key;
     json_t *v;
     json_object_foreach(vars, key, v) bind(C, g, arena_dup(&C->a, key, strlen(key)), from_json(C, v));
+    C->top = 1;
     emit(C, "", 0);
     exec(C, g, t->root);
-    char *out = xmalloc(C->n + 1);
-    memcpy(out, C->out, C->n + 1);
+    char *out = C->out; /* the heap buffer emit grew */
     *len = C->n;
     arena_free(&C->a);
     free(R);

@@ -30,6 +30,19 @@ void __attribute__((noreturn, format(printf, 2, 3))) arena_fail(Arena *a, const 
     longjmp(*a->fail, 1);
 }
 
+/* err (malloc'ed, taken) with "name:line: " in front, where it has no
+ * place of its own; a line < 0 leaves it as it is */
+char *at_line(char *err, const char *name, int line)
+{
+    size_t n = strlen(name);
+    if (!err || line < 0 || (!strncmp(err, name, n) && err[n] == ':')) return err;
+    size_t len = n + strlen(err) + 16;
+    char *r = xmalloc(len);
+    snprintf(r, len, "%s:%d: %s", name, line, err);
+    free(err);
+    return r;
+}
+
 void *arena_alloc(Arena *a, size_t n)
 {
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
@@ -242,9 +255,14 @@ void emit(Ctx *C, const char *s, size_t n)
     if (C->n + n > JINJA_MAX_OUTPUT) arena_fail(&C->a, "the template's output exceeds %u MiB", JINJA_MAX_OUTPUT >> 20);
     if (C->n + n + 1 > C->cap) {
         size_t cap = 2 * (C->n + n + 1) > 256 ? 2 * (C->n + n + 1) : 256;
-        char *o = arena_alloc(&C->a, cap);
-        if (C->n) memcpy(o, C->out, C->n);
-        C->out = o, C->cap = cap;
+        if (C->top) { /* the template's output: its bound is the output limit, not the values' memory */
+            C->top_out = C->out = xrealloc(C->out, cap);
+        } else {
+            char *o = arena_alloc(&C->a, cap);
+            if (C->n) memcpy(o, C->out, C->n);
+            C->out = o;
+        }
+        C->cap = cap;
     }
     memcpy(C->out + C->n, s, n);
     C->n += n;
@@ -336,8 +354,12 @@ void str_of(Ctx *C, const Val *v)
     case V_INT: snprintf(b, sizeof b, "%lld", v->i), emits(C, b); break;
     case V_FLOAT: float_repr(v->f, b, sizeof b), emits(C, b); break;
     case V_STR: emit(C, v->s.p, v->s.n); break;
-    case V_MACRO: emits(C, "<Macro>"); break;
-    case V_FUNC: emits(C, "<built-in function>"); break;
+    case V_MACRO: /* jinja2's repr: a call block's body is anonymous */
+        if (v->m.def->name) emits(C, "<Macro '"), emits(C, v->m.def->name), emits(C, "'>");
+        else emits(C, "<Macro anonymous>");
+        break;
+    case V_FUNC: /* one inside a value; N_OUTPUT names the line of one printed alone */
+        arena_fail(&C->a, "printing the %s '%s' is not supported", v->fn.self ? "method" : "function", v->what);
     case V_LOOP: emits(C, "<LoopContext>"); break;
     default: repr(C, v);
     }
@@ -374,18 +396,29 @@ static void repr(Ctx *C, const Val *v)
     C->depth--;
 }
 
+void capture_begin(Ctx *C, Capture *s)
+{
+    s->out = C->out, s->n = C->n, s->cap = C->cap, s->top = C->top;
+    C->out = NULL, C->n = C->cap = 0, C->top = 0;
+}
+
+/* what was written since capture_begin, as a string */
+Val *capture_end(Ctx *C, const Capture *s)
+{
+    Val *r = mk(C, V_STR);
+    r->s.p = C->out ? C->out : "", r->s.n = C->n;
+    C->out = s->out, C->n = s->n, C->cap = s->cap, C->top = s->top;
+    return r;
+}
+
 /* str(v) as a value: output written into a fresh buffer */
 Val *to_str(Ctx *C, Val *v)
 {
     if (v->t == V_STR) return v;
-    char *o = C->out;
-    size_t n = C->n, cap = C->cap;
-    C->out = NULL, C->n = C->cap = 0;
+    Capture s;
+    capture_begin(C, &s);
     str_of(C, v);
-    Val *s = mk(C, V_STR);
-    s->s.p = C->out ? C->out : "", s->s.n = C->n;
-    C->out = o, C->n = n, C->cap = cap;
-    return s;
+    return capture_end(C, &s);
 }
 
 /* ---- json.dumps, as transformers' tojson calls it --------------------------- */

@@ -145,14 +145,65 @@ CASES = [
     ("{{ xs | map(attribute='a.b') | list }} {{ xs | map(attribute='a.c') | list }}", {"xs": [{"a": {"b": 1}}, {"a": {"b": 2}}]}),
     ("{% for k, v in x.items() %}{{ k }}{% endfor %}{{ x['items'] }}", {"x": {"items": 5}}),
     ("{{ 'abc'.split('') }}", {}),
+    # macros: varargs and kwargs where the body names them, a macro's name and repr
+    ('{% macro f(a, b="d", c=none) %}{{ a }}{{ b }}{{ c }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ f(1) }}', {}),
+    ('{% macro f(a) %}{{ a }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ f(1, 2, 3, x=4, y="s") }}', {}),
+    ('{% macro f(a) %}{{ a }}{% if false %}{{ kwargs }}{% endif %}{% endmacro %}{{ f(1, x=2) }}', {}),
+    ('{% macro f(a) %}{{ a }}{{ kwargs }}{% endmacro %}{{ f(1, 2) }}', {}),
+    ('{% macro f(a) %}{{ a }}{{ varargs }}{% endmacro %}{{ f(1, x=2) }}', {}),
+    ('{% macro f() %}x{% endmacro %}{{ f.name }}{{ f }}', {}),
+    ('{% macro w() %}{{ caller }}{{ caller.name }}{% endmacro %}{% call w() %}b{% endcall %}', {}),
+    ('{% macro f(a, a) %}{% endmacro %}', {}),
+    # Python's methods that the engine lacks are defined (jinja2 finds them); a missing one is not
+    ("{% if messages[0].content.title is defined %}T{% else %}F{% endif %}", {"messages": MSGS}),
+    ("{{ 'abc'.title is defined }}{{ {}.copy is defined }}{{ [].index is defined }}{{ 'abc'.nosuch is defined }}", {}),
+    ("{{ 'abc'.nosuch() }}", {}),
+    # numbers and json.dumps as Python has them
+    ("{{ [1, {'a': 2}] | tojson(indent=100) }}", {}),
+    ("{{ 0 ** -1 }}", {}),
+    ("{{ 0.0 ** -2.5 }}", {}),
+    ("{{ 2 ** -1 }} {{ 4 ** 0.5 }}", {}),
+    # refused at parse time
+    ("{{ dict(a=1, a=2) }}", {}),
+    ("{% for x in [1] %}{% set loop = 5 %}{% endfor %}", {}),
+    ("{% for loop in [1] %}{% endfor %}", {}),
+    ("{% set loop = 5 %}{{ loop }}", {}),
+    # unknown filters and tests: at parse time outside an if or a conditional
+    # expression, when evaluated inside one (a for loop, macro or set block
+    # inside the if is outside again)
+    ("{% if false %}{{ x | from_json }}{% endif %}ok", {}),
+    ("{% if true %}{{ '[1]' | from_json }}{% endif %}ok", {}),
+    ("{% if x | from_json %}{% endif %}ok", {"x": "1"}),
+    ("{% if false %}x{% elif false %}{{ 1 is nosuchtest }}{% else %}y{% endif %}ok", {}),
+    ("{% if false %}x{% else %}{{ 1 | from_json }}{% endif %}ok", {}),
+    ("{% if false %}{% for i in [1] %}{{ i | from_json }}{% endfor %}{% endif %}ok", {}),
+    ("{% if false %}{% macro m() %}{{ 1 | from_json }}{% endmacro %}{% endif %}ok", {}),
+    ("{% if false %}{% set y %}{{ 1 | from_json }}{% endset %}{% endif %}ok", {}),
+    ("{% if false %}{% set y = 1 | from_json %}{% endif %}ok", {}),
+    ("{{ (1 | from_json) if false else 2 }} {{ 3 if false else 4 | from_json }}", {}),
+    ("{{ 1 | from_json if true else 2 }}", {}),
+    ("{% for x in [1] %}{% if false %}{{ 1 | from_json }}{% endif %}{% endfor %}ok", {}),
+    ("{{ 1 | from_json }}{% if false %}{% endif %}", {}),
+    ("{{ f(1 | from_json) if false }}ok", {}),
+    # a tool branch as DeepSeek-V3.2's template has it: arguments parsed from
+    # JSON only when a message carries tool calls
+    ("{%- for m in messages %}{%- if m.tool_calls is defined and m.tool_calls %}{%- for t in m.tool_calls %}"
+     "{{ (t.function.arguments | from_json) | tojson }}{%- endfor %}{%- else %}{{ m.role }}: {{ m.content }}\n"
+     "{%- endif %}{%- endfor %}", {"messages": MSGS}),
 ]
 
 
 def render_case(template, variables):
+    """jinja2's output, or its error and when it came: "parse" (compiling
+    the template) or "render" """
     try:
-        return {"out": _compile_jinja_template(template).render(**variables)}
+        compiled = _compile_jinja_template(template)
     except Exception as e:  # noqa: BLE001 - any jinja2 failure is the expected outcome
-        return {"error": True, "message": str(e)}
+        return {"error": True, "at": "parse", "message": str(e)}
+    try:
+        return {"out": compiled.render(**variables)}
+    except Exception as e:  # noqa: BLE001
+        return {"error": True, "at": "render", "message": str(e)}
 
 
 def conversations():
