@@ -211,6 +211,48 @@ else
     fail "Llama-3.1-70B tp 8: the plan says '$got' weight bytes on rank 0, by hand $want"
 fi
 
+# a config at the bounds dcpinfer accepts plans in seconds: every dimension
+# at its maximum and 1,048,576 expert slots (16 layers x 65,536 routed
+# experts, every tensor named, sized and checked), or 4,096 dense layers;
+# one expert slot more is refused. The timeout guards against a hang; the
+# time itself is printed, not held. A sanitizer build (ten times slower)
+# checks the refusal only.
+max_cfg() {
+    python3 - "$C/kimi-k2-instruct.config.json" "$@" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for kv in sys.argv[2:]:
+    k, v = kv.split("=")
+    c[k] = int(v)
+print(json.dumps(c))
+PY
+}
+dims="hidden_size=131072 intermediate_size=1048576 moe_intermediate_size=1048576 vocab_size=16777216 max_position_embeddings=16777216 num_nextn_predict_layers=4096"
+max_cfg $dims num_hidden_layers=16 n_routed_experts=65536 first_k_dense_replace=0 >"$WORK/max-moe.json"
+max_cfg $dims num_hidden_layers=4096 n_routed_experts=256 first_k_dense_replace=4096 >"$WORK/max-dense.json"
+max_cfg num_hidden_layers=17 n_routed_experts=65536 >"$WORK/over.json"
+"$BUILD/dcpinfer" --version | grep -q '^sanitizers: no' && maxima="max-moe max-dense" || maxima=
+for cfg in $maxima; do
+    checks=$((checks + 1))
+    t0=$(date +%s.%N)
+    timeout 600 "$PLAN" --model "$WORK/$cfg.json" -tp 8 --gpu B200 >"$WORK/$cfg.plan" 2>&1
+    rc=$?
+    t=$(echo "$t0 $(date +%s.%N)" | awk '{printf "%.1f", $2 - $1}')
+    if [ "$rc" = 0 ] && grep -q '^# fits: no' "$WORK/$cfg.plan"; then
+        pass "$cfg: planned in $t s: $(grep '^# weight bytes by TP rank' "$WORK/$cfg.plan" | cut -c1-60)"
+    else
+        fail "$cfg: exit $rc after $t s: $(tail -2 "$WORK/$cfg.plan")"
+    fi
+done
+checks=$((checks + 1))
+"$PLAN" --model "$WORK/over.json" -tp 8 >"$WORK/over.plan" 2>&1
+rc=$?
+if [ "$rc" = 2 ] && grep -q '17 layers x 65536 routed experts is above 1048576 expert slots' "$WORK/over.plan"; then
+    pass "17 x 65,536 experts refused: $(cat "$WORK/over.plan")"
+else
+    fail "17 x 65,536 experts: exit $rc: $(cat "$WORK/over.plan")"
+fi
+
 # a small model's sizes in KiB (or MiB), not as 0.00 GiB
 checks=$((checks + 1))
 "$PLAN" --model "$WORK/gqa" --gpu-memory 64M >"$WORK/small.plan" 2>&1

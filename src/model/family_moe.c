@@ -113,16 +113,16 @@ int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, TensorSpec 
     ADD("mlp.gate.weight", moe->n_routed_experts, dim, &w->router);
     if (moe->sigmoid) ADD("mlp.gate.e_score_correction_bias", 0, moe->n_routed_experts, &w->router_bias);
     for (int e = s->expert0; e < s->expert0 + s->experts; e++) {
-        char nm[96];
         int mh = moe->moe_hidden, r0 = s->moe_hidden0, nr = s->moe_hidden;
         /* e's place in the stack of the experts held */
         size_t per = (size_t)nr * dim, at = (size_t)(e - s->expert0) * per, all = (size_t)s->experts * per;
-        snprintf(nm, sizeof nm, "mlp.experts.%d.gate_proj.weight", e);
-        PUT(nm, mh, dim, NULL, &w->e_gate, at, all, r0, nr, 0, dim);
-        snprintf(nm, sizeof nm, "mlp.experts.%d.up_proj.weight", e);
-        PUT(nm, mh, dim, NULL, &w->e_up, at, all, r0, nr, 0, dim);
-        snprintf(nm, sizeof nm, "mlp.experts.%d.down_proj.weight", e);
-        PUT(nm, dim, mh, NULL, &w->e_down, at, all, 0, dim, r0, nr);
+        /* PUT with the expert's name written at once (layer_name) */
+        PUT("", mh, dim, NULL, &w->e_gate, at, all, r0, nr, 0, dim);
+        layer_name(out[n - 1].name, sizeof out[n - 1].name, l, "mlp.experts.", e, ".gate_proj.weight");
+        PUT("", mh, dim, NULL, &w->e_up, at, all, r0, nr, 0, dim);
+        layer_name(out[n - 1].name, sizeof out[n - 1].name, l, "mlp.experts.", e, ".up_proj.weight");
+        PUT("", dim, mh, NULL, &w->e_down, at, all, 0, dim, r0, nr);
+        layer_name(out[n - 1].name, sizeof out[n - 1].name, l, "mlp.experts.", e, ".down_proj.weight");
         out[n - 1].chunks = s->expert_chunks;
     }
     if (moe->n_shared_experts > 0) {

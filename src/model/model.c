@@ -114,6 +114,8 @@ static const struct {
     {"maximum positions", offsetof(Config, max_seq_len), 1 << 24},
 };
 
+#define MAX_LAYER_EXPERTS (1 << 20)
+
 static int validate_config(const char *path, const Config *c)
 {
     for (size_t i = 0; i < sizeof dim_bounds / sizeof *dim_bounds; i++) {
@@ -134,6 +136,12 @@ static int validate_config(const char *path, const Config *c)
         return dcp_fail("%s: %d query heads are not a multiple of %d KV heads", path, c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2) return dcp_fail("%s: head_dim %d is odd; RoPE needs pairs", path, c->head_dim);
     if (c->sliding_window < 0) return dcp_fail("%s: sliding_window %d must be positive", path, c->sliding_window);
+    /* every expert of every layer is a tensor to name, find and size: a
+     * bound on the product (45 times Kimi K2's 61 x 384) keeps a load and
+     * a plan to seconds */
+    if ((long long)c->n_layers * c->moe.n_routed_experts > MAX_LAYER_EXPERTS)
+        return dcp_fail("%s: %d layers x %d routed experts is above %d expert slots", path, c->n_layers,
+                        c->moe.n_routed_experts, MAX_LAYER_EXPERTS);
     return 0;
 }
 
@@ -391,6 +399,17 @@ static int ignorable_tensor(const char *name)
     return n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq");
 }
 
+/* The module a ".weight" tensor belongs to (its name less ".weight"), in buf */
+static const char *spec_module(const TensorSpec *mt, char *buf, size_t n)
+{
+    size_t len = strlen(mt->name);
+    len = len > 7 ? len - 7 : 0;
+    if (len >= n) len = n - 1;
+    memcpy(buf, mt->name, len);
+    buf[len] = '\0';
+    return buf;
+}
+
 /* The checkpoint at path as the config reads it: a wrapped language
  * model's tensors (Config.wrapped) under their own names, the vision
  * tower's and projector's left out */
@@ -429,7 +448,7 @@ int model_check_checkpoint(const char *path, const Config *c)
              * where the config's targets and ignore say (Linear: every
              * matrix but the router) */
             char module[128], packed[144];
-            snprintf(module, sizeof module, "%.*s", (int)strlen(mt[i].name) - 7, mt[i].name); /* less ".weight" */
+            spec_module(&mt[i], module, sizeof module);
             snprintf(packed, sizeof packed, "%s.weight_packed", module);
             int linear = !vector && !strstr(mt[i].name, "mlp.gate.weight");
             if (rules && linear && quant_rules_quantized(rules, module, 1)) {
@@ -785,8 +804,7 @@ static int read_nibbles(Source *src, const TensorSpec *mt, const StTensor *t, co
                         int64_t ncols, int qcols, uint8_t *dst, float *scale_dst, uint8_t *code_dst, float *table)
 {
     char module[128], name[160];
-    snprintf(module, sizeof module, "%.*s", (int)strlen(mt->name) - 7, mt->name);
-    snprintf(name, sizeof name, "%s.%s", module, f->scale);
+    snprintf(name, sizeof name, "%s.%s", spec_module(mt, module, sizeof module), f->scale);
     const StTensor *scale = st_find(&src->ck, name), *shape = NULL;
     float global = 1;
     if (f->shape) {
@@ -818,7 +836,8 @@ static int nibbles_round_bf16(Source *src, const TensorSpec *mt, const QuantForm
 {
     if (f->dtype == DTYPE_FP4) return src->cfg->quant.nvfp4_round_bf16;
     char name[160];
-    snprintf(name, sizeof name, "%.*s.%s", (int)strlen(mt->name) - 7, mt->name, f->scale);
+    char module[128];
+    snprintf(name, sizeof name, "%s.%s", spec_module(mt, module, sizeof module), f->scale);
     const StTensor *scale = st_find(&src->ck, name);
     return scale && scale->dtype == ST_BF16;
 }
@@ -944,8 +963,7 @@ static StDtype stored_dtype(const Source *src, const TensorSpec *mt)
     const Config *c = src->cfg;
     int linear = mt->rows && !strstr(mt->name, "mlp.gate.weight");
     char module[128];
-    snprintf(module, sizeof module, "%.*s", (int)strlen(mt->name) - 7, mt->name);
-    if (linear && src->rules && quant_rules_quantized(src->rules, module, 1))
+    if (linear && src->rules && quant_rules_quantized(src->rules, spec_module(mt, module, sizeof module), 1))
         return c->quant.int4_group ? ST_I32 : ST_U8;
     if (linear && c->quant.fp8_block[0]) return ST_F8_E4M3;
     return c->stored_bf16 ? ST_BF16 : ST_F32;
@@ -964,10 +982,12 @@ static int load_named(Source *src, Model *m, const TensorSpec *mt, int n)
         w->part = spec_part(mt[i].name);
         StTensor stand_in = {.dtype = src->bare ? stored_dtype(src, &mt[i]) : ST_F32};
         const StTensor *t = src->bare ? &stand_in : st_find(&src->ck, mt[i].name);
-        char packed[160];
-        snprintf(packed, sizeof packed, "%.*s.weight_packed", (int)strlen(mt[i].name) - 7, mt[i].name);
-        if (!t && !(t = st_find(&src->ck, packed)))
-            return dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
+        if (!t) { /* a packed 4-bit tensor in its place */
+            char module[128], packed[160];
+            snprintf(packed, sizeof packed, "%s.weight_packed", spec_module(&mt[i], module, sizeof module));
+            if (!(t = st_find(&src->ck, packed)))
+                return dcp_fail("%s: tensor '%s' not found in the checkpoint", src->path, mt[i].name);
+        }
         if (mt[i].mat) {
             rc = load_spec_matrix(src, m, &mt[i], t);
             continue;
