@@ -70,6 +70,22 @@ off=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null |
 printf '\000\000\300\177' | dd of="$f" bs=1 seek=$((8 + hlen + off)) conv=notrunc 2>/dev/null # NaN, little-endian
 expect_error deepseek_fp8_nan_scale 1 "tensor 'model.layers.0.self_attn.q_a_proj.weight_scale_inv': block [0, 0] has the scale nan, not a finite number" \
     --model "$WORK/ds_nan" "$P"
+# an FP8 scale tensor of zeros (every block): the tensor named, not a model
+# that silently computes with a zero matrix
+mkdir -p "$WORK/ds_zero" && cp "$SRC/tests/data/deepseek/v3_fp8/"* "$WORK/ds_zero/" && chmod u+w "$WORK/ds_zero/"*
+f=$WORK/ds_zero/model.safetensors
+hlen=$(od -An -tu8 -N8 "$f" | tr -d ' ')
+range=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null |
+    sed -n 's/.*"model\.layers\.0\.self_attn\.kv_a_proj_with_mqa\.weight_scale_inv":{[^}]*"data_offsets":\[\([0-9]*\),\([0-9]*\)\].*/\1 \2/p')
+set -- $range
+head -c $(($2 - $1)) /dev/zero | dd of="$f" bs=1 seek=$((8 + hlen + $1)) conv=notrunc 2>/dev/null
+expect_error deepseek_fp8_zero_scales 1 "tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv': all " \
+    --model "$WORK/ds_zero" "$P"
+# modules_to_not_convert naming a module the checkpoint stores in FP8
+mkdir -p "$WORK/ds_not_convert" && cp "$SRC/tests/data/deepseek/v3_fp8/"* "$WORK/ds_not_convert/" && chmod u+w "$WORK/ds_not_convert/"*
+deepseek ds_not_convert v3_fp8 's/"activation_scheme": "dynamic"/"activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head", "model.layers.1.self_attn"]/'
+expect_error deepseek_fp8_not_convert 1 "tensor 'model.layers.1.self_attn.q_a_proj.weight' is FP8, but config.json's quantization_config lists 'model.layers.1.self_attn.q_a_proj' in modules_to_not_convert" \
+    --model "$WORK/ds_not_convert" "$P"
 # compressed-tensors: what is not INT4 W4A16 pack-quantized, symmetric, in one group
 ct() { # NAME GROUP [FORMAT]
     deepseek "$1" v3_yarn "s/\"n_group\": 4,/\"n_group\": 4, \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"${3:-pack-quantized}\", \"config_groups\": {\"group_0\": $2}, \"ignore\": [\"lm_head\"]},/"

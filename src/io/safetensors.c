@@ -313,7 +313,16 @@ static float *f8_block_scales(const StTensor *t, const StTensor *scale_inv, int 
         return NULL;
     }
     /* a scale that is not a finite number would poison every value of its
-     * block: named here rather than found as NaN logits */
+     * block: named here rather than found as NaN logits; scales that are
+     * all zero make the matrix zero, a broken export rather than a model */
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < br * bc; i++) zeros += scale[i] == 0;
+    if (zeros == br * bc) {
+        dcp_fail("%s: tensor '%s': all %lld block scales are 0, which would make '%s' all zeros", scale_inv->file,
+                 scale_inv->name, (long long)(br * bc), t->name);
+        free(scale);
+        return NULL;
+    }
     for (int64_t i = 0; i < br * bc; i++)
         if (!isfinite(scale[i])) {
             dcp_fail("%s: tensor '%s': block [%lld, %lld] has the scale %g, not a finite number", scale_inv->file,

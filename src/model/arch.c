@@ -561,6 +561,8 @@ out:
 
 struct QuantRules {
     int glob;            /* names are shell patterns (ModelOpt's exclude_modules), else exact */
+    int prefix;          /* a name also matches the modules under it and those it ends (fp8's
+                          * modules_to_not_convert: "lm_head", "model.layers.0.mlp", "mlp.gate") */
     int wrapped;         /* a wrapper's rules may name modules under WRAPPED_PREFIX too */
     int n[2];            /* entries of targets [0] and ignore [1] */
     char **name[2];      /* a module or class name, or NULL for a pattern */
@@ -600,12 +602,17 @@ QuantRules *quant_rules_read(const char *config_path)
         lists[0] = all;
         lists[1] = json_object_get(mo, "exclude_modules");
         r->glob = 1;
+    } else if (qm && !strcmp(qm, "fp8")) { /* every Linear but modules_to_not_convert, in bf16 */
+        lists[0] = all;
+        lists[1] = json_object_get(q, "modules_to_not_convert");
+        r->prefix = 1;
     }
     free(hf);
     int rc = 0;
     for (int k = 0; k < 2 && !rc; k++) {
         if (lists[k] && !json_is_null(lists[k]) && !json_is_array(lists[k])) {
-            rc = dcp_fail("%s: quantization_config %s must be a list of names", config_path, k ? "ignore" : "targets");
+            rc = dcp_fail("%s: quantization_config %s must be a list of names", config_path,
+                          k ? (r->prefix ? "modules_to_not_convert" : "ignore") : "targets");
             break;
         }
         r->n[k] = (int)json_array_size(lists[k]);
@@ -614,10 +621,11 @@ QuantRules *quant_rules_read(const char *config_path)
         for (int i = 0; i < r->n[k] && !rc; i++) {
             const char *e = json_string_value(json_array_get(lists[k], (size_t)i));
             if (!e) {
-                rc = dcp_fail("%s: quantization_config %s[%d] is not a string", config_path, k ? "ignore" : "targets", i);
+                rc = dcp_fail("%s: quantization_config %s[%d] is not a string", config_path,
+                              k ? (r->prefix ? "modules_to_not_convert" : "ignore") : "targets", i);
                 break;
             }
-            if (r->glob || strncmp(e, "re:", 3)) {
+            if (r->glob || r->prefix || strncmp(e, "re:", 3)) {
                 r->name[k][i] = xstrdup(e);
                 continue;
             }
@@ -642,9 +650,22 @@ QuantRules *quant_rules_read(const char *config_path)
     return r;
 }
 
+/* module is name, lies under it (name.) or ends with it (.name) */
+static int prefix_match(const char *name, const char *module)
+{
+    size_t n = strlen(name), m = strlen(module);
+    if (n > m) return 0;
+    return (!strncmp(module, name, n) && (m == n || module[n] == '.')) ||
+           (m > n && module[m - n - 1] == '.' && !strcmp(module + m - n, name));
+}
+
 static int rule_matches(const QuantRules *r, int k, const char *module, int linear)
 {
     for (int i = 0; i < r->n[k]; i++) {
+        if (r->prefix && r->name[k][i] && k == 1) {
+            if (prefix_match(r->name[k][i], module)) return 1;
+            continue;
+        }
         if (r->name[k][i] && (!strcmp(r->name[k][i], module) || (linear && !strcmp(r->name[k][i], "Linear")) ||
                               (r->glob && !fnmatch(r->name[k][i], module, 0))))
             return 1;

@@ -78,7 +78,8 @@ typedef struct QuantRules QuantRules;
 /* NULL with dcp_error() on a bad list or pattern */
 QuantRules *quant_rules_read(const char *config_path);
 /* 1 when module (a tensor's name less ".weight"), a Linear when linear,
- * is quantized: matched by a target and by no ignore entry */
+ * is quantized: matched by a target and by no ignore entry (for block-scaled
+ * FP8: a Linear outside modules_to_not_convert) */
 int quant_rules_quantized(const QuantRules *r, const char *module, int linear);
 void quant_rules_free(QuantRules *r);
 

@@ -434,7 +434,8 @@ int model_check_checkpoint(const char *path, const Config *c)
     TensorSpec *mt = named ? xmalloc(sizeof(TensorSpec) * per_layer) : NULL;
     QuantRules *rules = NULL;
     QuantFormat qf = {0};
-    if (c->mla && quant_format(c, &qf)) {
+    int four_bit = c->mla && quant_format(c, &qf);
+    if (four_bit || (c->mla && c->quant.fp8_block[0])) {
         char cfg[4200];
         snprintf(cfg, sizeof cfg, "%s/config.json", path);
         if (!(rules = quant_rules_read(cfg))) rc = -1;
@@ -451,7 +452,7 @@ int model_check_checkpoint(const char *path, const Config *c)
             spec_module(&mt[i], module, sizeof module);
             snprintf(packed, sizeof packed, "%s.weight_packed", module);
             int linear = !vector && !strstr(mt[i].name, "mlp.gate.weight");
-            if (rules && linear && quant_rules_quantized(rules, module, 1)) {
+            if (four_bit && linear && quant_rules_quantized(rules, module, 1)) {
                 rc = check_quantized(path, &ck, &qf, module, mt[i].rows, mt[i].cols, names, &n_names);
                 continue;
             }
@@ -475,6 +476,10 @@ int model_check_checkpoint(const char *path, const Config *c)
                 if (!c->quant.fp8_block[0])
                     rc = dcp_fail("%s: tensor '%s' is FP8, but config.json has no fp8 quantization_config", path,
                                   mt[i].name);
+                else if (rules && linear && !quant_rules_quantized(rules, module, 1))
+                    rc = dcp_fail("%s: tensor '%s' is FP8, but config.json's quantization_config lists '%s' in "
+                                  "modules_to_not_convert",
+                                  path, mt[i].name, module);
                 else if (!st_find(&ck, sc))
                     rc = dcp_fail("%s: FP8 tensor '%s' has no '%s'", path, mt[i].name, sc);
             }
@@ -490,7 +495,9 @@ int model_check_checkpoint(const char *path, const Config *c)
                               path, mt[i].name, st_dtype_name(t->dtype));
         }
     }
-    if (!rc && rules && quant_rules_quantized(rules, "lm_head", 1) && !c->tied_embeddings && c->format == FORMAT_HF)
+    /* (block-scaled FP8 leaves lm_head alone whatever its list says: its
+     * rules speak of the layers only) */
+    if (!rc && four_bit && quant_rules_quantized(rules, "lm_head", 1) && !c->tied_embeddings && c->format == FORMAT_HF)
         rc = dcp_fail("%s: quantization_config quantizes lm_head, which dcpinfer does not read quantized (add it to "
                       "ignore)",
                       path);
@@ -963,9 +970,9 @@ static StDtype stored_dtype(const Source *src, const TensorSpec *mt)
     const Config *c = src->cfg;
     int linear = mt->rows && !strstr(mt->name, "mlp.gate.weight");
     char module[128];
-    if (linear && src->rules && quant_rules_quantized(src->rules, spec_module(mt, module, sizeof module), 1))
-        return c->quant.int4_group ? ST_I32 : ST_U8;
-    if (linear && c->quant.fp8_block[0]) return ST_F8_E4M3;
+    int quantized = linear && (!src->rules || quant_rules_quantized(src->rules, spec_module(mt, module, sizeof module), 1));
+    if (quantized && c->quant.fp8_block[0]) return ST_F8_E4M3; /* less modules_to_not_convert */
+    if (quantized && src->rules) return c->quant.int4_group ? ST_I32 : ST_U8;
     return c->stored_bf16 ? ST_BF16 : ST_F32;
 }
 
@@ -1186,7 +1193,7 @@ static int load(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_
         src.cfg = c;
         src.path = path;
         src.bare = 1;
-        if (c->mla && quant_format(c, &qf) && !(src.rules = quant_rules_read(path))) {
+        if (c->mla && (quant_format(c, &qf) || c->quant.fp8_block[0]) && !(src.rules = quant_rules_read(path))) {
             model_free(m);
             return -1;
         }
