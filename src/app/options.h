@@ -21,8 +21,8 @@ typedef struct {
     const char *cpu_gemm;  /* invariant | openblas */
     const char *cpu_isa;   /* auto | avx512 | avx2 | generic: the CPU kernels */
     int max_tokens;
-    int max_tokens_given;
-    const char *served_model_name; /* OpenAI responses' "model"; NULL: the model folder's name */  /* --max-tokens on the command line (else an OpenAI chat body runs to the context) */
+    int max_tokens_given;          /* --max-tokens on the command line (else an OpenAI chat body runs to the context) */
+    const char *served_model_name; /* OpenAI responses' "model"; NULL: the model folder's name */
     float temperature;
     float top_p;
     uint64_t seed;

@@ -540,25 +540,28 @@ int requests_read(const char *path, const RequestDefaults *d, int skip_invalid, 
     return rc;
 }
 
+/* The first of ids[0..n) outside [0, vocab) fails r, naming field: an id
+ * the model cannot give or read is a mistake. -1 when the run stops there. */
+static int ids_in_vocab(const RequestSet *set, Request *r, const int *ids, int n, const char *field, int vocab,
+                        int skip_invalid)
+{
+    for (int j = 0; j < n && !r->error; j++) {
+        if (ids[j] >= 0 && ids[j] < vocab) continue;
+        request_fail(r, "%s:%d: \"%s\" names token %d, outside the vocabulary [0, %d)", set->path, r->line, field,
+                     ids[j], vocab);
+        if (!skip_invalid) return dcp_fail("%s", r->error);
+    }
+    return 0;
+}
+
 int requests_check_vocab(RequestSet *set, int vocab, int skip_invalid)
 {
     for (int i = 0; i < set->n; i++) {
         Request *r = &set->r[i];
         if (r->error) continue;
-        for (int j = 0; j < r->n_stop; j++) { /* as logit_bias: an id the model cannot give is a mistake */
-            if (r->stop_ids[j] >= 0 && r->stop_ids[j] < vocab) continue;
-            request_fail(r, "%s:%d: \"stop_token_ids\" names token %d, outside the vocabulary [0, %d)", set->path,
-                         r->line, r->stop_ids[j], vocab);
-            if (!skip_invalid) return dcp_fail("%s", r->error);
-            break;
-        }
-        for (int j = 0; j < r->n_bias && !r->error; j++) {
-            if (r->bias_ids[j] < vocab) continue;
-            request_fail(r, "%s:%d: \"logit_bias\" names token %d, outside the vocabulary [0, %d)", set->path, r->line,
-                         r->bias_ids[j], vocab);
-            if (!skip_invalid) return dcp_fail("%s", r->error);
-            break;
-        }
+        if (ids_in_vocab(set, r, r->stop_ids, r->n_stop, "stop_token_ids", vocab, skip_invalid) ||
+            ids_in_vocab(set, r, r->bias_ids, r->n_bias, "logit_bias", vocab, skip_invalid))
+            return -1;
         if (r->error || r->prompt || r->chat) continue;
         for (int j = 0; j < r->n_prompt; j++) {
             if (r->prompt_tokens[j] >= 0 && r->prompt_tokens[j] < vocab) continue;
