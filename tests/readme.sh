@@ -49,7 +49,7 @@ run_blocks() { # NAME [USER]: the README's commands in the clone, HOME fresh; lo
     fi
 }
 
-check_run() { # NAME RC: every command succeeded and left what it says
+check_run() { # NAME RC: every command succeeded, left what it says and printed no binding note
     local name=$1 rc=$2 home=$WORK/home-$1 missing=""
     checks=$((checks + 1))
     for f in runs/demo.h5 runs/plain.h5 runs/stories.h5 runs/tp8-dcp2.h5 runs/tp2-dp4.h5 runs/mqa.h5 runs/long.h5 \
@@ -57,6 +57,9 @@ check_run() { # NAME RC: every command succeeded and left what it says
         [ -s "$WORK/clone/dcpinfer/$f" ] || missing="$missing $f"
     done
     [ -x "$home/.local/bin/dcpinfer" ] || missing="$missing \$HOME/.local/bin/dcpinfer"
+    # the README's Open MPI settings leave a rank unbound: no note that a
+    # rank was bound to fewer cores than its share
+    grep -q 'is bound to' "$WORK/$name.log" && missing="$missing (a binding note: $(grep -m1 'is bound to' "$WORK/$name.log"))"
     if [ "$rc" = 0 ] && [ -z "$missing" ] && grep -q '# 5 request(s), 0 failed' "$WORK/$name.log"; then
         pass "README as $name: every command ran, results in runs/ and demo-out/, dcpinfer installed in \$HOME/.local/bin"
     else

@@ -14,7 +14,7 @@
  * otherwise). Either may be NULL. */
 int threads_per_rank(MPI_Comm world, int *bound_cpus, int *share);
 
-/* Exit status of dcpinfer (README "Exit status"). */
+/* Exit status of dcpinfer (docs/usage.md, "Exit status"). */
 enum {
     EXIT_OK = 0,          /* every request finished; results written */
     EXIT_RUN_FAILED = 1,  /* the run stopped: bad input, model, layout, or writing the results */

@@ -59,8 +59,8 @@ int chat_template_load(ChatTemplate *t, const char *override, const char *tokeni
         char *err = NULL;
         t->tmpl = jinja_parse(t->source, t->text, strlen(t->text), &err);
         if (!t->tmpl) {
-            rc = dcp_fail("chat template %s (the engine renders the part of Jinja that chat templates use; see the "
-                          "README)",
+            rc = dcp_fail("chat template %s (the engine renders the part of Jinja that chat templates use; see "
+                          "docs/usage.md, \"Chat requests\")",
                           err);
             free(err);
         }
