@@ -12,6 +12,10 @@
 # expert parallelism at one rank, tp 4 dcp 4 and tp 2 dp 2.
 # Skips without a GPU. tests/stories_layouts.sh runs the same layouts on the CPU backend in
 # every suite, so that a layout the model refuses cannot hide here.
+# DCP_E2E_QUICK=1 (scripts/test.sh, where HIP-CPU runs the kernels on two
+# cores at a fifteenth of the speed) runs each model and feature once: the
+# layouts that split and merge every way (tp with dcp, a2a, staged MPI
+# buffers, expert parallelism with dp), not each of them apart.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 BACKEND=${DCP_E2E_BACKEND:-cuda}
 model=$SHARED/models/stories260K
@@ -50,29 +54,39 @@ run_layouts() {
         fi
     done
 }
-run_layouts "$WORK/cpu.h5" "$M" "" "-tp 2" "-tp 8 -dcp 2" "-tp 8 -dcp 2 --dcp-comm-backend a2a --mpi-device-buffers no"
+quick() { [ -n "${DCP_E2E_QUICK:-}" ]; }
+if quick; then run_layouts "$WORK/cpu.h5" "$M" "" "-tp 8 -dcp 2 --dcp-comm-backend a2a --mpi-device-buffers no"
+else run_layouts "$WORK/cpu.h5" "$M" "" "-tp 2" "-tp 8 -dcp 2" "-tp 8 -dcp 2 --dcp-comm-backend a2a --mpi-device-buffers no"; fi
 # a bf16 KV cache: the CPU's tokens with the same cache
 run_dcp cpu-bf16 $M --kv-cache-dtype bfloat16 --output "$WORK/cpu-bf16.h5" "$P"
-run_layouts "$WORK/cpu-bf16.h5" "$M --kv-cache-dtype bfloat16" "" "-tp 2"
+if quick; then run_layouts "$WORK/cpu-bf16.h5" "$M --kv-cache-dtype bfloat16" "-tp 2"
+else run_layouts "$WORK/cpu-bf16.h5" "$M --kv-cache-dtype bfloat16" "" "-tp 2"; fi
 
 # MQA: one KV head, so tp 2 can split its cache with dcp 2
 "$MKMODEL" --out "$WORK/mqa" --layers 2 --dim 64 --heads 8 --kv-heads 1 --hidden 96 --vocab 512 >/dev/null
 printf '{"id": "m1", "prompt_token_ids": [1, 403, 407, 261, 378], "max_tokens": 40, "temperature": 0}\n{"id": "m2", "prompt_token_ids": [1], "max_tokens": 90, "temperature": 0}\n' >"$P"
 run_dcp mqa-cpu --model "$WORK/mqa" --output "$WORK/mqa-cpu.h5" "$P"
-run_layouts "$WORK/mqa-cpu.h5" "--model $WORK/mqa" "" "-tp 2 -dcp 2" "-tp 2 -dcp 2 --dcp-comm-backend a2a"
+if quick; then run_layouts "$WORK/mqa-cpu.h5" "--model $WORK/mqa" "-tp 2 -dcp 2"
+else run_layouts "$WORK/mqa-cpu.h5" "--model $WORK/mqa" "" "-tp 2 -dcp 2" "-tp 2 -dcp 2 --dcp-comm-backend a2a"; fi
 
 # DeepSeek-V3 (latent attention, experts): the CPU's tokens at one rank,
 # and with the latent cache split 8 ways
 DS=$SRC/tests/data/deepseek/v3_yarn
 printf '{"id": "d1", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0}\n' "$(tr ' ' ',' <"$DS/prompt.txt" | tr -d '\n' | sed 's/,$//')" >"$P"
 run_dcp ds-cpu --model "$DS" --output "$WORK/ds-cpu.h5" "$P"
-run_layouts "$WORK/ds-cpu.h5" "--model $DS" "" "-tp 2 -dcp 2" "-tp 8 -dcp 8" "-tp 4 -dcp 4" \
-    "-tp 4 -dcp 4 --dcp-comm-backend a2a" "-tp 4 -dcp 4 --mpi-device-buffers no" \
-    "-tp 4 -dcp 4 --dcp-comm-backend a2a --mpi-device-buffers no"
+if quick; then run_layouts "$WORK/ds-cpu.h5" "--model $DS" "" "-tp 4 -dcp 4 --dcp-comm-backend a2a --mpi-device-buffers no"
+else
+    run_layouts "$WORK/ds-cpu.h5" "--model $DS" "" "-tp 2 -dcp 2" "-tp 8 -dcp 8" "-tp 4 -dcp 4" \
+        "-tp 4 -dcp 4 --dcp-comm-backend a2a" "-tp 4 -dcp 4 --mpi-device-buffers no" \
+        "-tp 4 -dcp 4 --dcp-comm-backend a2a --mpi-device-buffers no"
+fi
 # expert parallelism: whole experts, rows dispatched and combined between
 # the ranks (device buffers, and staged), DP groups in step
-run_layouts "$WORK/ds-cpu.h5" "--model $DS --enable-expert-parallel" "" "-tp 4 -dcp 4" \
-    "-tp 4 -dcp 4 --mpi-device-buffers no" "-tp 2 -dp 2 --mpi-device-buffers no"
+if quick; then run_layouts "$WORK/ds-cpu.h5" "--model $DS --enable-expert-parallel" "-tp 2 -dp 2 --mpi-device-buffers no"
+else
+    run_layouts "$WORK/ds-cpu.h5" "--model $DS --enable-expert-parallel" "" "-tp 4 -dcp 4" \
+        "-tp 4 -dcp 4 --mpi-device-buffers no" "-tp 2 -dp 2 --mpi-device-buffers no"
+fi
 # a bf16 latent cache, every launch checked against a GPU's limits and waited for
 run_dcp ds-cpu-bf16 --model "$DS" --kv-cache-dtype bfloat16 --output "$WORK/ds-cpu-bf16.h5" "$P"
 export DCPINFER_CUDA_SYNC=1
@@ -81,7 +95,8 @@ unset DCPINFER_CUDA_SYNC
 # FP8 weights as stored (block-scaled) with an FP8 latent cache
 DS8=$SRC/tests/data/deepseek/v3_fp8
 run_dcp ds8-cpu --model "$DS8" --kv-cache-dtype fp8 --output "$WORK/ds8-cpu.h5" "$P"
-run_layouts "$WORK/ds8-cpu.h5" "--model $DS8 --kv-cache-dtype fp8" "" "-tp 4 -dcp 4"
+if quick; then run_layouts "$WORK/ds8-cpu.h5" "--model $DS8 --kv-cache-dtype fp8" "-tp 2 -dcp 2"
+else run_layouts "$WORK/ds8-cpu.h5" "--model $DS8 --kv-cache-dtype fp8" "" "-tp 4 -dcp 4"; fi
 # DeepSeek-V2 (softmax routing, no q_lora_rank)
 DS=$SRC/tests/data/deepseek/v2_softmax
 printf '{"id": "d2", "prompt_token_ids": [%s], "max_tokens": 32, "temperature": 0}\n' "$(tr ' ' ',' <"$DS/prompt.txt" | tr -d '\n' | sed 's/,$//')" >"$P"
