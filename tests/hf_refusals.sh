@@ -61,28 +61,34 @@ expect_error deepseek_fp8_static 1 'quantization_config fp8 "activation_scheme":
 deepseek ds_block v3_fp8 '/"weight_block_size"/{n;s/[0-9][0-9]*/2147483648/}'
 expect_error deepseek_fp8_block 1 'quantization_config fp8 needs "weight_block_size": [rows, cols], each from 1 to 1048576' \
     --model "$WORK/ds_block" "$P"
+# a copy of the FP8 test checkpoint to damage, and where a tensor's bytes
+# lie in its model.safetensors: "START END", file offsets
+fp8_copy() { # NAME
+    mkdir -p "$WORK/$1" && cp "$SRC/tests/data/deepseek/v3_fp8/"* "$WORK/$1/" && chmod u+w "$WORK/$1/"*
+}
+tensor_bytes() { # FILE TENSOR
+    local hlen name
+    hlen=$(od -An -tu8 -N8 "$1" | tr -d ' ')
+    name=$(echo "$2" | sed 's/\./\\./g')
+    dd if="$1" bs=1 skip=8 count="$hlen" 2>/dev/null |
+        sed -n "s/.*\"$name\":{[^}]*\"data_offsets\":\[\([0-9]*\),\([0-9]*\)\].*/\1 \2/p" |
+        awk -v h="$hlen" '{print 8 + h + $1, 8 + h + $2}'
+}
 # an FP8 block scale that is NaN: the tensor and block named, not NaN logits
-mkdir -p "$WORK/ds_nan" && cp "$SRC/tests/data/deepseek/v3_fp8/"* "$WORK/ds_nan/" && chmod u+w "$WORK/ds_nan/"*
-f=$WORK/ds_nan/model.safetensors
-hlen=$(od -An -tu8 -N8 "$f" | tr -d ' ')
-off=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null |
-    sed -n 's/.*"model\.layers\.0\.self_attn\.q_a_proj\.weight_scale_inv":{[^}]*"data_offsets":\[\([0-9]*\),.*/\1/p')
-printf '\000\000\300\177' | dd of="$f" bs=1 seek=$((8 + hlen + off)) conv=notrunc 2>/dev/null # NaN, little-endian
+fp8_copy ds_nan
+set -- $(tensor_bytes "$WORK/ds_nan/model.safetensors" model.layers.0.self_attn.q_a_proj.weight_scale_inv)
+printf '\000\000\300\177' | dd of="$WORK/ds_nan/model.safetensors" bs=1 seek="$1" conv=notrunc 2>/dev/null # NaN, little-endian
 expect_error deepseek_fp8_nan_scale 1 "tensor 'model.layers.0.self_attn.q_a_proj.weight_scale_inv': block [0, 0] has the scale nan, not a finite number" \
     --model "$WORK/ds_nan" "$P"
 # an FP8 scale tensor of zeros (every block): the tensor named, not a model
 # that silently computes with a zero matrix
-mkdir -p "$WORK/ds_zero" && cp "$SRC/tests/data/deepseek/v3_fp8/"* "$WORK/ds_zero/" && chmod u+w "$WORK/ds_zero/"*
-f=$WORK/ds_zero/model.safetensors
-hlen=$(od -An -tu8 -N8 "$f" | tr -d ' ')
-range=$(dd if="$f" bs=1 skip=8 count="$hlen" 2>/dev/null |
-    sed -n 's/.*"model\.layers\.0\.self_attn\.kv_a_proj_with_mqa\.weight_scale_inv":{[^}]*"data_offsets":\[\([0-9]*\),\([0-9]*\)\].*/\1 \2/p')
-set -- $range
-head -c $(($2 - $1)) /dev/zero | dd of="$f" bs=1 seek=$((8 + hlen + $1)) conv=notrunc 2>/dev/null
+fp8_copy ds_zero
+set -- $(tensor_bytes "$WORK/ds_zero/model.safetensors" model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv)
+head -c $(($2 - $1)) /dev/zero | dd of="$WORK/ds_zero/model.safetensors" bs=1 seek="$1" conv=notrunc 2>/dev/null
 expect_error deepseek_fp8_zero_scales 1 "tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv': all " \
     --model "$WORK/ds_zero" "$P"
 # modules_to_not_convert naming a module the checkpoint stores in FP8
-mkdir -p "$WORK/ds_not_convert" && cp "$SRC/tests/data/deepseek/v3_fp8/"* "$WORK/ds_not_convert/" && chmod u+w "$WORK/ds_not_convert/"*
+fp8_copy ds_not_convert
 deepseek ds_not_convert v3_fp8 's/"activation_scheme": "dynamic"/"activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head", "model.layers.1.self_attn"]/'
 expect_error deepseek_fp8_not_convert 1 "tensor 'model.layers.1.self_attn.q_a_proj.weight' is FP8, but config.json's quantization_config lists 'model.layers.1.self_attn.q_a_proj' in modules_to_not_convert" \
     --model "$WORK/ds_not_convert" "$P"
