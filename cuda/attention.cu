@@ -13,6 +13,7 @@ static int meta_cap;
 
 #define ATT_THREADS 128
 #define ATT_MAX_D 640 // MLA: kv_lora_rank 512 + qk_rope_head_dim 64
+static_assert(ATT_MAX_D % 128 == 0, "k_attention: whole column steps");
 
 // One block per (token, head): keys in tiles of ATT_THREADS, one score per
 // thread, an online softmax across tiles, the output accumulated by the
@@ -81,8 +82,10 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
         float correction = expf(m - m_new);
         sum = sum * correction + red[0];
         int tile = min(ATT_THREADS, n - j0);
-        for (int c = 0; c * ATT_THREADS + tid < v_dim; c++) {
+#pragma unroll // a fixed count, so that acc stays in registers
+        for (int c = 0; c < ATT_MAX_D / ATT_THREADS; c++) {
             int d = c * ATT_THREADS + tid;
+            if (d >= v_dim) continue;
             float a = acc[c] * correction;
             for (int jj = 0; jj < tile; jj++) {
                 int jk = j0 + jj, key = (jk / run) * G * run + g * run + jk % run;
@@ -95,7 +98,9 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
     }
     size_t at = (size_t)g * rows + r;
     float *o = out + at * out_stride;
-    for (int c = 0; c * ATT_THREADS + tid < v_dim; c++) o[c * ATT_THREADS + tid] = n > first ? acc[c] / sum : 0.0f;
+#pragma unroll
+    for (int c = 0; c < ATT_MAX_D / ATT_THREADS; c++)
+        if (c * ATT_THREADS + tid < v_dim) o[c * ATT_THREADS + tid] = n > first ? acc[c] / sum : 0.0f;
     if (tid == 0) lse[at * lse_stride] = n > first ? m + logf(sum) : -INFINITY;
 }
 
@@ -221,6 +226,46 @@ __global__ void k_merge_partials(float *a, const float *b, int rows, int head_di
     if (r < rows && threadIdx.x == 0 && y[head_dim] != -INFINITY) x[head_dim] = l2;
 }
 
+// A block per row: the row's G key shards' packed partials (outputs, then
+// the LSE at head_dim; shard g's rows g * rows ... apart) merged by the
+// canonical merge tree (tree.h), each step k_merge_partials's arithmetic,
+// into out (rows, head_dim) and lse (rows): one launch for all G - 1
+// merges. The threads split the columns; the LSEs of the row's shards sit
+// in shared memory, updated by thread 0 between two barriers per step.
+#define MERGE_MAX_SHARDS 64
+__global__ void k_merge_shards(float *parts, int G, int rows, int head_dim, float *out, float *lse)
+{
+    __shared__ float l[MERGE_MAX_SHARDS];
+    int r = blockIdx.x, tid = threadIdx.x;
+    size_t stride = (size_t)head_dim + 1, blk = (size_t)rows * stride;
+    float *row = parts + (size_t)r * stride;
+    for (int g = tid; g < G; g += blockDim.x) l[g] = row[g * blk + head_dim];
+    __syncthreads();
+    for (int s = 0; s < G - 1; s++) {
+        TreeStep st = tree_merge_step(G, s);
+        float l1 = l[st.into], l2 = l[st.from], lm = l2;
+        float *x = row + st.into * blk;
+        const float *y = row + st.from * blk;
+        if (l2 != -INFINITY) {
+            if (l1 == -INFINITY) {
+                for (int d = tid; d < head_dim; d += blockDim.x) x[d] = y[d];
+            } else {
+                float m = fmaxf(l1, l2), s1 = expf(l1 - m), s2 = expf(l2 - m), inv = __frcp_rn(__fadd_rn(s1, s2));
+                for (int d = tid; d < head_dim; d += blockDim.x)
+                    x[d] = __fmul_rn(__fadd_rn(__fmul_rn(x[d], s1), __fmul_rn(y[d], s2)), inv);
+                lm = m + logf(__fadd_rn(s1, s2));
+            }
+        }
+        // every thread has read the step's LSEs before thread 0 writes one
+        if (!MUTANT(6)) __syncthreads();
+        if (tid == 0 && l2 != -INFINITY) l[st.into] = lm;
+        __syncthreads();
+    }
+    for (int d = tid; d < head_dim; d += blockDim.x) out[(size_t)r * head_dim + d] = row[d];
+    if (tid == 0) lse[r] = l[0];
+}
+DCP_STATIC_SHARED(k_merge_shards, sizeof(float) * MERGE_MAX_SHARDS);
+
 void cuda_merge_partials(float *a, const float *b, int rows, int head_dim, int stride)
 {
     dim3 threads(32, 8);
@@ -312,13 +357,9 @@ void cuda_attention(const AttnBatch *a)
         attention_kernels<float>(a, out, out_stride, lse, lse_stride, row0, n_keys, key0, tables, rows, Dv, G, run);
     DCP_CHECK_LAUNCH(stream);
     if (G == 1) return;
-    size_t blk = (size_t)rows * (Dv + 1);
-    for (int i = 0; i < G - 1; i++) { // the canonical merge tree (tree.h)
-        TreeStep st = tree_merge_step(G, i);
-        cuda_merge_partials(d_shard_parts + st.into * blk, d_shard_parts + st.from * blk, rows, Dv, Dv + 1);
-    }
-    cuda_strided_copy(a->out, Dv, d_shard_parts, Dv + 1, rows, Dv);
-    cuda_strided_copy(a->lse, 1, d_shard_parts + Dv, Dv + 1, rows, 1);
+    if (G > MERGE_MAX_SHARDS) dcp_check_failed(__FILE__, __LINE__, "cuda_attention", "more than 64 key shards");
+    DCP_LAUNCH(k_merge_shards, rows, 128, 0, stream, d_shard_parts, G, rows, Dv, a->out, a->lse);
+    DCP_CHECK_LAUNCH(stream);
 }
 
 __global__ void k_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim)

@@ -1,6 +1,6 @@
-// The CUDA backend: the ops of src/backend/backend_cpu.c on the GPU, with
-// GEMMs in cuBLAS (fp32 or bf16 weights, fp32 accumulation) and the rest as
-// kernels, one kind of op a file (backend_cuda.cuh). All work goes to one
+// The CUDA backend: the ops of src/backend/backend_cpu.c on the GPU, as
+// kernels, one kind of op a file (backend_cuda.cuh); the GEMMs in the CPU
+// backend's invariant arithmetic (gemm.cu). All work goes to one
 // stream; downloads wait for it. Weights and the KV cache live in device
 // memory from cudaMalloc (never managed memory). This file: memory, the
 // stream, the launch checks and the ops table.
@@ -8,7 +8,6 @@
 
 cudaStream_t stream;
 BackendCounts counts;
-cublasHandle_t blas;
 int gemm_bf16;
 
 // ---- memory -----------------------------------------------------------
@@ -16,6 +15,7 @@ int gemm_bf16;
 void *cuda_alloc(size_t bytes)
 {
     void *p = NULL;
+    counts.allocations++;
     DCP_CHECK(cudaMalloc(&p, bytes ? bytes : 4));
     return p;
 }
@@ -45,18 +45,22 @@ void cuda_download(void *dst, const void *src, size_t bytes)
 {
     if (!bytes) return;
     counts.downloads++;
+    counts.d2h_bytes += (long long)bytes;
     DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
     DCP_CHECK(cudaStreamSynchronize(stream));
 }
 
 void cuda_copy(void *dst, const void *src, size_t bytes)
 {
-    if (bytes) DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    if (!bytes) return;
+    cuda_count_launch("copy");
+    DCP_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
 static void *cuda_host_alloc(size_t bytes)
 {
     void *p = NULL;
+    counts.allocations++;
     DCP_CHECK(cudaMallocHost(&p, bytes ? bytes : 4));
     return p;
 }
@@ -128,6 +132,34 @@ static int cuda_set_gemm_dtype(const char *dtype)
     else if (!strcmp(dtype, "bfloat16")) gemm_bf16 = 1;
     else return dcp_fail("--dtype %s: choose float32 or bfloat16", dtype);
     return 0;
+}
+
+// DCPINFER_CUDA_LAUNCHES=1: each kernel's launches (device copies as
+// "copy"), printed on stderr at exit; a kernel is its name's string, the
+// same pointer at every launch
+static struct {
+    const char *kernel;
+    long n;
+} launch_log[64];
+static void print_launches(void)
+{
+    for (int i = 0; i < 64 && launch_log[i].kernel; i++)
+        fprintf(stderr, "dcpinfer: %8ld launches of %s\n", launch_log[i].n, launch_log[i].kernel);
+}
+void cuda_count_launch(const char *kernel)
+{
+    counts.launches++;
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DCPINFER_CUDA_LAUNCHES");
+        on = e && !strcmp(e, "1");
+        if (on) atexit(print_launches);
+    }
+    if (!on) return;
+    int i = 0;
+    while (i < 63 && launch_log[i].kernel && launch_log[i].kernel != kernel) i++;
+    launch_log[i].kernel = kernel;
+    launch_log[i].n++;
 }
 
 int cuda_sync_each_launch(void)
@@ -203,10 +235,6 @@ extern "C" const Backend *backend_cuda(void)
         return NULL;
     }
     DCP_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    DCP_CHECK(cublasCreate(&blas));
-    DCP_CHECK(cublasSetStream(blas, stream));
-    // fp32 GEMMs stay fp32: no TF32 rounding, so results match the CPU backend closely
-    DCP_CHECK(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
     Backend b;
     memset(&b, 0, sizeof b);
     b.name = "cuda";
@@ -231,6 +259,7 @@ extern "C" const Backend *backend_cuda(void)
     b.rope = cuda_rope;
     b.silu_mul = cuda_silu_mul;
     b.add = cuda_add;
+    b.sum_parts = cuda_sum_parts;
     b.scale = cuda_scale;
     b.add_bias = cuda_add_bias;
     b.embedding = cuda_embedding;

@@ -34,12 +34,11 @@ extern "C" {
 #include "util.h"
 }
 
-// the one stream all work goes to, cuBLAS on it, and the backend's counts
+// the one stream all work goes to, and the backend's counts
 extern cudaStream_t stream;
-extern cublasHandle_t blas;
 extern BackendCounts counts;
-// GEMM weights in bf16 (--dtype bfloat16): activations are converted to
-// bf16 for each product, accumulation stays fp32
+// GEMM weights in bf16 (--dtype bfloat16): widened exactly in the GEMM,
+// activations and accumulation fp32
 extern int gemm_bf16;
 
 static inline unsigned blocks_for(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -95,6 +94,68 @@ __device__ static inline WeightRef qs_ref(QS_PARAMS)
 }
 
 
+// ---- the GEMMs' arithmetic (gemm.cu, moe.cu) ---------------------------
+// One output element of a product is 16 lane chains over the whole runs of
+// 16 elements of K, added by lane_tree, then the K mod 16 tail by FMA: the
+// CPU backend's invariant GEMM (docs/design.md, "Same bits whatever shares
+// the batch").
+#define GM_LANES 16
+
+// elements i .. i + 15 of w, widened as w_load widens them; a stored
+// format's 16 share one run (and its scale) when runs are multiples of 16
+__device__ static inline float w_value(const uint8_t *w, size_t i) { return f8e4m3_to_f32(w[i]); }
+__device__ static inline float w_value(const Int4 *w, size_t i) { return i4_value((const uint8_t *)w, i); }
+__device__ static inline float w_value(const Fp4 *w, size_t i) { return fp4_value((const uint8_t *)w, i); }
+template <typename W> struct stored_format {
+    static constexpr bool scaled = true;
+};
+template <> struct stored_format<float> {
+    static constexpr bool scaled = false;
+};
+template <> struct stored_format<__nv_bfloat16> {
+    static constexpr bool scaled = false;
+};
+template <typename W>
+__device__ static inline void w_load16(float *v, const W *w, const WeightRef &q, size_t i)
+{
+    if constexpr (stored_format<W>::scaled) {
+        if (q.qcols % GM_LANES == 0) {
+            float s = weight_run_scale(&q, i / (size_t)q.qcols);
+            int bf16 = q.qflags & QF_ROUND_BF16;
+#pragma unroll
+            for (int l = 0; l < GM_LANES; l++) v[l] = scaled_value(w_value(w, i + l), s, bf16);
+            return;
+        }
+    }
+#pragma unroll
+    for (int l = 0; l < GM_LANES; l++) v[l] = w_load(w, q, i + l);
+}
+
+// one output element's lanes added by the fixed tree
+__device__ static inline float lane_tree(const float *a)
+{
+    float h[8], g[4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) h[i] = a[i] + a[i + 8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) g[i] = h[i] + h[i + 4];
+    return (g[0] + g[2]) + (g[1] + g[3]);
+}
+
+// The expert whose pairs hold pair row i: the last e with start[e] <= i
+// (start: experts + 1 ascending offsets, i < start[experts]), by binary
+// search
+__device__ static inline int expert_of(const int *start, int experts, int i)
+{
+    int lo = 0, hi = experts - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // KV cache rows: fp32, bf16 (--kv-cache-dtype bfloat16) or FP8 E4M3
 // (--kv-cache-dtype fp8), rounded as the CPU backend rounds them
 __device__ static inline float kv_load(const float *p) { return *p; }
@@ -116,6 +177,7 @@ void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const
 void cuda_silu_mul(float *gate, const float *up, size_t n);
 void cuda_add_bias(float *y, const float *b, int T, int n);
 void cuda_add(float *y, const float *x, size_t n);
+void cuda_sum_parts(float *y, int parts, size_t n);
 void cuda_scale(float *x, size_t n, float s, int divide);
 void cuda_gather_rows(float *dst, const float *src, const int *rows, int R, int dim);
 void cuda_embedding(float *x, WeightRef table, int row0, int rows, const int *tokens, int T, int dim);

@@ -1,4 +1,4 @@
-// CUDA and cuBLAS status overloads of dcp_check (see src/check.h).
+// The CUDA status overload of dcp_check (see src/check.h).
 #ifndef DCP_CHECK_CUH
 #define DCP_CHECK_CUH
 
@@ -13,14 +13,6 @@ static inline void dcp_check(cudaError_t rc, const char *file, int line, const c
     if (rc != cudaSuccess) dcp_check_failed(file, line, stmt, cudaGetErrorString(rc));
 }
 
-static inline void dcp_check(cublasStatus_t rc, const char *file, int line, const char *stmt)
-{
-    if (rc != CUBLAS_STATUS_SUCCESS) {
-        char what[96];
-        snprintf(what, sizeof what, "cuBLAS status %d (%s)", (int)rc, cublasGetStatusString(rc));
-        dcp_check_failed(file, line, stmt, what);
-    }
-}
 
 // After a kernel launch: the launch's own error and, when the environment
 // sets DCPINFER_CUDA_SYNC=1, the kernel's (the stream is synchronised), so

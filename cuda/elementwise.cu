@@ -94,6 +94,26 @@ void cuda_add(float *y, const float *x, size_t n)
     DCP_CHECK_LAUNCH(stream);
 }
 
+// parts x n floats of y added into the first n by the canonical sum tree,
+// in one launch: thread i walks the tree's steps for element i, each a
+// read-modify-write of its own element of two parts (no thread reads
+// another's), the additions of cuda_add's one by one
+__global__ void k_sum_parts(float *y, int parts, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    for (int s = 0; s < parts - 1; s++) {
+        TreeStep st = tree_sum_step(parts, s);
+        y[st.into * n + i] += y[st.from * n + i];
+    }
+}
+
+void cuda_sum_parts(float *y, int parts, size_t n)
+{
+    if (n && parts > 1) DCP_LAUNCH(k_sum_parts, blocks_for(n, 256), 256, 0, stream, y, parts, n);
+    DCP_CHECK_LAUNCH(stream);
+}
+
 __global__ void k_scale(float *x, size_t n, float s, int divide)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -18,7 +18,6 @@
 
 #ifndef DCP_HIP_CPU
 
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define DCP_KERNEL_LAUNCH(kernel, grid, block, shmem, stream, ...) kernel<<<grid, block, shmem, stream>>>(__VA_ARGS__)
@@ -119,7 +118,6 @@ __host__ __device__ inline float __fadd_rn(float a, float b) { return a + b; }
 __host__ __device__ inline float __fmul_rn(float a, float b) { return a * b; }
 __host__ __device__ inline float __frcp_rn(float a) { return 1.0f / a; }
 
-#include "cublas_cpu.h"
 
 #endif
 
@@ -143,10 +141,12 @@ template <auto Kernel> struct dcp_static_shared {
     };                                                                                 \
     static_assert((n) <= DCP_MAX_STATIC_SHARED, #kernel ": static shared memory above 48 KiB")
 int cuda_sync_each_launch(void);
+void cuda_count_launch(const char *kernel); // BackendCounts.launches; by kernel with DCPINFER_CUDA_LAUNCHES=1
 void dcp_launch_check(const char *kernel, dim3 grid, dim3 block, size_t dynamic_shared, size_t static_shared,
                       const void *func);
 #define DCP_LAUNCH(kernel, grid, block, shmem, stream, ...)                                                   \
     do {                                                                                                      \
+        cuda_count_launch(#kernel);                                                                               \
         if (cuda_sync_each_launch())                                                                          \
             dcp_launch_check(#kernel, dim3(grid), dim3(block), (shmem), dcp_static_shared<kernel>::bytes,    \
                              (const void *)(kernel));                                                         \

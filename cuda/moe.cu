@@ -7,32 +7,161 @@
 #define MOE_MAX_EXPERTS 512
 #define MOE_MAX_GROUPS 64
 
-// One block per token: its experts and weights, by the host's own code
-// (moe_route_token), on one thread; E is a few hundred at most.
-// (the router's fields come as scalars: HIP-CPU's kernels take no structs by value without a warning)
+// One block per token: its experts and weights, as moe_route_token chooses
+// them (moe_route.h, the host's code): the scores expert by expert over
+// the threads, the softmax's maximum and sum on one thread in the host's
+// order, each group's best on its own thread, the K choices as K rounds of
+// a block argmax (the larger score, the lower index at a tie: the
+// sequential scan's first maximum). Logits are finite (a NaN would be
+// ordered differently from the host's scan).
+#define ROUTE_THREADS 256
+struct RouteBest {
+    float v;
+    int i; // -1: none
+};
+__device__ static inline RouteBest route_better(RouteBest a, RouteBest b)
+{
+    if (b.i < 0) return a;
+    if (a.i < 0) return b;
+    return b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a;
+}
 __global__ void k_moe_route_tokens(int experts, int per_token, int groups, int topk_group, int flags, float scaling,
                                    const float *logits, const float *bias, int *idx, float *wt)
 {
-    MoeRouting r = {experts, per_token, groups, topk_group, flags & 1, flags >> 1 & 1, flags >> 2 & 1, scaling};
-    __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS], gscore[MOE_MAX_GROUPS];
-    __shared__ int keep[MOE_MAX_GROUPS];
+    __shared__ float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS], gscore[MOE_MAX_GROUPS], red_v[ROUTE_THREADS],
+        misc[2];
+    __shared__ int keep[MOE_MAX_GROUPS], red_i[ROUTE_THREADS];
     __shared__ char taken[MOE_MAX_EXPERTS];
+    int E = experts, G = groups, per = E / G, K = per_token, v3 = flags & 1, grouped = flags >> 1 & 1,
+        norm = flags >> 2 & 1, tid = threadIdx.x;
     size_t t = blockIdx.x;
-    if (threadIdx.x == 0)
-        moe_route_token(&r, logits + t * r.experts, bias, score, choice, gscore, keep, taken, idx + t * r.per_token,
-                        wt + t * r.per_token);
+    const float *lg = logits + t * E;
+    int *ti = idx + t * K;
+    float *tw = wt + t * K;
+    for (int x = tid; x < E; x += blockDim.x) taken[x] = 0;
+    for (int g = tid; g < G; g += blockDim.x) keep[g] = 0;
+    if (v3) {
+        for (int x = tid; x < E; x += blockDim.x) {
+            score[x] = 1.0f / (1.0f + expf(-lg[x]));
+            choice[x] = score[x] + (bias ? bias[x] : 0.0f);
+        }
+    } else {
+        if (tid == 0) {
+            float mx = -INFINITY;
+            for (int x = 0; x < E; x++) mx = lg[x] > mx ? lg[x] : mx;
+            misc[0] = mx;
+        }
+        __syncthreads();
+        for (int x = tid; x < E; x += blockDim.x) score[x] = expf(lg[x] - misc[0]);
+        __syncthreads();
+        if (tid == 0) {
+            float sum = 0;
+            for (int x = 0; x < E; x++) sum += score[x];
+            misc[1] = sum;
+        }
+        __syncthreads();
+        for (int x = tid; x < E; x += blockDim.x) choice[x] = score[x] /= misc[1];
+    }
+    __syncthreads();
+    if (grouped) {
+        for (int g = tid; g < G; g += blockDim.x) {
+            float a = -INFINITY, b = -INFINITY; // the best two (V3) or the best (V2)
+            for (int x = g * per; x < (g + 1) * per; x++) {
+                if (choice[x] > a) b = a, a = choice[x];
+                else if (choice[x] > b) b = choice[x];
+            }
+            gscore[g] = v3 ? a + b : a;
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int n = 0; n < topk_group; n++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+                keep[best] = 1;
+            }
+        __syncthreads();
+        for (int x = tid; x < E; x += blockDim.x)
+            if (!keep[x / per]) choice[x] = v3 ? -INFINITY : 0.0f;
+        __syncthreads();
+    }
+    for (int n = 0; n < K; n++) {
+        RouteBest b = {0.0f, -1};
+        for (int x = tid; x < E; x += blockDim.x)
+            if (!taken[x] && (b.i < 0 || choice[x] > b.v)) b.v = choice[x], b.i = x;
+        red_v[tid] = b.v, red_i[tid] = b.i;
+        __syncthreads();
+        for (int w = blockDim.x / 2; w > 0; w /= 2) {
+            if (tid < w) {
+                RouteBest m = route_better({red_v[tid], red_i[tid]}, {red_v[tid + w], red_i[tid + w]});
+                red_v[tid] = m.v, red_i[tid] = m.i;
+            }
+            __syncthreads();
+        }
+        if (tid == 0) {
+            int best = red_i[0];
+            taken[best] = 1;
+            ti[n] = best;
+            tw[n] = v3 ? score[best] : choice[best];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        if (norm) {
+            float sum = 1e-20f;
+            for (int n = 0; n < K; n++) sum += tw[n];
+            for (int n = 0; n < K; n++) tw[n] /= sum;
+        }
+        for (int n = 0; n < K; n++) tw[n] *= scaling;
+    }
 }
-DCP_STATIC_SHARED(k_moe_route_tokens, (2 * sizeof(float) + 1) * MOE_MAX_EXPERTS + (sizeof(float) + sizeof(int)) * MOE_MAX_GROUPS);
+DCP_STATIC_SHARED(k_moe_route_tokens, (2 * sizeof(float) + 1) * MOE_MAX_EXPERTS +
+                                          (sizeof(float) + sizeof(int)) * (MOE_MAX_GROUPS + ROUTE_THREADS) +
+                                          2 * sizeof(float));
 
-// The step's pairs grouped by expert (moe_group_pairs), on one thread: a
-// counting sort of T * K entries.
+// The step's T * K pairs grouped by expert, as moe_group_pairs groups
+// them (tokens in order within an expert; token t's slots in expert
+// order), by one block: a histogram (each thread counts the pairs of the
+// experts it owns), an exclusive scan of the counts in shared memory
+// (Hillis-Steele, log2 E rounds), and each owner placing its pairs in
+// token order. No atomics: every offset is a count, the same every run.
+#define GROUP_THREADS 512
+static_assert(GROUP_THREADS >= MOE_MAX_EXPERTS, "k_moe_group: a thread per expert");
 __global__ void k_moe_group(const int *idx, const float *wt, int T, int K, int E, int *rows, float *weights,
-                            int *slots, int *start, int *fill)
+                            int *slots, int *start)
 {
-    if (threadIdx.x == 0) moe_group_pairs(idx, wt, T, K, E, rows, weights, slots, start, fill);
+    __shared__ int scan[2][GROUP_THREADS];
+    int e = threadIdx.x, P = T * K, c = 0;
+    if (e < E)
+        for (int i = 0; i < P; i++) c += idx[i] == e;
+    scan[0][e] = c;
+    __syncthreads();
+    int from = 0;
+    for (int w = 1; w < GROUP_THREADS; w *= 2) { // inclusive prefix sums
+        scan[!from][e] = scan[from][e] + (e >= w ? scan[from][e - w] : 0);
+        from = !from;
+        __syncthreads();
+    }
+    int at = scan[from][e] - c; // exclusive: the pairs of the experts before e
+    if (MUTANT(7) && e > 0) at = e >= 2 ? scan[from][e - 2] : 0; // the scan read one expert back
+    if (e < E) start[e] = at;
+    if (e == E - 1) start[E] = at + c;
+    if (e >= E) return;
+    for (int t = 0; t < T && c; t++)
+        for (int n = 0; n < K; n++) {
+            const int *ti = idx + (size_t)t * K;
+            if (ti[n] != e) continue;
+            int rank = 0; // token t's experts below e: this pair's place among its slots
+            for (int m = 0; m < K; m++) rank += ti[m] < e;
+            rows[at] = t;
+            weights[at] = wt[(size_t)t * K + n];
+            slots[(size_t)t * K + rank] = at;
+            at++, c--;
+        }
 }
+DCP_STATIC_SHARED(k_moe_group, sizeof(int) * 2 * GROUP_THREADS);
 
-static int *d_moe_idx, *d_moe_fill;
+static int *d_moe_idx;
 static float *d_moe_wt;
 static size_t moe_cap;
 
@@ -42,104 +171,87 @@ void cuda_moe_route(const MoeRouting *r, const float *logits, const float *bias,
     if (r->experts > MOE_MAX_EXPERTS || r->groups > MOE_MAX_GROUPS)
         dcp_check_failed(__FILE__, __LINE__, "cuda_moe_route", "more than 512 experts or 64 expert groups");
     size_t pairs = (size_t)T * r->per_token;
-    if (pairs + r->experts > moe_cap) {
-        if (moe_cap) cuda_release(d_moe_idx), cuda_release(d_moe_fill), cuda_release(d_moe_wt);
-        moe_cap = 2 * (pairs + r->experts);
+    if (pairs > moe_cap) {
+        if (moe_cap) cuda_release(d_moe_idx), cuda_release(d_moe_wt);
+        moe_cap = 2 * pairs;
         d_moe_idx = (int *)cuda_alloc(sizeof(int) * moe_cap);
-        d_moe_fill = (int *)cuda_alloc(sizeof(int) * moe_cap);
         d_moe_wt = (float *)cuda_alloc(sizeof(float) * moe_cap);
     }
-    if (!T) return;
-    DCP_LAUNCH(k_moe_route_tokens, T, 32, 0, stream, r->experts, r->per_token, r->groups, r->topk_group,
-               r->v3 | r->grouped << 1 | r->norm_topk << 2, r->scaling, logits, bias, d_moe_idx, d_moe_wt);
+    if (T)
+        DCP_LAUNCH(k_moe_route_tokens, T, ROUTE_THREADS, 0, stream, r->experts, r->per_token, r->groups,
+                   r->topk_group, r->v3 | r->grouped << 1 | r->norm_topk << 2, r->scaling, logits, bias, d_moe_idx,
+                   d_moe_wt);
     DCP_CHECK_LAUNCH(stream);
-    DCP_LAUNCH(k_moe_group, 1, 32, 0, stream, d_moe_idx, d_moe_wt, T, r->per_token, r->experts, rows, weights, slots,
-               start, d_moe_fill);
+    DCP_LAUNCH(k_moe_group, 1, GROUP_THREADS, 0, stream, d_moe_idx, d_moe_wt, T, r->per_token, r->experts, rows,
+               weights, slots, start);
     DCP_CHECK_LAUNCH(stream);
 }
 
-// The grouped GEMM of the experts (backend.h, moe_matmul). The grid covers
-// the worst case of row tiles, pairs / MM_BM + experts (each expert adds at
-// most one partial tile); block x finds its expert and tile from start[]
-// on the device, and blocks past the last tile return, so the host never
-// needs the counts. A block computes MM_BM rows x MM_BN outputs, K in steps
-// of MM_BK through shared memory; each of the 256 threads 2 x 4 of them,
-// accumulated in fp32 (bf16 weights widened exactly).
-#define MM_BM 32
-#define MM_BN 64
-#define MM_BK 32
-#define MM_THREADS 256 // 16 x 16, each 2 x 4 outputs of the 32 x 64 tile
-static_assert(MM_THREADS == (MM_BM / 2) * (MM_BN / 4) && MM_BM / 2 == 16 && MM_BN / 4 == 16, "k_moe_matmul's thread grid");
+// The experts' grouped GEMM (backend.h, moe_matmul), in the GEMM's
+// arithmetic (backend_cuda.cuh): a thread computes weight row n of the
+// experts of MM_T consecutive pair rows, the rows of one expert at a time
+// (a tile may hold the last pairs of one expert and the first of the
+// next); block x is a tile of pair rows, its experts found by binary
+// search of start[], so the grid is the pairs' tiles, never the experts.
+#define MM_T 4
+#define MM_THREADS 128
 template <typename W>
 __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
-                             const W *w, QS_PARAMS, size_t w_step, int in, int out)
+                             int pairs, const W *w, QS_PARAMS, size_t w_step, int in, int out)
 {
     WeightRef qs = qs_ref(scale, scale8, tables, table_runs, run0, qcols, qflags);
-    __shared__ float xs[MM_BM][MM_BK + 1], ws[MM_BN][MM_BK + 1];
-    int b = blockIdx.x, e = 0;
-    for (; e < experts; e++) {
-        int tiles = (start[e + 1] - start[e] + MM_BM - 1) / MM_BM;
-        if (b < tiles) break;
-        b -= tiles;
+    int n = blockIdx.y * blockDim.x + threadIdx.x, r0 = blockIdx.x * MM_T, r1 = min(pairs, r0 + MM_T),
+        whole = in - in % GM_LANES;
+    if (n >= out) return;
+    const float *xr[MM_T];
+#pragma unroll
+    for (int t = 0; t < MM_T; t++) xr[t] = r0 + t < r1 ? x + (size_t)(rows ? rows[r0 + t] : r0 + t) * ldx : x;
+    for (int s0 = r0; s0 < r1;) { // the rows s0 .. s1 - 1 of expert e
+        int e = expert_of(start, experts, s0), s1 = max(s0 + 1, min(r1, start[e + 1])); // progress even on a bad start[]
+        size_t row = (size_t)e * w_step + (size_t)n * in;
+        float acc[MM_T][GM_LANES];
+#pragma unroll
+        for (int t = 0; t < MM_T; t++)
+#pragma unroll
+            for (int l = 0; l < GM_LANES; l++) acc[t][l] = 0.0f;
+        for (int k = 0; k < whole; k += GM_LANES) {
+            float v[GM_LANES];
+            w_load16(v, w, qs, row + k);
+#pragma unroll
+            for (int t = 0; t < MM_T; t++)
+                if (r0 + t >= s0 && r0 + t < s1)
+#pragma unroll
+                    for (int l = 0; l < GM_LANES; l++) acc[t][l] = fmaf(xr[t][k + l], v[l], acc[t][l]);
+        }
+#pragma unroll
+        for (int t = 0; t < MM_T; t++)
+            if (r0 + t >= s0 && r0 + t < s1) {
+                float sum = lane_tree(acc[t]);
+                for (int k = whole; k < in; k++) sum = fmaf(xr[t][k], w_load(w, qs, row + k), sum);
+                y[(size_t)(r0 + t) * out + n] = sum;
+            }
+        s0 = s1;
     }
-    if (e == experts) return; // the whole block: past the last tile
-    int r0 = start[e] + b * MM_BM, r1 = min(start[e + 1], r0 + MM_BM), n0 = blockIdx.y * MM_BN;
-    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    size_t we = (size_t)e * w_step; // expert e's first element
-    float acc[2][4] = {{0}};
-    for (int k0 = 0; k0 < in; k0 += MM_BK) {
-        for (int i = threadIdx.x; i < MM_BM * MM_BK; i += blockDim.x) {
-            int r = i / MM_BK, k = i % MM_BK, row = r0 + r;
-            xs[r][k] = row < r1 && k0 + k < in ? x[(size_t)(rows ? rows[row] : row) * ldx + k0 + k] : 0.0f;
-        }
-        for (int i = threadIdx.x; i < MM_BN * MM_BK; i += blockDim.x) {
-            int n = i / MM_BK, k = i % MM_BK;
-            ws[n][k] = n0 + n < out && k0 + k < in ? w_load(w, qs, we + (size_t)(n0 + n) * in + k0 + k)
-                                                   : 0.0f;
-        }
-        __syncthreads();
-        for (int k = 0; k < MM_BK; k++)
-#pragma unroll
-            for (int a = 0; a < 2; a++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) acc[a][c] += xs[ty + 16 * a][k] * ws[tx + 16 * c][k];
-        __syncthreads();
-    }
-#pragma unroll
-    for (int a = 0; a < 2; a++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            int row = r0 + ty + 16 * a, n = n0 + tx + 16 * c;
-            if (row < r1 && n < out) y[(size_t)row * out + n] = acc[a][c];
-        }
 }
-DCP_STATIC_SHARED(k_moe_matmul<float>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
-DCP_STATIC_SHARED(k_moe_matmul<__nv_bfloat16>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
-DCP_STATIC_SHARED(k_moe_matmul<uint8_t>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
-DCP_STATIC_SHARED(k_moe_matmul<Int4>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
-DCP_STATIC_SHARED(k_moe_matmul<Fp4>, sizeof(float) * (MM_BM + MM_BN) * (MM_BK + 1));
 
 void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
                      int pairs, WeightRef w, size_t w_step, int in, int out)
 {
     if (!pairs || !out) return;
     counts.moe_matmuls++;
-    dim3 grid(pairs / MM_BM + experts, blocks_for(out, MM_BN));
-    if (w.dtype == DTYPE_I4)
-        DCP_LAUNCH(k_moe_matmul<Int4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const Int4 *)w.data, QS_ARGS(w), w_step, in, out);
-    else if (w.dtype == DTYPE_FP4)
-        DCP_LAUNCH(k_moe_matmul<Fp4>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const Fp4 *)w.data, QS_ARGS(w), w_step, in, out);
-    else if (w.dtype == DTYPE_F8_E4M3)
-        DCP_LAUNCH(k_moe_matmul<uint8_t>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const uint8_t *)w.data, QS_ARGS(w), w_step, in, out);
-    else if (w.dtype == DTYPE_BF16)
-        DCP_LAUNCH(k_moe_matmul<__nv_bfloat16>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts,
-                   (const __nv_bfloat16 *)w.data, QS_ARGS(w), w_step, in, out);
-    else
-        DCP_LAUNCH(k_moe_matmul<float>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts, (const float *)w.data,
-                   QS_ARGS(w), w_step, in, out);
+    dim3 grid(blocks_for((size_t)pairs, MM_T), blocks_for((size_t)out, MM_THREADS));
+#define MM_LAUNCH(W)                                                                                                  \
+    DCP_LAUNCH(k_moe_matmul<W>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts, pairs,                 \
+               (const W *)w.data, QS_ARGS(w), w_step, in, out)
+    switch (w.dtype) {
+    case DTYPE_F32: MM_LAUNCH(float); break;
+    case DTYPE_BF16: MM_LAUNCH(__nv_bfloat16); break;
+    case DTYPE_F8_E4M3: MM_LAUNCH(uint8_t); break;
+    case DTYPE_I4: MM_LAUNCH(Int4); break;
+    case DTYPE_FP4: MM_LAUNCH(Fp4); break;
+    default: dcp_check_failed(__FILE__, __LINE__, "cuda_moe_matmul", "a weight format without a kernel");
+    }
+#undef MM_LAUNCH
     DCP_CHECK_LAUNCH(stream);
 }
 

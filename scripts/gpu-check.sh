@@ -2,19 +2,28 @@
 # The GPU check: on a machine with one NVIDIA GPU, the CUDA toolkit and
 # MPI, build dcpinfer with CUDA and answer in one command whether the GPU
 # path is right and how fast it decodes:
-# - the backend conformance test (tests/test_backends): every op against
-#   the CPU backend at real models' shapes (head_dim 64/128, GQA 1-8, MLA
-#   576/512 and 192/128, up to 4,096 keys and 512 tokens, bf16 and fp32
-#   weights and KV), the MoE layer without host round-trips and the batched
-#   absorption, counted;
-# - end to end (tests/gpu_stories.sh): stories260K, an MQA model and the
-#   DeepSeek-V3/V2 test models give the CPU backend's tokens at one rank and
-#   at TP/DCP layouts, both merges, both MPI buffer modes;
-# both with every launch checked against the GPU's limits and synchronised
-# (DCPINFER_CUDA_SYNC=1); then short decode benchmarks, a GQA model and a
-# DeepSeek-V3-shaped MLA + MoE model, that print tokens/s and the fraction
-# of peak memory bandwidth reached by the decode attention and the GEMMs.
+# - the build for the default architectures (sm_90 and sm_100), with no
+#   register spill or local memory in any kernel (ptxas -warn-spills);
+# - compute-sanitizer's memcheck, racecheck, synccheck and initcheck on
+#   the backend conformance test (tests/test_backends);
+# - the GPU tests, each once without DCPINFER_CUDA_SYNC (launches queued
+#   as in a run, so that an ordering bug shows) and once with it (every
+#   launch checked against the GPU's limits and waited for, so that a
+#   fault names its launch): tests/test_backends (every op against the CPU
+#   backend at real models' shapes, the GEMMs bit for bit),
+#   tests/gpu_stories.sh (the CPU backend's tokens at TP/DCP layouts),
+#   tests/gpu_bits.sh (the same bits at every layout and batch, every
+#   weight format), tests/gpu_steps.sh (per-step launches, waits,
+#   allocations and copies), tests/gpu_memory.sh; a skipped test is a
+#   failure here;
+# - h5diff of the results file of a run against the same run again and
+#   against -tp 2 (tokens and log-probabilities, bit for bit);
+# - short decode benchmarks, a GQA model and a DeepSeek-V3-shaped MLA +
+#   MoE model: tokens/s with no wait inside a step, and the attention and
+#   GEMMs' fraction of peak memory bandwidth.
 # Needs no network. Meant to finish within 8 minutes on one H200.
+# Exit status: 0 all passed, 1 a check failed, 2 a dependency is missing,
+# 3 built and checked here but the GPU steps not run (no GPU).
 #
 # Dependencies are checked first and any missing one is named. Debian's
 # libraries may come unpacked in a folder instead of installed:
@@ -45,8 +54,11 @@ if [ -n "${DEPS_PREFIX:-}" ]; then
 fi
 missing=()
 [ -x "$CUDA_HOME/bin/nvcc" ] || command -v nvcc >/dev/null || missing+=("nvcc (CUDA toolkit; set CUDA_HOME)")
-command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || missing+=("an NVIDIA GPU and driver (nvidia-smi -L fails)")
-for tool in gcc make autoreconf automake pkg-config mpicc mpirun h5dump; do
+gpu=1
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || gpu=0
+SANITIZER=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
+[ $gpu = 0 ] || [ -x "$SANITIZER" ] || missing+=("compute-sanitizer (CUDA toolkit)")
+for tool in gcc make autoreconf automake pkg-config mpicc mpirun h5dump h5diff; do
     command -v $tool >/dev/null || missing+=("$tool")
 done
 for pc in hdf5-serial openblas jansson; do
@@ -57,8 +69,9 @@ if ((${#missing[@]})); then
     for m in "${missing[@]}"; do echo "  - $m"; done
     exit 2
 fi
-[ -f "$SHARED/models/stories260K/stories260K.bin" ] || say "note: no stories260K under $SHARED: its GPU test will skip"
-nvidia-smi -L
+[ -f "$SHARED/models/stories260K/stories260K.bin" ] ||
+    say "note: no stories260K under $SHARED: gpu_stories.sh will skip, which fails this check"
+[ $gpu = 1 ] && nvidia-smi -L
 
 # ---- build -----------------------------------------------------------
 say "building with CUDA in $BUILD_DIR"
@@ -68,23 +81,89 @@ mkdir -p "$BUILD_DIR"
     { tail -20 "$BUILD_DIR/configure.out"; say "configure failed"; exit 1; }
 make -C "$BUILD_DIR" -j"$(nproc)" >"$BUILD_DIR/make.out" 2>&1 || { tail -30 "$BUILD_DIR/make.out"; say "build failed"; exit 1; }
 
-# ---- GPU tests -------------------------------------------------------
-say "GPU tests"
-# every kernel launch synchronised and checked, so that a fault names its launch
-DCPINFER_CUDA_SYNC=1 make -C "$BUILD_DIR" check DCP_SHARED="$SHARED" TESTS="tests/test_backends tests/gpu_stories.sh" \
-    >"$BUILD_DIR/gpu-tests.out" 2>&1
-grep -E '^(PASS|FAIL|SKIP|ERROR):' "$BUILD_DIR/gpu-tests.out"
-for t in test_backends gpu_stories.sh; do sed 's/^/    /' "$BUILD_DIR/tests/$t.log" 2>/dev/null | grep -vE '^    $' | tail -25; done
+# ---- spills ----------------------------------------------------------
+# ptxas warns of any register spill and any stack frame (NVCCFLAGS): a
+# spill fails the check; a stack frame is listed (k_rope's: sinf and
+# cosf's reduction of large arguments, off the hot path)
 status=0
-grep -q '^PASS: tests/test_backends' "$BUILD_DIR/gpu-tests.out" || { say "backend conformance did not pass"; status=1; }
-grep -qE '^(PASS|SKIP): tests/gpu_stories.sh' "$BUILD_DIR/gpu-tests.out" || { say "stories260K on the GPU did not pass"; status=1; }
+spills=$(grep -E "ptxas.*[Ss]pill" "$BUILD_DIR/make.out" | sort -u)
+if [ -n "$spills" ]; then
+    echo "$spills" | head -20
+    say "FAIL: kernels spill registers"
+    status=1
+else
+    say "ok: no kernel spills registers ($(sed -n 's/^NVCC_ARCH_FLAGS = //p' "$BUILD_DIR/Makefile"))"
+fi
+grep -E "ptxas.*Local memory used" "$BUILD_DIR/make.out" | sed -E "s/.*function '([^']*)'.*frame: ([0-9]+).*/\1 \2/" |
+    sort -u | while read -r f bytes; do say "note: $(echo "$f" | c++filt | sed 's/(.*//') keeps $bytes bytes on its stack"; done
 
-# ---- decode benchmark ------------------------------------------------
-say "decode benchmark (one GPU)"
+if [ $gpu = 0 ]; then
+    for step in "compute-sanitizer on test_backends" "GPU tests without and with DCPINFER_CUDA_SYNC" \
+        "h5diff of runs" "decode benchmarks"; do
+        say "not run: $step (no NVIDIA GPU: nvidia-smi -L fails)"
+    done
+    say "done in $(( $(date +%s) - start )) s: built; GPU steps not run (exit 3)"
+    [ $status = 0 ] && exit 3
+    exit $status
+fi
+
+# ---- compute-sanitizer -----------------------------------------------
+T=$BUILD_DIR/tests/test_backends
+for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
+    if (cd "$BUILD_DIR/tests" && DCP_SRCDIR=$TOP DCP_SHARED=$SHARED mpirun -np 1 "$SANITIZER" --tool "$tool" \
+        --error-exitcode 9 "$T" >"$BUILD_DIR/sanitizer-$tool.out" 2>&1); then
+        say "ok: compute-sanitizer --tool $tool: $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$BUILD_DIR/sanitizer-$tool.out")"
+    else
+        tail -20 "$BUILD_DIR/sanitizer-$tool.out"
+        say "FAIL: compute-sanitizer --tool $tool"
+        status=1
+    fi
+done
+
+# ---- GPU tests -------------------------------------------------------
+TESTS="tests/test_backends tests/gpu_stories.sh tests/gpu_bits.sh tests/gpu_steps.sh tests/gpu_memory.sh"
+for sync in 0 1; do
+    say "GPU tests, DCPINFER_CUDA_SYNC=$sync"
+    DCPINFER_CUDA_SYNC=$sync make -C "$BUILD_DIR" check DCP_SHARED="$SHARED" TESTS="$TESTS" \
+        >"$BUILD_DIR/gpu-tests-$sync.out" 2>&1
+    grep -E '^(PASS|FAIL|SKIP|ERROR|XFAIL|XPASS):' "$BUILD_DIR/gpu-tests-$sync.out"
+    for t in $TESTS; do
+        if grep -q "^PASS: $t\$" "$BUILD_DIR/gpu-tests-$sync.out"; then continue; fi
+        sed 's/^/    /' "$BUILD_DIR/$t.log" 2>/dev/null | grep -vE '^    $' | tail -25
+        say "FAIL: $t (DCPINFER_CUDA_SYNC=$sync) did not pass (a skip counts as a failure here)"
+        status=1
+    done
+done
+
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 "$BUILD_DIR/dcpinfer-mkmodel" --out "$W/model" --layers 8 --dim 2048 --heads 16 --kv-heads 4 --hidden 5632 \
-    --vocab 32000 --max-len 40000 --seed 1 || exit 1
+    --vocab 32000 --max-len 40000 --seed 1 >/dev/null || exit 1
+
+# ---- h5diff ------------------------------------------------------------
+# 16 seeded requests at temperature 1.0: a run, the same run again, and
+# -tp 2; tokens and log-probabilities compared by h5diff, bit for bit
+"$BUILD_DIR/dcpinfer-mktrace" --requests 16 --median-input 200 --sigma-input 0.3 --median-output 32 \
+    --sigma-output 0.01 --vocab 32000 --out "$W/small.jsonl"
+sed -i 's/"temperature": 0,/"temperature": 1.0, "seed": 7, "logprobs": 2,/' "$W/small.jsonl"
+for run in a b tp2; do
+    np=1 args=
+    [ $run = tp2 ] && np=2 args="-tp 2"
+    mpirun -np $np "$BUILD_DIR/dcpinfer" --backend cuda --model "$W/model" $args --kv-cache-memory 4G --quiet \
+        --output "$W/$run.h5" "$W/small.jsonl" >"$W/$run.out" 2>&1 || { cat "$W/$run.out"; say "FAIL: run $run"; status=1; }
+done
+for pair in "a b" "a tp2"; do
+    set -- $pair
+    same=1
+    for d in output_tokens output_logprobs output_top_ids output_top_logprobs; do
+        h5diff "$W/$1.h5" "$W/$2.h5" /requests/$d /requests/$d >"$W/diff.out" 2>&1 || { same=0; head -5 "$W/diff.out"; }
+    done
+    if [ $same = 1 ]; then say "ok: h5diff $1 $2: tokens and log-probabilities identical"
+    else say "FAIL: h5diff $1 $2"; status=1; fi
+done
+
+# ---- decode benchmark ------------------------------------------------
+say "decode benchmark (one GPU): step times with no wait inside a step"
 mpirun -np 1 "$BUILD_DIR/dcpinfer-bench-decode" --backend cuda --model "$W/model" \
     --cases "${CASES:-1:4096,16:4096,64:8192,32:32768}" --steps "${STEPS:-10}"
 say "MLA decode benchmark: DeepSeek-V3's attention shape (16 heads, latent 512 + 64), 64 experts of 8 per token"

@@ -83,8 +83,8 @@ cuda_build() {
         passed=$((passed + 1))
         # machine code for each listed architecture plus PTX of the newest,
         # so that GPUs newer than the list still run (no "no kernel image")
-        if grep -q '^NVCC_ARCH_FLAGS = .*code=sm_80.*code=compute_90' "$TOP/build-cuda/Makefile"; then
-            echo "   PASS: CUDA build embeds sm_80/sm_90 code and compute_90 PTX"
+        if grep -q '^NVCC_ARCH_FLAGS = .*code=sm_90.*code=sm_100.*code=compute_100' "$TOP/build-cuda/Makefile"; then
+            echo "   PASS: CUDA build embeds sm_90/sm_100 code and compute_100 PTX"
             passed=$((passed + 1))
         else
             echo "   FAIL: CUDA build lacks PTX for its newest architecture: $(grep '^NVCC_ARCH_FLAGS' "$TOP/build-cuda/Makefile")"
@@ -133,7 +133,7 @@ hip_cpu_suite() {
     # gpu_stories.sh runs each model and feature once here (DCP_E2E_QUICK);
     # every layout of it runs on a GPU (scripts/gpu-check.sh)
     DCP_E2E_QUICK=1 run_suite hip-cpu "$TOP/build-hip" "--with-hip-cpu=$hip" \
-        "tests/test_backends tests/mutants.sh tests/gpu_stories.sh tests/gpu_memory.sh"
+        "tests/test_backends tests/mutants.sh tests/gpu_stories.sh tests/gpu_memory.sh tests/gpu_bits.sh tests/gpu_steps.sh"
 }
 
 run_suite normal "$TOP/build" ""

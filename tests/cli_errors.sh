@@ -57,7 +57,7 @@ expect_error token_outside_vocab 1 "p.jsonl:2: token id 70000 at position 1 is o
 printf '%s\n' "$good" >"$P"
 expect_error unknown_option 2 "unknown option '--max-tokenz'" --max-tokenz 3 "$P"
 expect_error bad_option_value 2 "--temperature: '-1' is not a number" --temperature -1 "$P"
-if nm "$DCPINFER" 2>/dev/null | grep -q cublasCreate; then
+if nm "$DCPINFER" 2>/dev/null | grep -q cuda_count_launch; then
     expect_error no_gpu 2 "--backend cuda: no usable GPU" --backend cuda "$P"
 else
     expect_error no_cuda 2 "--backend cuda: this dcpinfer was built without CUDA" --backend cuda "$P"

@@ -104,6 +104,7 @@ static void g_rope(float *x, const int *pos, int T, int h, int d, const float *f
 static void g_add_bias(float *y, const float *b, int T, int n) { OPEN(); guarded_cpu->add_bias(y, b, T, n); CLOSE(); }
 static void g_silu_mul(float *g, const float *u, size_t n) { OPEN(); guarded_cpu->silu_mul(g, u, n); CLOSE(); }
 static void g_add(float *y, const float *x, size_t n) { OPEN(); guarded_cpu->add(y, x, n); CLOSE(); }
+static void g_sum_parts(float *y, int parts, size_t n) { OPEN(); guarded_cpu->sum_parts(y, parts, n); CLOSE(); }
 static void g_scale(float *x, size_t n, float s, int divide) { OPEN(); guarded_cpu->scale(x, n, s, divide); CLOSE(); }
 static void g_round_kv(float *x, size_t n, DType t) { OPEN(); guarded_cpu->round_kv(x, n, t); CLOSE(); }
 static const float *g_nvfp4_act(const float *x, int ldx, const int *rows, const int *start, int experts, int T,
@@ -160,6 +161,7 @@ static inline const Backend *backend_guarded(void)
     b.rope = g_rope;
     b.silu_mul = g_silu_mul;
     b.add = g_add;
+    b.sum_parts = g_sum_parts;
     b.scale = g_scale;
     b.round_kv = g_round_kv;
     b.nvfp4_act = g_nvfp4_act;

@@ -789,6 +789,10 @@ static int generate_all(Run *r, Generated *g)
     Engine eng;
     EngineOptions eo = options_engine(o, &r->model.cfg);
     eo.mpi_device_buffers = r->mpi_device;
+    /* a step's block tables: at most a table of the longest sequence per
+     * request it holds, held from the start so that no step allocates */
+    size_t seqs = (size_t)(o->max_num_seqs < r->rs.n ? o->max_num_seqs : r->rs.n > 0 ? r->rs.n : 1);
+    eo.table_blocks = seqs * ((size_t)r->max_model_len / (size_t)(eo.block_size > 0 ? eo.block_size : 16) + 2);
     size_t total = 0;
     unsigned long long weights = r->model.w.bytes; /* the largest rank's */
     if (r->be->device_memory && !o->kv_cache_memory_given) {
@@ -923,7 +927,8 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
                     .resumed_requests = r->n_done, .run_tokens = run_tokens, .run_requests = run_requests,
                     .reasoning_parser = o->reasoning_parser};
     RankReports rep = {r->ranks, all_tm, all_comm, all_kv, all_w, all_rss, g->moe.expert_tokens ? &g->moe : NULL};
-    StepReport sr = {g->steps, g->step_dp, g->n_steps, g->kv_blocks, g->block_size, g->capacity, gen_s};
+    StepReport sr = {g->steps, g->step_dp, g->n_steps, g->kv_blocks, g->block_size, g->capacity, gen_s,
+                     r->be->counts != NULL};
     int rc = !strcmp(o->output_format, "jsonl") ? output_write_jsonl(o->output, &info, rs, res, texts, r->tok)
                                                  : output_write(o->output, &info, rs, res, texts, &rep, &sr);
     if (!rc && !o->quiet) printf("# results written to %s\n", o->output);

@@ -19,7 +19,7 @@ enum {
     EXIT_OK = 0,          /* every request finished; results written */
     EXIT_RUN_FAILED = 1,  /* the run stopped: bad input, model, layout, or writing the results */
     EXIT_USAGE = 2,       /* bad command line */
-    EXIT_CHECK = 3,       /* an MPI, CUDA or cuBLAS call failed (the job was aborted) */
+    EXIT_CHECK = 3,       /* an MPI or CUDA call failed (the job was aborted) */
     EXIT_SOME_FAILED = 4, /* results written, but at least one request failed (see /requests/error) */
     EXIT_STALLED = 5,     /* no step completed within --step-timeout */
 };

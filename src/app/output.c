@@ -466,11 +466,32 @@ static int write_steps(hid_t f, const StepReport *sr)
     STEP_INT(waiting)
     STEP_INT(preempted)
     STEP_INT(kv_blocks_used)
+    H5Gclose(g);
+    if (sr->device && !rc) { /* what a device backend did in each step (docs/output.md) */
+        hid_t gg = group(f, "gpu"), gs = gg < 0 ? -1 : group(gg, "steps");
+        if (gs < 0) rc = dcp_fail("HDF5: cannot create /gpu/steps");
+        long long *w = xmalloc(sizeof(long long) * (n + 1));
+#define STEP_LONG(field)                                                  \
+    for (size_t i = 0; i < n; i++) w[i] = sr->steps[i].field;             \
+    rc = rc || write_array(gs, #field, H5T_NATIVE_LLONG, w, n);
+        STEP_LONG(launches)
+        STEP_LONG(host_syncs)
+        STEP_LONG(mpi_syncs)
+        STEP_LONG(allocations)
+        STEP_LONG(d2h_copies)
+        STEP_LONG(d2h_bytes)
+#undef STEP_LONG
+        if (gs >= 0) {
+            attr_str(gs, "ranks", "each step's DP group's first rank (the steps' own order, as /steps)");
+            H5Gclose(gs);
+        }
+        if (gg >= 0) H5Gclose(gg);
+        free(w);
+    }
 #undef STEP_DOUBLE
 #undef STEP_INT
     free(d);
     free(v);
-    H5Gclose(g);
     return rc;
 }
 

@@ -61,6 +61,7 @@ typedef struct {
     int block_size;
     long long kv_capacity;   /* positions of one DCP group */
     double generation_s;
+    int device;              /* a device backend's figures are in the records (/gpu/steps) */
 } StepReport;
 
 typedef struct {

@@ -79,10 +79,14 @@ typedef struct {
 } MoeRouting;
 
 /* What a device backend has done, for tests and the run's figures: calls
- * by kind. Transfers are the host round-trips a step pays. */
+ * by kind. Transfers are the host round-trips a step pays; each run step's
+ * share goes to HDF5 /gpu/steps (generate.c). */
 typedef struct {
-    long uploads, downloads, synchronizes; /* host <-> device copies, and waits for the device */
+    long uploads, downloads, synchronizes; /* host <-> device copies, and waits for the device (a download waits) */
     long matmuls, batched_matmuls, moe_matmuls;
+    long launches;        /* kernels queued on the device */
+    long allocations;     /* device allocations (alloc, host_alloc) */
+    long long d2h_bytes;  /* bytes the downloads moved */
 } BackendCounts;
 
 typedef struct Backend {
@@ -147,6 +151,10 @@ typedef struct Backend {
     void (*silu_mul)(float *gate, const float *up, size_t n);
     /* y (n) += x */
     void (*add)(float *y, const float *x, size_t n);
+    /* parts x n floats from y, added into the first n by the canonical sum
+     * tree (tree.h): tree_sum_step's additions in order, as `add` would
+     * make them one by one; the other parts hold the tree's partial sums */
+    void (*sum_parts)(float *y, int parts, size_t n);
     /* x (n) = x / s (divide) or x * s, each one fp32 operation: an FP8 KV
      * cache's per-layer scales (attention.c) */
     void (*scale)(float *x, size_t n, float s, int divide);

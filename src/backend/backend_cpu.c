@@ -126,6 +126,14 @@ static void cpu_add(float *y, const float *x, size_t n)
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+static void cpu_sum_parts(float *y, int parts, size_t n)
+{
+    for (int i = 0; i < parts - 1; i++) {
+        TreeStep st = tree_sum_step(parts, i);
+        cpu_add(y + st.into * n, y + st.from * n, n);
+    }
+}
+
 static void cpu_scale(float *x, size_t n, float s, int divide)
 {
     if (divide)
@@ -606,6 +614,7 @@ static const Backend cpu = {
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .sum_parts = cpu_sum_parts,
     .scale = cpu_scale,
     .add_bias = cpu_add_bias,
     .embedding = cpu_embedding,

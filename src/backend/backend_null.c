@@ -90,6 +90,7 @@ static void null_rope(float *x, const int *pos, int T, int n_heads, int head_dim
 static void null_add_bias(float *y, const float *b, int T, int n) { (void)y, (void)b, (void)T, (void)n; }
 static void null_silu_mul(float *gate, const float *up, size_t n) { (void)gate, (void)up, (void)n; }
 static void null_add(float *y, const float *x, size_t n) { (void)y, (void)x, (void)n; }
+static void null_sum_parts(float *y, int parts, size_t n) { (void)y, (void)parts, (void)n; }
 static void null_scale(float *x, size_t n, float s, int divide) { (void)x, (void)n, (void)s, (void)divide; }
 static void null_embedding(float *x, WeightRef table, int row0, int rows, const int *tokens, int T, int dim)
 {
@@ -181,6 +182,7 @@ const Backend *backend_null(int ep_ranks)
         .add_bias = null_add_bias,
         .silu_mul = null_silu_mul,
         .add = null_add,
+        .sum_parts = null_sum_parts,
         .scale = null_scale,
         .embedding = null_embedding,
         .gather_rows = null_gather_rows,

@@ -1,7 +1,7 @@
-/* DeepSeek's expert routing, one function for the host and the device:
- * the CPU backend's moe_route calls it per token, and the CUDA backend's
- * routing kernel calls the same code, so both choose the same experts for
- * the same logits. */
+/* DeepSeek's expert routing: the CPU backend's moe_route calls these per
+ * token and per step; the CUDA backend's kernels (cuda/moe.cu) compute the
+ * same choices and grouping in parallel, step for step the same
+ * arithmetic, and tests/test_backends holds them to this code. */
 #ifndef DCP_MOE_ROUTE_H
 #define DCP_MOE_ROUTE_H
 

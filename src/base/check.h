@@ -1,5 +1,5 @@
 /* One error check for every status type dcpinfer meets: MPI return codes
- * here, cudaError_t and cublasStatus_t in cuda/check.cuh (overloads of the
+ * here, cudaError_t in cuda/check.cuh (an overload of the
  * same function). A failure prints file, line, the statement, the error
  * and the MPI rank, then stops the job. */
 #ifndef DCP_CHECK_H

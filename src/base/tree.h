@@ -24,12 +24,24 @@
 #ifndef DCP_TREE_H
 #define DCP_TREE_H
 
+#ifdef __CUDACC__
+#define DCP_TREE_FN __host__ __device__ static inline
+#else
+#define DCP_TREE_FN static inline
+#endif
+
 typedef struct {
     int into, from;
 } TreeStep;
 
+DCP_TREE_FN TreeStep tree_step(int into, int from)
+{
+    TreeStep s = {into, from};
+    return s;
+}
+
 /* The largest power of two <= n (n >= 1). */
-static inline int tree_top(int n)
+DCP_TREE_FN int tree_top(int n)
 {
     int top = 1;
     while (top * 2 <= n) top *= 2;
@@ -38,26 +50,26 @@ static inline int tree_top(int n)
 
 /* Step i of the sum tree over n parts: level w = 1, 2, 4, ... adds part
  * c + w into c for c = 0, 2w, 4w, ... while c + w < n. */
-static inline TreeStep tree_sum_step(int n, int i)
+DCP_TREE_FN TreeStep tree_sum_step(int n, int i)
 {
     for (int w = 1;; w *= 2) {
         int level = (n + w - 1) / (2 * w); /* steps at this level */
-        if (i < level) return (TreeStep){2 * w * i, 2 * w * i + w};
+        if (i < level) return tree_step(2 * w * i, 2 * w * i + w);
         i -= level;
     }
 }
 
 /* Step i of the merge tree over n parts. */
-static inline TreeStep tree_merge_step(int n, int i)
+DCP_TREE_FN TreeStep tree_merge_step(int n, int i)
 {
     int top = tree_top(n);
-    if (i >= top - 1) return (TreeStep){0, top + i - (top - 1)};
+    if (i >= top - 1) return tree_step(0, top + i - (top - 1));
     int half = top / 2;
     while (i >= half) {
         i -= half;
         half /= 2;
     }
-    return (TreeStep){i, i + half};
+    return tree_step(i, i + half);
 }
 
 #endif

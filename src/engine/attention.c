@@ -1,5 +1,6 @@
 #include "attention.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,18 +113,31 @@ static void reserve(Attention *a, int T)
     }
 }
 
+/* Room for `total` entries of block tables (none is freed in a step
+ * that fits) */
+static void tables_room(Attention *a, size_t total, size_t at_least)
+{
+    if (total <= (size_t)a->cap_tables) return;
+    if (a->d_tables) a->be->release(a->d_tables);
+    size_t cap = total > at_least ? total : at_least;
+    if (cap > INT_MAX) cap = total;
+    a->cap_tables = (int)cap;
+    a->d_tables = a->be->alloc(sizeof(int) * cap);
+    a->h_tables = xrealloc(a->h_tables, sizeof(int) * cap);
+}
+
+void attention_reserve_tables(Attention *a, size_t entries)
+{
+    tables_room(a, entries < INT_MAX ? entries : INT_MAX, 0);
+}
+
 /* The chunks' block tables, one after another in backend memory. */
 static void upload_tables(Attention *a, const Chunk *chunks, int n_chunks)
 {
     Step *s = &a->step;
     int total = 0;
     for (int i = 0; i < n_chunks; i++) total += chunks[i].n_blocks;
-    if (total > a->cap_tables) {
-        if (a->d_tables) a->be->release(a->d_tables);
-        a->cap_tables = total > 2 * a->cap_tables ? total : 2 * a->cap_tables;
-        a->d_tables = a->be->alloc(sizeof(int) * (size_t)a->cap_tables);
-        a->h_tables = xrealloc(a->h_tables, sizeof(int) * (size_t)a->cap_tables);
-    }
+    tables_room(a, (size_t)total, 2 * (size_t)a->cap_tables);
     if (n_chunks > a->cap_chunks) {
         a->cap_chunks = n_chunks;
         s->chunk_tables = xrealloc((void *)s->chunk_tables, sizeof(int *) * (size_t)n_chunks);

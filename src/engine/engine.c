@@ -102,15 +102,16 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     attention_init(&e->att, be, topo, cs, &shape, eo ? eo->kv_cache_memory : 0, eo ? eo->block_size : 0,
                    eo ? eo->kv_dtype : DTYPE_F32, eo ? eo->merge : MERGE_AG_RS);
     e->att.kv_scale = m->w.kv_scale; /* an FP8 cache uses the checkpoint's scales */
+    if (eo && eo->table_blocks) attention_reserve_tables(&e->att, eo->table_blocks);
 }
 
 static void free_step_buffers(Engine *e)
 {
     LayerEnv *env = &e->env;
-    void *bufs[] = {env->x, env->xb, env->parts, env->xchunk, env->sum_scratch, e->xf, e->d_tokens, e->d_rows};
+    void *bufs[] = {env->x, env->xb, env->parts, env->sum_scratch, e->xf, e->d_tokens, e->d_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) env->be->release(bufs[i]);
-    env->x = env->xb = env->parts = env->xchunk = env->sum_scratch = e->xf = NULL;
+    env->x = env->xb = env->parts = env->sum_scratch = e->xf = NULL;
     e->d_tokens = e->d_rows = NULL;
     free(e->rows);
     e->rows = NULL;
@@ -131,17 +132,6 @@ void engine_free(Engine *e)
     memset(e, 0, sizeof *e);
 }
 
-/* The widest K of this rank's row-parallel products. */
-static size_t row_parallel_width(const Model *m)
-{
-    const Config *c = &m->cfg;
-    const Shard *s = &m->shard;
-    int v = c->mla ? c->m.v_head_dim : c->head_dim, w = s->q_heads * v;
-    int widths[] = {s->hidden, s->expert_chunks > 1 ? s->moe_hidden : 0, s->shared_hidden};
-    for (int i = 0; i < 3; i++) w = widths[i] > w ? widths[i] : w;
-    return (size_t)w;
-}
-
 /* Grows the step's buffers, the family's scratch and the attention core's
  * to T tokens. */
 static void reserve(Engine *e, int T)
@@ -157,7 +147,6 @@ static void reserve(Engine *e, int T)
     env->xb = be->alloc(f * t);
     env->parts = be->alloc(f * t * (size_t)s->chunks);
     env->sum_scratch = be->alloc(f * t);
-    if (s->chunks > 1) env->xchunk = be->alloc(sizeof(float) * t * (row_parallel_width(env->model) / s->chunks));
     e->xf = be->alloc(f * t);
     e->d_tokens = be->alloc(sizeof(int) * t);
     e->d_rows = be->alloc(sizeof(int) * t);

@@ -18,6 +18,7 @@ typedef struct {
     int timing_sync;        /* wait for the device around timed phases (benchmarks) */
     DType kv_dtype;         /* of the KV cache (DTYPE_F32 unless --kv-cache-dtype) */
     int nvfp4_act;          /* W4A4 checkpoints: quantize each NVFP4 matrix's input (LayerEnv.nvfp4_act) */
+    size_t table_blocks;    /* a step's block tables together at most, held from the start (0: grown as needed) */
 } EngineOptions;
 
 typedef struct {

@@ -257,6 +257,34 @@ static int wants_prompt_logprobs(const Scheduler *sch, const StepPlan *p)
     return 0;
 }
 
+/* A device backend's counts at a point of the run, and the transports' waits */
+typedef struct {
+    BackendCounts c;
+    long comm_waits;
+} DeviceMark;
+
+static DeviceMark device_mark(const Engine *e)
+{
+    DeviceMark m = {{0}, e->env.comm->device_waits};
+    if (e->env.be->counts) m.c = *e->env.be->counts;
+    return m;
+}
+
+/* What the device did since `m`, into the step's record: a wait is a
+ * synchronisation or a download (which waits), outside MPI unless a
+ * transport made it */
+static void device_step(const Engine *e, const DeviceMark *m, StepRecord *r)
+{
+    DeviceMark now = device_mark(e);
+    long waits = now.c.synchronizes + now.c.downloads - m->c.synchronizes - m->c.downloads;
+    r->mpi_syncs = now.comm_waits - m->comm_waits;
+    r->host_syncs = waits - r->mpi_syncs;
+    r->launches = now.c.launches - m->c.launches;
+    r->allocations = now.c.allocations - m->c.allocations;
+    r->d2h_copies = now.c.downloads - m->c.downloads;
+    r->d2h_bytes = now.c.d2h_bytes - m->c.d2h_bytes;
+}
+
 static void record_step(GenStats *st, const StepRecord *r)
 {
     if (st->n_steps == st->cap_steps)
@@ -383,6 +411,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         }
         if (!have) break;
         double t0 = now_s();
+        DeviceMark mark = device_mark(e);
         e->env.comm->phase = plan.prefill_tokens ? PHASE_PREFILL : PHASE_DECODE;
         int all = o->on_logits || (prompt_lp && wants_prompt_logprobs(&sch, &plan));
         engine_forward(e, plan.tokens, plan.chunks, plan.nc, all, local);
@@ -396,6 +425,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
                           .prefill_tokens = plan.prefill_tokens, .cached_tokens = plan.cached_tokens,
                           .running = plan.nc, .waiting = sch.tail - sch.head,
                           .preempted = plan.preempted, .kv_blocks_used = pool_used(&e->att.pool)};
+        device_step(e, &mark, &rec);
         scheduler_commit(&sch, &plan, sampled, t2 - t_start);
         int n_finished = 0;
         for (int i = 0; i < plan.nc; i++) {

@@ -41,6 +41,12 @@ typedef struct {
     int waiting;        /* requests queued after it */
     int preempted;      /* requests preempted to make room for it */
     int kv_blocks_used; /* blocks held during the step */
+    /* a device backend's work in the step (BackendCounts): kernels queued,
+     * waits for the device outside MPI, and the MPI transport's own waits
+     * (buffers settled before a collective), device allocations,
+     * device-to-host copies and their bytes */
+    long launches, host_syncs, mpi_syncs, allocations, d2h_copies;
+    long long d2h_bytes;
 } StepRecord;
 
 typedef struct {

@@ -54,15 +54,9 @@ void layer_matmul_rows(const LayerEnv *env, float *parts, const float *x, Weight
         matmul_timed(env, parts, x, w, T, in, out);
         return;
     }
-    for (int c = 0; c < chunks; c++) {
-        /* one row's chunk is already contiguous */
-        const float *xc = x + (size_t)c * cin;
-        if (T > 1) {
-            env->be->strided_copy(env->xchunk, cin, xc, in, T, cin);
-            xc = env->xchunk;
-        }
-        matmul_timed(env, parts + (size_t)c * T * out, xc, weight_at(w, (size_t)c * out * cin), T, cin, out);
-    }
+    /* the chunks' matrices are a stack: chunk c reads columns c * cin of
+     * every row and writes parts[c], one batched product */
+    layer_matmul_batched(env, parts, out, (size_t)T * out, x, in, (size_t)cin, w, chunks, T, cin, out);
 }
 
 void layer_sum_parts(const LayerEnv *env, int T)
@@ -72,10 +66,7 @@ void layer_sum_parts(const LayerEnv *env, int T)
     float *y = env->parts;
     /* this rank's chunks: a subtree of the canonical tree (tree.h), whose
      * upper levels comm_sum_tree adds */
-    for (int i = 0; i < chunks - 1; i++) {
-        TreeStep st = tree_sum_step(chunks, i);
-        env->be->add(y + st.into * n, y + st.from * n, n);
-    }
+    env->be->sum_parts(y, chunks, n);
     comm_sum_tree(env->comm, y, env->sum_scratch, comm_count(n), GROUP_TP);
 }
 

@@ -41,9 +41,8 @@ typedef struct {
     float *x, *xb;
     /* a row-parallel product's partial sums, one (T, dim) per K chunk this
      * rank holds (Shard.chunks), summed in the canonical order by
-     * layer_residual; a chunk's input columns, (T, widest chunk); the
-     * TP sum's receive buffer, (T, dim) */
-    float *parts, *xchunk, *sum_scratch;
+     * layer_residual; the TP sum's receive buffer, (T, dim) */
+    float *parts, *sum_scratch;
     MoeCounts *moe_counts; /* with expert parallelism; else NULL */
 } LayerEnv;
 

@@ -134,6 +134,7 @@ typedef struct CommStats {
     const struct Backend *be;
     float *stage; /* transport_mpi_staged's host buffer */
     size_t stage_floats;
+    long device_waits; /* the transports' waits for the backend's device (settling, staging) */
 } CommStats;
 
 /* An element count for an MPI call: n itself when it fits MPI's int, else

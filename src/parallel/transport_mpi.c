@@ -16,15 +16,28 @@
 #include "tree.h"
 #include "util.h"
 
-/* Buffers handed to MPI must hold their final values. */
-static void settle(CommStats *s) { s->be->synchronize(); }
+/* Buffers handed to MPI must hold their final values. Every wait for the
+ * device made here is counted (CommStats.device_waits), so that a step's
+ * figures can tell them from the engine's own (/gpu/steps). */
+static void settle(CommStats *s)
+{
+    s->device_waits++;
+    s->be->synchronize();
+}
 
 /* A staged result is uploaded from page-locked memory, asynchronously:
  * wait before the staging buffer is reused. */
 static void staged_upload(CommStats *s, void *dst, const float *src, size_t floats)
 {
     s->be->upload(dst, src, sizeof(float) * floats);
-    s->be->synchronize();
+    settle(s);
+}
+
+/* A device buffer copied to the host for MPI (a download waits for the device). */
+static void staged_download(CommStats *s, float *dst, const float *src, size_t floats)
+{
+    s->device_waits++;
+    s->be->download(dst, src, sizeof(float) * floats);
 }
 
 /* Host staging space for `floats` floats (grown on demand). */
@@ -55,13 +68,13 @@ static void sum_tree_on(CommStats *s, float *b, float *recv, int n, const Group 
      * the sum tree (tree.h: the upper levels of the canonical tree over
      * the K chunks), and all gather the slices */
     DCP_CHECK(MPI_Alltoallv(b, cnt, displ, MPI_FLOAT, recv, rcount, rdispl, MPI_FLOAT, g->comm));
-    for (int i = 0; i < N - 1; i++) {
-        TreeStep st = tree_sum_step(N, i);
-        float *into = recv + (size_t)st.into * mine, *from = recv + (size_t)st.from * mine;
-        if (on_backend) s->be->add(into, from, (size_t)mine);
-        else
+    if (on_backend) s->be->sum_parts(recv, N, (size_t)mine);
+    else
+        for (int i = 0; i < N - 1; i++) {
+            TreeStep st = tree_sum_step(N, i);
+            float *into = recv + (size_t)st.into * mine, *from = recv + (size_t)st.from * mine;
             for (int j = 0; j < mine; j++) into[j] += from[j];
-    }
+        }
     if (on_backend) {
         s->be->copy(b + displ[me], recv, sizeof(float) * mine);
         settle(s);
@@ -83,7 +96,7 @@ static void staged_sum_tree(CommStats *s, float *buf, float *scratch, int n, con
     (void)scratch;
     int at, mine = comm_slice(n, g->size, g->rank, &at);
     float *b = stage(s, (size_t)n + (size_t)mine * (size_t)g->size); /* the whole exchange in host memory */
-    s->be->download(b, buf, sizeof(float) * n);
+    staged_download(s, b, buf, n);
     sum_tree_on(s, b, b + n, n, g, 0);
     staged_upload(s, buf, b, (size_t)n);
 }
@@ -102,7 +115,7 @@ static void mpi_sendrecv(CommStats *s, const float *send, float *recv, int n, in
 static void staged_sendrecv(CommStats *s, const float *send, float *recv, int n, int partner, const Group *g)
 {
     float *h = stage(s, (size_t)n * 2);
-    s->be->download(h, send, sizeof(float) * n);
+    staged_download(s, h, send, n);
     sendrecv(h, h + n, n, partner, g);
     staged_upload(s, recv, h + n, (size_t)n);
 }
@@ -116,7 +129,7 @@ static void mpi_allgather(CommStats *s, const float *send, int n, float *recv, c
 static void staged_allgather(CommStats *s, const float *send, int n, float *recv, const Group *g)
 {
     float *h = stage(s, (size_t)n * (g->size + 1));
-    s->be->download(h, send, sizeof(float) * n);
+    staged_download(s, h, send, n);
     mpi_allgather(s, h, n, h + n, g);
     staged_upload(s, recv, h + n, (size_t)n * g->size);
 }
@@ -131,7 +144,7 @@ static void staged_alltoall(CommStats *s, const float *send, float *recv, int n,
 {
     size_t all = (size_t)n * g->size;
     float *h = stage(s, all * 2);
-    s->be->download(h, send, sizeof(float) * all);
+    staged_download(s, h, send, all);
     mpi_alltoall(s, h, h + all, n, g);
     staged_upload(s, recv, h + all, all);
 }
@@ -205,7 +218,7 @@ static void staged_alltoallv_rows(CommStats *s, const float *send, const int *sc
 {
     size_t w = (size_t)width, ns = (size_t)rows_total(scount, g->size), nr = (size_t)rows_total(rcount, g->size);
     float *h = stage(s, w * (ns + nr) + 1);
-    if (ns) s->be->download(h, send, sizeof(float) * w * ns);
+    if (ns) staged_download(s, h, send, w * ns);
     alltoallv_rows(h, scount, sdispl, h + w * ns, rcount, rdispl, width, g);
     if (nr) staged_upload(s, recv, h + w * ns, w * nr);
 }
@@ -230,7 +243,7 @@ static void staged_allgatherv_rows(CommStats *s, float *buf, const int *cnt, con
     for (int r = 0; r < g->size; r++) n = displ[r] + cnt[r] > n ? displ[r] + cnt[r] : n;
     size_t w = (size_t)width, at = w * (size_t)displ[me];
     float *b = stage(s, w * (size_t)n + 1);
-    if (cnt[me]) s->be->download(b + at, buf + at, sizeof(float) * w * (size_t)cnt[me]);
+    if (cnt[me]) staged_download(s, b + at, buf + at, w * (size_t)cnt[me]);
     allgatherv_rows(b, cnt, displ, width, g);
     if (n) staged_upload(s, buf, b, w * (size_t)n);
 }
