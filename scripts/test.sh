@@ -90,6 +90,18 @@ cuda_build() {
             echo "   FAIL: CUDA build lacks PTX for its newest architecture: $(grep '^NVCC_ARCH_FLAGS' "$TOP/build-cuda/Makefile")"
             failed=$((failed + 1))
         fi
+        # ptxas -warn-spills (NVCCFLAGS): no kernel spills registers
+        if grep -qE "ptxas.*[Ss]pill" "$TOP/build-cuda/make.out"; then
+            echo "   FAIL: CUDA kernels spill registers:"
+            grep -E "ptxas.*[Ss]pill" "$TOP/build-cuda/make.out" | sort -u | head -5 | sed 's/^/     /'
+            failed=$((failed + 1))
+        elif grep -q -- "-warn-spills" "$TOP/build-cuda/Makefile"; then
+            echo "   PASS: no CUDA kernel spills registers (ptxas -warn-spills)"
+            passed=$((passed + 1))
+        else
+            echo "   FAIL: the CUDA build does not ask ptxas for spill warnings"
+            failed=$((failed + 1))
+        fi
     else
         echo "   FAIL: configure --enable-cuda && make"
         failed=$((failed + 1))

@@ -8,7 +8,7 @@
 # needs: the step's logits rows of this rank's vocabulary shard (1 copy,
 # rows x vocab/tp floats), and with expert parallelism each MoE layer's
 # routing counts (E + 1 ints), which MPI needs on the host (each such copy
-# waits: one more wait per MoE layer); and at most LAUNCHES_PER_LAYER
+# waits, and the wait is counted as MPI's); and at most LAUNCHES_PER_LAYER
 # kernel launches per layer, the step's launches over its layers (the
 # figures are printed).
 # Skips without the CUDA backend.
@@ -46,7 +46,7 @@ check() {
     copies=$((1 + ep * moe_layers))
     report=$(paste "$WORK/$name.decode" "$WORK/$name.prefill" "$WORK/$name.launches" "$WORK/$name.host_syncs" \
         "$WORK/$name.mpi_syncs" "$WORK/$name.allocations" "$WORK/$name.d2h_copies" "$WORK/$name.d2h_bytes" |
-        awk -v layers=$layers -v copies=$copies -v waits=$((2 + ep * moe_layers)) -v shard=$((vocab / tp)) -v counts=$((ep * moe_layers * (experts + 1) * 4)) \
+        awk -v layers=$layers -v copies=$copies -v waits=2 -v shard=$((vocab / tp)) -v counts=$((ep * moe_layers * (experts + 1) * 4)) \
             -v most=$LAUNCHES_PER_LAYER '
         $2 > 0 || $1 == 0 { next }            # prefill steps
         !seen++ { next }                      # the first decode step

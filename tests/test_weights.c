@@ -53,6 +53,20 @@ static void bf16_matmul(float *y, const float *x, WeightRef w, int T, int in, in
     bf16_matmuls++;
 }
 
+/* a stack of products (a row-parallel product's K chunks): each matrix
+ * by bf16_matmul, at the stack's strides */
+static void bf16_matmul_batched(float *y, int ldy, size_t y_step, const float *x, int ldx, size_t x_step, WeightRef w,
+                                int batch, int T, int in, int out)
+{
+    float *xb = xmalloc(sizeof(float) * (size_t)T * in), *yb = xmalloc(sizeof(float) * (size_t)T * out);
+    for (int b = 0; b < batch; b++) {
+        for (int t = 0; t < T; t++) memcpy(xb + (size_t)t * in, x + b * x_step + (size_t)t * ldx, sizeof(float) * in);
+        bf16_matmul(yb, xb, weight_at(w, (size_t)b * out * in), T, in, out);
+        for (int t = 0; t < T; t++) memcpy(y + b * y_step + (size_t)t * ldy, yb + (size_t)t * out, sizeof(float) * out);
+    }
+    free(xb), free(yb);
+}
+
 static void round_to_bf16(WeightRef w, size_t n)
 {
     float *f = (float *)w.data; /* the model's own fp32 copy */
@@ -82,6 +96,7 @@ int main(int argc, char **argv)
     bf16_be.gemm_weights = bf16_gemm_weights;
     bf16_be.release_weights = bf16_release_weights;
     bf16_be.matmul = bf16_matmul;
+    bf16_be.matmul_batched = bf16_matmul_batched;
 
     Model m;
     CHECK(model_load(&m, NULL, 1, 0) == 0, "default model: %s", dcp_error());

@@ -789,10 +789,6 @@ static int generate_all(Run *r, Generated *g)
     Engine eng;
     EngineOptions eo = options_engine(o, &r->model.cfg);
     eo.mpi_device_buffers = r->mpi_device;
-    /* a step's block tables: at most a table of the longest sequence per
-     * request it holds, held from the start so that no step allocates */
-    size_t seqs = (size_t)(o->max_num_seqs < r->rs.n ? o->max_num_seqs : r->rs.n > 0 ? r->rs.n : 1);
-    eo.table_blocks = seqs * ((size_t)r->max_model_len / (size_t)(eo.block_size > 0 ? eo.block_size : 16) + 2);
     size_t total = 0;
     unsigned long long weights = r->model.w.bytes; /* the largest rank's */
     if (r->be->device_memory && !o->kv_cache_memory_given) {

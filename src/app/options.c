@@ -251,10 +251,17 @@ DType options_kv_dtype(const Options *o, const Config *c)
 
 EngineOptions options_engine(const Options *o, const Config *c)
 {
+    /* a step's block tables: a table of the longest sequence for each
+     * request it holds (at most --max-num-seqs, and at most a token each
+     * of --max-num-batched-tokens), held from the first step so that no
+     * later one allocates */
+    size_t len = (size_t)(o->max_model_len ? o->max_model_len : c->max_seq_len), bs = (size_t)o->block_size,
+           seqs = (size_t)(o->max_num_seqs < o->max_batched_tokens ? o->max_num_seqs : o->max_batched_tokens);
     return (EngineOptions){.merge = strcmp(o->dcp_comm_backend, "a2a") ? MERGE_AG_RS : MERGE_A2A,
                            .kv_cache_memory = o->kv_cache_memory, .block_size = o->block_size,
                            .kv_dtype = options_kv_dtype(o, c),
-                           .nvfp4_act = !strcmp(options_nvfp4_activations(o), "emulate")};
+                           .nvfp4_act = !strcmp(options_nvfp4_activations(o), "emulate"),
+                           .table_blocks = seqs * (len / (bs ? bs : 16) + 2)};
 }
 
 int options_max_model_len(const Options *o, const Config *c, int *out)

@@ -105,8 +105,8 @@ typedef struct {
 void kv_sizing(const AttnShape *shape, DType kv_dtype, size_t kv_memory, int block_size, int dcp, KvSizing *out);
 
 /* kv_memory: bytes of K/V per rank (0: 256 MiB); block_size 0: 16. */
-/* Block tables for `entries` blocks in all held from now (engine_init:
- * the most a step can have), so that no step allocates them */
+/* Block tables for `entries` blocks in all held from now (the engine's
+ * first step: the most a step can have), so that no later step allocates */
 void attention_reserve_tables(Attention *a, size_t entries);
 void attention_init(Attention *a, const Backend *be, const Topology *topo, CommStats *comm, const AttnShape *shape,
                     size_t kv_memory, int block_size, DType kv_dtype, MergeBackend merge);

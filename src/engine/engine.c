@@ -102,7 +102,7 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     attention_init(&e->att, be, topo, cs, &shape, eo ? eo->kv_cache_memory : 0, eo ? eo->block_size : 0,
                    eo ? eo->kv_dtype : DTYPE_F32, eo ? eo->merge : MERGE_AG_RS);
     e->att.kv_scale = m->w.kv_scale; /* an FP8 cache uses the checkpoint's scales */
-    if (eo && eo->table_blocks) attention_reserve_tables(&e->att, eo->table_blocks);
+    e->table_blocks = eo ? eo->table_blocks : 0;
 }
 
 static void free_step_buffers(Engine *e)
@@ -137,6 +137,9 @@ void engine_free(Engine *e)
 static void reserve(Engine *e, int T)
 {
     e->ops->reserve(&e->env, e->layers, T);
+    /* the block tables of the most a step holds, with the first step's
+     * buffers (a profiling step counts them) */
+    if (e->table_blocks && !e->att.cap_tables) attention_reserve_tables(&e->att, e->table_blocks);
     if (T <= e->cap_T) return;
     free_step_buffers(e);
     LayerEnv *env = &e->env;

@@ -36,6 +36,7 @@ typedef struct {
     float *xf, *logits;
     int *d_tokens, *d_rows, *rows;
     MoeCounts moe_counts; /* expert parallelism's counts (layer.h); empty without it */
+    size_t table_blocks;  /* EngineOptions.table_blocks */
     CommStats own_stats;  /* the collectives' counts when engine_init was given none */
 } Engine;
 

@@ -208,6 +208,9 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
         MoeRouting r = routing(moe);
         layer_matmul(env, s->logits, xh, w->router, H, dim, E);
         be->moe_route(&r, s->logits, w->router_bias, H, s->rows, s->weights, s->slots, s->start);
+        /* the counts MPI exchanges next: this copy's wait is MPI's
+         * (CommStats.device_waits; /gpu/steps/mpi_syncs) */
+        env->comm->device_waits++;
         be->download(s->h_start, s->start, sizeof(int) * (size_t)(E + 1));
         be->gather_rows(s->send, xh, s->rows, H * K, dim);
     } else {
