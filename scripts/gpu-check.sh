@@ -75,8 +75,9 @@ fi
 
 # ---- build -----------------------------------------------------------
 say "building with CUDA in $BUILD_DIR"
-(cd "$TOP" && autoreconf -fi) >/dev/null || { say "autoreconf failed"; exit 1; }
 mkdir -p "$BUILD_DIR"
+(cd "$TOP" && autoreconf -fi) >"$BUILD_DIR/autoreconf.out" 2>&1 ||
+    { tail -20 "$BUILD_DIR/autoreconf.out"; say "autoreconf failed"; exit 1; }
 (cd "$BUILD_DIR" && "$TOP/configure" --enable-cuda --with-cuda="$CUDA_HOME" ${CONFIGURE_ARGS:-} >configure.out 2>&1) ||
     { tail -20 "$BUILD_DIR/configure.out"; say "configure failed"; exit 1; }
 make -C "$BUILD_DIR" -j"$(nproc)" >"$BUILD_DIR/make.out" 2>&1 || { tail -30 "$BUILD_DIR/make.out"; say "build failed"; exit 1; }
