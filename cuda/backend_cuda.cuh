@@ -106,6 +106,83 @@ __device__ static inline WeightRef qs_ref(QS_PARAMS)
 __device__ static inline float w_value(const uint8_t *w, size_t i) { return f8e4m3_to_f32(w[i]); }
 __device__ static inline float w_value(const Int4 *w, size_t i) { return i4_value((const uint8_t *)w, i); }
 __device__ static inline float w_value(const Fp4 *w, size_t i) { return fp4_value((const uint8_t *)w, i); }
+
+// raw16: the 16 elements' values before any scale, read by 16-byte loads
+// (8 bytes for the 4-bit formats) where they start on such a boundary
+// (one load instruction each on a GPU), else element by element
+struct alignas(16) Load16 {
+    uint8_t b[16];
+};
+struct alignas(8) Load8 {
+    uint8_t b[8];
+};
+__device__ static inline bool aligned_to(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+__device__ static inline void raw16(float *v, const float *w, size_t i)
+{
+    if (aligned_to(w + i, 16)) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            Load16 x = ((const Load16 *)(w + i))[c];
+            memcpy(v + 4 * c, x.b, 16);
+        }
+        return;
+    }
+#pragma unroll
+    for (int l = 0; l < GM_LANES; l++) v[l] = w[i + l];
+}
+__device__ static inline void raw16(float *v, const __nv_bfloat16 *w, size_t i)
+{
+    if (aligned_to(w + i, 16)) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            Load16 x = ((const Load16 *)(w + i))[c];
+            __nv_bfloat16 h[8];
+            memcpy(h, x.b, 16);
+#pragma unroll
+            for (int l = 0; l < 8; l++) v[8 * c + l] = __bfloat162float(h[l]);
+        }
+        return;
+    }
+#pragma unroll
+    for (int l = 0; l < GM_LANES; l++) v[l] = __bfloat162float(w[i + l]);
+}
+__device__ static inline void raw16(float *v, const uint8_t *w, size_t i)
+{
+    if (aligned_to(w + i, 16)) {
+        Load16 x = *(const Load16 *)(w + i);
+#pragma unroll
+        for (int l = 0; l < GM_LANES; l++) v[l] = f8e4m3_to_f32(x.b[l]);
+        return;
+    }
+#pragma unroll
+    for (int l = 0; l < GM_LANES; l++) v[l] = w_value(w, i + l);
+}
+// the 4-bit formats: 16 elements from an even i are the 8 bytes from i / 2
+__device__ static inline void raw16(float *v, const Int4 *w, size_t i)
+{
+    const uint8_t *p = (const uint8_t *)w + i / 2;
+    if (i % 2 == 0 && aligned_to(p, 8)) {
+        Load8 x = *(const Load8 *)p;
+#pragma unroll
+        for (int l = 0; l < GM_LANES; l++) v[l] = i4_value(x.b, l);
+        return;
+    }
+#pragma unroll
+    for (int l = 0; l < GM_LANES; l++) v[l] = w_value(w, i + l);
+}
+__device__ static inline void raw16(float *v, const Fp4 *w, size_t i)
+{
+    const uint8_t *p = (const uint8_t *)w + i / 2;
+    if (i % 2 == 0 && aligned_to(p, 8)) {
+        Load8 x = *(const Load8 *)p;
+#pragma unroll
+        for (int l = 0; l < GM_LANES; l++) v[l] = fp4_value(x.b, l);
+        return;
+    }
+#pragma unroll
+    for (int l = 0; l < GM_LANES; l++) v[l] = w_value(w, i + l);
+}
+
 template <typename W> struct stored_format {
     static constexpr bool scaled = true;
 };
@@ -122,13 +199,16 @@ __device__ static inline void w_load16(float *v, const W *w, const WeightRef &q,
         if (q.qcols % GM_LANES == 0) {
             float s = weight_run_scale(&q, i / (size_t)q.qcols);
             int bf16 = q.qflags & QF_ROUND_BF16;
+            raw16(v, w, i);
 #pragma unroll
-            for (int l = 0; l < GM_LANES; l++) v[l] = scaled_value(w_value(w, i + l), s, bf16);
+            for (int l = 0; l < GM_LANES; l++) v[l] = scaled_value(v[l], s, bf16);
             return;
         }
-    }
 #pragma unroll
-    for (int l = 0; l < GM_LANES; l++) v[l] = w_load(w, q, i + l);
+        for (int l = 0; l < GM_LANES; l++) v[l] = w_load(w, q, i + l);
+    } else {
+        raw16(v, w, i);
+    }
 }
 
 // one output element's lanes added by the fixed tree

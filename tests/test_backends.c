@@ -377,11 +377,13 @@ static size_t bits_differ(const float *a, const float *b, size_t n)
 /* The GEMM is the CPU backend's arithmetic on the device (cuda/gemm.cu):
  * every format, at row counts from one to past a tile (8) and a partial
  * block of output rows, gives the CPU backend's bits, and a row the bits
- * it has alone; plain weights with a K tail (K mod 16 = 8), the stored
- * formats at their runs (FP8 128, INT4 32, FP4 16 with values or codes). */
+ * it has alone; plain weights with a K tail (K mod 16 = 10: every other
+ * row starts off a 16-byte boundary, read element by element), the
+ * stored formats at their runs (FP8 128, INT4 32, FP4 16 with values or
+ * codes). */
 static void gemm_bits(uint64_t *st)
 {
-    enum { TMAX = 37, OUT = 40, KP = 584, KQ = 1024 };
+    enum { TMAX = 37, OUT = 40, KP = 586, KQ = 1024 };
     static const int rows[] = {1, 2, 8, 9, TMAX};
     float *x = rnd((size_t)TMAX * KQ, st), *w = rnd((size_t)OUT * KQ, st), *y = xmalloc(sizeof(float) * TMAX * OUT);
     float *one = xmalloc(sizeof(float) * OUT);
