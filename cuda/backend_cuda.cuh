@@ -158,30 +158,20 @@ __device__ static inline void raw16(float *v, const uint8_t *w, size_t i)
     for (int l = 0; l < GM_LANES; l++) v[l] = w_value(w, i + l);
 }
 // the 4-bit formats: 16 elements from an even i are the 8 bytes from i / 2
-__device__ static inline void raw16(float *v, const Int4 *w, size_t i)
+template <typename W4> __device__ static inline void raw16_4bit(float *v, const W4 *w, size_t i)
 {
     const uint8_t *p = (const uint8_t *)w + i / 2;
     if (i % 2 == 0 && aligned_to(p, 8)) {
         Load8 x = *(const Load8 *)p;
 #pragma unroll
-        for (int l = 0; l < GM_LANES; l++) v[l] = i4_value(x.b, l);
+        for (int l = 0; l < GM_LANES; l++) v[l] = w_value((const W4 *)x.b, l);
         return;
     }
 #pragma unroll
     for (int l = 0; l < GM_LANES; l++) v[l] = w_value(w, i + l);
 }
-__device__ static inline void raw16(float *v, const Fp4 *w, size_t i)
-{
-    const uint8_t *p = (const uint8_t *)w + i / 2;
-    if (i % 2 == 0 && aligned_to(p, 8)) {
-        Load8 x = *(const Load8 *)p;
-#pragma unroll
-        for (int l = 0; l < GM_LANES; l++) v[l] = fp4_value(x.b, l);
-        return;
-    }
-#pragma unroll
-    for (int l = 0; l < GM_LANES; l++) v[l] = w_value(w, i + l);
-}
+__device__ static inline void raw16(float *v, const Int4 *w, size_t i) { raw16_4bit(v, w, i); }
+__device__ static inline void raw16(float *v, const Fp4 *w, size_t i) { raw16_4bit(v, w, i); }
 
 template <typename W> struct stored_format {
     static constexpr bool scaled = true;

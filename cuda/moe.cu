@@ -8,11 +8,11 @@
 #define MOE_MAX_GROUPS 64
 
 // One block per token: its experts and weights, as moe_route_token chooses
-// them (moe_route.h, the host's code): the scores expert by expert over
-// the threads, the softmax's maximum and sum on one thread in the host's
-// order, each group's best on its own thread, the K choices as K rounds of
-// a block argmax (the larger score, the lower index at a tie: the
-// sequential scan's first maximum). Logits are finite (a NaN would be
+// them, by the same steps (moe_route.h): the scores expert by expert over
+// the threads, the softmax's maximum and sum on one thread, each group's
+// score on its own thread, the kept groups on one, and the K choices as K
+// rounds of a block argmax (the larger score, the lower index at a tie:
+// the sequential scan's first maximum). Logits are finite (a NaN would be
 // ordered differently from the host's scan).
 #define ROUTE_THREADS 256
 struct RouteBest {
@@ -41,48 +41,23 @@ __global__ void k_moe_route_tokens(int experts, int per_token, int groups, int t
     for (int x = tid; x < E; x += blockDim.x) taken[x] = 0;
     for (int g = tid; g < G; g += blockDim.x) keep[g] = 0;
     if (v3) {
-        for (int x = tid; x < E; x += blockDim.x) {
-            score[x] = 1.0f / (1.0f + expf(-lg[x]));
-            choice[x] = score[x] + (bias ? bias[x] : 0.0f);
-        }
+        for (int x = tid; x < E; x += blockDim.x) moe_v3_score(lg, bias, x, score, choice);
     } else {
-        if (tid == 0) {
-            float mx = -INFINITY;
-            for (int x = 0; x < E; x++) mx = lg[x] > mx ? lg[x] : mx;
-            misc[0] = mx;
-        }
+        if (tid == 0) misc[0] = moe_max(lg, E);
         __syncthreads();
         for (int x = tid; x < E; x += blockDim.x) score[x] = expf(lg[x] - misc[0]);
         __syncthreads();
-        if (tid == 0) {
-            float sum = 0;
-            for (int x = 0; x < E; x++) sum += score[x];
-            misc[1] = sum;
-        }
+        if (tid == 0) misc[1] = moe_sum(score, E);
         __syncthreads();
         for (int x = tid; x < E; x += blockDim.x) choice[x] = score[x] /= misc[1];
     }
     __syncthreads();
     if (grouped) {
-        for (int g = tid; g < G; g += blockDim.x) {
-            float a = -INFINITY, b = -INFINITY; // the best two (V3) or the best (V2)
-            for (int x = g * per; x < (g + 1) * per; x++) {
-                if (choice[x] > a) b = a, a = choice[x];
-                else if (choice[x] > b) b = choice[x];
-            }
-            gscore[g] = v3 ? a + b : a;
-        }
+        for (int g = tid; g < G; g += blockDim.x) gscore[g] = moe_group_score(choice, g, per, v3);
         __syncthreads();
-        if (tid == 0)
-            for (int n = 0; n < topk_group; n++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-                keep[best] = 1;
-            }
+        if (tid == 0) moe_keep_groups(gscore, G, topk_group, keep);
         __syncthreads();
-        for (int x = tid; x < E; x += blockDim.x)
-            if (!keep[x / per]) choice[x] = v3 ? -INFINITY : 0.0f;
+        for (int x = tid; x < E; x += blockDim.x) choice[x] = moe_masked(choice, keep, x, per, v3);
         __syncthreads();
     }
     for (int n = 0; n < K; n++) {
@@ -106,14 +81,7 @@ __global__ void k_moe_route_tokens(int experts, int per_token, int groups, int t
         }
         __syncthreads();
     }
-    if (tid == 0) {
-        if (norm) {
-            float sum = 1e-20f;
-            for (int n = 0; n < K; n++) sum += tw[n];
-            for (int n = 0; n < K; n++) tw[n] /= sum;
-        }
-        for (int n = 0; n < K; n++) tw[n] *= scaling;
-    }
+    if (tid == 0) moe_finish_weights(tw, K, norm, scaling);
 }
 DCP_STATIC_SHARED(k_moe_route_tokens, (2 * sizeof(float) + 1) * MOE_MAX_EXPERTS +
                                           (sizeof(float) + sizeof(int)) * (MOE_MAX_GROUPS + ROUTE_THREADS) +

@@ -451,36 +451,31 @@ static int write_steps(hid_t f, const StepReport *sr)
     double *d = xmalloc(sizeof(double) * (n + 1));
     int *v = xmalloc(sizeof(int) * (n + 1));
     int rc = write_array(g, "dp_rank", H5T_NATIVE_INT, sr->dp_rank, n);
-#define STEP_DOUBLE(field)                                       \
-    for (size_t i = 0; i < n; i++) d[i] = sr->steps[i].field;    \
-    rc = rc || write_array(g, #field, H5T_NATIVE_DOUBLE, d, n);
-#define STEP_INT(field)                                          \
-    for (size_t i = 0; i < n; i++) v[i] = sr->steps[i].field;    \
-    rc = rc || write_array(g, #field, H5T_NATIVE_INT, v, n);
-    STEP_DOUBLE(t_start)
-    STEP_DOUBLE(seconds)
-    STEP_INT(decode_tokens)
-    STEP_INT(prefill_tokens)
-    STEP_INT(cached_tokens)
-    STEP_INT(running)
-    STEP_INT(waiting)
-    STEP_INT(preempted)
-    STEP_INT(kv_blocks_used)
+/* one /steps or /gpu/steps dataset: field of every step, through buf (n
+ * elements of the HDF5 type's C type) */
+#define STEP_FIELD(grp, buf, type, field)                          \
+    for (size_t i = 0; i < n; i++) buf[i] = sr->steps[i].field;    \
+    rc = rc || write_array(grp, #field, type, buf, n);
+    STEP_FIELD(g, d, H5T_NATIVE_DOUBLE, t_start)
+    STEP_FIELD(g, d, H5T_NATIVE_DOUBLE, seconds)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, decode_tokens)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, prefill_tokens)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, cached_tokens)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, running)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, waiting)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, preempted)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, kv_blocks_used)
     H5Gclose(g);
     if (sr->device && !rc) { /* what a device backend did in each step (docs/output.md) */
         hid_t gg = group(f, "gpu"), gs = gg < 0 ? -1 : group(gg, "steps");
         if (gs < 0) rc = dcp_fail("HDF5: cannot create /gpu/steps");
         long long *w = xmalloc(sizeof(long long) * (n + 1));
-#define STEP_LONG(field)                                                  \
-    for (size_t i = 0; i < n; i++) w[i] = sr->steps[i].field;             \
-    rc = rc || write_array(gs, #field, H5T_NATIVE_LLONG, w, n);
-        STEP_LONG(launches)
-        STEP_LONG(host_syncs)
-        STEP_LONG(mpi_syncs)
-        STEP_LONG(allocations)
-        STEP_LONG(d2h_copies)
-        STEP_LONG(d2h_bytes)
-#undef STEP_LONG
+        STEP_FIELD(gs, w, H5T_NATIVE_LLONG, launches)
+        STEP_FIELD(gs, w, H5T_NATIVE_LLONG, host_syncs)
+        STEP_FIELD(gs, w, H5T_NATIVE_LLONG, mpi_syncs)
+        STEP_FIELD(gs, w, H5T_NATIVE_LLONG, allocations)
+        STEP_FIELD(gs, w, H5T_NATIVE_LLONG, d2h_copies)
+        STEP_FIELD(gs, w, H5T_NATIVE_LLONG, d2h_bytes)
         if (gs >= 0) {
             attr_str(gs, "ranks", "each step's DP group's first rank (the steps' own order, as /steps)");
             H5Gclose(gs);
@@ -488,8 +483,7 @@ static int write_steps(hid_t f, const StepReport *sr)
         if (gg >= 0) H5Gclose(gg);
         free(w);
     }
-#undef STEP_DOUBLE
-#undef STEP_INT
+#undef STEP_FIELD
     free(d);
     free(v);
     return rc;
