@@ -241,9 +241,9 @@ const float *cuda_fp4_activations(const float *x, int ldx, const int *rows, cons
 void cuda_matmul(float *y, const float *x, WeightRef w, int T, int in, int out);
 void cuda_matmul_batched(float *y, int ldy, size_t y_step, const float *x, int ldx, size_t x_step, WeightRef w,
                          int batch, int T, int in, int out);
-void cuda_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps);
-void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
-               RopeStyle style);
+void cuda_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int dim, float eps);
+void cuda_rope(float *y, int ldy, const float *x, int ldx, const int *pos, int T, int n_heads, int head_dim,
+               const float *inv_freq, float scale, RopeStyle style);
 void cuda_silu_mul(float *gate, const float *up, size_t n);
 void cuda_add_bias(float *y, const float *b, int T, int n);
 void cuda_add(float *y, const float *x, size_t n);
@@ -258,8 +258,9 @@ void cuda_strided_copy(float *dst, int dst_stride, const float *src, int src_str
 void cuda_moe_route(const MoeRouting *r, const float *logits, const float *bias, int T, int *rows, float *weights,
                     int *slots, int *start);
 void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts, int pairs,
-                     WeightRef w, size_t w_step, int in, int out);
-void cuda_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim);
+                     WeightRef w, size_t w_step, int in, int out, int chunks);
+void cuda_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim,
+                      int chunks);
 void cuda_attention(const AttnBatch *a);
 void cuda_merge_partials(float *a, const float *b, int rows, int head_dim, int stride);
 void cuda_pack_partials(float *parts, const float *o, const float *lse, int rows, int head_dim);

@@ -4,10 +4,10 @@
 
 // ---- element-wise kernels ---------------------------------------------
 
-__global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, float eps)
+__global__ void k_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int dim, float eps)
 {
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *yr = y + (size_t)blockIdx.x * dim;
+    const float *xr = x + (size_t)blockIdx.x * ldx;
+    float *yr = y + (size_t)blockIdx.x * ldy;
     __shared__ float part[256];
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
@@ -23,34 +23,36 @@ __global__ void k_rmsnorm(float *y, const float *x, const float *w, int dim, flo
 
 DCP_STATIC_SHARED(k_rmsnorm, sizeof(float) * 256);
 
-void cuda_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
+void cuda_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int dim, float eps)
 {
-    if (T) DCP_LAUNCH(k_rmsnorm, T, MUTANT(4) ? 2048 : 256, 0, stream, y, x, w, dim, eps);
+    if (T) DCP_LAUNCH(k_rmsnorm, T, MUTANT(4) ? 2048 : 256, 0, stream, y, ldy, x, ldx, w, dim, eps);
     DCP_CHECK_LAUNCH(stream);
 }
 
-__global__ void k_rope(float *x, const int *pos, int T, int heads, int head_dim, const float *inv_freq, float scale,
-                       int adjacent)
+__global__ void k_rope(float *y, int ldy, const float *x, int ldx, const int *pos, int T, int heads, int head_dim,
+                       const float *inv_freq, float scale, int adjacent)
 {
     int half = head_dim / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * heads * half) return;
     int i = (int)(idx % half), h = (int)((idx / half) % heads), t = (int)(idx / half / heads);
     float angle = pos[t] * inv_freq[i], c = cosf(angle) * scale, s = sinf(angle) * scale;
-    float *v = x + ((size_t)t * heads + h) * head_dim;
+    size_t row = (size_t)t * heads + h;
+    const float *v = x + row * ldx;
+    float *u = y + row * ldy;
     int a = adjacent ? 2 * i : i, b = adjacent ? 2 * i + 1 : i + half;
     float v0 = v[a], v1 = v[b];
-    v[a] = v0 * c - v1 * s;
-    v[b] = v0 * s + v1 * c;
+    u[a] = v0 * c - v1 * s;
+    u[b] = v0 * s + v1 * c;
 }
 
-void cuda_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
-               RopeStyle style)
+void cuda_rope(float *y, int ldy, const float *x, int ldx, const int *pos, int T, int n_heads, int head_dim,
+               const float *inv_freq, float scale, RopeStyle style)
 {
     size_t n = (size_t)T * n_heads * (head_dim / 2);
     if (n)
-        DCP_LAUNCH(k_rope, blocks_for(n, 256), 256, 0, stream, x, pos, T, n_heads, head_dim, inv_freq, scale,
-                                                        style == ROPE_ADJACENT_PAIRS);
+        DCP_LAUNCH(k_rope, blocks_for(n, 256), 256, 0, stream, y, ldy, x, ldx, pos, T, n_heads, head_dim, inv_freq,
+                   scale, style == ROPE_ADJACENT_PAIRS);
     DCP_CHECK_LAUNCH(stream);
 }
 

@@ -160,7 +160,8 @@ void cuda_moe_route(const MoeRouting *r, const float *logits, const float *bias,
 // experts of MM_T consecutive pair rows, the rows of one expert at a time
 // (a tile may hold the last pairs of one expert and the first of the
 // next); block x is a tile of pair rows, its experts found by binary
-// search of start[], so the grid is the pairs' tiles, never the experts.
+// search of start[], so the grid is the pairs' tiles, never the experts;
+// block z is the K chunk (the down projection's chunks in one launch).
 #define MM_T 4
 #define MM_THREADS 128
 template <typename W>
@@ -169,14 +170,15 @@ __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows,
 {
     WeightRef qs = qs_ref(scale, scale8, tables, table_runs, run0, qcols, qflags);
     int n = blockIdx.y * blockDim.x + threadIdx.x, r0 = blockIdx.x * MM_T, r1 = min(pairs, r0 + MM_T),
-        whole = in - in % GM_LANES;
+        whole = in - in % GM_LANES, c = blockIdx.z;
     if (n >= out) return;
+    y += (size_t)c * pairs * out, x += (size_t)c * in;
     const float *xr[MM_T];
 #pragma unroll
     for (int t = 0; t < MM_T; t++) xr[t] = r0 + t < r1 ? x + (size_t)(rows ? rows[r0 + t] : r0 + t) * ldx : x;
     for (int s0 = r0; s0 < r1;) { // the rows s0 .. s1 - 1 of expert e
         int e = expert_of(start, experts, s0), s1 = max(s0 + 1, min(r1, start[e + 1])); // progress even on a bad start[]
-        size_t row = (size_t)e * w_step + (size_t)n * in;
+        size_t row = (size_t)e * w_step + ((size_t)c * out + n) * in;
         float acc[MM_T][GM_LANES];
 #pragma unroll
         for (int t = 0; t < MM_T; t++)
@@ -203,11 +205,11 @@ __global__ void k_moe_matmul(float *y, const float *x, int ldx, const int *rows,
 }
 
 void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
-                     int pairs, WeightRef w, size_t w_step, int in, int out)
+                     int pairs, WeightRef w, size_t w_step, int in, int out, int chunks)
 {
-    if (!pairs || !out) return;
+    if (!pairs || !out || !chunks) return;
     counts.moe_matmuls++;
-    dim3 grid(blocks_for((size_t)pairs, MM_T), blocks_for((size_t)out, MM_THREADS));
+    dim3 grid(blocks_for((size_t)pairs, MM_T), blocks_for((size_t)out, MM_THREADS), chunks);
 #define MM_LAUNCH(W)                                                                                                  \
     DCP_LAUNCH(k_moe_matmul<W>, grid, MM_THREADS, 0, stream, y, x, ldx, rows, start, experts, pairs,                 \
                (const W *)w.data, QS_ARGS(w), w_step, in, out)
@@ -224,20 +226,25 @@ void cuda_moe_matmul(float *y, const float *x, int ldx, const int *rows, const i
 }
 
 // y row t = 0 + w * src row + ... over its pairs in expert order, each
-// product and sum rounded on its own, as the CPU adds them
-__global__ void k_moe_combine(float *y, const float *src, const int *slots, const float *weights, int K, int dim)
+// product and sum rounded on its own, as the CPU adds them; block (t, c):
+// token t of chunk c
+__global__ void k_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K,
+                              int dim)
 {
     const int *s = slots + (size_t)blockIdx.x * K;
+    size_t c = blockIdx.y;
+    y += (c * T + blockIdx.x) * dim, src += c * T * K * dim;
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
         float acc = 0.0f;
         for (int n = 0; n < K; n++) acc = __fadd_rn(acc, __fmul_rn(weights[s[n]], src[(size_t)s[n] * dim + d]));
-        y[(size_t)blockIdx.x * dim + d] = acc;
+        y[d] = acc;
     }
 }
 
-void cuda_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim)
+void cuda_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim,
+                      int chunks)
 {
-    if (T) DCP_LAUNCH(k_moe_combine, T, 128, 0, stream, y, src, slots, weights, K, dim);
+    if (T && chunks) DCP_LAUNCH(k_moe_combine, dim3(T, chunks), 128, 0, stream, y, src, slots, weights, T, K, dim);
     DCP_CHECK_LAUNCH(stream);
 }
 

@@ -13,7 +13,7 @@
 # figures are printed).
 # Skips without the CUDA backend.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
-LAUNCHES_PER_LAYER=50
+LAUNCHES_PER_LAYER=42
 DS=$SRC/tests/data/deepseek/v3_yarn
 command -v h5dump >/dev/null 2>&1 || { echo "h5dump not installed: skipped" >&2; exit 77; }
 ids=$(tr ' ' ',' <"$DS/prompt.txt" | tr -d '\n' | sed 's/,$//')

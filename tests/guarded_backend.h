@@ -97,10 +97,11 @@ static void g_sync(void) {}
 /* each op: open the pages, run the CPU op, close them */
 static void g_matmul(float *y, const float *x, WeightRef w, int T, int in, int out)
 { OPEN(); guarded_cpu->matmul(y, x, w, T, in, out); CLOSE(); }
-static void g_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
-{ OPEN(); guarded_cpu->rmsnorm(y, x, w, T, dim, eps); CLOSE(); }
-static void g_rope(float *x, const int *pos, int T, int h, int d, const float *f, float sc, RopeStyle st)
-{ OPEN(); guarded_cpu->rope(x, pos, T, h, d, f, sc, st); CLOSE(); }
+static void g_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int dim, float eps)
+{ OPEN(); guarded_cpu->rmsnorm(y, ldy, x, ldx, w, T, dim, eps); CLOSE(); }
+static void g_rope(float *y, int ldy, const float *x, int ldx, const int *pos, int T, int h, int d, const float *f,
+                   float sc, RopeStyle st)
+{ OPEN(); guarded_cpu->rope(y, ldy, x, ldx, pos, T, h, d, f, sc, st); CLOSE(); }
 static void g_add_bias(float *y, const float *b, int T, int n) { OPEN(); guarded_cpu->add_bias(y, b, T, n); CLOSE(); }
 static void g_silu_mul(float *g, const float *u, size_t n) { OPEN(); guarded_cpu->silu_mul(g, u, n); CLOSE(); }
 static void g_add(float *y, const float *x, size_t n) { OPEN(); guarded_cpu->add(y, x, n); CLOSE(); }
@@ -132,10 +133,11 @@ static void g_moe_route(const MoeRouting *r, const float *logits, const float *b
                         int *slots, int *start)
 { OPEN(); guarded_cpu->moe_route(r, logits, bias, T, rows, weights, slots, start); CLOSE(); }
 static void g_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int E, int P,
-                         WeightRef w, size_t w_step, int in, int out)
-{ OPEN(); guarded_cpu->moe_matmul(y, x, ldx, rows, start, E, P, w, w_step, in, out); CLOSE(); }
-static void g_moe_combine(float *y, const float *src, const int *slots, const float *w, int T, int K, int dim)
-{ OPEN(); guarded_cpu->moe_combine(y, src, slots, w, T, K, dim); CLOSE(); }
+                         WeightRef w, size_t w_step, int in, int out, int chunks)
+{ OPEN(); guarded_cpu->moe_matmul(y, x, ldx, rows, start, E, P, w, w_step, in, out, chunks); CLOSE(); }
+static void g_moe_combine(float *y, const float *src, const int *slots, const float *w, int T, int K, int dim,
+                          int chunks)
+{ OPEN(); guarded_cpu->moe_combine(y, src, slots, w, T, K, dim, chunks); CLOSE(); }
 static void g_merge(float *a, const float *b, int rows, int d, int stride)
 { OPEN(); guarded_cpu->merge_partials(a, b, rows, d, stride); CLOSE(); }
 static void g_pack(float *p, const float *o, const float *l, int rows, int d)

@@ -10,6 +10,7 @@
 #   5  W4A4 activations are quantized without the matrix's input global scale
 #   6  the key shards' one-launch merge misses the barrier before an LSE is updated
 #   7  the experts' pair grouping scans the counts one expert off
+#   8  the latent kernel's split-KV fold misses the barrier before a head's LSE is updated
 # Skips (77) outside a HIP-CPU build (configure --with-hip-cpu).
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 T=$BUILD/tests/test_backends_mutants
@@ -22,7 +23,7 @@ checks=$((checks + 1))
 run_mutant 0
 if [ "$(cat "$WORK/m0.rc")" = 0 ]; then pass "no defect: the conformance test passes"
 else fail "no defect: exit $(cat "$WORK/m0.rc")"; tail -20 "$WORK/m0.out" >&2; fi
-for n in 1 2 3 5 6 7; do
+for n in 1 2 3 5 6 7 8; do
     checks=$((checks + 1))
     run_mutant $n
     if [ "$(cat "$WORK/m$n.rc")" != 0 ] && grep -q "FAIL.*differs" "$WORK/m$n.out"; then

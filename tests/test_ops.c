@@ -393,8 +393,8 @@ static void test_rope(const Backend *be)
     int pos[1] = {37};
     float freq[D / 2];
     for (int i = 0; i < D / 2; i++) freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / D);
-    be->rope(adj, pos, 1, H, D, freq, 1.0f, ROPE_ADJACENT_PAIRS);
-    be->rope(half, pos, 1, H, D, freq, 1.0f, ROPE_ROTATE_HALF);
+    be->rope(adj, D, adj, D, pos, 1, H, D, freq, 1.0f, ROPE_ADJACENT_PAIRS);
+    be->rope(half, D, half, D, pos, 1, H, D, freq, 1.0f, ROPE_ROTATE_HALF);
     double worst = 0;
     for (int h = 0; h < H; h++)
         for (int i = 0; i < D / 2; i++)
@@ -404,15 +404,15 @@ static void test_rope(const Backend *be)
     float x[D] = {1, 2, 3, 4, 5, 6, 7, 8}, y[D];
     memcpy(y, x, sizeof x);
     pos[0] = 0;
-    be->rope(y, pos, 1, 1, D, freq, 1.0f, ROPE_ROTATE_HALF);
+    be->rope(y, D, y, D, pos, 1, 1, D, freq, 1.0f, ROPE_ROTATE_HALF);
     CHECK(!memcmp(x, y, sizeof x), "RoPE at position 0 changes the vector");
     /* the cos/sin scale multiplies the rotated vector */
     float z[D];
     memcpy(y, x, sizeof x);
     memcpy(z, x, sizeof x);
     pos[0] = 9;
-    be->rope(y, pos, 1, 1, D, freq, 1.0f, ROPE_ROTATE_HALF);
-    be->rope(z, pos, 1, 1, D, freq, 1.25f, ROPE_ROTATE_HALF);
+    be->rope(y, D, y, D, pos, 1, 1, D, freq, 1.0f, ROPE_ROTATE_HALF);
+    be->rope(z, D, z, D, pos, 1, 1, D, freq, 1.25f, ROPE_ROTATE_HALF);
     worst = 0;
     for (int i = 0; i < D; i++) worst = fmax(worst, fabs(z[i] - 1.25f * y[i]));
     CHECK(worst < 1e-5, "RoPE scale: %g", worst);
@@ -424,9 +424,16 @@ static void test_matmul_rmsnorm(const Backend *be)
     be->matmul(y, x, weight_ref(w, DTYPE_F32, 0), 2, 3, 2);
     CHECK(y[0] == 4 && y[1] == 4.5f && y[2] == 1 && y[3] == 3.5f, "matmul %g %g %g %g", y[0], y[1], y[2], y[3]);
     float g[3] = {1, 2, 0.5f}, r[3];
-    be->rmsnorm(r, x, g, 1, 3, 0.0f);
+    be->rmsnorm(r, 3, x, 3, g, 1, 3, 0.0f);
     float inv = 1.0f / sqrtf(14.0f / 3.0f);
     CHECK(fabsf(r[0] - inv) < 1e-6f && fabsf(r[1] - 4 * inv) < 1e-6f && fabsf(r[2] - 1.5f * inv) < 1e-6f, "rmsnorm");
+    /* rows apart: x's 2 rows of 3 into rows of 4, the fourth left alone */
+    float r2[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+    be->rmsnorm(r2, 4, x, 3, g, 2, 3, 0.0f);
+    float inv2 = 1.0f / sqrtf(5.0f / 3.0f);
+    CHECK(fabsf(r2[0] - inv) < 1e-6f && fabsf(r2[4] + inv2) < 1e-6f && r2[5] == 0.0f &&
+              fabsf(r2[6] - inv2) < 1e-6f && r2[3] == 9 && r2[7] == 9,
+          "rmsnorm with strides: %g %g %g %g", r2[4], r2[5], r2[6], r2[7]);
 }
 
 static void test_partition(void)

@@ -23,6 +23,14 @@ DCP_HOST_DEVICE static inline size_t kv_pool_offset(size_t r, int h, size_t hd, 
     return ((r / B * (size_t)kv_heads + (size_t)h) * B + r % B) * hd;
 }
 
+/* The keys before key x in shard g of G canonical key shards of runs of
+ * `run` keys (AttnBatch.shards): shard g's count of a token's keys */
+DCP_HOST_DEVICE static inline int shard_keys(int x, int G, int run, int g)
+{
+    int base = (x / run / G) * run, rem = x - base * G - g * run;
+    return base + (rem < 0 ? 0 : rem > run ? run : rem);
+}
+
 /* Attention of T query tokens, each over its own run of keys, returning the
  * output and the log-sum-exp of the scaled scores per (token, head). The
  * same op serves the context part (keys in the KV cache) and the new part
@@ -138,13 +146,16 @@ typedef struct Backend {
      * valid until the next call. */
     const float *(*nvfp4_act)(const float *x, int ldx, const int *rows, const int *start, int experts, int T,
                               WeightRef w, size_t w_step, int in);
-    /* y (T, dim) = x / rms(x) * w, per row */
-    void (*rmsnorm)(float *y, const float *x, const float *w, int T, int dim, float eps);
-    /* rotates x (T, n_heads, head_dim) in place for the positions pos (T):
-     * angle pos * inv_freq[i] (head_dim/2 frequencies, a backend buffer),
-     * cos and sin multiplied by scale (YaRN's attention factor, else 1) */
-    void (*rope)(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
-                 RopeStyle style);
+    /* y row t (dim) = x row t / rms(x row t) * w, rows ldy and ldx apart
+     * (y == x: in place, ldy == ldx) */
+    void (*rmsnorm)(float *y, int ldy, const float *x, int ldx, const float *w, int T, int dim, float eps);
+    /* RoPE on the T * n_heads rows of head_dim values, row t * n_heads + h
+     * (token t, head h) of x ldx apart, into y's rows ldy apart (y == x:
+     * in place, ldy == ldx), for the positions pos (T): angle pos *
+     * inv_freq[i] (head_dim/2 frequencies, a backend buffer), cos and sin
+     * multiplied by scale (YaRN's attention factor, else 1) */
+    void (*rope)(float *y, int ldy, const float *x, int ldx, const int *pos, int T, int n_heads, int head_dim,
+                 const float *inv_freq, float scale, RopeStyle style);
     /* y (T, n) += b (n), per row */
     void (*add_bias)(float *y, const float *b, int T, int n);
     /* gate (n) = silu(gate) * up */
@@ -184,15 +195,18 @@ typedef struct Backend {
      * order. */
     void (*moe_route)(const MoeRouting *r, const float *logits, const float *bias, int T, int *rows, float *weights,
                       int *slots, int *start);
-    /* a grouped GEMM over the pairs: for pair i of expert e, y row i
-     * (out) = x row (rows ? rows[i] : i) (rows ldx apart) . W_e^T, W_e =
-     * weight_at(w, e * w_step) (out, in) */
+    /* a grouped GEMM over the pairs, in `chunks` K chunks apart (1: the
+     * whole rows): for pair i of expert e, row i of y's block c (out; the
+     * blocks pairs * out apart) = columns c * in .. c * in + in - 1 of x row
+     * (rows ? rows[i] : i) (rows ldx apart) . W_ec^T, W_ec =
+     * weight_at(w, e * w_step + c * out * in) (out, in) */
     void (*moe_matmul)(float *y, const float *x, int ldx, const int *rows, const int *start, int experts, int pairs,
-                       WeightRef w, size_t w_step, int in, int out);
-    /* y row t (dim) = 0 + weights[s] * src row s + ... over token t's
-     * pairs s = slots[t * per_token + n], in expert order */
+                       WeightRef w, size_t w_step, int in, int out, int chunks);
+    /* for each of `chunks` blocks (y's T * dim apart, src's T * per_token
+     * * dim): y row t (dim) = 0 + weights[s] * src row s + ... over token
+     * t's pairs s = slots[t * per_token + n], in expert order */
     void (*moe_combine)(float *y, const float *src, const int *slots, const float *weights, int T, int per_token,
-                        int dim);
+                        int dim, int chunks);
     /* the slot mapping: for t with slots[t] >= 0, row slots[t] of one
      * layer's k_pool/v_pool (rows of kvd elements of kv_dtype, kv_heads KV
      * heads, blocks of block_size rows laid out as kv_pool_offset says)

@@ -70,12 +70,12 @@ int backend_cpu_set_gemm(const char *name)
     return 0;
 }
 
-static void cpu_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
+static void cpu_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int dim, float eps)
 {
 #pragma omp parallel for if (T > 4)
     for (int t = 0; t < T; t++) {
-        const float *xr = x + (size_t)t * dim;
-        float *yr = y + (size_t)t * dim;
+        const float *xr = x + (size_t)t * ldx;
+        float *yr = y + (size_t)t * ldy;
         float ss = 0.0f;
         for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
         float inv = 1.0f / sqrtf(ss / dim + eps);
@@ -83,8 +83,8 @@ static void cpu_rmsnorm(float *y, const float *x, const float *w, int T, int dim
     }
 }
 
-static void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
-                     RopeStyle style)
+static void cpu_rope(float *y, int ldy, const float *x, int ldx, const int *pos, int T, int n_heads, int head_dim,
+                     const float *inv_freq, float scale, RopeStyle style)
 {
     int half = head_dim / 2;
 #pragma omp parallel for if (T > 4)
@@ -93,13 +93,15 @@ static void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim,
             float angle = pos[t] * inv_freq[i];
             float c = cosf(angle) * scale, s = sinf(angle) * scale;
             for (int h = 0; h < n_heads; h++) {
-                float *v = x + ((size_t)t * n_heads + h) * head_dim;
+                size_t row = (size_t)t * n_heads + h;
+                const float *v = x + row * ldx;
+                float *u = y + row * ldy;
                 /* adjacent pairs (2i, 2i+1), as llama2.c; or halves (i, i+D/2), as HF */
                 int a = style == ROPE_ADJACENT_PAIRS ? 2 * i : i;
                 int b = style == ROPE_ADJACENT_PAIRS ? 2 * i + 1 : i + half;
                 float v0 = v[a], v1 = v[b];
-                v[a] = v0 * c - v1 * s;
-                v[b] = v0 * s + v1 * c;
+                u[a] = v0 * c - v1 * s;
+                u[b] = v0 * s + v1 * c;
             }
         }
     }
@@ -365,42 +367,38 @@ static void cpu_moe_route(const MoeRouting *r, const float *logits, const float 
     moe_group_pairs(idx, wt, T, K, E, rows, weights, slots, start, fill);
 }
 
-/* expert by expert: its pairs' rows gathered, one GEMM */
+/* chunk by chunk, expert by expert: its pairs' rows gathered, one GEMM */
 static void cpu_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
-                           int pairs, WeightRef w, size_t w_step, int in, int out)
+                           int pairs, WeightRef w, size_t w_step, int in, int out, int chunks)
 {
-    (void)pairs;
-    for (int e = 0; e < experts; e++) {
-        int R = start[e + 1] - start[e];
-        if (!R) continue;
-        float *xe = gather_scratch(0, (size_t)R * in);
-        for (int i = 0; i < R; i++) {
-            int row = rows ? rows[start[e] + i] : start[e] + i;
-            memcpy(xe + (size_t)i * in, x + (size_t)row * ldx, sizeof(float) * (size_t)in);
+    for (int c = 0; c < chunks; c++)
+        for (int e = 0; e < experts; e++) {
+            int R = start[e + 1] - start[e];
+            if (!R) continue;
+            float *xe = gather_scratch(0, (size_t)R * in);
+            for (int i = 0; i < R; i++) {
+                int row = rows ? rows[start[e] + i] : start[e] + i;
+                memcpy(xe + (size_t)i * in, x + (size_t)row * ldx + (size_t)c * in, sizeof(float) * (size_t)in);
+            }
+            cpu_matmul(y + ((size_t)c * pairs + start[e]) * out, xe,
+                       weight_at(w, (size_t)e * w_step + (size_t)c * out * in), R, in, out);
         }
-        cpu_matmul(y + (size_t)start[e] * out, xe, weight_at(w, (size_t)e * w_step), R, in, out);
-    }
 }
 
-static void cpu_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim)
+static void cpu_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int K, int dim,
+                            int chunks)
 {
-    for (int t = 0; t < T; t++) {
-        float *yr = y + (size_t)t * dim;
-        memset(yr, 0, sizeof(float) * (size_t)dim);
-        for (int n = 0; n < K; n++) {
-            int s = slots[t * K + n];
-            const float *sr = src + (size_t)s * dim;
-            float w = weights[s];
-            for (int d = 0; d < dim; d++) yr[d] += w * sr[d];
+    for (int c = 0; c < chunks; c++)
+        for (int t = 0; t < T; t++) {
+            float *yr = y + ((size_t)c * T + t) * dim;
+            memset(yr, 0, sizeof(float) * (size_t)dim);
+            for (int n = 0; n < K; n++) {
+                int s = slots[t * K + n];
+                const float *sr = src + ((size_t)c * T * K + s) * dim;
+                float w = weights[s];
+                for (int d = 0; d < dim; d++) yr[d] += w * sr[d];
+            }
         }
-    }
-}
-
-/* the keys before key x in shard s of G shards of runs of `run` keys */
-static inline int shard_keys(int x, int G, int run, int s)
-{
-    int base = (x / run / G) * run, rem = x - base * G - s * run;
-    return base + (rem < 0 ? 0 : rem > run ? run : rem);
 }
 
 /* Shard g of the unit's rows (tokens t .. t+R-1, H heads from KV head g0,

@@ -78,14 +78,15 @@ static void null_matmul(float *y, const float *x, WeightRef w, int T, int in, in
 {
     (void)y, (void)x, (void)w, (void)T, (void)in, (void)out;
 }
-static void null_rmsnorm(float *y, const float *x, const float *w, int T, int dim, float eps)
+static void null_rmsnorm(float *y, int ldy, const float *x, int ldx, const float *w, int T, int dim, float eps)
 {
-    (void)y, (void)x, (void)w, (void)T, (void)dim, (void)eps;
+    (void)y, (void)ldy, (void)x, (void)ldx, (void)w, (void)T, (void)dim, (void)eps;
 }
-static void null_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq, float scale,
-                      RopeStyle style)
+static void null_rope(float *y, int ldy, const float *x, int ldx, const int *pos, int T, int n_heads, int head_dim,
+                      const float *inv_freq, float scale, RopeStyle style)
 {
-    (void)x, (void)pos, (void)T, (void)n_heads, (void)head_dim, (void)inv_freq, (void)scale, (void)style;
+    (void)y, (void)ldy, (void)x, (void)ldx, (void)pos, (void)T, (void)n_heads, (void)head_dim, (void)inv_freq,
+        (void)scale, (void)style;
 }
 static void null_add_bias(float *y, const float *b, int T, int n) { (void)y, (void)b, (void)T, (void)n; }
 static void null_silu_mul(float *gate, const float *up, size_t n) { (void)gate, (void)up, (void)n; }
@@ -131,15 +132,15 @@ static void null_moe_route(const MoeRouting *r, const float *logits, const float
     free(wt);
 }
 static void null_moe_matmul(float *y, const float *x, int ldx, const int *rows, const int *start, int experts,
-                            int pairs, WeightRef w, size_t w_step, int in, int out)
+                            int pairs, WeightRef w, size_t w_step, int in, int out, int chunks)
 {
     (void)y, (void)x, (void)ldx, (void)rows, (void)start, (void)experts, (void)pairs, (void)w, (void)w_step, (void)in,
-        (void)out;
+        (void)out, (void)chunks;
 }
 static void null_moe_combine(float *y, const float *src, const int *slots, const float *weights, int T, int per_token,
-                             int dim)
+                             int dim, int chunks)
 {
-    (void)y, (void)src, (void)slots, (void)weights, (void)T, (void)per_token, (void)dim;
+    (void)y, (void)src, (void)slots, (void)weights, (void)T, (void)per_token, (void)dim, (void)chunks;
 }
 static void null_kv_write(void *k_pool, void *v_pool, DType kv_dtype, const float *k, const float *v, const int *slots,
                           int T, int kvd, int kv_heads, int block_size)

@@ -196,7 +196,7 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
     }
     be->upload(e->d_rows, e->rows, sizeof(int) * R);
     be->gather_rows(env->xb, env->x, e->d_rows, R, c->dim);
-    be->rmsnorm(e->xf, env->xb, e->rms_final, R, c->dim, c->norm_eps);
+    be->rmsnorm(e->xf, c->dim, env->xb, c->dim, e->rms_final, R, c->dim, c->norm_eps);
     double t0 = layer_clock(env);
     be->matmul(e->logits, layer_act(env, e->xf, e->lm_head, R, c->dim), e->lm_head, R, c->dim, s->vocab);
     be->download(logits, e->logits, sizeof(float) * R * s->vocab);

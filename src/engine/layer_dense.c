@@ -40,7 +40,6 @@ typedef struct {
     /* scratch for cap tokens */
     int cap;
     float *q, *k, *v, *att, *lse, *hb, *hb2;
-    float *rot; /* partial RoPE: the rotated part of each head, (T, q_heads, rotary) */
     MoeScratch moe;
 } Dense;
 
@@ -108,7 +107,7 @@ static void *dense_load(const LayerEnv *env)
 
 static void free_scratch(const LayerEnv *env, Dense *d)
 {
-    float **bufs[] = {&d->q, &d->k, &d->v, &d->att, &d->lse, &d->hb, &d->hb2, &d->rot};
+    float **bufs[] = {&d->q, &d->k, &d->v, &d->att, &d->lse, &d->hb, &d->hb2};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (*bufs[i]) env->be->release(*bufs[i]);
         *bufs[i] = NULL;
@@ -146,26 +145,17 @@ static void dense_reserve(const LayerEnv *env, void *state, int T)
     d->lse = be->alloc(f * t * (size_t)s->q_heads);
     d->hb = be->alloc(f * t * hid);
     d->hb2 = be->alloc(f * t * hid);
-    if ((size_t)d->rotary < D) d->rot = be->alloc(f * t * (size_t)s->q_heads * (size_t)d->rotary);
     if (env->model->w.moe) moe_reserve(env, &d->moe, T);
     d->cap = T;
 }
 
-/* RoPE on x's heads (T, heads, head_dim): whole, or their first d->rotary
- * dimensions, gathered into one block for the backend's rope and put back */
+/* RoPE on x's heads (T, heads, head_dim) in place: whole, or their first
+ * d->rotary dimensions (rows of d->rotary, head_dim apart) */
 static void rope_heads(const LayerEnv *env, const Dense *d, float *x, int T, int heads)
 {
-    const Backend *be = env->be;
     const Config *c = &env->model->cfg;
-    const int *pos = env->att->step.d_pos;
-    int D = c->head_dim, R = d->rotary;
-    if (R == D) {
-        be->rope(x, pos, T, heads, D, d->inv_freq, d->rope_scale, c->rope_style);
-        return;
-    }
-    be->strided_copy(d->rot, R, x, D, T * heads, R);
-    be->rope(d->rot, pos, T, heads, R, d->inv_freq, d->rope_scale, c->rope_style);
-    be->strided_copy(x, D, d->rot, R, T * heads, R);
+    int D = c->head_dim;
+    env->be->rope(x, D, x, D, env->att->step.d_pos, T, heads, d->rotary, d->inv_freq, d->rope_scale, c->rope_style);
 }
 
 static void dense_forward(const LayerEnv *env, void *state, int l)
@@ -178,7 +168,7 @@ static void dense_forward(const LayerEnv *env, void *state, int l)
     int T = env->att->step.T, dim = c->dim, D = c->head_dim, qd = s->q_heads * D, kvd = s->kv_heads * D;
 
     /* attention block: column-parallel Q/K/V, this rank's heads */
-    be->rmsnorm(env->xb, env->x, lw->rms_att, T, dim, c->norm_eps);
+    be->rmsnorm(env->xb, dim, env->x, dim, lw->rms_att, T, dim, c->norm_eps);
     layer_matmul(env, d->q, env->xb, lw->wq, T, dim, qd);
     layer_matmul(env, d->k, env->xb, lw->wk, T, dim, kvd);
     layer_matmul(env, d->v, env->xb, lw->wv, T, dim, kvd);
@@ -188,8 +178,8 @@ static void dense_forward(const LayerEnv *env, void *state, int l)
         be->add_bias(d->v, lw->bv, T, kvd);
     }
     if (lw->q_norm) { /* per head, before RoPE */
-        be->rmsnorm(d->q, d->q, lw->q_norm, T * s->q_heads, D, c->norm_eps);
-        be->rmsnorm(d->k, d->k, lw->k_norm, T * s->kv_heads, D, c->norm_eps);
+        be->rmsnorm(d->q, D, d->q, D, lw->q_norm, T * s->q_heads, D, c->norm_eps);
+        be->rmsnorm(d->k, D, d->k, D, lw->k_norm, T * s->kv_heads, D, c->norm_eps);
     }
     rope_heads(env, d, d->q, T, s->q_heads);
     rope_heads(env, d, d->k, T, s->kv_heads);
@@ -200,7 +190,7 @@ static void dense_forward(const LayerEnv *env, void *state, int l)
 
     /* feed-forward block: column-parallel gate/up, row-parallel down; or
      * the experts, each split the same way */
-    be->rmsnorm(env->xb, env->x, lw->rms_ffn, T, dim, c->norm_eps);
+    be->rmsnorm(env->xb, dim, env->x, dim, lw->rms_ffn, T, dim, c->norm_eps);
     if (lw->is_moe) {
         moe_block(env, &lw->moe, &d->moe, l, env->xb, T);
         return;

@@ -34,7 +34,7 @@ typedef struct {
 } MlaLayerWeights;
 
 /* scratch buffers, sized for cap tokens */
-enum { B_QA, B_QRAW, B_KVA, B_QROPE, B_TA, B_TB, B_ATTV, B_Q, B_K, B_ATT, B_LSE, B_HB, B_HB2, B_N };
+enum { B_QA, B_QRAW, B_KVA, B_ATTV, B_Q, B_K, B_ATT, B_LSE, B_HB, B_HB2, B_N };
 
 typedef struct {
     Uploads up;
@@ -127,12 +127,10 @@ static void mla_reserve(const LayerEnv *env, void *state, int T)
     const MoeConfig *moe = &c->moe;
     size_t H = (size_t)env->model->shard.q_heads, nope = (size_t)m->qk_nope_head_dim,
            rope = (size_t)m->qk_rope_head_dim, kvl = (size_t)m->kv_lora_rank, vd = (size_t)m->v_head_dim,
-           t = (size_t)T, W = kvl + rope, tmp = kvl > nope ? kvl : nope,
+           t = (size_t)T, W = kvl + rope,
            hid = env->model->shard.hidden ? (size_t)env->model->shard.hidden : 1;
-    if ((size_t)c->dim > tmp) tmp = (size_t)c->dim;
     size_t sizes[B_N] = {[B_QA] = t * (size_t)(m->q_lora_rank ? m->q_lora_rank : 1), [B_QRAW] = t * H * (nope + rope),
-                         [B_KVA] = t * W, [B_QROPE] = t * H * rope, [B_TA] = t * tmp, [B_TB] = t * tmp,
-                         [B_ATTV] = t * H * vd, [B_Q] = t * H * W, [B_K] = t * W, [B_ATT] = t * H * kvl,
+                         [B_KVA] = t * W, [B_ATTV] = t * H * vd, [B_Q] = t * H * W, [B_K] = t * W, [B_ATT] = t * H * kvl,
                          [B_LSE] = t * H, [B_HB] = t * hid, [B_HB2] = t * hid};
     for (int i = 0; i < B_N; i++) st->buf[i] = env->be->alloc(sizeof(float) * sizes[i]);
     if (moe->n_routed_experts > 0) moe_reserve(env, &st->moe, T);
@@ -150,35 +148,32 @@ static void mla_forward(const LayerEnv *env, void *state, int l)
     int T = env->att->step.T, H = env->model->shard.q_heads, dim = c->dim, nope = m->qk_nope_head_dim,
         rope = m->qk_rope_head_dim, kvl = m->kv_lora_rank, vd = m->v_head_dim, qk = nope + rope, W = kvl + rope;
     float **b = st->buf, *q = b[B_Q], *k = b[B_K], eps = c->norm_eps;
-    be->rmsnorm(env->xb, env->x, lw->rms_att, T, dim, eps);
+    be->rmsnorm(env->xb, dim, env->x, dim, lw->rms_att, T, dim, eps);
     if (m->q_lora_rank) {
-        layer_matmul(env, b[B_QA], env->xb, lw->q_a, T, dim, m->q_lora_rank);
-        be->rmsnorm(b[B_QA], b[B_QA], lw->q_a_norm, T, m->q_lora_rank, eps);
+        int r = m->q_lora_rank;
+        layer_matmul(env, b[B_QA], env->xb, lw->q_a, T, dim, r);
+        be->rmsnorm(b[B_QA], r, b[B_QA], r, lw->q_a_norm, T, r, eps);
         layer_matmul(env, b[B_QRAW], b[B_QA], lw->q_b, T, m->q_lora_rank, H * qk);
     } else {
         layer_matmul(env, b[B_QRAW], env->xb, lw->q, T, dim, H * qk);
     }
-    /* the cache row: normed latent, then the shared RoPE key */
+    /* the cache row (W wide): the normed latent, then the shared RoPE
+     * key, each read from kv_a's output row and written into its place */
     layer_matmul(env, b[B_KVA], env->xb, lw->kv_a, T, dim, W);
-    be->strided_copy(b[B_TA], kvl, b[B_KVA], W, T, kvl);
-    be->rmsnorm(b[B_TA], b[B_TA], lw->kv_a_norm, T, kvl, eps);
-    be->strided_copy(k, W, b[B_TA], kvl, T, kvl);
-    be->strided_copy(b[B_TB], rope, b[B_KVA] + kvl, W, T, rope);
-    be->rope(b[B_TB], pos, T, 1, rope, st->inv_freq, st->rope_scale, c->rope_style);
-    be->strided_copy(k + kvl, W, b[B_TB], rope, T, rope);
-    /* queries, each head's W_uk^T q_nope (one batched GEMM over the heads)
-     * then its RoPE part: the (token, head) rows of q_raw are qk apart */
-    be->strided_copy(b[B_QROPE], rope, b[B_QRAW] + nope, qk, T * H, rope);
-    be->rope(b[B_QROPE], pos, T, H, rope, st->inv_freq, st->rope_scale, c->rope_style);
+    be->rmsnorm(k, W, b[B_KVA], W, lw->kv_a_norm, T, kvl, eps);
+    be->rope(k + kvl, W, b[B_KVA] + kvl, W, pos, T, 1, rope, st->inv_freq, st->rope_scale, c->rope_style);
+    /* queries (rows of W per (token, head)): each head's W_uk^T q_nope (one
+     * batched GEMM over the heads), and its RoPE part from the (token, head)
+     * rows of q_raw, qk apart */
     layer_matmul_batched(env, q, H * W, (size_t)W, b[B_QRAW], H * qk, (size_t)qk, lw->uk_t, H, T, nope, kvl);
-    be->strided_copy(q + kvl, W, b[B_QROPE], rope, T * H, rope);
+    be->rope(q + kvl, W, b[B_QRAW] + nope, qk, pos, T, H, rope, st->inv_freq, st->rope_scale, c->rope_style);
     layer_attention(env, l, 0, q, k, NULL, b[B_ATT], b[B_LSE]);
     /* each head's value up-projection (one batched GEMM), then o_proj */
     layer_matmul_batched(env, b[B_ATTV], H * vd, (size_t)vd, b[B_ATT], H * kvl, (size_t)kvl, lw->uv, H, T, kvl, vd);
     layer_matmul_rows(env, env->parts, b[B_ATTV], lw->o, T, H * vd, dim);
     layer_residual(env, NULL, T);
 
-    be->rmsnorm(env->xb, env->x, lw->rms_ffn, T, dim, eps);
+    be->rmsnorm(env->xb, dim, env->x, dim, lw->rms_ffn, T, dim, eps);
     if (lw->is_moe) {
         moe_block(env, &lw->moe, &st->moe, l, env->xb, T);
         return;

@@ -99,15 +99,13 @@ static void experts_swiglu(const LayerEnv *env, const MoeWeights *w, MoeScratch 
      * rows, before its K chunks */
     int act = env->nvfp4_act && w->gate.dtype == DTYPE_FP4 && w->gate.scale8;
     const float *xa = act ? be->nvfp4_act(x, dim, rows, start, experts, P, w->gate, per, dim) : x;
-    be->moe_matmul(s->hg, xa, dim, act ? NULL : rows, start, experts, P, w->gate, per, dim, mh);
+    be->moe_matmul(s->hg, xa, dim, act ? NULL : rows, start, experts, P, w->gate, per, dim, mh, 1);
     xa = act ? be->nvfp4_act(x, dim, rows, start, experts, P, w->up, per, dim) : x;
-    be->moe_matmul(s->hu, xa, dim, act ? NULL : rows, start, experts, P, w->up, per, dim, mh);
+    be->moe_matmul(s->hu, xa, dim, act ? NULL : rows, start, experts, P, w->up, per, dim, mh, 1);
     be->silu_mul(s->hg, s->hu, (size_t)P * mh);
     act = env->nvfp4_act && w->down.dtype == DTYPE_FP4 && w->down.scale8;
     const float *h = act ? be->nvfp4_act(s->hg, mh, NULL, start, experts, P, w->down, per, mh) : s->hg;
-    for (int ch = 0; ch < chunks; ch++)
-        be->moe_matmul(y + (size_t)ch * P * dim, h + (size_t)ch * cin, mh, NULL, start, experts, P,
-                       weight_at(w->down, (size_t)ch * dim * cin), per, cin, dim);
+    be->moe_matmul(y, h, mh, NULL, start, experts, P, w->down, per, cin, dim, chunks);
     env->tm->matmul += layer_clock(env) - t0;
 }
 
@@ -128,8 +126,7 @@ void moe_forward(const LayerEnv *env, const MoeWeights *w, MoeScratch *s, float 
      * experts: the same in every chunk on every layout */
     experts_swiglu(env, w, s, s->yd, x, s->rows, s->start, E, P, chunks);
     size_t n = (size_t)T * dim;
-    for (int ch = 0; ch < chunks; ch++)
-        be->moe_combine(y + ch * n, s->yd + (size_t)ch * P * dim, s->slots, s->weights, T, K, dim);
+    be->moe_combine(y, s->yd, s->slots, s->weights, T, K, dim, chunks);
     if (w->shared.gate.data) {
         layer_swiglu(env, &w->shared, s->yd, x, T, env->model->shard.shared_hidden, s->hg, s->hu);
         be->add(y, s->yd, chunks * n);
@@ -257,7 +254,7 @@ static void moe_block_ep(const LayerEnv *env, const MoeWeights *w, MoeScratch *s
     comm_alltoallv_rows(env->comm, COMM_moe_combine, s->back, rcount, rdispl, s->ret, scount, sdispl, dim,
                         GROUP_EP);
     if (!T) return; /* the whole TP group is without tokens */
-    if (H) be->moe_combine(s->routed + (size_t)h0 * dim, s->ret, s->slots, s->weights, H, K, dim);
+    if (H) be->moe_combine(s->routed + (size_t)h0 * dim, s->ret, s->slots, s->weights, H, K, dim, 1);
     int *tcount = rdispl + N, *tdispl = tcount + tp;
     for (int r = 0; r < tp; r++) balanced_part(T, tp, r, &tdispl[r], &tcount[r]);
     comm_allgatherv_rows(env->comm, COMM_moe_combine, s->routed, tcount, tdispl, dim, GROUP_TP);
