@@ -156,39 +156,63 @@ DCP_STATIC_SHARED(k_attention<float>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREA
 DCP_STATIC_SHARED(k_attention<__nv_bfloat16>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
 DCP_STATIC_SHARED(k_attention<uint8_t>, sizeof(float) * (ATT_MAX_D + 2 * ATT_THREADS));
 
-// Latent attention (MLA: one KV head, the values the first v_dim floats of
-// the key rows, paged or contiguous), as FlashMLA shapes it: a block serves up to LAT_HEADS heads
-// of one token, so that each latent row is read once for all of them
-// instead of once per head. Keys come in tiles of LAT_KEYS rows through
-// shared memory, loaded row by row by consecutive threads (coalesced);
-// every (head, key) score of a tile is two threads' half dot products; the
-// heads' online softmax states live in shared memory, and each thread
-// accumulates the value columns d = tid + c * ATT_THREADS of every head.
-// Splits as k_attention's: block (x, g, z) is split z of shard g, or
-// every split of it folded (fold).
+// Attention of a group of query heads that share their keys: MLA's latent
+// rows (one KV head, the values the first v_dim floats of the key rows;
+// SEPV false) or a GQA group's KV head (keys and values rows of their own;
+// SEPV true), paged or contiguous, as FlashMLA shapes it: a block serves
+// up to LAT_HEADS heads of one token that read one KV head, so that each
+// key and value row is read once for all of them instead of once per
+// head. Keys come in tiles of LAT_KEYS rows through shared memory, loaded
+// row by row by consecutive threads (coalesced); every (head, key) score
+// of a tile is two threads' half dot products; the heads' online softmax
+// states live in shared memory, and each thread accumulates the value
+// columns d = tid + c * ATT_THREADS of every head. Rows of up to MAXD
+// values. Splits as k_attention's: block (x, g, z) is split z of shard g,
+// or every split of it folded (fold); x is (token, KV head, chunk of
+// LAT_HEADS of the group's heads).
 #define LAT_HEADS 16
 #define LAT_KEYS 4
-#define LAT_MAX_D 576 // kv_lora_rank 512 + qk_rope_head_dim 64
-#define LAT_ROW (LAT_MAX_D + 1) // a row's floats in shared memory, padded so that rows start in different banks
-#define LAT_COLS ((LAT_MAX_D + ATT_THREADS - 1) / ATT_THREADS)
-static_assert(ATT_THREADS == 2 * LAT_HEADS * LAT_KEYS, "k_latent_attention: two threads per (head, key) score");
-template <typename KV>
-__global__ void k_latent_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
-                                   const KV *rows_base, const int *row0, const int *n_keys, const int *key0,
-                                   const int *const *tables, int block_size, int n_heads, int head_dim, int v_dim,
-                                   float scale, int G, int run, int fold)
+#define LAT_MAX_D 576 // MLA: kv_lora_rank 512 + qk_rope_head_dim 64
+#define GQA_MAX_D 256 // GQA: head_dim up to 256
+static_assert(ATT_THREADS == 2 * LAT_HEADS * LAT_KEYS, "k_group_attention: two threads per (head, key) score");
+// the two kinds of rows, each over a cache of T's type
+template <typename T> struct LatentRows {
+    using KV = T;
+    static constexpr int MAXD = LAT_MAX_D;
+    static constexpr bool SEPV = false;
+};
+template <typename T> struct GqaRows {
+    using KV = T;
+    static constexpr int MAXD = GQA_MAX_D;
+    static constexpr bool SEPV = true;
+};
+template <typename R>
+__global__ void k_group_attention(float *out, size_t out_stride, float *lse, size_t lse_stride, const float *q,
+                                  const typename R::KV *k_base, const typename R::KV *v_base, const int *row0,
+                                  const int *n_keys, const int *key0, const int *const *tables, int block_size,
+                                  int n_heads, int group, int head_dim, int v_dim, int kv_stride, float scale, int G,
+                                  int run, int fold)
 {
-    __shared__ float qs[LAT_HEADS][LAT_ROW], ks[LAT_KEYS][LAT_ROW], sc[LAT_HEADS][LAT_KEYS],
+    constexpr int MAXD = R::MAXD;
+    constexpr bool SEPV = R::SEPV;
+    constexpr int ROW = MAXD + 1; // a row's floats in shared memory, padded so that rows start in different banks
+    constexpr int COLS = (MAXD + ATT_THREADS - 1) / ATT_THREADS;
+    // a tile's key rows, then (SEPV) its value rows; else the values are the keys
+    __shared__ float qs[LAT_HEADS][ROW], kvs[SEPV ? 2 * LAT_KEYS : LAT_KEYS][ROW], sc[LAT_HEADS][LAT_KEYS],
         red[ATT_THREADS], m[LAT_HEADS], l[LAT_HEADS], corr[LAT_HEADS], fl[LAT_HEADS];
-    int chunks = (n_heads + LAT_HEADS - 1) / LAT_HEADS, t = blockIdx.x / chunks,
-        h0 = blockIdx.x % chunks * LAT_HEADS, nh = min(LAT_HEADS, n_heads - h0), g = blockIdx.y, tid = threadIdx.x;
-    int rows = gridDim.x / chunks * n_heads;
+    float(*ks)[ROW] = kvs, (*vs)[ROW] = SEPV ? kvs + LAT_KEYS : kvs;
+    int kv_heads = n_heads / group, chunks = (group + LAT_HEADS - 1) / LAT_HEADS, per_token = kv_heads * chunks;
+    int t = blockIdx.x / per_token, kvh = blockIdx.x % per_token / chunks,
+        h0 = kvh * group + blockIdx.x % chunks * LAT_HEADS,
+        nh = min(LAT_HEADS, (kvh + 1) * group - h0), g = blockIdx.y, tid = threadIdx.x;
+    int rows = gridDim.x / per_token * n_heads;
     int n = shard_keys(n_keys[t], G, run, g), first = key0 ? shard_keys(key0[t], G, run, g) : 0;
     int s0 = fold ? 0 : blockIdx.z, s1 = fold ? max(1, (n - first + ATT_SPLIT - 1) / ATT_SPLIT) : s0 + 1;
     size_t at0 = ((size_t)blockIdx.z * G + g) * rows + (size_t)t * n_heads + h0; // the block's first head's row
     int width = MUTANT(2) ? v_dim - 1 : v_dim;
     const int *table = tables ? tables[t] : NULL;
-    if (!table && row0) rows_base += (size_t)row0[t] * head_dim; // contiguous rows from the token's first
+    size_t base = !table && row0 ? (size_t)row0[t] * kv_stride : 0; // contiguous rows from the token's first
+    k_base += base, v_base += base;
     for (int i = tid; i < nh * head_dim; i += blockDim.x)
         qs[i / head_dim][i % head_dim] = q[((size_t)t * n_heads + h0) * head_dim + i];
     int pair = tid % (LAT_HEADS * LAT_KEYS), hh = pair / LAT_KEYS, jj = pair % LAT_KEYS,
@@ -197,13 +221,14 @@ __global__ void k_latent_attention(float *out, size_t out_stride, float *lse, si
         int lo = first + sp * ATT_SPLIT, hi = min(n, lo + ATT_SPLIT);
         if (tid < LAT_HEADS) m[tid] = -INFINITY, l[tid] = 0.0f;
         __syncthreads();
-        float acc[LAT_HEADS][LAT_COLS] = {{0}};
+        float acc[LAT_HEADS][COLS] = {{0}};
         for (int j0 = lo; j0 < hi; j0 += LAT_KEYS) {
             int kt = min(LAT_KEYS, hi - j0);
             for (int i = tid; i < kt * head_dim; i += blockDim.x) {
                 int jk = j0 + i / head_dim, key = (jk / run) * G * run + g * run + jk % run; // shard g's key jk
-                ks[i / head_dim][i % head_dim] = kv_load(rows_base + att_row(table, key, block_size, 1, 0, head_dim) +
-                                                         i % head_dim);
+                size_t at = att_row(table, key, block_size, kv_heads, kvh, kv_stride) + i % head_dim;
+                ks[i / head_dim][i % head_dim] = kv_load(k_base + at);
+                if (SEPV) vs[i / head_dim][i % head_dim] = kv_load(v_base + at);
             }
             if (!MUTANT(1)) __syncthreads();
             float part = 0.0f;
@@ -227,11 +252,11 @@ __global__ void k_latent_attention(float *out, size_t out_stride, float *lse, si
 #pragma unroll
             for (int h = 0; h < LAT_HEADS; h++)
 #pragma unroll
-                for (int c = 0; c < LAT_COLS; c++) {
+                for (int c = 0; c < COLS; c++) {
                     int d = c * ATT_THREADS + tid;
                     if (h >= nh || d >= v_dim) continue;
                     float a = acc[h][c] * corr[h];
-                    for (int j = 0; j < kt; j++) a += sc[h][j] * ks[j][d];
+                    for (int j = 0; j < kt; j++) a += sc[h][j] * vs[j][d];
                     acc[h][c] = a;
                 }
             __syncthreads();
@@ -245,7 +270,7 @@ __global__ void k_latent_attention(float *out, size_t out_stride, float *lse, si
             MergeW w = merge_w(fl[h], ls);
             float *o = out + (at0 + h) * out_stride;
 #pragma unroll
-            for (int c = 0; c < LAT_COLS; c++) {
+            for (int c = 0; c < COLS; c++) {
                 int d = c * ATT_THREADS + tid;
                 if (d >= width) continue;
                 float val = hi > lo ? acc[h][c] / l[h] : 0.0f;
@@ -262,11 +287,15 @@ __global__ void k_latent_attention(float *out, size_t out_stride, float *lse, si
     if (tid < nh) lse[(at0 + tid) * lse_stride] = fl[tid];
 }
 
-#define LAT_SHARED                                                                                             \
-    (sizeof(float) * ((LAT_HEADS + LAT_KEYS) * LAT_ROW + LAT_HEADS * LAT_KEYS + ATT_THREADS + 4 * LAT_HEADS))
-DCP_STATIC_SHARED(k_latent_attention<float>, LAT_SHARED);
-DCP_STATIC_SHARED(k_latent_attention<__nv_bfloat16>, LAT_SHARED);
-DCP_STATIC_SHARED(k_latent_attention<uint8_t>, LAT_SHARED);
+#define GROUP_SHARED(MAXD, SEPV)                                                                                \
+    (sizeof(float) * ((LAT_HEADS + (SEPV ? 2 : 1) * LAT_KEYS) * (MAXD + 1) + LAT_HEADS * LAT_KEYS + ATT_THREADS + \
+                      4 * LAT_HEADS))
+#define GROUP_KERNELS(KV)                                                                                      \
+    DCP_STATIC_SHARED(k_group_attention<LatentRows<KV>>, GROUP_SHARED(LAT_MAX_D, false));                      \
+    DCP_STATIC_SHARED(k_group_attention<GqaRows<KV>>, GROUP_SHARED(GQA_MAX_D, true))
+GROUP_KERNELS(float);
+GROUP_KERNELS(__nv_bfloat16);
+GROUP_KERNELS(uint8_t);
 
 // ---- LSE merges (docs/design.md, "Same bits at any layout") ------------
 
@@ -389,12 +418,17 @@ static void attention_kernels(const AttnBatch *a, float *out, size_t out_stride,
                               const int *row0, const int *n_keys, const int *key0, const int *const *tables, int rows,
                               int Dv, int G, int run, int splits, int fold)
 {
+    int group = a->n_heads / a->n_kv_heads;
+    dim3 grid(a->T * a->n_kv_heads * ((group + LAT_HEADS - 1) / LAT_HEADS), G, splits);
     if (a->n_kv_heads == 1 && a->k == a->v && a->kv_stride == a->head_dim && a->head_dim <= LAT_MAX_D &&
         Dv <= a->head_dim) {
-        dim3 grid(a->T * ((a->n_heads + LAT_HEADS - 1) / LAT_HEADS), G, splits);
-        DCP_LAUNCH(k_latent_attention<KV>, grid, ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride, a->q,
-                   (const KV *)a->k, row0, n_keys, key0, tables, a->block_size, a->n_heads, a->head_dim, Dv, a->scale,
-                   G, run, fold);
+        DCP_LAUNCH(k_group_attention<LatentRows<KV>>, grid, ATT_THREADS, 0, stream, out, out_stride, lse,
+                   lse_stride, a->q, (const KV *)a->k, (const KV *)a->k, row0, n_keys, key0, tables, a->block_size,
+                   a->n_heads, group, a->head_dim, Dv, a->kv_stride, a->scale, G, run, fold);
+    } else if (a->head_dim <= GQA_MAX_D && Dv <= a->head_dim) {
+        DCP_LAUNCH(k_group_attention<GqaRows<KV>>, grid, ATT_THREADS, 0, stream, out, out_stride, lse,
+                   lse_stride, a->q, (const KV *)a->k, (const KV *)a->v, row0, n_keys, key0, tables, a->block_size,
+                   a->n_heads, group, a->head_dim, Dv, a->kv_stride, a->scale, G, run, fold);
     } else {
         DCP_LAUNCH(k_attention<KV>, dim3(rows, G, splits), ATT_THREADS, 0, stream, out, out_stride, lse, lse_stride,
                    a->q, (const KV *)a->k, (const KV *)a->v, row0, n_keys, key0, tables, a->block_size, a->n_heads,

@@ -3,14 +3,14 @@
 # is it, linked against the CUDA backend built with deliberate defects
 # (MUTANT(n) in cuda/), run on HIP-CPU. Unbroken, it passes;
 # with each defect, it fails by a check, not by a crash:
-#   1  the latent (MLA) attention kernel misses the barrier after loading a tile of rows
-#   2  the latent kernel writes one value column too few (v_dim - 1)
-#   3  the attention kernel misses the barrier in its sum reduction
+#   1  the grouped attention kernel (MLA, GQA) misses the barrier after loading a tile of rows
+#   2  the grouped kernel writes one value column too few (v_dim - 1)
+#   3  the attention kernel of wider rows (head_dim above 256) misses the barrier in its sum reduction
 #   4  rmsnorm launches 2048 threads a block, which the launch check refuses
 #   5  W4A4 activations are quantized without the matrix's input global scale
 #   6  the key shards' one-launch merge misses the barrier before an LSE is updated
 #   7  the experts' pair grouping scans the counts one expert off
-#   8  the latent kernel's split-KV fold misses the barrier before a head's LSE is updated
+#   8  the grouped kernel's split-KV fold misses the barrier before a head's LSE is updated
 # Skips (77) outside a HIP-CPU build (configure --with-hip-cpu).
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 T=$BUILD/tests/test_backends_mutants

@@ -671,6 +671,8 @@ static const Shape shapes[] = {
     {"64 gqa4 fp8 window prefill", 300, 8, 2, 64, 0, 0, 400, 1, 16, 2, 1, DTYPE_F8_E4M3, 50},
     {"mla 576/512 fp8 shards", 4, 16, 1, 576, 512, 1, 3000, 0, 64, 8, 16, DTYPE_F8_E4M3, 0},
     {"mla fp8 rows", 5, 16, 1, 576, 512, 1, 300, 0, 0, 2, 1, DTYPE_F8_E4M3, 0},
+    {"320 gqa2 above the grouped kernel's rows", 3, 4, 2, 320, 0, 0, 700, 0, 16, 2, 1, DTYPE_F32, 0},
+    {"128 gqa 32 heads on one KV head, 1500 keys", 2, 32, 1, 128, 0, 0, 1500, 0, 16, 1, 1, DTYPE_BF16, 0},
 };
 
 /* rows (n, width) of kv as a cache of type t holds them */
