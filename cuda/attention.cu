@@ -58,8 +58,8 @@ __device__ static inline MergeW merge_w(float l1, float l2)
         return w;
     }
     float m = fmaxf(l1, l2);
-    w.s1 = expf(l1 - m), w.s2 = expf(l2 - m), w.inv = __frcp_rn(__fadd_rn(w.s1, w.s2));
-    w.lse = m + logf(__fadd_rn(w.s1, w.s2)), w.mode = 2;
+    w.s1 = dcp_expf(l1 - m), w.s2 = dcp_expf(l2 - m), w.inv = __frcp_rn(__fadd_rn(w.s1, w.s2));
+    w.lse = m + dcp_logf(__fadd_rn(w.s1, w.s2)), w.mode = 2;
     return w;
 }
 __device__ static inline float merge_v(const MergeW &w, float x, float y)
@@ -112,7 +112,7 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
             }
             float m_new = fmaxf(m, red[0]);
             __syncthreads();
-            float e = j < hi ? expf(s - m_new) : 0.0f;
+            float e = j < hi ? dcp_expf(s - m_new) : 0.0f;
             p[tid] = e;
             red[tid] = e;
             __syncthreads();
@@ -120,7 +120,7 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
                 if (tid < w) red[tid] += red[tid + w];
                 if (!MUTANT(3)) __syncthreads();
             }
-            float correction = expf(m - m_new);
+            float correction = dcp_expf(m - m_new);
             sum = sum * correction + red[0];
             int tile = min(ATT_THREADS, hi - j0);
 #pragma unroll // a fixed count, so that acc stays in registers
@@ -138,7 +138,7 @@ __global__ void k_attention(float *out, size_t out_stride, float *lse, size_t ls
             __syncthreads();
         }
         // the split's partial, folded into the row (each thread its columns)
-        float ls = hi > lo ? m + logf(sum) : -INFINITY;
+        float ls = hi > lo ? m + dcp_logf(sum) : -INFINITY;
         MergeW w = merge_w(fl, ls);
 #pragma unroll
         for (int c = 0; c < ATT_MAX_D / ATT_THREADS; c++) {
@@ -243,8 +243,8 @@ __global__ void k_group_attention(float *out, size_t out_stride, float *lse, siz
                 float mt = m[tid];
                 for (int j = 0; j < kt; j++) mt = fmaxf(mt, sc[tid][j]);
                 float sum = 0.0f;
-                for (int j = 0; j < LAT_KEYS; j++) sum += sc[tid][j] = j < kt ? expf(sc[tid][j] - mt) : 0.0f;
-                corr[tid] = expf(m[tid] - mt);
+                for (int j = 0; j < LAT_KEYS; j++) sum += sc[tid][j] = j < kt ? dcp_expf(sc[tid][j] - mt) : 0.0f;
+                corr[tid] = dcp_expf(m[tid] - mt);
                 l[tid] = l[tid] * corr[tid] + sum;
                 m[tid] = mt;
             }
@@ -266,7 +266,7 @@ __global__ void k_group_attention(float *out, size_t out_stride, float *lse, siz
 #pragma unroll
         for (int h = 0; h < LAT_HEADS; h++) {
             if (h >= nh) continue;
-            float ls = hi > lo ? m[h] + logf(l[h]) : -INFINITY;
+            float ls = hi > lo ? m[h] + dcp_logf(l[h]) : -INFINITY;
             MergeW w = merge_w(fl[h], ls);
             float *o = out + (at0 + h) * out_stride;
 #pragma unroll
@@ -279,7 +279,7 @@ __global__ void k_group_attention(float *out, size_t out_stride, float *lse, siz
         }
         if (!MUTANT(8)) __syncthreads();
         if (tid < nh) {
-            float ls = hi > lo ? m[tid] + logf(l[tid]) : -INFINITY;
+            float ls = hi > lo ? m[tid] + dcp_logf(l[tid]) : -INFINITY;
             fl[tid] = sp == s0 ? ls : merge_w(fl[tid], ls).lse;
         }
     }

@@ -28,6 +28,8 @@ static int dcp_mutant = getenv("DCPINFER_MUTANT") ? atoi(getenv("DCPINFER_MUTANT
 
 extern "C" {
 #include "backend.h"
+#include "fmath.h"
+#define DCP_ROUTE_EXP dcp_expf // the routing kernels' exponential (moe_route.h)
 #include "moe_route.h"
 #include "quant.h"
 #include "tree.h"

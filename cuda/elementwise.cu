@@ -17,7 +17,7 @@ __global__ void k_rmsnorm(float *y, int ldy, const float *x, int ldx, const floa
         if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
         __syncthreads();
     }
-    float inv = rsqrtf(part[0] / dim + eps);
+    float inv = 1.0f / sqrtf(part[0] / dim + eps); // IEEE-rounded, where rsqrtf is not
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (inv * xr[i]);
 }
 
@@ -36,7 +36,9 @@ __global__ void k_rope(float *y, int ldy, const float *x, int ldx, const int *po
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * heads * half) return;
     int i = (int)(idx % half), h = (int)((idx / half) % heads), t = (int)(idx / half / heads);
-    float angle = pos[t] * inv_freq[i], c = cosf(angle) * scale, s = sinf(angle) * scale;
+    float angle = pos[t] * inv_freq[i], c, s;
+    dcp_sincosf(angle, &s, &c);
+    c *= scale, s *= scale;
     size_t row = (size_t)t * heads + h;
     const float *v = x + row * ldx;
     float *u = y + row * ldy;
@@ -61,7 +63,7 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n)
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = g[i];
-        g[i] = v / (1.0f + expf(-v)) * u[i];
+        g[i] = v / (1.0f + dcp_expf(-v)) * u[i];
     }
 }
 

@@ -45,7 +45,7 @@ __global__ void k_moe_route_tokens(int experts, int per_token, int groups, int t
     } else {
         if (tid == 0) misc[0] = moe_max(lg, E);
         __syncthreads();
-        for (int x = tid; x < E; x += blockDim.x) score[x] = expf(lg[x] - misc[0]);
+        for (int x = tid; x < E; x += blockDim.x) score[x] = DCP_ROUTE_EXP(lg[x] - misc[0]);
         __syncthreads();
         if (tid == 0) misc[1] = moe_sum(score, E);
         __syncthreads();

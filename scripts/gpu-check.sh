@@ -18,6 +18,10 @@
 #   failure here;
 # - h5diff of the results file of a run against the same run again and
 #   against -tp 2 (tokens and log-probabilities, bit for bit);
+# - the GPU against HIP-CPU, which runs the same kernels on the host in
+#   CI: seeded requests on a GQA and a DeepSeek-V3 test model, the same
+#   tokens and log-probabilities bit for bit (the kernels call no math
+#   library and nothing is contracted into an FMA: docs/design.md);
 # - short decode benchmarks, a GQA model and a DeepSeek-V3-shaped MLA +
 #   MoE model: tokens/s with no wait inside a step, and the attention and
 #   GEMMs' fraction of peak memory bandwidth.
@@ -84,8 +88,8 @@ make -C "$BUILD_DIR" -j"$(nproc)" >"$BUILD_DIR/make.out" 2>&1 || { tail -30 "$BU
 
 # ---- spills ----------------------------------------------------------
 # ptxas warns of any register spill and any stack frame (NVCCFLAGS): a
-# spill fails the check; a stack frame is listed (k_rope's: sinf and
-# cosf's reduction of large arguments, off the hot path)
+# spill fails the check; a stack frame is listed (none in the default
+# build)
 status=0
 spills=$(grep -E "ptxas.*[Ss]pill" "$BUILD_DIR/make.out" | sort -u)
 if [ -n "$spills" ]; then
@@ -100,7 +104,7 @@ grep -E "ptxas.*Local memory used" "$BUILD_DIR/make.out" | sed -E "s/.*function 
 
 if [ $gpu = 0 ]; then
     for step in "compute-sanitizer on test_backends" "GPU tests without and with DCPINFER_CUDA_SYNC" \
-        "h5diff of runs" "decode benchmarks"; do
+        "h5diff of runs" "the GPU against HIP-CPU" "decode benchmarks"; do
         say "not run: $step (no NVIDIA GPU: nvidia-smi -L fails)"
     done
     say "done in $(( $(date +%s) - start )) s: built; GPU steps not run (exit 3)"
@@ -162,6 +166,43 @@ for pair in "a b" "a tp2"; do
     if [ $same = 1 ]; then say "ok: h5diff $1 $2: tokens and log-probabilities identical"
     else say "FAIL: h5diff $1 $2"; status=1; fi
 done
+
+# ---- the GPU against HIP-CPU ---------------------------------------------
+# tests/gpu_bits.sh's models and requests (9 seeded requests at
+# temperature 1.0 over a 32K vocabulary), run by this build on the GPU and
+# by a HIP-CPU build of the same source on the host
+HIP=$SHARED/vendor/hip-cpu HB=$BUILD_DIR-hip
+if [ ! -f "$HIP/include/hip/hip_runtime.h" ]; then
+    say "not run: the GPU against HIP-CPU (no HIP-CPU at $HIP)"
+elif ! (mkdir -p "$HB" && cd "$HB" && "$TOP/configure" --with-hip-cpu="$HIP" ${CONFIGURE_ARGS:-} >configure.out 2>&1 &&
+    make -j"$(nproc)" dcpinfer >make.out 2>&1); then
+    say "not run: the GPU against HIP-CPU (its build failed: $HB/configure.out, $HB/make.out)"
+else
+    SHAPE="--layers 2 --dim 64 --heads 8 --hidden 128 --vocab 32768"
+    "$BUILD_DIR/dcpinfer-mkmodel" --out "$W/gqa" --arch llama $SHAPE --kv-heads 1 >/dev/null &&
+        "$BUILD_DIR/dcpinfer-mkmodel" --out "$W/v3" --arch deepseek_v3 $SHAPE --first-dense 1 --q-lora-rank 24 \
+            --norm-topk-prob >/dev/null || exit 1
+    for i in 0 1 2 3 4 5 6 7 8; do
+        ids=$(awk -v i=$i 'BEGIN { n = 5 + 7 * i; for (j = 0; j < n; j++) printf "%s%d", j ? ", " : "", (j * 7919 + i * 104729) % 32768 }')
+        echo "{\"id\": \"s$i\", \"prompt_token_ids\": [$ids], \"max_tokens\": $((6 + i)), \"temperature\": 1.0, \"seed\": $((i + 11)), \"logprobs\": 2}"
+    done >"$W/bits.jsonl"
+    for m in gqa v3; do
+        for b in gpu hip; do
+            bin=$BUILD_DIR/dcpinfer
+            [ $b = hip ] && bin=$HB/dcpinfer
+            mpirun -np 1 "$bin" --backend cuda --model "$W/$m" --kv-cache-memory 64M --quiet \
+                --output "$W/$m-$b.jsonl" "$W/bits.jsonl" >"$W/$m-$b.out" 2>&1 || cat "$W/$m-$b.out"
+            sed -E 's/"(ttft_s|tpot_s|e2e_s)": *[-0-9.e+]*,? *//g' "$W/$m-$b.jsonl" >"$W/$m-$b.untimed" 2>/dev/null
+        done
+        if [ -s "$W/$m-gpu.untimed" ] && cmp -s "$W/$m-gpu.untimed" "$W/$m-hip.untimed"; then
+            say "ok: the GPU and HIP-CPU: $m, 9 requests' tokens and log-probabilities identical"
+        else
+            diff "$W/$m-gpu.untimed" "$W/$m-hip.untimed" | head -4
+            say "FAIL: the GPU and HIP-CPU differ ($m)"
+            status=1
+        fi
+    done
+fi
 
 # ---- decode benchmark ------------------------------------------------
 say "decode benchmark (one GPU): step times with no wait inside a step"

@@ -6,6 +6,7 @@
 #include <float.h>
 
 #include "backend.h"
+#include "fmath.h"
 #include "kernels_cpu.h"
 #include "model.h"
 #include "sampler.h"
@@ -377,6 +378,47 @@ static void test_exp_accuracy(void)
           "exp at its ends");
 }
 
+/* fmath.h, the GPU kernels' functions (and the CPU attention's exp):
+ * dcp_expf is plain_exp bit for bit; dcp_logf against log in double over
+ * every 4099th positive float, within 1 ulp; dcp_sincosf against sin and
+ * cos in double at RoPE's angles (to 2^20 radians), within 2 units of
+ * 2^-24 (an ulp of 1) */
+#define LOG_ULP 1.0      /* measured: 0.746 */
+#define SINCOS_UNITS 2.0 /* measured: 1.559 */
+static void test_fmath(void)
+{
+    long differ = 0, n = 0;
+    for (uint32_t b = 0; b < 0xffffffffu - 4099; b += 4099) {
+        float x;
+        memcpy(&x, &b, sizeof x);
+        float a = dcp_expf(x), e = plain_exp(x);
+        differ += isnan(x) ? !isnan(a) : memcmp(&a, &e, sizeof a) != 0, n++;
+    }
+    CHECK(differ == 0, "dcp_expf differs from the kernels' exp at %ld of %ld floats", differ, n);
+    double worst = 0, at = 0;
+    for (uint32_t b = 1; b < 0x7f800000u; b += 4099) {
+        float x;
+        memcpy(&x, &b, sizeof x);
+        double want = log((double)x), got = dcp_logf(x);
+        double u = want == 0 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23), e = fabs(got - want) / u;
+        if (e > worst) worst = e, at = x;
+    }
+    fprintf(stderr, "dcp_logf: at most %.3f ulp (at %a)\n", worst, at);
+    CHECK(worst <= LOG_ULP, "dcp_logf: %.3f ulp at %a", worst, at);
+    CHECK(dcp_logf(1.0f) == 0.0f && dcp_logf(0.0f) == -INFINITY && isnan(dcp_logf(-1.0f)) &&
+              isinf(dcp_logf(INFINITY)) && isnan(dcp_logf(NAN)),
+          "dcp_logf at its ends");
+    worst = 0, at = 0;
+    for (double x = -0x1p20; x <= 0x1p20; x += 0.3183098861837907 * 3.7) {
+        float s, c, xf = (float)x;
+        dcp_sincosf(xf, &s, &c);
+        double e = fmax(fabs(s - sin((double)xf)), fabs(c - cos((double)xf))) * 0x1p24;
+        if (e > worst) worst = e, at = xf;
+    }
+    fprintf(stderr, "dcp_sincosf: at most %.3f units of 2^-24 (at %a)\n", worst, at);
+    CHECK(worst <= SINCOS_UNITS, "dcp_sincosf: %.3f units of 2^-24 at %a", worst, at);
+}
+
 static void test_rope(const Backend *be)
 {
     enum { D = 8, H = 2 };
@@ -592,6 +634,7 @@ int main(int argc, char **argv)
     test_attention_shards(be);
     test_attend_defined();
     test_exp_accuracy();
+    test_fmath();
     test_rope(be);
     test_matmul_rmsnorm(be);
     test_partition();

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fmath.h"
 #include "kernels_cpu.h"
 #include "quant.h"
 #include "util.h"
@@ -114,42 +115,10 @@ static inline int allkeys(const int *j0, const int *n, int j, int e)
     return ok;
 }
 static inline int all4(const int *j0, const int *n, int j) { return allkeys(j0, n, j, j + 4); }
-/* The softmax's exp(x), the same bits on every instruction set and with
- * every libm: x clamped to [-104, 89] (NaN kept; e^-104 rounds to 0, e^89
- * to infinity), x = k ln 2 + r with k = x log2(e) rounded to nearest (the
- * 1.5 x 2^23 trick) and r by two FMAs (ln 2 in two parts), e^r by Cephes's
- * polynomial (Horner, FMAs), times 2^k as two factors (so that a result
- * below 2^-126 is rounded once). On [-104, 0] (every float, against exp in
- * double): at most 1.01 ulp from e^x, 14 of 1.12e9 floats above 1 ulp,
- * 99.2% the bits of glibc's expf. att_exp below does it 16 lanes at once;
- * kernels_cpu.inc's vector ones do it in the same operations. */
-#define EXP_LO -104.0f
-#define EXP_HI 89.0f
-#define EXP_MAGIC 0x1.8p23f
-#define EXP_LOG2E 0x1.715476p+0f
-#define EXP_LN2_HI 0.693359375f
-#define EXP_LN2_LO -2.12194440e-4f
-#define EXP_P0 1.9875691500e-4f
-#define EXP_P1 1.3981999507e-3f
-#define EXP_P2 8.3334519073e-3f
-#define EXP_P3 4.1665795894e-2f
-#define EXP_P4 1.6666665459e-1f
-#define EXP_P5 5.0000001201e-1f
-static inline float att_exp(float x)
-{
-    x = x < EXP_LO ? EXP_LO : x > EXP_HI ? EXP_HI : x;
-    float t = fmaf(x, EXP_LOG2E, EXP_MAGIC), kf = t - EXP_MAGIC;
-    float r = fmaf(kf, -EXP_LN2_LO, fmaf(kf, -EXP_LN2_HI, x));
-    float p = fmaf(fmaf(fmaf(fmaf(fmaf(EXP_P0, r, EXP_P1), r, EXP_P2), r, EXP_P3), r, EXP_P4), r, EXP_P5);
-    p = fmaf(p, r * r, r) + 1.0f;
-    uint32_t tb, mb, b1, b2;
-    float magic = EXP_MAGIC, f1, f2;
-    memcpy(&tb, &t, 4), memcpy(&mb, &magic, 4);
-    int32_t k = (int32_t)(tb - mb), k1 = k >> 1, k2 = k - k1; /* k >> 1: floor(k / 2), as the vector shifts */
-    b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
-    memcpy(&f1, &b1, 4), memcpy(&f2, &b2, 4);
-    return p * f1 * f2;
-}
+/* The softmax's exp(x) is fmath.h's dcp_expf (the same bits on every
+ * instruction set, with every libm and on the GPU): gen_exp below does it
+ * 16 lanes at once, kernels_cpu.inc's vector ones (EXP_LANES) in the same
+ * operations and constants. */
 
 /* ---- portable: 16 lanes in an array ---------------------------------- */
 typedef struct {
@@ -200,7 +169,7 @@ GEN_LANES(gen_max, a.l[i] > b.l[i] ? a.l[i] : b.l[i])
 #undef GEN_LANES
 static inline VGen gen_exp(VGen a)
 {
-    for (int i = 0; i < 16; i++) a.l[i] = att_exp(a.l[i]);
+    for (int i = 0; i < 16; i++) a.l[i] = dcp_expf(a.l[i]);
     return a;
 }
 static inline float gen_tree(VGen a)
@@ -303,7 +272,7 @@ TGT_AVX2 static inline float maxtree8(__m256 h)
     __m128 f = _mm_max_ps(g, _mm_movehl_ps(g, g));
     return _mm_cvtss_f32(_mm_max_ss(f, _mm_shuffle_ps(f, f, 1)));
 }
-/* att_exp in vector lanes, its operations in order: NAME(x) for the
+/* dcp_expf in vector lanes, its operations in order: NAME(x) for the
  * target TGTATTR on VF vectors (VI their integers), intrinsics P##_op
  * (_mm256 or _mm512) and casts P##_castps_##SI (si256 or si512) */
 #define EXP_LANES(name, tgtattr, VF, VI, P, SI)                                                                   \

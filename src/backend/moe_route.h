@@ -9,6 +9,13 @@
 
 #include "backend.h"
 
+/* the routing's exponential: the C library's on the CPU; fmath.h's in the
+ * CUDA backend's kernels (backend_cuda.cuh defines it first), the same
+ * bits on a GPU and under HIP-CPU */
+#ifndef DCP_ROUTE_EXP
+#define DCP_ROUTE_EXP expf
+#endif
+
 /* The steps of a token's routing that the CPU (moe_route_token, one
  * thread) and the CUDA backend (k_moe_route_tokens, a block) share, so
  * that both compute each value by the same arithmetic. */
@@ -18,7 +25,7 @@
 DCP_HOST_DEVICE static inline void moe_v3_score(const float *logits, const float *bias, int x, float *score,
                                                 float *choice)
 {
-    score[x] = 1.0f / (1.0f + expf(-logits[x]));
+    score[x] = 1.0f / (1.0f + DCP_ROUTE_EXP(-logits[x]));
     choice[x] = score[x] + (bias ? bias[x] : 0.0f);
 }
 
@@ -95,7 +102,7 @@ static inline void moe_route_token(const MoeRouting *r, const float *logits, con
         for (int x = 0; x < E; x++) moe_v3_score(logits, bias, x, score, choice);
     } else {
         float mx = moe_max(logits, E);
-        for (int x = 0; x < E; x++) score[x] = expf(logits[x] - mx);
+        for (int x = 0; x < E; x++) score[x] = DCP_ROUTE_EXP(logits[x] - mx);
         float sum = moe_sum(score, E);
         for (int x = 0; x < E; x++) choice[x] = score[x] /= sum;
     }
