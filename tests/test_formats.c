@@ -30,8 +30,8 @@ static float *run_logits(const char *path, int *vocab)
     *vocab = m.cfg.vocab_size;
     float *logits = xmalloc(sizeof(float) * NTOK * (size_t)*vocab);
     Chunk c1 = {table.ids, table.n, 0, 9}, c2 = {table.ids, table.n, 9, NTOK - 9};
-    engine_forward(&e, tokens, &c1, 1, 1, logits);
-    engine_forward(&e, tokens + 9, &c2, 1, 1, logits + (size_t)9 * *vocab);
+    engine_forward(&e, tokens, &c1, 1, &c1.n, logits);
+    engine_forward(&e, tokens + 9, &c2, 1, &c2.n, logits + (size_t)9 * *vocab);
     table_free(&table);
     engine_free(&e);
     model_free(&m);

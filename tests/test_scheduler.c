@@ -187,6 +187,117 @@ static void test_capacity(void)
     CHECK(parse_bytes("12x", &bytes) == -1 && parse_bytes("-1G", &bytes) == -1, "bad sizes");
 }
 
+/* spec_ngram_propose against the definition's drafts (tests/ref/make_ngram_refs.py) */
+static void test_ngram_reference(void)
+{
+    char path[1024];
+    const char *src = getenv("srcdir");
+    snprintf(path, sizeof path, "%s/tests/data/spec/ngram_cases.txt", src ? src : ".");
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "%s missing", path);
+    if (!f) return;
+    char line[4096];
+    int cases = 0, with_drafts = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        int lo, hi, k, n, used, toks[64], want[8], nw = 0, got[8];
+        char *p = line;
+        if (sscanf(p, "%d %d %d %d%n", &lo, &hi, &k, &n, &used) != 4) continue;
+        p += used;
+        for (int i = 0; i < n; i++, p += used) sscanf(p, "%d%n", &toks[i], &used);
+        p = strchr(p, '|') + 1;
+        while (sscanf(p, "%d%n", &want[nw], &used) == 1) nw++, p += used;
+        int m = spec_ngram_propose(toks, n, lo, hi, k, got);
+        CHECK(m == nw && !memcmp(got, want, sizeof(int) * (size_t)nw),
+              "case %d (min %d max %d k %d, %d tokens): %d drafts, the reference has %d", cases, lo, hi, k, n, m, nw);
+        cases++;
+        with_drafts += nw > 0;
+    }
+    fclose(f);
+    CHECK(cases == 400 && with_drafts > 100, "%d cases read, %d with drafts", cases, with_drafts);
+}
+
+/* A made-up model for speculative decoding: the token after a context of
+ * len tokens copies the one 5 back, except at every 7th position */
+static int copy_target(const int *ctx, int len) { return len % 7 ? ctx[len - 5] : (ctx[len - 1] + 1) % 50; }
+
+/* Runs the requests to the end with the made-up model, each row seeing the
+ * output so far and the drafts before it; returns the steps */
+static int drive_target(Scheduler *s, StepPlan *p)
+{
+    int steps = 0, sampled[256], ctx[512];
+    while (scheduler_plan(s, p) && p->nc) {
+        for (int i = 0, t0 = 0; i < p->nc; t0 += p->chunks[i++].n) {
+            if (!p->samples[i]) continue;
+            int r = p->req[i], d = p->drafts[i], len = s->rs->r[r].n_prompt + s->res[r].n;
+            memcpy(ctx, s->rs->r[r].prompt_tokens, sizeof(int) * (size_t)s->rs->r[r].n_prompt);
+            memcpy(ctx + s->rs->r[r].n_prompt, s->res[r].tokens, sizeof(int) * (size_t)s->res[r].n);
+            for (int j = 0; j <= d; j++) {
+                sampled[p->row_end[i] - 1 - d + j] = copy_target(ctx, len);
+                if (j < d) ctx[len++] = p->tokens[t0 + p->chunks[i].n - d + j];
+            }
+        }
+        scheduler_commit(s, p, sampled, steps++);
+        check_accounting(s, "committed");
+    }
+    return steps;
+}
+
+/* Speculative decoding's bookkeeping: the same outputs as without, in
+ * fewer steps; drafts within max_tokens, the context and the step's
+ * budget; rejected positions rolled back and their blocks returned; with
+ * preemption (a pool too small for all) and prefix caching */
+static void test_speculative(void)
+{
+    Config c = cfg_no_eos();
+    Topology t = {.world_size = 1, .tp = 1, .dcp = 1, .dp = 1, .interleave = 1};
+    int ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (i * 7) % 11;
+    for (int caching = 0; caching < 2; caching++)
+        for (int pool_blocks = 16; pool_blocks <= 200; pool_blocks += 184) {
+            Result res[2][4];
+            int steps[2];
+            long long drafted = 0, accepted = 0, preemptions = 0;
+            for (int spec = 0; spec < 2; spec++) {
+                BlockPool pool;
+                pool_init(&pool, pool_blocks, 4);
+                pool_prefix_caching(&pool, caching, 1, 1, 0);
+                RequestSet rs = {0};
+                for (int i = 0; i < 4; i++) add_request(&rs, ids + i, 10 + i, 20 + 9 * i, 0, 1, 0);
+                memset(res[spec], 0, sizeof res[spec]);
+                SchedulerLimits o = {.max_model_len = 60, .max_num_seqs = 4, .max_batched_tokens = 24};
+                Scheduler s;
+                scheduler_init(&s, &rs, res[spec], &c, &t, &pool, &o);
+                s.spec = (SpecConfig){spec ? SPEC_NGRAM : SPEC_NONE, 5, 2, 4};
+                StepPlan p;
+                plan_init(&p, &o);
+                steps[spec] = drive_target(&s, &p);
+                for (int i = 0; spec && i < 4; i++) {
+                    drafted += res[1][i].spec_draft_tokens;
+                    accepted += res[1][i].spec_accepted_tokens;
+                }
+                if (spec) preemptions = s.preemptions;
+                CHECK(pool_used(&pool) == 0, "all blocks free after the run");
+                plan_free(&p);
+                scheduler_free(&s);
+                requests_free(&rs);
+                pool_free_all(&pool);
+            }
+            for (int i = 0; i < 4; i++) {
+                int want = 20 + 9 * i < 60 - 10 - i ? 20 + 9 * i : 60 - 10 - i;
+                CHECK(res[1][i].n == res[0][i].n && res[0][i].n == want &&
+                          !memcmp(res[1][i].tokens, res[0][i].tokens, sizeof(int) * (size_t)res[0][i].n),
+                      "caching %d, %d blocks: request %d: %d tokens with speculation, %d without (want %d)", caching,
+                      pool_blocks, i, res[1][i].n, res[0][i].n, want);
+            }
+            CHECK(accepted > 0 && accepted < drafted && steps[1] < steps[0],
+                  "caching %d, %d blocks: %lld of %lld drafts accepted, %d steps against %d", caching, pool_blocks,
+                  accepted, drafted, steps[1], steps[0]);
+            CHECK((pool_blocks == 16) == (preemptions > 0), "%d blocks: %lld preemptions", pool_blocks, preemptions);
+            for (int spec = 0; spec < 2; spec++) results_free(res[spec], 4);
+        }
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -194,6 +305,8 @@ int main(int argc, char **argv)
     test_preemption();
     test_never_fits();
     test_capacity();
+    test_ngram_reference();
+    test_speculative();
     MPI_Finalize();
     return test_finish("test_scheduler");
 }

@@ -83,7 +83,7 @@ static float *forward(const Model *m, const Backend *be, const int *ids, int n)
     for (int i = 0; i < 8; i++) blocks[i] = i;
     Chunk ch = {.blocks = blocks, .n_blocks = 8, .pos0 = 0, .n = n};
     float *logits = xmalloc(sizeof(float) * (size_t)n * m->shard.vocab);
-    engine_forward(&e, ids, &ch, 1, 1, logits);
+    engine_forward(&e, ids, &ch, 1, &n, logits);
     engine_free(&e);
     return logits;
 }

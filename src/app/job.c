@@ -716,6 +716,9 @@ typedef struct {
     MoeReport moe;
     long long *expert_tokens, *idle_steps;
     double *idle_seconds;
+    /* speculative decoding, every DP group's: verifications, and those
+     * that accepted draft j */
+    long long spec_steps, spec_at[SPEC_MAX_TOKENS];
 } Generated;
 
 /* Expert parallelism's counts to rank 0: each expert's tokens from its
@@ -823,7 +826,8 @@ static int generate_all(Run *r, Generated *g)
     dp_select(rs, group, topo->dp_rank, &mine, index);
     GenOptions go = {.max_model_len = r->max_model_len, .max_num_seqs = o->max_num_seqs,
                      .max_batched_tokens = o->max_batched_tokens, .progress = r->rank == 0 ? progress_mode(o) : 0,
-                     .dp = topo->dp, .dp_rank = topo->dp_rank, .tok = r->tok, .prefix_caching = o->prefix_caching};
+                     .dp = topo->dp, .dp_rank = topo->dp_rank, .tok = r->tok, .prefix_caching = o->prefix_caching,
+                     .spec = o->spec};
     go.progress_interval = o->progress_interval > 0 ? o->progress_interval
                            : go.progress == PROGRESS_TERMINAL ? 1.0
                                                               : 10.0;
@@ -847,6 +851,13 @@ static int generate_all(Run *r, Generated *g)
     g->gen_s = now_s() - t0;
     DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, &g->gen_s, 1, MPI_DOUBLE, MPI_MAX, r->world));
     g->kv_peak = gs.kv_positions_peak * (long long)engine_kv_bytes_per_token(&eng);
+    /* every rank of a DP group counts the same verifications: its first counts them */
+    long long spec[1 + SPEC_MAX_TOKENS] = {0};
+    spec[0] = topo->tp_rank == 0 ? gs.spec_steps : 0;
+    for (int j = 0; j < SPEC_MAX_TOKENS; j++) spec[1 + j] = topo->tp_rank == 0 ? gs.spec_accepted_at[j] : 0;
+    DCP_CHECK(MPI_Allreduce(MPI_IN_PLACE, spec, 1 + SPEC_MAX_TOKENS, MPI_LONG_LONG, MPI_SUM, r->world));
+    g->spec_steps = spec[0];
+    memcpy(g->spec_at, spec + 1, sizeof g->spec_at);
     g->block_size = eng.att.pool.block_size;
     g->kv_blocks = eng.att.pool.n_blocks;
     gather_moe(r, &eng, g);
@@ -896,6 +907,7 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
         if (r->world_size > 1) report_comm(all_comm, all_kv, r->world_size);
     }
     report_steps(g->steps, g->step_dp, g->n_steps, r->topo.dp, g->kv_blocks);
+    if (o->spec.method) report_spec(&o->spec, g->steps, g->n_steps, g->spec_steps, g->spec_at);
     if (g->moe.expert_tokens) report_moe(&g->moe, r->world_size);
     if (o->prefix_caching) report_prefix_cache(rs, res, r->done);
     long long w_max = 0, kv_max = 0, rss_max = 0;
@@ -921,7 +933,7 @@ static int report_and_write(Run *r, Generated *g, const double *all_tm, const Co
                     .threads_per_rank = r->threads, .backend = r->be->name, .mpi_buffers = r->mpi_buffers,
                     .cpu_kernels = r->cpu_kernels, .seed = o->seed, .prompts_path = o->prompts, .identity = identity,
                     .resumed_requests = r->n_done, .run_tokens = run_tokens, .run_requests = run_requests,
-                    .reasoning_parser = o->reasoning_parser};
+                    .reasoning_parser = o->reasoning_parser, .speculative_config = o->spec_json};
     RankReports rep = {r->ranks, all_tm, all_comm, all_kv, all_w, all_rss, g->moe.expert_tokens ? &g->moe : NULL};
     StepReport sr = {g->steps, g->step_dp, g->n_steps, g->kv_blocks, g->block_size, g->capacity, gen_s,
                      r->be->counts != NULL};

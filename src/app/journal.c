@@ -189,6 +189,10 @@ static json_t *record_object(int i, const Request *q, const Result *r)
     json_object_set_new(o, "tpot", json_real(r->tpot_s));
     json_object_set_new(o, "e2e", json_real(r->e2e_s));
     json_object_set_new(o, "cached", json_integer(r->num_cached_tokens));
+    if (r->spec_draft_tokens) {
+        json_object_set_new(o, "spec_draft", json_integer(r->spec_draft_tokens));
+        json_object_set_new(o, "spec_accepted", json_integer(r->spec_accepted_tokens));
+    }
     json_object_set_new(o, "tokens", json_ints(r->tokens, (size_t)r->n));
     json_object_set_new(o, "times", times);
     if (r->stop_token >= 0) json_object_set_new(o, "stop_token", json_integer(r->stop_token));
@@ -350,6 +354,8 @@ static void parse_record(json_t *o, const Request *q, Result *r)
     r->tpot_s = json_number_value(json_object_get(o, "tpot"));
     r->e2e_s = json_number_value(json_object_get(o, "e2e"));
     r->num_cached_tokens = (int)json_integer_value(json_object_get(o, "cached"));
+    r->spec_draft_tokens = (int)json_integer_value(json_object_get(o, "spec_draft"));
+    r->spec_accepted_tokens = (int)json_integer_value(json_object_get(o, "spec_accepted"));
 }
 
 static int same_tokens(const Result *a, const Result *b)

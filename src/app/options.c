@@ -24,7 +24,7 @@ enum {
     OPT_RESUME, OPT_NO_JOURNAL, OPT_STEP_TIMEOUT, OPT_OUTPUT_FORMAT, OPT_KV_DTYPE, OPT_NVFP4_ACT, OPT_GPU_UTIL, OPT_SERVED_NAME,
     OPT_PROGRESS_INTERVAL, OPT_CPU_ISA, OPT_CHAT_TEMPLATE, OPT_REASONING_PARSER, OPT_TOP_K, OPT_MIN_P,
     OPT_PRESENCE, OPT_FREQUENCY, OPT_REPETITION, OPT_PREFIX_CACHING, OPT_NO_PREFIX_CACHING,
-    OPT_EXPERT_PARALLEL
+    OPT_EXPERT_PARALLEL, OPT_SPECULATIVE
 };
 
 static const struct option long_opts[] = {
@@ -50,6 +50,7 @@ static const struct option long_opts[] = {
     {"enable-prefix-caching", no_argument, 0, OPT_PREFIX_CACHING},
     {"no-enable-prefix-caching", no_argument, 0, OPT_NO_PREFIX_CACHING},
     {"enable-expert-parallel", no_argument, 0, OPT_EXPERT_PARALLEL},
+    {"speculative-config", required_argument, 0, OPT_SPECULATIVE},
     {"mpi-device-buffers", required_argument, 0, OPT_MPI_DEVICE_BUFFERS},
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"kv-cache-dtype", required_argument, 0, OPT_KV_DTYPE},
@@ -185,6 +186,10 @@ void options_usage(FILE *f)
             "Batching:\n"
             "  --max-num-seqs N         requests decoding together (default 256)\n"
             "  --max-num-batched-tokens N  tokens per forward pass (default 2048)\n"
+            "  --speculative-config JSON  speculative decoding, vLLM's form: {\"method\": \"ngram\",\n"
+            "                           \"num_speculative_tokens\": K, \"prompt_lookup_min\": A,\n"
+            "                           \"prompt_lookup_max\": B}: K tokens drafted from the request's\n"
+            "                           own n-grams, checked in one step; outputs unchanged\n"
             "\n"
             "Input and output:\n"
             "  --output FILE            results file (default dcpinfer.h5): HDF5, or JSON Lines\n"
@@ -344,6 +349,10 @@ int options_parse(Options *o, int argc, char **argv, int flags)
         case OPT_PREFIX_CACHING: o->prefix_caching = 1; break;
         case OPT_NO_PREFIX_CACHING: o->prefix_caching = 0; break;
         case OPT_EXPERT_PARALLEL: o->expert_parallel = 1; break;
+        case OPT_SPECULATIVE:
+            rc = spec_parse(optarg, &o->spec);
+            o->spec_json = optarg;
+            break;
         case OPT_DTYPE:
             o->dtype = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "float32") && strcmp(optarg, "bfloat16"))

@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "model.h"
 #include "requests.h"
+#include "spec.h"
 
 typedef struct {
     const char *prompts;
@@ -50,6 +51,8 @@ typedef struct {
     int resume;            /* reuse the journal of an earlier run of the same output */
     int journal;           /* record finished requests as they finish (default on) */
     double step_timeout;   /* seconds without a finished step before the job ends; 0: off */
+    SpecConfig spec;       /* --speculative-config */
+    const char *spec_json; /* its text; NULL: none */
 } Options;
 
 /* flags: OPTIONS_PRINT prints --help and --version; OPTIONS_NO_PROMPTS

@@ -97,6 +97,7 @@ static void write_root_attrs(hid_t f, const RunInfo *in)
     attr_int(f, "dp", in->dp);
     attr_int(f, "interleave", in->interleave);
     attr_str(f, "dcp_comm_backend", in->dcp_comm_backend);
+    attr_str(f, "speculative_config", in->speculative_config ? in->speculative_config : "");
     attr_int(f, "threads_per_rank", in->threads_per_rank);
     attr_str(f, "backend", in->backend);
     attr_str(f, "mpi_buffers", in->mpi_buffers);
@@ -286,7 +287,8 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
     const char **fin = xmalloc(sizeof(char *) * (n + 1));
     const char **err = xmalloc(sizeof(char *) * (n + 1));
     int *line = xmalloc(sizeof(int) * (n + 1)), *choice = xmalloc(sizeof(int) * (n + 1)),
-        *cached = xmalloc(sizeof(int) * (n + 1));
+        *cached = xmalloc(sizeof(int) * (n + 1)), *drafted = xmalloc(sizeof(int) * (n + 1)),
+        *accepted = xmalloc(sizeof(int) * (n + 1));
     int64_t *poff = xmalloc(sizeof(int64_t) * (n + 1)), *ooff = xmalloc(sizeof(int64_t) * (n + 1));
     double *ttft = xmalloc(sizeof(double) * (n + 1)), *tpot = xmalloc(sizeof(double) * (n + 1)),
            *e2e = xmalloc(sizeof(double) * (n + 1));
@@ -299,6 +301,8 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
         line[i] = q->line;
         choice[i] = q->choice;
         cached[i] = res[i].num_cached_tokens;
+        drafted[i] = res[i].spec_draft_tokens;
+        accepted[i] = res[i].spec_accepted_tokens;
         poff[i + 1] = poff[i] + (q->prompt_tokens ? q->n_prompt : 0);
         ooff[i + 1] = ooff[i] + res[i].n;
         ttft[i] = res[i].ttft_s;
@@ -323,6 +327,8 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
              write_array(g, "prompt_offsets", H5T_NATIVE_INT64, poff, n + 1) ||
              write_array(g, "prompt_tokens", H5T_NATIVE_INT, ptok, (size_t)poff[n]) ||
              write_array(g, "num_cached_tokens", H5T_NATIVE_INT, cached, n) ||
+             write_array(g, "spec_draft_tokens", H5T_NATIVE_INT, drafted, n) ||
+             write_array(g, "spec_accepted_tokens", H5T_NATIVE_INT, accepted, n) ||
              write_array(g, "output_offsets", H5T_NATIVE_INT64, ooff, n + 1) ||
              write_array(g, "output_tokens", H5T_NATIVE_INT, otok, (size_t)ooff[n]) ||
              write_strings(g, "text", (const char *const *)texts, n) ||
@@ -342,6 +348,8 @@ static int write_requests(hid_t f, const RequestSet *rs, const Result *res, char
     free(line);
     free(choice);
     free(cached);
+    free(drafted);
+    free(accepted);
     free(poff);
     free(ooff);
     free(ttft);
@@ -465,6 +473,8 @@ static int write_steps(hid_t f, const StepReport *sr)
     STEP_FIELD(g, v, H5T_NATIVE_INT, waiting)
     STEP_FIELD(g, v, H5T_NATIVE_INT, preempted)
     STEP_FIELD(g, v, H5T_NATIVE_INT, kv_blocks_used)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, spec_drafted)
+    STEP_FIELD(g, v, H5T_NATIVE_INT, spec_accepted)
     H5Gclose(g);
     if (sr->device && !rc) { /* what a device backend did in each step (docs/output.md) */
         hid_t gg = group(f, "gpu"), gs = gg < 0 ? -1 : group(gg, "steps");

@@ -85,6 +85,7 @@ typedef struct {
     long long run_tokens;    /* output tokens and finished requests of this run (the rates' basis) */
     int run_requests;
     int reasoning_parser;    /* reasoning.h: REASONING_NONE, or the split of each text the results carry */
+    const char *speculative_config; /* --speculative-config as given; NULL: none */
 } RunInfo;
 
 /* Fails when the file's folder is missing or not writable, so that a run

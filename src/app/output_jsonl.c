@@ -83,7 +83,7 @@ static json_t *stop_reason(const Config *c, const Result *r)
     return json_integer(r->stop_token);
 }
 
-static json_t *usage(const Request *q, const Result *r)
+static json_t *usage(const RunInfo *in, const Request *q, const Result *r)
 {
     json_t *u = json_object();
     json_object_set_new(u, "prompt_tokens", json_integer(q->n_prompt));
@@ -92,6 +92,10 @@ static json_t *usage(const Request *q, const Result *r)
     json_t *details = json_object(); /* as OpenAI names the prompt tokens served from a cache */
     json_object_set_new(details, "cached_tokens", json_integer(r->num_cached_tokens));
     json_object_set_new(u, "prompt_tokens_details", details);
+    if (in->speculative_config) { /* tokens drafted for it, and those its outputs kept */
+        json_object_set_new(u, "spec_draft_tokens", json_integer(r->spec_draft_tokens));
+        json_object_set_new(u, "spec_accepted_tokens", json_integer(r->spec_accepted_tokens));
+    }
     return u;
 }
 
@@ -111,7 +115,7 @@ static json_t *own_line(const RunInfo *in, const Request *q, const Result *r, co
     json_object_set_new(o, "token_ids", ids);
     json_object_set_new(o, "finish_reason", json_string(r->finish_reason ? r->finish_reason : "error"));
     json_object_set_new(o, "stop_reason", stop_reason(in->cfg, r));
-    json_object_set_new(o, "usage", usage(q, r));
+    json_object_set_new(o, "usage", usage(in, q, r));
     if (r->lp) {
         json_t *a = json_array();
         for (int j = 0; j < r->n; j++)
@@ -248,7 +252,7 @@ static json_t *batch_line(const RunInfo *in, const Request *q, const Result *r, 
                                                    : slash && slash[1]                ? slash + 1
                                                                                       : in->model_path));
     json_object_set_new(body, "choices", choices);
-    json_object_set_new(body, "usage", usage(q, r));
+    json_object_set_new(body, "usage", usage(in, q, r));
     json_object_set_new(resp, "status_code", json_integer(200));
     json_object_set_new(resp, "request_id", json_string(rid));
     json_object_set_new(resp, "body", body);

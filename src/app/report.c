@@ -166,8 +166,8 @@ void report_steps(const StepRecord *steps, const int *step_dp, int n_steps, int 
         count[g]++;
         double e = steps[i].t_start + steps[i].seconds;
         end[g] = e > end[g] ? e : end[g];
-        if (!steps[i].prefill_tokens) {
-            tokens[g] += steps[i].decode_tokens;
+        if (!steps[i].prefill_tokens) { /* tokens output: a row each, less drafts rejected */
+            tokens[g] += steps[i].decode_tokens - steps[i].spec_drafted + steps[i].spec_accepted;
             secs[g] += steps[i].seconds;
         }
     }
@@ -294,4 +294,21 @@ void report_latency(const RequestSet *rs, const Result *res)
     free(ttft);
     free(tpot);
     free(itl);
+}
+
+void report_spec(const SpecConfig *sc, const StepRecord *steps, int n_steps, long long verifications,
+                 const long long *accepted_at)
+{
+    long long drafted = 0, accepted = 0;
+    for (int i = 0; i < n_steps; i++) {
+        drafted += steps[i].spec_drafted;
+        accepted += steps[i].spec_accepted;
+    }
+    printf("# speculative decoding (%s, K=%d): %lld draft token(s) in %lld verification(s), %lld accepted "
+           "(%.1f%%); mean acceptance length %.2f; acceptance rate per position:",
+           sc->method == SPEC_NGRAM ? "ngram" : "mtp", sc->k, drafted, verifications, accepted,
+           drafted ? 100.0 * accepted / drafted : 0.0,
+           verifications ? 1.0 + (double)accepted / verifications : 1.0);
+    for (int j = 0; j < sc->k; j++) printf(" %.3f", verifications ? (double)accepted_at[j] / verifications : 0.0);
+    printf("\n");
 }

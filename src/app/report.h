@@ -47,4 +47,11 @@ double percentile_nearest_rank(const double *sorted, long n, double p);
  * bytes, which must hold 8 * max_chars + 8). */
 void text_preview(const char *text, size_t len, int max_chars, char *out, size_t n);
 
+/* The speculative decoding line: drafts, accepted ones, the mean
+ * acceptance length (1 + accepted per verification, as vLLM reports it)
+ * and the acceptance rate of each draft position (verifications that kept
+ * draft j over all verifications). */
+void report_spec(const SpecConfig *sc, const StepRecord *steps, int n_steps, long long verifications,
+                 const long long *accepted_at);
+
 #endif

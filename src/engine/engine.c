@@ -166,7 +166,7 @@ void engine_idle(Engine *e)
     e->moe_counts.idle_seconds += now_s() - t0;
 }
 
-void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits)
+void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, const int *row_end, float *logits)
 {
     LayerEnv *env = &e->env;
     const Config *c = &env->model->cfg;
@@ -184,10 +184,10 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
 
     /* final norm and this rank's slice of the vocabulary-parallel LM head,
      * for the rows whose logits are wanted */
-    int R = all_logits ? T : n_chunks;
-    for (int i = 0, t = 0; i < R; i++) {
-        t += all_logits ? 1 : chunks[i].n;
-        e->rows[i] = t - 1;
+    int R = 0;
+    for (int i = 0, t = 0; i < n_chunks; i++) {
+        t += chunks[i].n;
+        for (int r = row_end ? row_end[i] - (i ? row_end[i - 1] : 0) : 1; r > 0; r--) e->rows[R++] = t - r;
     }
     if (R > e->cap_R) {
         if (e->logits) be->release(e->logits);

@@ -82,10 +82,11 @@ void engine_resize_kv(Engine *e, size_t kv_memory);
 long engine_step_token_limit(const Model *m, const Topology *topo);
 
 /* Runs the model on the chunks' tokens (concatenated in chunk order) and
- * writes their K/V into the owners' caches. logits (host memory) receives,
- * per chunk (its last token) or with all_logits per token, this rank's
- * vocabulary shard (shard.vocab floats per row). */
-void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, int all_logits, float *logits);
+ * writes their K/V into the owners' caches. logits (host memory) receives
+ * this rank's vocabulary shard (shard.vocab floats per row) of rows in
+ * chunk order: chunk i's last row_end[i] - row_end[i - 1] tokens' (NULL:
+ * its last token's). */
+void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, const int *row_end, float *logits);
 /* With expert parallelism across DP groups, a DP group without a step to
  * run while others run theirs: every MoE layer's exchange without tokens
  * of its own, serving the rows the other groups send its experts. */

@@ -17,9 +17,11 @@ typedef struct {
     float *full;        /* (rows, vocab): gathered vocabulary shards, tp > 1 */
     float *tmp;         /* the same size, for the gather */
     ValueIndex *pairs;  /* greedy rows' local maxima, for MAXLOC */
+    char *greedy;       /* per row: its request samples greedily */
+    const int **drafts; /* per chunk: its drafted tokens */
     void *scratch;      /* per thread, for top-p */
     size_t scratch_bytes;
-    const float **rows; /* per chunk: its full logits row, or NULL */
+    const float **rows; /* per logit row: its full logits row where it samples, or NULL */
     int *counts, *displs; /* per TP rank: its vocabulary shard, for the gather */
     /* log-probabilities: one job per scored position */
     struct LogprobJob *jobs;
@@ -69,47 +71,46 @@ static void gather_vocab(Engine *e, PickBuffers *b, const float *local, int coun
     }
 }
 
-/* Chooses the next token of every sampling chunk. local holds this rank's
- * vocabulary shard of R rows (one per chunk, or one per token with
- * on_logits). With tensor parallelism greedy rows take the global argmax
- * by MPI_MAXLOC (lowest index wins ties) and sampled rows gather the whole
- * vocabulary, so every rank of the group picks the same token. */
 /* The jobs of a step: its prompt positions with prompt_logprobs (recorded
  * now, as the rows may be overwritten by the token choice) and its sampled
- * positions with logprobs (their raw rows copied, recorded once the token
- * is chosen). Returns the jobs; *kmax: the most top tokens asked. */
+ * rows with logprobs (their raw rows copied, recorded once the token is
+ * chosen). Returns the jobs; *kmax: the most top tokens asked. */
 static int logprob_jobs(Engine *e, Scheduler *sch, const StepPlan *p, const float *local, int all, PickBuffers *b,
                         int *kmax)
 {
     const Shard *s = &e->env.model->shard;
     int nj = 0, n_copy = 0;
     *kmax = 0;
-    for (int i = 0, row = 0; i < p->nc; i++) {
+    for (int i = 0; i < p->nc; i++) {
         const Request *q = &sch->rs->r[p->req[i]];
-        int rows = all ? p->chunks[i].n : 1;
+        int row0 = i ? p->row_end[i - 1] : 0, rows = p->row_end[i] - row0;
         for (int j = 0; all && q->prompt_logprobs >= 0 && j < rows; j++) {
             int pos = p->chunks[i].pos0 + j + 1;
             if (pos >= q->n_prompt) break;
-            b->jobs[nj++] = (LogprobJob){local + (size_t)(row + j) * s->vocab, q->prompt_tokens[pos],
+            b->jobs[nj++] = (LogprobJob){local + (size_t)(row0 + j) * s->vocab, q->prompt_tokens[pos],
                                          q->prompt_logprobs, -1, p->req[i], pos};
             *kmax = q->prompt_logprobs > *kmax ? q->prompt_logprobs : *kmax;
         }
-        if (p->samples[i] && q->logprobs >= 0) {
+        for (int row = p->row_end[i] - 1 - p->drafts[i]; p->samples[i] && q->logprobs >= 0 && row < p->row_end[i];
+             row++) {
             float *copy = b->lp_rows + (size_t)n_copy++ * s->vocab;
-            memcpy(copy, local + (size_t)(row + rows - 1) * s->vocab, sizeof(float) * s->vocab);
-            b->jobs[nj++] = (LogprobJob){copy, -1, q->logprobs, i, p->req[i], -1};
+            memcpy(copy, local + (size_t)row * s->vocab, sizeof(float) * s->vocab);
+            b->jobs[nj++] = (LogprobJob){copy, -1, q->logprobs, row, p->req[i], -1};
             *kmax = q->logprobs > *kmax ? q->logprobs : *kmax;
         }
-        row += rows;
     }
     return nj;
 }
 
+/* A row whose token was not chosen: a draft before it was rejected */
+#define ROW_UNSAMPLED (-2)
+
 /* The log-probabilities of one phase's jobs: prompt positions (phase 0,
- * while their rows are intact) or sampled positions (phase 1, once their
- * tokens are chosen). Each rank records its shard, the TP group gathers
- * the records, and each row's log-sum-exp comes from the maximum over the
- * shards and the shards' exact integer sums (lse_fixed). */
+ * while their rows are intact) or sampled rows (phase 1, once their
+ * tokens are chosen; rows after a rejected draft have none). Each rank
+ * records its shard, the TP group gathers the records, and each row's
+ * log-sum-exp comes from the maximum over the shards and the shards'
+ * exact integer sums (lse_fixed). */
 static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *b, int nj, int kmax,
                            const int *out, int sampled_phase)
 {
@@ -118,7 +119,7 @@ static void logprob_finish(Engine *e, Scheduler *sch, StepPlan *p, PickBuffers *
     int n = 0, *job = xmalloc(sizeof(int) * (size_t)(nj ? nj : 1));
     for (int j = 0; j < nj; j++) {
         LogprobJob *jb = &b->jobs[j];
-        if ((jb->chunk >= 0) != sampled_phase) continue;
+        if ((jb->chunk >= 0) != sampled_phase || (jb->chunk >= 0 && out[jb->chunk] == ROW_UNSAMPLED)) continue;
         if (jb->chunk >= 0) jb->chosen = out[jb->chunk];
         logprob_record(jb->row, s->vocab0, s->vocab, jb->chosen, kmax, b->recs + n * stride);
         job[n++] = j;
@@ -172,77 +173,104 @@ static void mask_stop_tokens(float *row, int v0, int vn, const Config *c, const 
     }
 }
 
+/* Chooses the token of every sampling row: a chunk's last row, or with
+ * drafts its last 1 + drafts rows, the j-th of which sees the output so
+ * far and the j drafts before it, as a plain decode step after accepting
+ * them would. local holds this rank's vocabulary shard of the step's
+ * rows. With tensor parallelism greedy rows take the global argmax by
+ * MPI_MAXLOC (lowest index wins ties) and sampled rows gather the whole
+ * vocabulary, so every rank of the group picks the same token. A
+ * request's generator draws once per token it outputs, in order: its
+ * rows are sampled one after another until a token differs from the
+ * draft its next row was computed with; the rows after it stay
+ * ROW_UNSAMPLED. */
 static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, int all, PickBuffers *b,
                         const GenOptions *o, int *out)
 {
     const Chunk *chunks = p->chunks;
-    const int *sampling = p->samples;
-    int nc = p->nc, R = all ? p->T : p->nc;
+    int nc = p->nc;
     int kmax, nj = logprob_jobs(e, sch, p, local, all, b, &kmax);
     logprob_finish(e, sch, p, b, nj, kmax, out, 0);
     RequestSet *rs = sch->rs;
     const Shard *s = &e->env.model->shard;
-    int vocab = e->env.model->cfg.vocab_size, tp = e->env.topo->tp;
+    const Config *c = &e->env.model->cfg;
+    int vocab = c->vocab_size, tp = e->env.topo->tp;
     const float *full = local;
     if (tp > 1 && o->on_logits) {
-        gather_vocab(e, b, local, R, b->full, b->tmp);
+        gather_vocab(e, b, local, p->R, b->full, b->tmp);
         full = b->full;
     }
-    /* last row of each chunk */
-    for (int i = 0, row = 0; i < nc; i++) {
-        int rows = all ? chunks[i].n : 1;
+    int v0 = full == local ? s->vocab0 : 0, vn = full == local ? s->vocab : vocab;
+    for (int r = 0; r < p->R; r++) b->rows[r] = NULL, out[r] = ROW_UNSAMPLED;
+    for (int i = 0, t0 = 0; i < nc; t0 += chunks[i++].n) {
+        int row0 = i ? p->row_end[i - 1] : 0, d = p->drafts[i];
         if (o->on_logits)
             for (int j = 0; j < chunks[i].n; j++)
-                o->on_logits(o->on_logits_ctx, p->req[i], chunks[i].pos0 + j,
-                             full + (size_t)(row + j) * vocab, vocab);
-        b->rows[i] = sampling[i] ? full + (size_t)(row + rows - 1) * (full == local ? s->vocab : vocab) : NULL;
+                o->on_logits(o->on_logits_ctx, p->req[i], chunks[i].pos0 + j, full + (size_t)(row0 + j) * vocab, vocab);
+        if (!p->samples[i]) continue;
         const Request *q = &rs->r[p->req[i]];
         const Result *res = &sch->res[p->req[i]];
-        /* logit_bias and the penalties: on the shard's logits before greedy's
-         * argmax and the gather, as vLLM applies them before either */
-        if (sampling[i] && sampler_adjusts(q))
-            sampler_adjust((float *)b->rows[i], full == local ? s->vocab0 : 0, full == local ? s->vocab : vocab, q,
-                           res->tokens, res->n);
-        if (sampling[i] && sch->res[p->req[i]].n < q->min_tokens)
-            mask_stop_tokens((float *)b->rows[i], full == local ? s->vocab0 : 0, full == local ? s->vocab : vocab,
-                             &e->env.model->cfg, q);
-        row += rows;
+        const int *drafts = b->drafts[i] = p->tokens + t0 + chunks[i].n - d;
+        int *seen = NULL; /* the output so far and the drafts, for the penalties */
+        if (d && sampler_adjusts(q)) {
+            seen = xmalloc(sizeof(int) * (size_t)(res->n + d));
+            if (res->n) memcpy(seen, res->tokens, sizeof(int) * (size_t)res->n);
+            memcpy(seen + res->n, drafts, sizeof(int) * (size_t)d);
+        }
+        for (int j = 0, r = p->row_end[i] - 1 - d; j <= d; j++, r++) {
+            float *row = (float *)full + (size_t)r * vn;
+            b->rows[r] = row;
+            b->greedy[r] = q->temperature == 0.0f;
+            /* logit_bias and the penalties: on the shard's logits before
+             * greedy's argmax and the gather, as vLLM applies them before
+             * either */
+            if (sampler_adjusts(q)) sampler_adjust(row, v0, vn, q, seen ? seen : res->tokens, res->n + j);
+            if (res->n + j < q->min_tokens) mask_stop_tokens(row, v0, vn, c, q);
+        }
+        free(seen);
     }
     if (tp > 1 && !o->on_logits) {
         /* greedy: local maxima, then MAXLOC; sampled: gather their rows */
         int ng = 0, ns = 0;
-        for (int i = 0; i < nc; i++) {
-            if (!sampling[i]) continue;
-            if (rs->r[p->req[i]].temperature == 0.0f) {
+        for (int r = 0; r < p->R; r++) {
+            if (!b->rows[r]) continue;
+            if (b->greedy[r]) {
                 /* a shard with a NaN or inf makes the group's MAXLOC give
                  * SAMPLE_NONFINITE (+inf, lowest index) on every rank */
-                int a = argmax_f32(b->rows[i], s->vocab);
-                b->pairs[ng++] = logits_finite(b->rows[i], s->vocab)
-                                     ? (ValueIndex){b->rows[i][a], s->vocab0 + a}
-                                     : (ValueIndex){INFINITY, SAMPLE_NONFINITE};
+                int a = argmax_f32(b->rows[r], s->vocab);
+                b->pairs[ng++] = logits_finite(b->rows[r], s->vocab) ? (ValueIndex){b->rows[r][a], s->vocab0 + a}
+                                                                     : (ValueIndex){INFINITY, SAMPLE_NONFINITE};
             } else {
-                memmove(local + (size_t)ns++ * s->vocab, b->rows[i], sizeof(float) * s->vocab);
+                memmove(local + (size_t)ns++ * s->vocab, b->rows[r], sizeof(float) * s->vocab);
             }
         }
         if (ng) comm_argmax(e->env.comm, b->pairs, ng, GROUP_TP);
         if (ns) gather_vocab(e, b, local, ns, b->full, b->tmp);
         ng = ns = 0;
-        for (int i = 0; i < nc; i++) {
-            if (!sampling[i]) continue;
-            if (rs->r[p->req[i]].temperature == 0.0f) {
-                out[i] = b->pairs[ng++].index;
-                b->rows[i] = NULL;
+        for (int r = 0; r < p->R; r++) {
+            if (!b->rows[r]) continue;
+            if (b->greedy[r]) {
+                out[r] = b->pairs[ng++].index;
+                b->rows[r] = NULL;
             } else {
-                b->rows[i] = b->full + (size_t)ns++ * vocab;
+                b->rows[r] = b->full + (size_t)ns++ * vocab;
             }
         }
     }
-    /* requests sample independently, each from its own generator */
+    /* requests sample independently, each from its own generator, its
+     * rows in order while their drafts hold */
 #pragma omp parallel for schedule(dynamic)
-    for (int i = 0; i < nc; i++)
-        if (b->rows[i])
-            out[i] = sampler_sample(&sch->seq[p->req[i]].sampler, (float *)b->rows[i], vocab,
-                                    (char *)b->scratch + b->scratch_bytes * (size_t)omp_get_thread_num());
+    for (int i = 0; i < nc; i++) {
+        if (!p->samples[i]) continue;
+        int d = p->drafts[i], r = p->row_end[i] - 1 - d;
+        const int *drafts = b->drafts[i];
+        for (int j = 0; j <= d; j++, r++) {
+            if (b->rows[r])
+                out[r] = sampler_sample(&sch->seq[p->req[i]].sampler, (float *)b->rows[r], vocab,
+                                        (char *)b->scratch + b->scratch_bytes * (size_t)omp_get_thread_num());
+            if (j == d || out[r] != drafts[j] || out[r] == SAMPLE_NONFINITE) break;
+        }
+    }
     if (nj) logprob_finish(e, sch, p, b, nj, kmax, out, 1);
 }
 
@@ -352,6 +380,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     scheduler_init(&sch, rs, res, c, e->env.topo, &e->att.pool, &limits);
     sch.tok = o->tok;
     sch.bos = c->bos_id;
+    sch.spec = o->spec;
     int prompt_lp = 0, any_lp = 0;
     for (int i = 0; i < rs->n; i++) {
         prompt_lp |= rs->r[i].prompt_logprobs >= 0;
@@ -363,26 +392,31 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
      * there are, not by --max-num-seqs (1M of them would be 128 GB of
      * logits rows at a 32K vocabulary) */
     size_t seqs = (size_t)(o->max_num_seqs < rs->n ? o->max_num_seqs : rs->n > 0 ? rs->n : 1);
-    size_t logits_rows = o->on_logits || prompt_lp ? (size_t)o->max_batched_tokens : seqs;
-    size_t full_rows = o->on_logits ? (size_t)o->max_batched_tokens : seqs;
+    /* rows that sample: one per request, 1 + K with K drafts */
+    size_t spec_rows = o->spec.method ? (size_t)(1 + o->spec.k) : 1;
+    size_t samples = seqs * spec_rows < (size_t)o->max_batched_tokens ? seqs * spec_rows : (size_t)o->max_batched_tokens;
+    size_t logits_rows = o->on_logits || prompt_lp ? (size_t)o->max_batched_tokens : samples;
+    size_t full_rows = o->on_logits ? (size_t)o->max_batched_tokens : samples;
     float *local = xmalloc(sizeof(float) * logits_rows * e->env.model->shard.vocab);
     PickBuffers bufs = {0};
     bufs.full = e->env.topo->tp > 1 ? xmalloc(sizeof(float) * full_rows * vocab) : NULL;
     bufs.tmp = e->env.topo->tp > 1 ? xmalloc(sizeof(float) * full_rows * vocab) : NULL;
     if (any_lp) {
-        size_t jobs = logits_rows + seqs, rec = jobs * LOGPROB_RECORD(MAX_LOGPROBS);
+        size_t jobs = logits_rows + samples, rec = jobs * LOGPROB_RECORD(MAX_LOGPROBS);
         bufs.jobs = xmalloc(sizeof(LogprobJob) * jobs);
-        bufs.lp_rows = xmalloc(sizeof(float) * seqs * e->env.model->shard.vocab);
+        bufs.lp_rows = xmalloc(sizeof(float) * samples * e->env.model->shard.vocab);
         bufs.recs = xmalloc(sizeof(float) * rec);
         bufs.all_recs = e->env.topo->tp > 1 ? xmalloc(sizeof(float) * rec * (size_t)e->env.topo->tp) : NULL;
     }
-    bufs.pairs = xmalloc(sizeof(ValueIndex) * seqs);
+    bufs.pairs = xmalloc(sizeof(ValueIndex) * logits_rows);
+    bufs.greedy = xmalloc(logits_rows);
+    bufs.drafts = xmalloc(sizeof(int *) * seqs);
     bufs.scratch_bytes = sampler_scratch_bytes(vocab);
     bufs.scratch = xmalloc(bufs.scratch_bytes * (size_t)omp_get_max_threads());
-    bufs.rows = xmalloc(sizeof(float *) * seqs);
+    bufs.rows = xmalloc(sizeof(float *) * logits_rows);
     bufs.counts = xmalloc(sizeof(int) * (size_t)e->env.topo->tp);
     bufs.displs = xmalloc(sizeof(int) * (size_t)e->env.topo->tp);
-    int *sampled = xmalloc(sizeof(int) * seqs);
+    int *sampled = xmalloc(sizeof(int) * logits_rows);
     int *finished = xmalloc(sizeof(int) * seqs);
     double t_start = now_s(), last_progress = t_start;
     long generated = 0;
@@ -414,7 +448,8 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         DeviceMark mark = device_mark(e);
         e->env.comm->phase = plan.prefill_tokens ? PHASE_PREFILL : PHASE_DECODE;
         int all = o->on_logits || (prompt_lp && wants_prompt_logprobs(&sch, &plan));
-        engine_forward(e, plan.tokens, plan.chunks, plan.nc, all, local);
+        plan_rows(&plan, all);
+        engine_forward(e, plan.tokens, plan.chunks, plan.nc, plan.row_end, local);
         double t1 = now_s();
         if (plan.prefill_tokens) tm->prefill += t1 - t0;
         else tm->decode += t1 - t0;
@@ -426,10 +461,13 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
                           .running = plan.nc, .waiting = sch.tail - sch.head,
                           .preempted = plan.preempted, .kv_blocks_used = pool_used(&e->att.pool)};
         device_step(e, &mark, &rec);
+        for (int i = 0; i < plan.nc; i++) generated -= res[plan.req[i]].n;
         scheduler_commit(&sch, &plan, sampled, t2 - t_start);
+        rec.spec_drafted = plan.spec_drafted;
+        rec.spec_accepted = plan.spec_accepted;
         int n_finished = 0;
         for (int i = 0; i < plan.nc; i++) {
-            generated += plan.samples[i];
+            generated += res[plan.req[i]].n;
             const char *fin = res[plan.req[i]].finish_reason;
             if (plan.samples[i] && fin && strcmp(fin, "error")) finished[n_finished++] = plan.req[i];
         }
@@ -451,6 +489,8 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     st->kv_positions_peak = sch.kv_positions_peak;
     st->kv_blocks_left = pool_used(&e->att.pool);
     st->evictions = e->att.pool.evictions;
+    st->spec_steps = sch.spec_steps;
+    memcpy(st->spec_accepted_at, sch.spec_accepted_at, sizeof st->spec_accepted_at);
     scheduler_free(&sch);
     pool_prefix_caching(&e->att.pool, 0, 1, 1, 0); /* the cache lives for one run */
     plan_free(&plan);
@@ -458,6 +498,8 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     free(bufs.full);
     free(bufs.tmp);
     free(bufs.pairs);
+    free(bufs.greedy);
+    free(bufs.drafts);
     free(bufs.scratch);
     free(bufs.rows);
     free(bufs.counts);

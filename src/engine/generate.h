@@ -7,6 +7,7 @@
 
 #include "engine.h"
 #include "requests.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 typedef struct {
@@ -18,6 +19,7 @@ typedef struct {
     int dp, dp_rank;         /* the DP groups, for the progress line's label */
     const Tokenizer *tok;    /* when set: output text as tokens arrive, and stop strings */
     int prefix_caching;      /* reuse cached KV blocks of earlier prompts (off with on_logits) */
+    SpecConfig spec;         /* speculative decoding; method SPEC_NONE (0): off */
     /* When set, called with the logits of every position of every request
      * (forces logits for all prompt tokens too). */
     void (*on_logits)(void *ctx, int request, int pos, const float *logits, int vocab);
@@ -35,7 +37,9 @@ enum { PROGRESS_TERMINAL = 1, PROGRESS_LINES = 2 };
 /* One scheduler step, as recorded. */
 typedef struct {
     double t_start, seconds;
-    int decode_tokens, prefill_tokens; /* prefill_tokens: computed, not taken from the cache */
+    int decode_tokens, prefill_tokens; /* prefill_tokens: computed, not taken from the cache;
+                                        * decode_tokens: decoding requests' rows, drafts' included */
+    int spec_drafted, spec_accepted;   /* speculative decoding: drafts verified, and accepted */
     int cached_tokens;  /* prompt positions taken from the prefix cache */
     int running;        /* requests in the step */
     int waiting;        /* requests queued after it */
@@ -56,6 +60,9 @@ typedef struct {
     long long kv_positions_peak; /* most positions this rank stored at once */
     int kv_blocks_left;          /* blocks still held after the run: 0 */
     long long evictions;         /* cached blocks evicted for other content */
+    /* speculative decoding: verifications (steps of a request with
+     * drafts), and how many of them accepted draft j */
+    long long spec_steps, spec_accepted_at[SPEC_MAX_TOKENS];
 } GenStats;
 
 /* Requests that carry an error are skipped (finish_reason "error"), as are

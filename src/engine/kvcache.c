@@ -237,11 +237,11 @@ int table_share_reserve(BlockPool *p, BlockTable *t, const int *shared, int n_sh
     return table_reserve(p, t, total);
 }
 
-void table_release(BlockPool *p, BlockTable *t)
+void table_truncate(BlockPool *p, BlockTable *t, int keep)
 {
     /* last block first: a sequence's later blocks, the least likely to be
      * shared, are evicted before its earlier ones */
-    for (int i = t->n - 1; i >= 0; i--) {
+    for (int i = t->n - 1; i >= keep; i--) {
         int id = t->ids[i];
         if (--p->ref[id] > 0) {
             p->shared--;
@@ -251,8 +251,10 @@ void table_release(BlockPool *p, BlockTable *t)
         if (p->caching && p->serial[id]) lru_append(p, id);
         else heap_push(p, id);
     }
-    t->n = 0;
+    if (t->n > keep) t->n = keep;
 }
+
+void table_release(BlockPool *p, BlockTable *t) { table_truncate(p, t, 0); }
 
 void table_free(BlockTable *t)
 {

@@ -70,6 +70,9 @@ int table_reserve(BlockPool *p, BlockTable *t, int n);
  * to n blocks; fails (-1, t and the pool unchanged) when the pool lacks
  * the blocks. */
 int table_share_reserve(BlockPool *p, BlockTable *t, const int *shared, int n_shared, int n);
+/* Lets go of the table's blocks after its first `keep` (speculative
+ * decoding's rejected positions), the last first. */
+void table_truncate(BlockPool *p, BlockTable *t, int keep);
 /* Lets go of every block of t: a recorded block stays cached, its last
  * blocks the first to be evicted. */
 void table_release(BlockPool *p, BlockTable *t);

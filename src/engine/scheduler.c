@@ -89,6 +89,7 @@ void scheduler_free(Scheduler *s)
     free(s->seq);
     free(s->match);
     free(s->block_buf);
+    free(s->context);
     free(s->waiting);
     free(s->running);
     memset(s, 0, sizeof *s);
@@ -100,8 +101,17 @@ void plan_init(StepPlan *p, const SchedulerLimits *o)
     p->chunks = xmalloc(sizeof(Chunk) * (size_t)o->max_num_seqs);
     p->req = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     p->samples = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
+    p->drafts = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
+    p->row_end = xmalloc(sizeof(int) * (size_t)o->max_num_seqs);
     p->tokens = xmalloc(sizeof(int) * (size_t)o->max_batched_tokens);
-    p->lp = xmalloc(sizeof(TokenLogprobs) * (size_t)o->max_num_seqs);
+    p->lp = xmalloc(sizeof(TokenLogprobs) * (size_t)o->max_batched_tokens);
+}
+
+int plan_rows(StepPlan *p, int all)
+{
+    p->R = 0;
+    for (int i = 0; i < p->nc; i++) p->row_end[i] = p->R += all ? p->chunks[i].n : 1 + p->drafts[i];
+    return p->R;
 }
 
 void plan_free(StepPlan *p)
@@ -109,6 +119,8 @@ void plan_free(StepPlan *p)
     free(p->chunks);
     free(p->req);
     free(p->samples);
+    free(p->drafts);
+    free(p->row_end);
     free(p->tokens);
     free(p->lp);
     memset(p, 0, sizeof *p);
@@ -182,26 +194,54 @@ static void preempt_last(Scheduler *s)
     s->preemptions++;
 }
 
-static void add_chunk(Scheduler *s, StepPlan *p, int r, int n)
+/* Request r's next n pending tokens as a chunk, and after them the d
+ * tokens drafted (d > 0 only when those n end its sequence). */
+static void add_chunk(Scheduler *s, StepPlan *p, int r, int n, const int *drafted, int d)
 {
     SeqState *q = &s->seq[r];
     Chunk *c = &p->chunks[p->nc];
     c->blocks = q->table.ids;
     c->n_blocks = q->table.n;
     c->pos0 = q->computed;
-    c->n = n;
+    c->n = n + d;
     p->req[p->nc] = r;
     p->samples[p->nc] = q->computed + n == seq_len(s, r);
+    p->drafts[p->nc] = d;
     for (int j = 0; j < n; j++) p->tokens[p->T + j] = token_at(s, r, q->computed + j);
-    if (n == 1 && q->computed >= s->rs->r[r].n_prompt) p->decode_tokens++;
+    memcpy(p->tokens + p->T + n, drafted, sizeof(int) * (size_t)d);
+    if (n == 1 && q->computed >= s->rs->r[r].n_prompt) p->decode_tokens += 1 + d;
     else p->prefill_tokens += n;
-    p->T += n;
+    p->spec_drafted += d;
+    p->row_end[p->nc] = p->R += 1 + d;
+    p->T += n + d;
     p->nc++;
+}
+
+/* The tokens drafted for decoding request r (into out), within `room`
+ * rows beyond its pending one: none while it is not decoding, and never
+ * so many that its output could pass max_tokens or the context limit. */
+static int draft(Scheduler *s, int r, int room, int *out)
+{
+    const Request *q = &s->rs->r[r];
+    const Result *res = &s->res[r];
+    int len = seq_len(s, r), k = s->spec.k;
+    if (s->spec.method != SPEC_NGRAM || res->n < 1 || len - s->seq[r].computed != 1) return 0;
+    /* a step of 1 + k rows emits at most 1 + k tokens */
+    if (k > room) k = room;
+    if (k > q->max_tokens - res->n - 1) k = q->max_tokens - res->n - 1;
+    if (k > s->max_model_len - len - 1) k = s->max_model_len - len - 1;
+    if (k <= 0) return 0;
+    if (!s->context) s->context = xmalloc(sizeof(int) * (size_t)s->max_model_len);
+    memcpy(s->context, q->prompt_tokens, sizeof(int) * (size_t)q->n_prompt);
+    memcpy(s->context + q->n_prompt, res->tokens, sizeof(int) * (size_t)res->n);
+    return spec_ngram_propose(s->context, len, s->spec.lookup_min, s->spec.lookup_max, k, out);
 }
 
 int scheduler_plan(Scheduler *s, StepPlan *p)
 {
-    p->nc = p->T = p->prefill_tokens = p->decode_tokens = p->preempted = p->cached_tokens = 0;
+    p->nc = p->T = p->R = p->prefill_tokens = p->decode_tokens = p->preempted = p->cached_tokens = 0;
+    p->spec_drafted = p->spec_accepted = 0;
+    int drafted[SPEC_MAX_TOKENS];
     if (s->done == s->rs->n) return 0;
     int budget = s->max_batched_tokens, B = s->pool->block_size;
     long long before = s->preemptions;
@@ -211,6 +251,9 @@ int scheduler_plan(Scheduler *s, StepPlan *p)
         SeqState *q = &s->seq[r];
         int n = seq_len(s, r) - q->computed;
         if (n > budget) n = budget;
+        /* drafts take blocks only where they are free: they never preempt */
+        int d = draft(s, r, budget - n, drafted);
+        if (d && table_reserve(s->pool, &q->table, kv_blocks_for(s->topo, q->computed + n + d, B)) != 0) d = 0;
         int need = kv_blocks_for(s->topo, q->computed + n, B);
         while (table_reserve(s->pool, &q->table, need) != 0) {
             /* out of blocks: the most recently admitted request makes room,
@@ -220,8 +263,8 @@ int scheduler_plan(Scheduler *s, StepPlan *p)
             if (last == r) break;
         }
         if (q->admitted < 0) break; /* r itself was preempted: everything after it is gone too */
-        add_chunk(s, p, r, n);
-        budget -= n;
+        add_chunk(s, p, r, n, drafted, d);
+        budget -= n + d;
     }
     p->preempted = (int)(s->preemptions - before);
     /* admit waiting requests, first come first served, unless this step
@@ -245,7 +288,7 @@ int scheduler_plan(Scheduler *s, StepPlan *p)
         q->computed = cached;
         p->cached_tokens += cached;
         s->running[s->n_running++] = r;
-        add_chunk(s, p, r, n);
+        add_chunk(s, p, r, n, NULL, 0);
         budget -= n;
     }
     return 1;
@@ -293,33 +336,55 @@ static void apply_stop_rules(Scheduler *s, const Request *q, Result *out, int to
     }
 }
 
-void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, double now)
+void scheduler_commit(Scheduler *s, StepPlan *p, const int *sampled, double now)
 {
-    for (int i = 0; i < p->nc; i++) {
-        s->seq[p->req[i]].computed += p->chunks[i].n;
-        if (s->pool->caching) record_full_blocks(s, p->req[i]);
-    }
+    for (int i = 0; i < p->nc; i++) s->seq[p->req[i]].computed += p->chunks[i].n;
+    /* drafts' positions count while they are stored */
     long long held = scheduler_kv_positions(s);
     if (held > s->kv_positions_peak) s->kv_positions_peak = held;
-    for (int i = 0; i < p->nc; i++) {
-        int r = p->req[i];
+    for (int i = 0, t0 = 0; i < p->nc; t0 += p->chunks[i++].n) {
+        int r = p->req[i], d = p->drafts[i], accepted = 0;
         if (!p->samples[i]) continue;
         Request *q = &s->rs->r[r];
         Result *out = &s->res[r];
-        if (sampled[i] == SAMPLE_NONFINITE) {
-            request_fail(q, "%s:%d: request \"%s\": %s", s->rs->path, q->line, q->id, NONFINITE_REASON);
-            out->finish_reason = "error";
-            out->e2e_s = now;
-            continue;
+        const int *drafts = p->tokens + t0 + p->chunks[i].n - d;
+        /* the rows of the pending token and of the drafts, in order: each
+         * row's token is output, and the next row counts while the token
+         * equals the draft that row was computed with */
+        for (int j = 0, row = p->row_end[i] - 1 - d; j <= d; j++, row++) {
+            int tok = sampled[row];
+            if (tok == SAMPLE_NONFINITE) {
+                request_fail(q, "%s:%d: request \"%s\": %s", s->rs->path, q->line, q->id, NONFINITE_REASON);
+                out->finish_reason = "error";
+                out->e2e_s = now;
+                break;
+            }
+            push_token(out, q, tok, &p->lp[row], now);
+            if (out->n == 1) out->ttft_s = now;
+            apply_stop_rules(s, q, out, tok);
+            if (out->finish_reason) {
+                out->e2e_s = now;
+                out->tpot_s = out->n > 1 ? (out->e2e_s - out->ttft_s) / (out->n - 1) : 0.0;
+            }
+            if (j == d || tok != drafts[j]) break;
+            accepted++;
+            if (out->finish_reason) break;
         }
-        push_token(out, q, sampled[i], &p->lp[i], now);
-        if (out->n == 1) out->ttft_s = now;
-        apply_stop_rules(s, q, out, sampled[i]);
-        if (out->finish_reason) {
-            out->e2e_s = now;
-            out->tpot_s = out->n > 1 ? (out->e2e_s - out->ttft_s) / (out->n - 1) : 0.0;
-        }
+        if (!d) continue;
+        out->spec_draft_tokens += d;
+        out->spec_accepted_tokens += accepted;
+        p->spec_accepted += accepted;
+        s->spec_steps++;
+        for (int j = 0; j < accepted; j++) s->spec_accepted_at[j]++;
+        /* the rejected drafts' positions are rolled back: the next step
+         * writes over them, and blocks past the kept positions go back to
+         * the pool (nothing past them was recorded in the prefix cache) */
+        SeqState *sq = &s->seq[r];
+        sq->computed -= d - accepted;
+        if (!out->finish_reason) table_truncate(s->pool, &sq->table, kv_blocks_for(s->topo, sq->computed, s->pool->block_size));
     }
+    if (s->pool->caching)
+        for (int i = 0; i < p->nc; i++) record_full_blocks(s, p->req[i]);
     /* finished requests leave at once, freeing their blocks */
     int kept = 0;
     for (int i = 0; i < s->n_running; i++) {

@@ -26,6 +26,7 @@
 #include "kvcache.h"
 #include "requests.h"
 #include "sampler.h"
+#include "spec.h"
 #include "tokenizer.h"
 #include "topology.h"
 
@@ -61,17 +62,31 @@ typedef struct {
     int bos;
     int *match;           /* a request's matched cached blocks, for its admission */
     int *block_buf;       /* one logical block's tokens */
+    SpecConfig spec;      /* speculative decoding (spec.h); method SPEC_NONE: off */
+    int *context;         /* a request's prompt and output, for the n-gram drafter */
+    long long spec_steps; /* verifications run */
+    long long spec_accepted_at[SPEC_MAX_TOKENS]; /* verifications whose draft j was accepted */
 } Scheduler;
 
+/* A step's chunks. Each chunk has logit rows (its last tokens': one, or
+ * every token's where the step scores prompts), row_end[i] past chunk i's
+ * last. A chunk that samples chooses a token at its last 1 + drafts[i]
+ * rows: the row of its pending token and one per drafted token after it
+ * (speculative decoding; drafts[i] 0 otherwise); sampled tokens and their
+ * log-probabilities are kept per row. */
 typedef struct {
     int nc, T;             /* chunks, tokens */
     Chunk *chunks;
     int *req;              /* per chunk: request index */
     int *samples;          /* per chunk: 1 when its last token yields the next one */
+    int *drafts;           /* per chunk: drafted tokens, its last ones */
+    int *row_end;          /* per chunk: its logit rows end here (plan_rows) */
+    int R;                 /* logit rows */
     int *tokens;           /* T token ids, chunk after chunk */
-    TokenLogprobs *lp;     /* per chunk: the sampled token's log-probabilities, where its request asks */
+    TokenLogprobs *lp;     /* per row: the sampled token's log-probabilities, where its request asks */
     int prefill_tokens, decode_tokens, preempted;
     int cached_tokens;     /* positions admitted requests took from the prefix cache */
+    int spec_drafted, spec_accepted; /* drafts verified, and kept (scheduler_commit) */
 } StepPlan;
 
 /* The limits a scheduler works within (GenOptions in generate.h has the same fields). */
@@ -91,17 +106,22 @@ void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg
                     BlockPool *pool, const SchedulerLimits *o);
 void scheduler_free(Scheduler *s);
 void plan_init(StepPlan *p, const SchedulerLimits *o);
+/* The logit rows of p's chunks: every token's (all) or the rows that
+ * sample (one, or 1 + drafts); fills p->row_end and returns p->R. */
+int plan_rows(StepPlan *p, int all);
 void plan_free(StepPlan *p);
 
 /* Fills p with the next step; returns 0 when every request is done. */
 int scheduler_plan(Scheduler *s, StepPlan *p);
-/* After the forward pass: sampled[i] is the token of chunk i where
- * p->samples[i] (and p->lp[i] its log-probabilities, where its request
- * asks). Appends, makes the text, applies the stop rules (stop tokens and
- * strings once min_tokens are out, then max_tokens and the context limit),
+/* After the forward pass: sampled[r] is the token chosen at logit row r
+ * of a chunk that samples (and p->lp[r] its log-probabilities, where its
+ * request asks); the drafts' rows are read in order while the tokens
+ * equal the drafts. Appends, makes the text, applies the stop rules (stop
+ * tokens and strings once min_tokens are out, then max_tokens and the
+ * context limit) after each token, rolls rejected drafts' positions back,
  * frees finished requests' blocks. now: seconds since the start, for the
  * latency figures. */
-void scheduler_commit(Scheduler *s, const StepPlan *p, const int *sampled, double now);
+void scheduler_commit(Scheduler *s, StepPlan *p, const int *sampled, double now);
 
 /* Positions this rank stores now (its shard of every running sequence). */
 long long scheduler_kv_positions(const Scheduler *s);

@@ -649,7 +649,8 @@ void result_pack(const Result *r, const Request *q, char **buf, size_t *n, size_
         if (r->finish_reason && !strcmp(r->finish_reason, finish_reasons[k])) fin = k;
     int has_text = r->text != NULL, stop_len = r->stop_str ? (int)strlen(r->stop_str) : -1;
     int lp = r->lp ? q->logprobs : -1, plp = r->plp ? q->prompt_logprobs : -1;
-    int head[8] = {r->n, fin, r->stop_token, has_text, stop_len, lp, plp, r->num_cached_tokens};
+    int head[10] = {r->n, fin, r->stop_token, has_text, stop_len, lp, plp, r->num_cached_tokens,
+                    r->spec_draft_tokens, r->spec_accepted_tokens};
     double t[3] = {r->ttft_s, r->tpot_s, r->e2e_s};
     size_t len = r->text_len, tokens = (size_t)r->n, np = (size_t)q->n_prompt;
     put(buf, n, cap, head, sizeof head);
@@ -682,7 +683,7 @@ static void *take(const char **p, size_t len, size_t extra)
 size_t result_unpack(Result *r, const Request *q, const char *p)
 {
     const char *p0 = p;
-    int head[8];
+    int head[10];
     double t[3];
     size_t len;
     memcpy(head, p, sizeof head);
@@ -697,6 +698,8 @@ size_t result_unpack(Result *r, const Request *q, const char *p)
     r->finish_reason = head[1] >= 0 ? finish_reasons[head[1]] : NULL;
     r->stop_token = head[2];
     r->num_cached_tokens = head[7];
+    r->spec_draft_tokens = head[8];
+    r->spec_accepted_tokens = head[9];
     r->ttft_s = t[0], r->tpot_s = t[1], r->e2e_s = t[2];
     if (head[3]) {
         r->text = take(&p, len, 1);

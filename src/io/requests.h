@@ -81,6 +81,7 @@ typedef struct {
     const char *finish_reason; /* "stop", "length" or "error" */
     double ttft_s, tpot_s, e2e_s;
     int num_cached_tokens; /* prompt positions its first admission took from the prefix cache */
+    int spec_draft_tokens, spec_accepted_tokens; /* speculative decoding: tokens drafted, and accepted */
     /* the output text, made as the tokens arrive (NULL without a tokenizer) */
     char *text;
     size_t text_len, text_cap;

@@ -92,7 +92,7 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
         kv_bytes += (long long)kv_local_len(&t, L, t.dcp_rank) * (long long)engine_kv_bytes_per_token(&e);
     float *logits = xmalloc(sizeof(float) * b * m.shard.vocab);
     cs.phase = PHASE_DECODE;
-    engine_forward(&e, tokens, chunks, b, 0, logits); /* warm-up, not counted */
+    engine_forward(&e, tokens, chunks, b, NULL, logits); /* warm-up, not counted */
     for (int i = 0; i < b; i++) chunks[i].pos0++;
     memset(cs.c, 0, sizeof cs.c);
     cs.phase = PHASE_DECODE;
@@ -101,7 +101,7 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     for (int s = 0; s < steps; s++) {
         DCP_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         double t0 = now_s();
-        engine_forward(&e, tokens, chunks, b, 0, logits);
+        engine_forward(&e, tokens, chunks, b, NULL, logits);
         double dt = now_s() - t0, worst;
         DCP_CHECK(MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
         total += worst;
@@ -115,7 +115,7 @@ static void bench(const char *model_path, int tp, Variant v, int b, int L, int s
     e.env.timing_sync = 1;
     for (int s = 0; s < steps; s++) {
         DCP_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-        engine_forward(&e, tokens, chunks, b, 0, logits);
+        engine_forward(&e, tokens, chunks, b, NULL, logits);
         for (int i = 0; i < b; i++) chunks[i].pos0++;
     }
     cs = timed;
