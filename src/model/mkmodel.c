@@ -112,6 +112,7 @@ void mkmodel_tensor(const ModelSpec *s, TensorKind k, int layer, float *out)
     /* Uniform weights scaled by 1/sqrt(fan-in) keep activations O(1), so
      * the logits spread and greedy argmax has few near-ties. */
     float scale = is_norm ? 0.1f : is_bias ? 0.2f : (k == T_EMBED ? 1.0f : 1.7f / sqrtf((float)cols));
+    if ((k == T_WO || k == T_DOWN) && s->branch_scale > 0.0f) scale *= s->branch_scale;
     for (size_t i = 0; i < n; i++) {
         double u = (double)(splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0); /* [0,1) */
         float v = (float)(2.0 * u - 1.0) * scale;

@@ -14,6 +14,7 @@ typedef struct {
     int eos;           /* -1: none */
     float rope_theta;
     uint64_t seed;
+    float branch_scale;   /* o_proj and down_proj (experts' too) scaled by this; 0: 1 */
     /* Hugging Face architecture (arch.h's table; 0: Llama) and its options */
     int arch;
     int head_dim;         /* 0: dim / heads */

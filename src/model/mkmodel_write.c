@@ -186,6 +186,7 @@ static void mla_values(const ModelSpec *s, const char *name, int rows, int cols,
     int norm = strstr(name, "norm") != NULL, bias = strstr(name, "correction_bias") != NULL;
     int embed = strstr(name, "embed_tokens") != NULL;
     float scale = norm ? 0.1f : bias ? 0.3f : embed ? 1.0f : 1.7f / sqrtf((float)cols);
+    if (s->branch_scale > 0.0f && (strstr(name, "o_proj") || strstr(name, "down_proj"))) scale *= s->branch_scale;
     for (size_t i = 0; i < (size_t)(rows ? rows : 1) * cols; i++) {
         double u = (double)(splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0);
         float v = (float)(2.0 * u - 1.0) * scale;

@@ -27,6 +27,9 @@ static void usage(FILE *f)
             "  --shards N        split the safetensors into N files with an index (hf only)\n"
             "  --tied            share the token embedding with the LM head\n"
             "  --eos N           end-of-sequence token id (default: none)\n"
+            "  --branch-scale X  o_proj and down_proj (experts' too) scaled by X (default 1); near 0\n"
+            "                    each token's output follows from the token itself, so a model\n"
+            "                    continues a greedy chain its prompt holds (scripts/bench-spec.sh)\n"
             "Hugging Face architectures (hf format):\n"
             "  --arch A          llama (default), mistral, qwen2 (q/k/v biases), qwen3 (q/k norms),\n"
             "                    qwen3_moe (qwen3 with experts: --experts, --experts-per-token,\n"
@@ -90,7 +93,8 @@ int main(int argc, char **argv)
         {"first-dense", 1, 0, 1009}, {"n-group", 1, 0, 1010}, {"topk-group", 1, 0, 1011},
         {"routed-scale", 1, 0, 1012}, {"norm-topk-prob", 0, 0, 1013}, {"fp8-block", 1, 0, 1014}, {"quant", 1, 0, 1015},
         {"quant-group", 1, 0, 1016}, {"kimi-k25", 0, 0, 1017},
-        {"qk-norm", 0, 0, 1018}, {"partial-rotary", 1, 0, 1019}, {0, 0, 0, 0}};
+        {"qk-norm", 0, 0, 1018}, {"partial-rotary", 1, 0, 1019},
+        {"branch-scale", 1, 0, 1020}, {0, 0, 0, 0}};
     const char *quant = NULL;
     int group = 32;
     int c, li = 0;
@@ -169,6 +173,13 @@ int main(int argc, char **argv)
         case 1011: s.moe.topk_group = (int)v; break;
         case 1012: s.moe.routed_scaling_factor = (float)x; break;
         case 1013: s.moe.norm_topk_prob = 1; break;
+        case 1020:
+            s.branch_scale = strtof(optarg, &end);
+            if (*end || !(s.branch_scale > 0.0f && s.branch_scale <= 1.0f)) {
+                fprintf(stderr, "dcpinfer-mkmodel: --branch-scale %s: give a number in (0, 1]\n", optarg);
+                return 2;
+            }
+            break;
         case 1014: s.fp8_block = (int)v; break;
         case 1015: quant = optarg; break;
         case 1016: group = (int)v; break;

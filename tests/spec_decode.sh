@@ -1,0 +1,194 @@
+#!/bin/bash
+# Speculative decoding changes no output (docs/design.md, "Speculative
+# decoding"): a mixed batch - greedy, seeded sampling at temperature 0.8
+# with top-p and top-k, a stop string, min_tokens, logprobs and
+# prompt_logprobs - gives the JSON Lines of a run without speculation,
+# byte for byte less the timings and the speculation counts, with n-gram
+# drafts at K = 1, 3 and 5, at one rank, -tp 2, -tp 4 -dcp 4 (ag_rs and
+# a2a), -tp 2 -dp 2, -tp 2 -dp 2 with expert parallelism (against its
+# own run without speculation: EP is its own reduction order), under
+# preemption (a KV cache of a few blocks, chunked prefill) and after a
+# killed run is resumed; for DeepSeek-V3 (latent attention, MoE) and a
+# Llama model of one KV head. The drafts really are tried: some accepted,
+# some rejected, and the counts add up between the requests, the steps and
+# the summary line.
+. "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
+TOK=$SHARED/models/stories260K/tok512.bin
+[ -f "$TOK" ] || { echo "$TOK not found: skipped" >&2; exit 77; }
+command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
+SHAPE="--layers 2 --dim 64 --heads 8 --hidden 128 --vocab 512 --branch-scale 0.01"
+"$MKMODEL" --out "$WORK/v3" --arch deepseek_v3 $SHAPE --first-dense 1 --q-lora-rank 24 --norm-topk-prob >/dev/null &&
+    "$MKMODEL" --out "$WORK/llama" --arch llama $SHAPE --kv-heads 1 >/dev/null ||
+    { echo "FAIL: dcpinfer-mkmodel could not write the models" >&2; exit 1; }
+
+# Prompts whose outputs repeat parts of them, as tool results copied into
+# an answer: with o_proj and down_proj scaled down (--branch-scale) each
+# token's successor follows mostly from the token itself, so the greedy
+# chain a seed of 8 ids starts is continued wherever the prompt holds it.
+# A prompt is the seed, its chain with every 9th token changed, and the
+# seed again: drafts from the copy are accepted up to a changed token.
+seed_ids() { awk -v i=$1 'BEGIN { for (j = 0; j < 8; j++) printf "%s%d", j ? ", " : "", 3 + (j * 37 + i * 101 + 5) % 509 }'; }
+for i in 0 1 2 3 4 5 6 7; do
+    echo "{\"id\": \"r$i\", \"prompt_token_ids\": [$(seed_ids $i)], \"max_tokens\": 48, \"temperature\": 0, \"ignore_eos\": true}"
+done >"$WORK/seeds.jsonl"
+# requests 1 and 3 sample at temperature 0.8, 4 at 0.3 (near enough to the
+# chain that its drafts are tried: its generator must draw once per token
+# output), 2 has min_tokens and logprobs, 3 scores its prompt, 5 gets a
+# stop string from a first run's text, the others want logprobs
+prompts() {
+    for i in 0 1 2 3 4 5 6 7; do
+        chain=$(token_ids "$WORK/$m-chain.jsonl" r$i | awk -F, -v OFS=", " '{ for (k = 9; k <= NF; k += 9) $k = 3 + ($k + 1) % 509; $1 = $1; print }')
+        case $i in
+        1) extra=', "temperature": 0.8, "top_p": 0.9, "top_k": 40' ;;
+        4) extra=', "temperature": 0.3, "top_p": 0.9, "top_k": 40, "logprobs": 1' ;;
+        2) extra=', "temperature": 0, "min_tokens": 30, "logprobs": 2' ;;
+        3) extra=', "prompt_logprobs": 1, "temperature": 0.8' ;;
+        5) extra=', "temperature": 0'${STOP:+, \"stop\": [\"$STOP\"]} ;;
+        *) extra=', "temperature": 0, "logprobs": 1' ;;
+        esac
+        echo "{\"id\": \"r$i\", \"prompt_token_ids\": [$(seed_ids $i), $chain, $(seed_ids $i)], \"max_tokens\": $((36 + 4 * i)), \"seed\": $((i + 3))$extra}"
+    done
+}
+# a result to compare: no timings, no speculation counts
+plain() { untimed "$1" | sed -E 's/,"spec_(draft|accepted)_tokens":[0-9]+//g'; }
+
+SPEC() { echo "{\"method\": \"ngram\", \"num_speculative_tokens\": $1, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}"; }
+
+for m in v3 llama; do
+    STOP=
+    run_dcp "$m-chain" --model "$WORK/$m" --output "$WORK/$m-chain.jsonl" "$WORK/seeds.jsonl"
+    prompts >"$WORK/$m-p0.jsonl"
+    run_dcp "$m-first" --model "$WORK/$m" --tokenizer "$TOK" --output "$WORK/$m-first.jsonl" "$WORK/$m-p0.jsonl"
+    # the stop string: three characters from the middle of request 5's text
+    STOP=$(python3 -c 'import json, re, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["id"] == "r5":
+        words = re.findall("[a-z]{3}", r["text"][len(r["text"]) // 3:])
+        print(words[0] if words else "")' "$WORK/$m-first.jsonl")
+    P=$WORK/$m-p.jsonl
+    prompts >"$P"
+    checks=$((checks + 1))
+    if [ -z "$STOP" ]; then
+        fail "$m: no stop string could be taken from request 5's text"
+        continue
+    fi
+    run_dcp "$m-base" --model "$WORK/$m" --tokenizer "$TOK" --output "$WORK/$m-base.jsonl" "$P"
+    if [ "$(cat "$WORK/$m-base.rc")" != 0 ] || ! grep -q '"id":"r5".*"finish_reason":"stop","stop_reason":"'"$STOP"'"' "$WORK/$m-base.jsonl"; then
+        fail "$m: the run without speculation failed or its stop string \"$STOP\" did not stop request 5"
+        cat "$WORK/$m-base.err" >&2
+        continue
+    fi
+    pass "$m: without speculation, request 5 stops at \"$STOP\""
+    plain "$WORK/$m-base.jsonl" >"$WORK/$m.want"
+    if [ $m = v3 ]; then
+        Ks="1 3 5"
+        set -- "1" "2 -tp 2" "4 -tp 4 -dcp 4" "4 -tp 4 -dcp 4 --dcp-comm-backend a2a" "4 -tp 2 -dp 2" \
+            "4 -tp 2 -dp 2 --enable-expert-parallel" \
+            "2 -tp 2 --kv-cache-memory 40K --block-size 4 --max-num-batched-tokens 24 --max-num-seqs 4"
+    else
+        Ks=3
+        set -- "1" "4 -tp 4 -dcp 4" "2 -tp 2 --kv-cache-memory 16K --block-size 4 --max-num-batched-tokens 24 --max-num-seqs 4"
+    fi
+    drafted=0 accepted=0
+    for K in $Ks; do
+        for layout in "$@"; do
+            np=${layout%% *}
+            args=${layout#"$np"}
+            name=$m-k$K-$(printf "%s" "$args" | tr -c "a-z0-9" "_")
+            want=$WORK/$m.want
+            if [ "$args" != "${args#*expert}" ]; then # EP is its own reduction order: its run without speculation
+                want=$WORK/$m-ep.want
+                [ -f "$want" ] || { NP=$np run_dcp "$m-ep" --model "$WORK/$m" --tokenizer "$TOK" $args \
+                    --output "$WORK/$m-ep.jsonl" "$P" && plain "$WORK/$m-ep.jsonl" >"$want"; }
+            fi
+            checks=$((checks + 1))
+            NP=$np run_dcp "$name" --model "$WORK/$m" --tokenizer "$TOK" $args --speculative-config "$(SPEC $K)" \
+                --output "$WORK/$name.jsonl" "$P"
+            if [ "$(cat "$WORK/$name.rc")" != 0 ]; then
+                fail "$m, K=$K, -np $np$args: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" >&2; continue
+            elif ! plain "$WORK/$name.jsonl" | cmp -s - "$want"; then
+                fail "$m, K=$K, -np $np$args: the results differ from the run without speculation"
+                plain "$WORK/$name.jsonl" | diff - "$want" | head -4 | cut -c1-300 >&2
+                continue
+            fi
+            d=$(grep -o '"spec_draft_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
+            a=$(grep -o '"spec_accepted_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
+            line=$(grep '^# speculative decoding' "$WORK/$name.out")
+            if ! echo "$line" | grep -q "K=$K): $d draft token(s) in [0-9]* verification(s), $a accepted"; then
+                fail "$m, K=$K, -np $np$args: the summary line disagrees with the requests' $d drafts, $a accepted: $line"
+            elif [ "$args" != "${args#*kv-cache-memory}" ] && ! grep -qE ', [1-9][0-9]* preemption' "$WORK/$name.out"; then
+                fail "$m, K=$K, -np $np$args: nothing was preempted"; grep preemption "$WORK/$name.out" >&2
+            else
+                pass "$m, K=$K, -np $np$args: the same results; $a of $d drafts accepted"
+                drafted=$((drafted + d)) accepted=$((accepted + a))
+            fi
+        done
+    done
+    checks=$((checks + 1))
+    if [ "$accepted" -gt 0 ] && [ "$accepted" -lt "$drafted" ]; then
+        pass "$m: drafts were both accepted and rejected ($accepted of $drafted)"
+    else
+        fail "$m: $accepted of $drafted drafts accepted: the runs did not exercise both"
+    fi
+done
+
+# the HDF5 results: the per-request counts, and the steps' adding up to them
+name=v3-h5
+run_dcp $name --model "$WORK/v3" --tokenizer "$TOK" --speculative-config "$(SPEC 3)" --output "$WORK/$name.h5" "$WORK/v3-p.jsonl"
+checks=$((checks + 1))
+rd=$(h5_sum "$WORK/$name.h5" /requests/spec_draft_tokens) ra=$(h5_sum "$WORK/$name.h5" /requests/spec_accepted_tokens)
+sd=$(h5_sum "$WORK/$name.h5" /steps/spec_drafted) sa=$(h5_sum "$WORK/$name.h5" /steps/spec_accepted)
+jd=$(grep -o '"spec_draft_tokens":[0-9]*' "$WORK/v3-k3-.jsonl" | awk -F: '{s += $2} END {print s + 0}')
+if [ "$(cat "$WORK/$name.rc")" = 0 ] && [ "$rd" = "$sd" ] && [ "$ra" = "$sa" ] && [ "$rd" = "$jd" ] && [ "$rd" -gt 0 ]; then
+    pass "HDF5: /requests and /steps count the same $rd drafts, $ra accepted"
+else
+    fail "HDF5: /requests $rd drafts $ra accepted, /steps $sd and $sa, JSON Lines $jd drafts"; cat "$WORK/$name.err" >&2
+fi
+
+# a run killed halfway and resumed with speculation: the uninterrupted
+# results (but for the prompt positions found in the prefix cache, which
+# depend on what the killed run had computed)
+uncached() { plain "$1" | sed -E 's/"cached_tokens":[0-9]+//'; }
+P=$WORK/many-p.jsonl
+for r in 0 1 2; do sed "s/\"id\": \"r/\"id\": \"x$r-r/" "$WORK/v3-p.jsonl"; done >"$P"
+run_dcp many --model "$WORK/v3" --tokenizer "$TOK" --max-num-seqs 2 --output "$WORK/many.jsonl" "$P"
+out=$WORK/killed.jsonl
+"$MPIRUN" -q --oversubscribe --bind-to none -np 2 "$DCPINFER" --model "$WORK/v3" --tokenizer "$TOK" -tp 2 \
+    --max-num-seqs 2 --speculative-config "$(SPEC 3)" --output "$out" "$P" >"$WORK/killed.out" 2>&1 &
+job=$! waited=0
+while [ "$(grep -c '' "$out.journal.dp0" 2>/dev/null || echo 0)" -lt 8 ] && [ $waited -lt 1200 ] && kill -0 $job 2>/dev/null; do
+    sleep 0.02; waited=$((waited + 1))
+done
+victim=$(pgrep -f "^$DCPINFER .*--output $out" | tail -1)
+checks=$((checks + 1))
+journaled=$(grep -c '' "$out.journal.dp0" 2>/dev/null)
+if [ -z "$victim" ]; then
+    fail "resume: the run ended before it could be killed"
+else
+    kill -9 "$victim"
+    wait $job 2>/dev/null
+    NP=2 run_dcp resumed --model "$WORK/v3" --tokenizer "$TOK" -tp 2 --max-num-seqs 2 \
+        --speculative-config "$(SPEC 3)" --resume --output "$out" "$P"
+    if [ "$(cat "$WORK/resumed.rc")" != 0 ]; then
+        fail "resume: exit $(cat "$WORK/resumed.rc")"; cat "$WORK/resumed.err" >&2
+    elif ! uncached "$out" | cmp -s - <(uncached "$WORK/many.jsonl"); then
+        fail "resume: the resumed results differ from an uninterrupted run without speculation"
+        uncached "$out" | diff - <(uncached "$WORK/many.jsonl") | head -4 | cut -c1-300 >&2
+    elif ! grep -q "resum" "$WORK/resumed.out" "$WORK/resumed.err"; then
+        fail "resume: the run does not say it resumed"
+    else
+        pass "resume: killed with $journaled of 24 requests journaled, resumed with speculation: the uninterrupted results"
+    fi
+fi
+
+# vLLM's refusals, one line each
+expect_error spec-bad-json 2 "--speculative-config '{method': not a JSON object" \
+    --model "$WORK/v3" --speculative-config "{method" "$WORK/v3-p.jsonl"
+expect_error spec-bad-k 2 "num_speculative_tokens 0: give an integer from 1 to 16" \
+    --model "$WORK/v3" --speculative-config '{"method": "ngram", "num_speculative_tokens": 0}' "$WORK/v3-p.jsonl"
+expect_error spec-min-max 2 "prompt_lookup_min 5 exceeds prompt_lookup_max 3" \
+    --model "$WORK/v3" --speculative-config '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}' "$WORK/v3-p.jsonl"
+expect_error spec-method 2 "method \"eagle\": choose ngram, mtp or deepseek_mtp" \
+    --model "$WORK/v3" --speculative-config '{"method": "eagle", "num_speculative_tokens": 2}' "$WORK/v3-p.jsonl"
+finish
