@@ -313,6 +313,29 @@ for case in "B200 1" "B200 8" "H200 1"; do
     fi
 done
 
+# speculative decoding: a verification step of K = 3 drafts carries 4 rows
+# per request through every row-proportional collective (the TP sums and
+# the DCP merges four times a decode step's bytes), and outputs
+# --acceptance-length tokens per request
+checks=$((checks + 1))
+"$PLAN" --model "$C/deepseek-v3.config.json" --gpu H200 -tp 8 -dcp 8 --input-len 67000 --output-len 1000 \
+    --max-num-seqs 8 --speculative-config '{"method": "ngram", "num_speculative_tokens": 3}' --acceptance-length 2.5 \
+    --format json >"$WORK/spec.json" 2>&1
+if python3 - "$WORK/spec.json" <<'PY'; then
+import json, sys
+L = json.load(open(sys.argv[1]))["layouts"][0]
+d, v, e = L["comm_per_decode_step"], L["comm_per_verification_step"], L["estimate_speculative"]
+for k in ("tp_sum", "merge_exchange"):
+    assert v[k]["bytes"] == 4 * d[k]["bytes"] and v[k]["calls"] == d[k]["calls"], k
+assert e["draft_tokens"] == 3 and e["acceptance_length"] == 2.5
+assert abs(e["tokens_per_second"] - L["running_requests"] * 2.5 / e["step_seconds"]) < 1e-6 * e["tokens_per_second"]
+assert e["step_seconds"] > L["estimate"]["decode_step_seconds"]
+PY
+    pass "DeepSeek-V3 tp 8 dcp 8, K = 3: a verification step's TP sums and merges carry 4 rows per request, $(grep -o '"tokens_per_second": [0-9.]*' "$WORK/spec.json" | tail -1)"
+else
+    fail "DeepSeek-V3 with --speculative-config: the verification step's estimate is off"; cat "$WORK/spec.json" >&2
+fi
+
 # the plan's own options refuse what they cannot mean
 refuse() {
     local why=$1; shift
@@ -329,6 +352,8 @@ refuse "--gpu: 'X100' is not one of H100, H200, B200, MI300X" --gpu X100
 refuse "--gpus 8 is not -tp 4 x -dp 4" --gpus 8 -tp 4 -dp 4
 refuse "--gpu-memory-utilization: '1.5' is not in (0, 1]" --gpu-memory-utilization 1.5
 refuse "the model has no routed experts" --enable-expert-parallel
+refuse "give --acceptance-length A, the tokens a verification outputs on average, from 1 to 3" \
+    --speculative-config '{"method": "ngram", "num_speculative_tokens": 2}'
 
 checks=$((checks + 1))
 "$PLAN" --model "$WORK/gqa" -tp 4 -dcp 4 >"$WORK/bad.plan" 2>&1

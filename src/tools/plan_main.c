@@ -59,6 +59,7 @@ typedef struct {
     double utilization;   /* of gpu_memory for weights, activations and KV */
     int kv_given;         /* --kv-cache-memory on the command line: KV bytes per rank as given */
     int sweep, json, input_len, output_len;
+    double acceptance;    /* --acceptance-length: tokens a verification outputs, on average */
 } PlanOptions;
 
 /* What one layout gets. */
@@ -81,6 +82,12 @@ typedef struct {
     int running;                /* requests at once: by KV capacity and --max-num-seqs */
     CommCounter step[COMM_N];   /* what rank 0 sends in a decode step of the running requests */
     double read_weights, read_kv, sent, step_s, tokens_s; /* the estimate, per decode step */
+    /* with --speculative-config: the same for a step of 1 + K rows per
+     * request, which outputs --acceptance-length tokens per request */
+    CommCounter spec_step[COMM_N];
+    double spec_read_weights, spec_sent, spec_step_s, spec_tokens_s;
+    int spec_rows;        /* 1 + K; 1: no speculation */
+    double spec_accept;   /* --acceptance-length */
 } Layout;
 
 static void usage(FILE *f)
@@ -108,6 +115,9 @@ static void usage(FILE *f)
             "  --input-len N, --output-len N  the workload's requests (default: --max-model-len each)\n"
             "  --enable-expert-parallel  as dcpinfer's: each rank's share of whole experts, and the\n"
             "                        bytes of the tokens' trips to their experts when they fall evenly\n"
+            "  --speculative-config JSON  as dcpinfer's; with --acceptance-length A (the tokens a\n"
+            "                        verification of K drafts outputs on average, 1 to K + 1) the estimate\n"
+            "                        of a step of 1 + K rows per request that outputs A tokens each\n"
             "  --temperature T       the requests' (default 1.0): greedy ones agree on each token by an\n"
             "                        argmax over the TP group, sampled ones gather their logits\n"
             "  --format json         one JSON object with a \"layouts\" array, for scripts\n"
@@ -132,7 +142,8 @@ static int plan_options(int *argc, char **argv, PlanOptions *p)
     for (int i = 1; i < *argc; i++) {
         char name[64];
         const char *n = opt_name(argv[i], name, sizeof name), *eq = strchr(argv[i], '=');
-        static const char *const takes_value[] = {"gpus", "gpu", "gpu-memory", "gpu-memory-utilization", "input-len", "output-len", "format", NULL};
+        static const char *const takes_value[] = {"gpus", "gpu", "gpu-memory", "gpu-memory-utilization", "input-len", "output-len", "format",
+                                                  "acceptance-length", NULL};
         int known = -1;
         for (int k = 0; n && takes_value[k]; k++)
             if (!strcmp(n, takes_value[k])) known = k;
@@ -178,6 +189,11 @@ static int plan_options(int *argc, char **argv, PlanOptions *p)
             if (strcmp(v, "table") && strcmp(v, "json")) return dcp_fail("--format: '%s' is not table or json", v);
             p->json = !strcmp(v, "json");
             break;
+        case 7:
+            if (*end || !(d >= 1 && d <= 1 + SPEC_MAX_TOKENS))
+                return dcp_fail("--acceptance-length: '%s' is not a number of tokens from 1 to %d", v, 1 + SPEC_MAX_TOKENS);
+            p->acceptance = d;
+            break;
         }
     }
     argv[out] = NULL;
@@ -205,7 +221,8 @@ static Topology plan_topology(const Options *o, const Layout *L)
  * parallelism spans DP groups, the one agreement to step again that a run
  * pays per step (the last, after which generate() ends). The requests
  * take the options' temperature. */
-static void count_decode_step(const Options *o, const Model *m, Layout *L, const EngineOptions *eo, int T)
+static void count_decode_step(const Options *o, const Model *m, Layout *L, const EngineOptions *eo, int T,
+                              CommCounter step[COMM_N])
 {
     Topology t = plan_topology(o, L);
     CommStats cs = {.t = &transport_counting};
@@ -222,7 +239,7 @@ static void count_decode_step(const Options *o, const Model *m, Layout *L, const
     GenOptions go = {.max_model_len = L->max_model_len, .max_num_seqs = T,
                      .max_batched_tokens = o->max_batched_tokens > T ? o->max_batched_tokens : T};
     generate(&e, &rs, res, &go, NULL);
-    memcpy(L->step, cs.c[PHASE_DECODE], sizeof L->step);
+    memcpy(step, cs.c[PHASE_DECODE], sizeof(CommCounter) * COMM_N);
     for (int i = 0; i < T; i++) /* else the decode step was not of T requests */
         if (res[i].n != 2) dcp_check_failed(__FILE__, __LINE__, "count_decode_step", "a planned request stopped early");
     results_free(res, T);
@@ -246,6 +263,26 @@ static size_t profile_step(const Options *o, const Model *m, const Layout *L, co
     size_t peak = generate_profile(&e, o->max_batched_tokens, L->max_model_len, L->dp, 0);
     engine_free(&e);
     return peak;
+}
+
+/* The weight bytes rank 0 reads in a step of `rows` rows: its weights
+ * but the embedding (read by row), and of its routed experts the share
+ * the rows' top-k choices reach if spread evenly (with expert parallelism
+ * every DP group's rows reach this rank's experts) */
+static double step_weights(const Model *m, const Layout *L, int rows)
+{
+    const MoeConfig *moe = &m->cfg.moe;
+    int reaching = L->ep ? rows * L->dp : rows;
+    double reach =
+        moe->n_routed_experts ? 1 - pow(1 - (double)moe->experts_per_token / moe->n_routed_experts, reaching) : 1;
+    return (double)L->part[WPART_ATTENTION] + L->part[WPART_MLP] + L->part[WPART_LM_HEAD] + reach * L->part[WPART_EXPERTS];
+}
+
+static double comm_bytes(const CommCounter c[COMM_N])
+{
+    double sent = 0;
+    for (int k = 0; k < COMM_N; k++) sent += (double)c[k].bytes;
+    return sent;
 }
 
 /* Everything about layout L that does not need the hardware, and what fits. */
@@ -304,26 +341,34 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     long long per = p->input_len || p->output_len ? (long long)p->input_len + p->output_len : L->max_model_len;
     long long running = L->kv.capacity / per;
     L->running = (int)(running < o->max_num_seqs ? running : o->max_num_seqs);
-    if (L->fits != 0) count_decode_step(o, &m, L, &eo, L->running > 0 ? L->running : 1);
+    int T = L->running > 0 ? L->running : 1, rows = o->spec.method ? 1 + o->spec.k : 1;
+    if (L->fits != 0) count_decode_step(o, &m, L, &eo, T, L->step);
+    /* a verification's collectives carry 1 + K rows per request, as a
+     * step of that many one-row requests does */
+    if (L->fits != 0 && rows > 1) count_decode_step(o, &m, L, &eo, T * rows, L->spec_step);
     /* The roofline: a step reads this rank's weights (the embedding only
      * by row; of the routed experts, the share T tokens' top-k choices
      * reach if spread evenly) and its shard of every running request's
-     * context, and sends its collectives; HBM and link bandwidth bound it. */
-    int T = L->running > 0 ? L->running : 1;
-    const MoeConfig *moe = &m.cfg.moe;
-    /* with expert parallelism every DP group's tokens reach this rank's experts */
-    int reaching = L->ep ? T * L->dp : T;
-    double reach =
-        moe->n_routed_experts ? 1 - pow(1 - (double)moe->experts_per_token / moe->n_routed_experts, reaching) : 1;
-    L->read_weights = (double)L->part[WPART_ATTENTION] + L->part[WPART_MLP] + L->part[WPART_LM_HEAD] +
-                      reach * L->part[WPART_EXPERTS];
+     * context, and sends its collectives; HBM and link bandwidth bound it.
+     * A verification step reads the context once for its 1 + K rows and
+     * the experts its (1 + K) T rows reach. */
     double context = p->input_len || p->output_len ? p->input_len + p->output_len / 2.0 : L->max_model_len;
     L->read_kv = (double)T * context / L->dcp * L->kv.bytes_per_token;
-    L->sent = 0;
-    for (int k = 0; k < COMM_N; k++) L->sent += (double)L->step[k].bytes;
+    L->read_weights = step_weights(&m, L, T);
+    L->sent = comm_bytes(L->step);
     if (p->gpu && L->running > 0) {
         L->step_s = (L->read_weights + L->read_kv) / p->gpu->hbm + L->sent / p->gpu->link;
         L->tokens_s = L->dp * T / L->step_s;
+    }
+    L->spec_rows = rows;
+    L->spec_accept = p->acceptance;
+    if (rows > 1) {
+        L->spec_read_weights = step_weights(&m, L, T * rows);
+        L->spec_sent = comm_bytes(L->spec_step);
+        if (p->gpu && L->running > 0) {
+            L->spec_step_s = (L->spec_read_weights + L->read_kv) / p->gpu->hbm + L->spec_sent / p->gpu->link;
+            L->spec_tokens_s = L->dp * T * p->acceptance / L->spec_step_s;
+        }
     }
     model_free(&m);
 }
@@ -383,6 +428,11 @@ static void print_layout(const PlanOptions *p, const Layout *L)
                "%.1f MB sent at %.0f GB/s; %.0f tokens/s\n",
                p->gpu->name, L->step_s * 1e3, L->read_weights / 1e9, L->read_kv / 1e9, p->gpu->hbm / 1e12,
                L->sent / 1e6, p->gpu->link / 1e9, L->tokens_s);
+    if (L->spec_step_s > 0)
+        printf("# estimate with %d draft(s) per request (%d rows each), %.2f tokens per verification: step %.2f ms = "
+               "%.2f GB of weights + %.2f GB of KV + %.1f MB sent; %.0f tokens/s (%.2fx)\n",
+               L->spec_rows - 1, L->spec_rows, L->spec_accept, L->spec_step_s * 1e3, L->spec_read_weights / 1e9,
+               L->read_kv / 1e9, L->spec_sent / 1e6, L->spec_tokens_s, L->spec_tokens_s / L->tokens_s);
 }
 
 /* --sweep's table: one row per layout */
@@ -451,6 +501,15 @@ static json_t *layout_json(const Layout *L)
                             json_pack("{s:f,s:f,s:f,s:f,s:f}", "decode_step_seconds", L->step_s, "tokens_per_second",
                                       L->tokens_s, "weight_bytes_read", L->read_weights, "kv_bytes_read", L->read_kv,
                                       "bytes_sent", L->sent));
+    if (L->spec_rows > 1) {
+        json_object_set_new(j, "comm_per_verification_step", comm_json(L->spec_step));
+        if (L->spec_step_s > 0)
+            json_object_set_new(j, "estimate_speculative",
+                                json_pack("{s:i,s:f,s:f,s:f,s:f,s:f}", "draft_tokens", L->spec_rows - 1,
+                                          "acceptance_length", L->spec_accept, "step_seconds", L->spec_step_s,
+                                          "tokens_per_second", L->spec_tokens_s, "weight_bytes_read",
+                                          L->spec_read_weights, "bytes_sent", L->spec_sent));
+    }
     return j;
 }
 
@@ -471,6 +530,11 @@ int main(int argc, char **argv)
     if (p.gpus && !p.sweep && !o.dp) dp = p.gpus / o.tp;
     if (!p.sweep && o.tp * dp != gpus) {
         fprintf(stderr, "dcpinfer-plan: --gpus %d is not -tp %d x -dp %d\n", gpus, o.tp, dp);
+        return 2;
+    }
+    if (o.spec.method && !(p.acceptance >= 1 && p.acceptance <= 1 + o.spec.k)) {
+        fprintf(stderr, "dcpinfer-plan: --speculative-config with %d draft(s): give --acceptance-length A, the tokens "
+                        "a verification outputs on average, from 1 to %d\n", o.spec.k, 1 + o.spec.k);
         return 2;
     }
     Config cfg;
