@@ -909,6 +909,62 @@ TGT_AVX512 static void avx512_f32_gemv_rows(float *y, const float *x, const floa
         y[n] = avx512_f32_dot_finish(a, x, wn, K16, K);
     }
 }
+/* A few activation rows (2 to ROWS_MAX: a step verifying drafts, a small
+ * batch) against fp32 weight rows stored whole: each weight row is read
+ * once, as the GEMV reads it, and each load of it feeds every activation
+ * row's chain, two weight rows at a time (four at a time, or three for
+ * six rows and more, read no faster). Each output element is still one 16-lane chain over k
+ * in order and dot_finish, so its bits are the GEMV's and the tiles'. */
+#define ROWS_MAX 8
+TGT_AVX512 static inline __attribute__((always_inline)) void avx512_f32_rows_t(float *y, size_t ldy, const float *x,
+                                                                               const float *w, int n0, int n1, int K,
+                                                                               const int T, const int NW)
+{
+    int K16 = K & ~15, n = n0;
+    for (; n + NW <= n1; n += NW) {
+        const float *wn = w + (size_t)n * K;
+        __m512 a[4][ROWS_MAX];
+#pragma GCC unroll 4
+        for (int j = 0; j < NW; j++)
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) a[j][t] = _mm512_setzero_ps();
+        for (int k = 0; k < K16; k += 16) {
+            __m512 b[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < NW; j++) {
+                _mm_prefetch((const char *)(wn + (size_t)j * K + k) + GEMV_AHEAD, _MM_HINT_T1);
+                b[j] = _mm512_loadu_ps(wn + (size_t)j * K + k);
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                __m512 xv = _mm512_loadu_ps(x + (size_t)t * K + k);
+#pragma GCC unroll 4
+                for (int j = 0; j < NW; j++) a[j][t] = _mm512_fmadd_ps(xv, b[j], a[j][t]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < NW; j++)
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++)
+                y[t * ldy + n + j] = avx512_f32_dot_finish(a[j][t], x + (size_t)t * K, wn + (size_t)j * K, K16, K);
+    }
+    for (; n < n1; n++)
+        for (int t = 0; t < T; t++) avx512_f32_gemv_rows(y + t * ldy, x + (size_t)t * K, w, n, n + 1, 0, K, 0);
+}
+/* rows y[0 .. T) (ldy apart), columns [n0, n1), 2 <= T <= ROWS_MAX */
+TGT_AVX512 static void avx512_f32_rows(float *y, size_t ldy, const float *x, const float *w, int n0, int n1, int K,
+                                       int T)
+{
+    switch (T) {
+    case 2: avx512_f32_rows_t(y, ldy, x, w, n0, n1, K, 2, 2); break;
+    case 3: avx512_f32_rows_t(y, ldy, x, w, n0, n1, K, 3, 2); break;
+    case 4: avx512_f32_rows_t(y, ldy, x, w, n0, n1, K, 4, 2); break;
+    case 5: avx512_f32_rows_t(y, ldy, x, w, n0, n1, K, 5, 2); break;
+    case 6: avx512_f32_rows_t(y, ldy, x, w, n0, n1, K, 6, 2); break;
+    case 7: avx512_f32_rows_t(y, ldy, x, w, n0, n1, K, 7, 2); break;
+    default: avx512_f32_rows_t(y, ldy, x, w, n0, n1, K, 8, 2); break;
+    }
+}
 /* bf16's: R (<= 6) rows at once, one 16-lane chain each, from AVX2's
  * groups of six (one run of memory: rs = 16, ks = 6) or rows stored whole
  * (rs = K, ks = 1; those under 4 KiB fetch the next R rows into L2 as one
@@ -1345,13 +1401,16 @@ static const struct {
     size_t (*tile_floats)(int K);
     int (*block_rows)(int K, size_t esize);
     size_t (*block_floats)(int n, int K);
+    /* 2 to ROWS_MAX activation rows against fp32 rows stored whole, each
+     * weight row read once; or NULL */
+    void (*f32_rows)(float *y, size_t ldy, const float *x, const float *w, int n0, int n1, int K, int T);
 } isas[] = {
     {"generic", gen_f32_block, gen_bf16_block, gen_f32_attend, gen_bf16_attend, gen_f8_attend, gen_dequant, NULL, 0, 3, NULL, NULL, NULL,
-     NULL},
+     NULL, NULL},
     {"avx2", avx2_f32_block, avx2_bf16_block, avx2_f32_attend, avx2_bf16_attend, avx2_f8_attend, avx2_dequant, avx2_qgemv, 16, 6, avx2_pack_tile,
-     avx2_tile_floats, avx2_block_rows, avx2_block_floats},
+     avx2_tile_floats, avx2_block_rows, avx2_block_floats, NULL},
     {"avx512", avx512_f32_block, avx512_bf16_block, avx512_f32_attend, avx512_bf16_attend, avx512_f8_attend, avx512_dequant, avx512_qgemv, 16, 6,
-     avx2_pack_tile, avx2_tile_floats, avx2_block_rows, avx2_block_floats},
+     avx2_pack_tile, avx2_tile_floats, avx2_block_rows, avx2_block_floats, avx512_f32_rows},
 };
 enum { ISA_GENERIC, ISA_AVX2, ISA_AVX512, ISA_AUTO = -1 };
 static int isa = ISA_AUTO;
@@ -1437,6 +1496,17 @@ void gemm_invariant(float *y, const float *x, WeightRef w, int T, int in, int ou
             int nt = omp_get_num_threads(), me = omp_get_thread_num();
             int r0 = (int)((long)out * me / nt), r1 = (int)((long)out * (me + 1) / nt);
             isas[isa].qgemv(y, x, w, r0, r1, in);
+        }
+        return;
+    }
+    if (w.dtype == DTYPE_F32 && !G && T >= 2 && T <= ROWS_MAX && isas[isa].f32_rows) {
+        /* a few rows: the weights streamed once for all of them */
+        int parallel_rows = (long)T * in * out > 100000;
+#pragma omp parallel if (parallel_rows)
+        {
+            int nt = omp_get_num_threads(), me = omp_get_thread_num();
+            int r0 = (int)((long)out * me / nt), r1 = (int)((long)out * (me + 1) / nt);
+            isas[isa].f32_rows(y, (size_t)out, x, w.data, r0, r1, in, T);
         }
         return;
     }
