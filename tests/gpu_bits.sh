@@ -7,7 +7,8 @@
 # request alone gives what it gives in a batch of 9. For a DeepSeek-V3
 # model in every weight format (fp32, bf16, FP8 blocks, INT4 experts,
 # NVFP4 experts) and a grouped-query Llama model (8 query heads on one KV
-# head, so that dcp reaches 4 at tp 4) in fp32 and bf16.
+# head, so that dcp reaches 4 at tp 4) in fp32 and bf16. n-gram
+# speculative decoding gives the bits of the run without it.
 # Skips without the CUDA backend; a HIP-CPU build runs the kernels on the
 # CPU in every suite (scripts/test.sh), a GPU in scripts/gpu-check.sh.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
@@ -60,6 +61,46 @@ for m in gqa gqa-bf16 v3 v3-bf16 v3-fp8 v3-int4 v3-nvfp4; do
         fail "$m: request s4 alone differs from s4 in the batch of 9"
     else
         pass "$m: request s4 alone gives its bits in the batch of 9"
+    fi
+done
+# speculative decoding on the GPU backend: n-gram drafts verified as
+# chunks (split-KV attention over a chunk's rows, the LM head's rows) give
+# the bits of the run without them, at one rank and -tp 4 -dcp 4; the
+# prompts hold a stale copy of the chain a --branch-scale model writes
+# (tests/spec_decode.sh), so drafts are both accepted and rejected
+"$MKMODEL" --out "$WORK/chain" --arch deepseek_v3 --layers 2 --dim 64 --heads 8 --hidden 128 --vocab 512 \
+    --first-dense 1 --q-lora-rank 24 --norm-topk-prob --branch-scale 0.01 >/dev/null
+seed_ids() { awk -v i=$1 'BEGIN { for (j = 0; j < 8; j++) printf "%s%d", j ? ", " : "", 3 + (j * 37 + i * 101 + 5) % 509 }'; }
+for i in 0 1 2 3; do
+    echo "{\"id\": \"c$i\", \"prompt_token_ids\": [$(seed_ids $i)], \"max_tokens\": 48, \"temperature\": 0, \"ignore_eos\": true}"
+done >"$WORK/seeds.jsonl"
+NP=1 run_dcp chain $RUN --model "$WORK/chain" --output "$WORK/chain.jsonl" "$WORK/seeds.jsonl"
+for i in 0 1 2 3; do
+    copy=$(token_ids "$WORK/chain.jsonl" c$i | awk -F, -v OFS=", " '{ for (k = 9; k <= NF; k += 9) $k = 3 + ($k + 1) % 509; $1 = $1; print }')
+    t=$([ $i = 1 ] && echo 0.3 || echo 0)
+    echo "{\"id\": \"c$i\", \"prompt_token_ids\": [$(seed_ids $i), $copy, $(seed_ids $i)], \"max_tokens\": 40, \"temperature\": $t, \"seed\": $i, \"logprobs\": 2}"
+done >"$WORK/spec.jsonl"
+SPEC='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+plain() { untimed "$1" | sed -E 's/,"spec_(draft|accepted)_tokens":[0-9]+//g'; }
+NP=1 run_dcp spec-base $RUN --model "$WORK/chain" --output "$WORK/spec-base.jsonl" "$WORK/spec.jsonl"
+plain "$WORK/spec-base.jsonl" >"$WORK/spec-base.want"
+for layout in "1" "4 -tp 4 -dcp 4"; do
+    np=${layout%% *}
+    args=${layout#"$np"}
+    name=spec-$np
+    checks=$((checks + 1))
+    NP=$np run_dcp $name $RUN --model "$WORK/chain" $args --speculative-config "$SPEC" --output "$WORK/$name.jsonl" \
+        "$WORK/spec.jsonl"
+    a=$(grep -o '"spec_accepted_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
+    d=$(grep -o '"spec_draft_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
+    if [ "$(cat "$WORK/$name.rc")" != 0 ] || [ "$(cat "$WORK/spec-base.rc")" != 0 ]; then
+        fail "speculation -np $np$args: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" "$WORK/spec-base.err" >&2
+    elif ! plain "$WORK/$name.jsonl" | cmp -s - "$WORK/spec-base.want"; then
+        fail "speculation -np $np$args: the results differ from the run without it"
+    elif ! [ "$a" -gt 0 ] || ! [ "$a" -lt "$d" ]; then
+        fail "speculation -np $np$args: $a of $d drafts accepted: not both accepted and rejected"
+    else
+        pass "speculation -np $np$args: the bits of the run without it, $a of $d drafts accepted"
     fi
 done
 # the draws are near their edges: bf16 weights (another rounding of the
