@@ -1,0 +1,80 @@
+#!/bin/bash
+# Benchmark (not a test): decode tokens/s without speculative decoding and
+# with n-gram drafts (--speculative-config, method ngram) at K = 2, 4 and 6,
+# side by side in one run, on one rank, over a trace whose outputs repeat
+# parts of their prompts, as agentic tool calls copy tool results.
+#
+# The model has stories110M's shape (12 layers, dim 768, 12 heads, hidden
+# 2048, vocab 32000; random weights). Its o_proj and down_proj are scaled
+# down (dcpinfer-mkmodel --branch-scale), so that each token's successor
+# follows from the token itself and a greedy chain is continued wherever a
+# prompt holds it; the compute per step is that of the full model. A first
+# run gives each seed's greedy chain; a request's prompt is then its seed,
+# a stale copy of the chain (every CHANGE-th token changed, as a tool
+# result that differs here and there from what is written next) and the
+# seed again, and the model writes the chain: drafts from the copy are
+# accepted up to a changed token. Decode is bound by reading the weights,
+# so a step of K + 1 rows costs little more than one of one row.
+#
+# Prints per K: decode tokens/s (decode-only steps), the mean acceptance
+# length, the acceptance rate, the ratio to the run without, and the mean
+# milliseconds of a one-row step and of a step of K + 1 rows (/steps);
+# every run's output tokens must be the run's without speculation
+# (checked).
+#   N=4 requests, SEQS=1 decoding at a time, MAX_TOKENS=128 each,
+#   CHANGE=8, KS="2 4 6"
+set -u
+. "$(dirname "$0")/setup.sh"
+bench_start
+[ -n "${KEEP:-}" ] && trap - EXIT && echo "# work folder: $W"
+N=${N:-4}
+SEQS=${SEQS:-1}
+MAX_TOKENS=${MAX_TOKENS:-128}
+CHANGE=${CHANGE:-8}
+KS=${KS:-2 4 6}
+
+"$B/dcpinfer-mkmodel" --out "$W/model" --layers 12 --dim 768 --heads 12 --kv-heads 12 --hidden 2048 --vocab 32000 \
+    --max-len 2048 --seed 15 --branch-scale 0.002 >/dev/null || exit 1
+seed_ids() { awk -v i="$1" 'BEGIN { srand(100 + i); for (j = 0; j < 16; j++) printf "%s%d", j ? ", " : "", int(rand() * 32000) }'; }
+for i in $(seq 0 $((N - 1))); do
+    echo "{\"id\": \"r$i\", \"prompt_token_ids\": [$(seed_ids "$i")], \"max_tokens\": $((MAX_TOKENS + 16)), \"temperature\": 0}"
+done >"$W/seeds.jsonl"
+mpirun --bind-to none -np 1 "$B/dcpinfer" --model "$W/model" --quiet --output "$W/chains.jsonl" "$W/seeds.jsonl" >/dev/null ||
+    exit 1
+for i in $(seq 0 $((N - 1))); do
+    chain=$(grep "\"id\":\"r$i\"" "$W/chains.jsonl" | grep -o '"token_ids":\[[^]]*\]' | sed 's/.*\[//; s/\]//' |
+        awk -F, -v OFS=", " -v c="$CHANGE" '{ for (k = c; k <= NF; k += c) $k = ($k + 1) % 32000; $1 = $1; print }')
+    echo "{\"id\": \"r$i\", \"prompt_token_ids\": [$(seed_ids "$i"), $chain, $(seed_ids "$i")], \"max_tokens\": $MAX_TOKENS, \"temperature\": 0}"
+done >"$W/trace.jsonl"
+
+rate() { sed -n 's/^# decode-only steps: .* tokens\/s$/&/p' "$1" | sed 's/.*: \([0-9.]*\) tokens\/s$/\1/'; }
+numbers() { h5dump -y -d "$2" "$1" | sed -n '/DATA {/,/}/p' | sed '1d;$d' | tr -c '0-9.eE+\n-' ' ' | tr -s ' \n' '\n' | grep .; }
+# the mean ms of the decode-only steps of ROWS rows per request (one running)
+step_ms() {
+    paste <(numbers "$1" /steps/decode_tokens) <(numbers "$1" /steps/prefill_tokens) <(numbers "$1" /steps/seconds) |
+        awk -v r="$2" '$1 == r && $2 == 0 { s += $3; n++ } END { if (n) printf "%.1f", 1000 * s / n; else print "-" }'
+}
+run() { # NAME ARGS...
+    local name=$1; shift
+    mpirun --bind-to none -np 1 "$B/dcpinfer" --model "$W/model" --max-num-seqs "$SEQS" --output "$W/$name.h5" "$@" \
+        "$W/trace.jsonl" >"$W/$name.out" 2>"$W/$name.err" || { cat "$W/$name.err" >&2; exit 1; }
+}
+echo "# dcpinfer speculative decoding benchmark: $N requests x $MAX_TOKENS tokens, $SEQS decoding at a time, stories110M shape (fp32), 1 rank, $(nproc) cores"
+echo "# trace: prompts of $((16 + MAX_TOKENS + 16 + 16)) tokens holding a copy of the output with every ${CHANGE}th token changed"
+run none
+base=$(rate "$W/none.out")
+numbers "$W/none.h5" /requests/output_tokens >"$W/none.tokens"
+printf "# %-12s %13s %18s %16s %7s %9s %11s %s\n" speculation "decode tok/s" "mean accept. len." "acceptance rate" \
+    ratio "1-row ms" "K+1-row ms" outputs
+printf "  %-12s %13s %18s %16s %7s %9s %11s\n" none "$base" - - 1.00 "$(step_ms "$W/none.h5" 1)" -
+for K in $KS; do
+    run k$K --speculative-config "{\"method\": \"ngram\", \"num_speculative_tokens\": $K, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}"
+    r=$(rate "$W/k$K.out")
+    line=$(grep '^# speculative decoding' "$W/k$K.out")
+    len=$(echo "$line" | sed 's/.*mean acceptance length \([0-9.]*\);.*/\1/')
+    acc=$(echo "$line" | sed 's/.* accepted (\([0-9.]*%\)).*/\1/')
+    same=$(numbers "$W/k$K.h5" /requests/output_tokens | cmp -s - "$W/none.tokens" && echo same || echo DIFFERENT)
+    printf "  %-12s %13s %18s %16s %7s %9s %11s %s\n" "ngram K=$K" "$r" "$len" "$acc" \
+        "$(awk -v a="$r" -v b="$base" 'BEGIN { printf "%.2f", a / b }')" "$(step_ms "$W/k$K.h5" 1)" \
+        "$(step_ms "$W/k$K.h5" $((K + 1)))" "$same"
+done
