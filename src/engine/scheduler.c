@@ -208,7 +208,7 @@ static void add_chunk(Scheduler *s, StepPlan *p, int r, int n, const int *drafte
     p->samples[p->nc] = q->computed + n == seq_len(s, r);
     p->drafts[p->nc] = d;
     for (int j = 0; j < n; j++) p->tokens[p->T + j] = token_at(s, r, q->computed + j);
-    memcpy(p->tokens + p->T + n, drafted, sizeof(int) * (size_t)d);
+    if (d) memcpy(p->tokens + p->T + n, drafted, sizeof(int) * (size_t)d);
     if (n == 1 && q->computed >= s->rs->r[r].n_prompt) p->decode_tokens += 1 + d;
     else p->prefill_tokens += n;
     p->spec_drafted += d;
@@ -237,6 +237,14 @@ static int draft(Scheduler *s, int r, int room, int *out)
     return spec_ngram_propose(s->context, len, s->spec.lookup_min, s->spec.lookup_max, k, out);
 }
 
+/* The blocks request r lacks for its pending tokens and d more */
+static int missing_blocks(const Scheduler *s, int r, int d)
+{
+    const SeqState *q = &s->seq[r];
+    int m = kv_blocks_for(s->topo, seq_len(s, r) + d, s->pool->block_size) - q->table.n;
+    return m > 0 ? m : 0;
+}
+
 int scheduler_plan(Scheduler *s, StepPlan *p)
 {
     p->nc = p->T = p->R = p->prefill_tokens = p->decode_tokens = p->preempted = p->cached_tokens = 0;
@@ -245,14 +253,19 @@ int scheduler_plan(Scheduler *s, StepPlan *p)
     if (s->done == s->rs->n) return 0;
     int budget = s->max_batched_tokens, B = s->pool->block_size;
     long long before = s->preemptions;
+    /* the blocks the running requests' pending tokens still need: drafts
+     * take only blocks that none of them needs, so they never preempt */
+    int later = 0;
+    for (int i = 0; s->spec.method && i < s->n_running; i++) later += missing_blocks(s, s->running[i], 0);
     /* running requests, oldest first: their pending tokens */
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         int r = s->running[i];
         SeqState *q = &s->seq[r];
         int n = seq_len(s, r) - q->computed;
         if (n > budget) n = budget;
-        /* drafts take blocks only where they are free: they never preempt */
         int d = draft(s, r, budget - n, drafted);
+        if (s->spec.method) later -= missing_blocks(s, r, 0);
+        if (d && s->pool->n_free - missing_blocks(s, r, d) < later) d = 0;
         if (d && table_reserve(s->pool, &q->table, kv_blocks_for(s->topo, q->computed + n + d, B)) != 0) d = 0;
         int need = kv_blocks_for(s->topo, q->computed + n, B);
         while (table_reserve(s->pool, &q->table, need) != 0) {
