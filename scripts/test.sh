@@ -158,13 +158,15 @@ hip_cpu_suite
 (
     export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     export DCP_FUZZ_SECONDS=${DCP_FUZZ_SECONDS:-10}
-    # every test but three that take long under the sanitizers and whose
+    # every test but four that take long under the sanitizers and whose
     # checks they add nothing to: ux.sh (progress lines, summaries and
     # interruption at a terminal), stories_layouts.sh (the layouts' tokens,
-    # which parallel.sh and layout_bits.sh run under the sanitizers too) and
+    # which parallel.sh and layout_bits.sh run under the sanitizers too),
     # quant_memory.sh (resident memory, which ASan's shadow memory inflates)
+    # and spec_long.sh (an 8,192-token prompt through the code that
+    # spec_decode.sh runs under the sanitizers at every layout)
     san_tests=$(make -s -C "$TOP/build" print-tests 2>/dev/null | tr ' ' '\n' |
-        grep -vxE 'tests/(ux|stories_layouts|quant_memory)\.sh' | tr '\n' ' ')
+        grep -vxE 'tests/(ux|stories_layouts|quant_memory|spec_long)\.sh' | tr '\n' ' ')
     run_suite sanitizers "$TOP/build-sanitizers" "--enable-sanitizers" "$san_tests"
     echo "$passed $failed $skipped" >"$TOP/build-sanitizers/counts"
 )

@@ -231,7 +231,7 @@ static int drive_target(Scheduler *s, StepPlan *p)
             if (!p->samples[i]) continue;
             int r = p->req[i], d = p->drafts[i], len = s->rs->r[r].n_prompt + s->res[r].n;
             memcpy(ctx, s->rs->r[r].prompt_tokens, sizeof(int) * (size_t)s->rs->r[r].n_prompt);
-            memcpy(ctx + s->rs->r[r].n_prompt, s->res[r].tokens, sizeof(int) * (size_t)s->res[r].n);
+            if (s->res[r].n) memcpy(ctx + s->rs->r[r].n_prompt, s->res[r].tokens, sizeof(int) * (size_t)s->res[r].n);
             for (int j = 0; j <= d; j++) {
                 sampled[p->row_end[i] - 1 - d + j] = copy_target(ctx, len);
                 if (j < d) ctx[len++] = p->tokens[t0 + p->chunks[i].n - d + j];
