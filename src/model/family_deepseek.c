@@ -173,6 +173,22 @@ int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, TensorSpec 
     return n + moe_tensors(c, s, l, &w->moe, out + n);
 }
 
+int mtp_tensors(const Config *c, const Shard *s, int l, MtpLayer *w, TensorSpec *out)
+{
+    MtpLayer dummy = {0};
+    if (!w) w = &dummy;
+    int n = 0, dim = c->dim, V = c->vocab_size;
+    Shard whole;
+    s = shard_or_whole(c, s, &whole);
+    ADD("enorm.weight", 0, dim, &w->enorm);
+    ADD("hnorm.weight", 0, dim, &w->hnorm);
+    MADD("eh_proj.weight", dim, 2 * dim, &w->eh_proj);
+    ADD("shared_head.norm.weight", 0, dim, &w->head_norm);
+    MSLICE("shared_head.head.weight", V, dim, &w->head, s->vocab0, s->vocab, 0, dim);
+    if (l == c->n_layers) MSLICE("embed_tokens.weight", V, dim, &w->embed, s->vocab0, s->vocab, 0, dim);
+    return n;
+}
+
 /* kv_b_proj's rows of each of this rank's heads, W_uk (nope, kv_lora) then
  * W_uv (v, kv_lora), rearranged into the absorbed form's two stacks: uk_t,
  * each head's W_uk transposed (kv_lora, nope), then uv, each head's W_uv;

@@ -114,8 +114,12 @@ typedef struct {
     MoeConfig moe;     /* the mixture-of-experts layers of DeepSeek, Qwen3-MoE and GLM-4.5 */
     QuantConfig quant; /* stored formats of the matrices */
     int mtp_layers;    /* num_nextn_predict_layers: multi-token-prediction layers after the last (DeepSeek-V3,
-                        * GLM-4.5), skipped */
+                        * GLM-4.5); skipped unless loaded */
+    int mtp_loaded;    /* of them, loaded as layer n_layers on (speculative decoding with "mtp"): 0 or 1 */
 } Config;
+
+/* The decoder layers a model holds: its n_layers and a loaded MTP layer */
+static inline int layers_held(const Config *c) { return c->n_layers + c->mtp_loaded; }
 
 
 /* The weight tensors, named by role; their full shapes follow from Config. */

@@ -31,6 +31,8 @@ int mkmodel_check_spec(const ModelSpec *s)
     if (D % 2) return dcp_fail("head dim %d must be even for RoPE", D);
     if (s->arch < 0 || s->arch >= arch_count) return dcp_fail("unknown architecture %d", s->arch);
     const Arch *a = &arch_table[s->arch];
+    if (s->mtp_layers && (!a->mla || s->mtp_layers < 0 || s->mtp_layers > 4))
+        return dcp_fail("--mtp-layers %d: DeepSeek architectures take 0 to 4", s->mtp_layers);
     if (s->attention_bias && !a->attention_bias)
         return dcp_fail("--attention-bias: %s has no attention_bias field", a->name);
     if (s->mlp_bias && !a->mlp_bias) return dcp_fail("--mlp-bias: %s has no mlp_bias field", a->name);
@@ -63,6 +65,7 @@ void mkmodel_config(const ModelSpec *s, Config *c)
     c->dim = s->dim;
     c->hidden_dim = s->hidden;
     c->n_layers = s->layers;
+    c->mtp_layers = s->mtp_layers;
     c->n_heads = s->heads;
     c->n_kv_heads = s->kv_heads;
     c->head_dim = s->head_dim ? s->head_dim : s->dim / s->heads;

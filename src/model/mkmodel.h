@@ -34,6 +34,7 @@ typedef struct {
                               many columns (bf16 scales), as Kimi K2's; 0: float32 */
     int nvfp4;             /* write the routed experts as NVFP4: 1 as compressed-tensors, 2 as ModelOpt */
     int kimi_k25;          /* wrap a DeepSeek-V3 model as Kimi K2.5's multimodal checkpoint */
+    int mtp_layers;        /* DeepSeek: multi-token-prediction layers after the last (num_nextn_predict_layers) */
     /* GLM-4.5 (arch glm4_moe): per-head q/k norms (use_qk_norm), and the
      * share of each head RoPE rotates (0: its default, 0.5) */
     int qk_norm;

@@ -181,6 +181,16 @@ static int write_safetensors(const ModelSpec *s, const char *path, const TensorR
  * the name. */
 static void mla_values(const ModelSpec *s, const char *name, int rows, int cols, float *out)
 {
+    /* an MTP layer's embedding and head are copies of the model's, as in
+     * DeepSeek's checkpoints; with --branch-scale its eh_proj passes the
+     * normed embedding through ([I 0]), so that it predicts a token's
+     * successor as the model's chain does */
+    if (strstr(name, ".embed_tokens.") && strcmp(name, "model.embed_tokens.weight")) name = "model.embed_tokens.weight";
+    if (strstr(name, ".shared_head.head.")) name = s->tied ? "model.embed_tokens.weight" : "lm_head.weight";
+    if (strstr(name, ".eh_proj.") && s->branch_scale > 0.0f) {
+        for (size_t i = 0; i < (size_t)rows * cols; i++) out[i] = i % (size_t)cols == i / (size_t)cols;
+        return;
+    }
     uint64_t st = fnv1a(s->seed * 0x100000001B3ull, name, strlen(name));
     splitmix64(&st);
     int norm = strstr(name, "norm") != NULL, bias = strstr(name, "correction_bias") != NULL;
@@ -314,13 +324,15 @@ static int write_named(const ModelSpec *s, const char *dir, int bf16)
     Config c;
     mkmodel_config(s, &c);
     TensorSpec *mt = xmalloc(sizeof(TensorSpec) * (size_t)(layer_max_tensors(&c) + T_COUNT));
-    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(4 * (layer_max_tensors(&c) + T_COUNT) * c.n_layers + 8));
+    int layers = c.n_layers + (c.mla ? s->mtp_layers : 0);
+    NamedTensor *t = xmalloc(sizeof(NamedTensor) * (size_t)(4 * (layer_max_tensors(&c) + T_COUNT) * layers + 8));
     int n = 0, B = s->fp8_block, G = s->int4_group;
     t[n++] = (NamedTensor){"model.embed_tokens.weight", c.vocab_size, c.dim, NT_F32};
-    for (int l = 0; l < c.n_layers; l++) {
-        int k = c.mla ? mla_tensors(&c, NULL, l, NULL, mt) : moe_layer_tensors(&c, l, mt);
+    for (int l = 0; l < layers; l++) {
+        int k = c.mla ? mla_tensors(&c, NULL, l, NULL, mt) : moe_layer_tensors(&c, l, mt), own = k;
+        if (l >= c.n_layers) k += mtp_tensors(&c, NULL, l, NULL, mt + k); /* an MTP layer's own: float32 */
         for (int i = 0; i < k; i++) {
-            int matrix = mt[i].rows && !strstr(mt[i].name, "mlp.gate.weight");
+            int matrix = mt[i].rows && !strstr(mt[i].name, "mlp.gate.weight") && i < own;
             NamedTensor x = {"", mt[i].rows, mt[i].cols, NT_F32};
             snprintf(x.name, sizeof x.name, "%s", mt[i].name);
             if (s->nvfp4 && matrix && routed_expert(mt[i].name)) { /* NVFP4: packed, scales, global (, input) */
@@ -543,6 +555,7 @@ static int write_mla_config(const ModelSpec *s, const char *dir, int bf16)
     else
         fprintf(f, "  \"topk_method\": \"%s\",\n",
                 moe->route == ROUTE_GROUP_LIMITED_GREEDY ? "group_limited_greedy" : "greedy");
+    if (s->mtp_layers) fprintf(f, "  \"num_nextn_predict_layers\": %d,\n", s->mtp_layers);
     if (!s->kimi_k25) fputs(quant, f);
     write_rope(f, s);
     fprintf(f, "  \"attention_bias\": false,\n");

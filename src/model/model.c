@@ -267,14 +267,15 @@ int model_read_config(const char *path, Config *cfg)
     return read_llama2c_config(path, cfg);
 }
 
-int layer_max_tensors(const Config *c) { return 16 + 3 * c->moe.n_routed_experts; }
+int layer_max_tensors(const Config *c) { return 16 + MTP_TENSORS + 3 * c->moe.n_routed_experts; }
 
-/* Multi-token-prediction layers (indices from num_hidden_layers on) are
- * not used: generation predicts one token at a time. */
+/* Multi-token-prediction layers (indices from num_hidden_layers on) that
+ * are not loaded (Config.mtp_loaded: the first of them with speculative
+ * decoding's "mtp"; the tensors of that one are checked by name). */
 static int mtp_tensor(const Config *c, const char *name)
 {
     int l;
-    return (c->mla || c->mtp_layers) && sscanf(name, "model.layers.%d.", &l) == 1 && l >= c->n_layers;
+    return (c->mla || c->mtp_layers) && sscanf(name, "model.layers.%d.", &l) == 1 && l >= layers_held(c);
 }
 
 /* ---- the checkpoint against the config --------------------------------- */
@@ -375,12 +376,13 @@ static const StTensor *kv_scale_tensor(const StCheckpoint *ck, int l, char kv, c
 static int read_kv_scales(const char *path, const StCheckpoint *ck, const Config *c, float *to, char (*names)[160],
                           int *n_names)
 {
-    for (int l = 0; l < c->n_layers; l++)
+    for (int l = 0; l < layers_held(c); l++)
         for (int k = 0; k < 2; k++) {
             char name[160];
             const StTensor *t = kv_scale_tensor(ck, l, "kv"[k], name, sizeof name);
             float v = 1;
-            if (!t && (k == 0 || !c->mla))
+            /* an MTP layer's scales may be left out: 1 */
+            if (!t && (k == 0 || !c->mla) && l < c->n_layers)
                 return dcp_fail("%s: tensor 'model.layers.%d.self_attn.%c_scale' (or its %c_proj's) not found: "
                                 "the quantization config says the KV cache is FP8 with the checkpoint's scales",
                                 path, l, "kv"[k], "kv"[k]);
@@ -430,7 +432,7 @@ int model_check_checkpoint(const char *path, const Config *c)
     int n_names = 0, rc = 0;
     int named = c->mla || c->moe.n_routed_experts; /* tensors by name: MLA layers, the dense family's experts */
     size_t per_layer = named ? 3 * (size_t)layer_max_tensors(c) + T_COUNT : T_COUNT; /* and quantization's */
-    char (*names)[160] = xmalloc(sizeof *names * (per_layer * (c->n_layers + 1) + T_COUNT));
+    char (*names)[160] = xmalloc(sizeof *names * (per_layer * (layers_held(c) + 1) + T_COUNT));
     TensorSpec *mt = named ? xmalloc(sizeof(TensorSpec) * per_layer) : NULL;
     QuantRules *rules = NULL;
     QuantFormat qf = {0};
@@ -440,8 +442,17 @@ int model_check_checkpoint(const char *path, const Config *c)
         snprintf(cfg, sizeof cfg, "%s/config.json", path);
         if (!(rules = quant_rules_read(cfg))) rc = -1;
     }
-    for (int l = 0; named && l < c->n_layers && !rc; l++) {
+    for (int l = 0; named && l < layers_held(c) && !rc; l++) {
         int n = c->mla ? mla_tensors(c, NULL, l, NULL, mt) : MOE_LAYER(c, l) ? moe_tensors(c, NULL, l, NULL, mt) : 0;
+        if (l >= c->n_layers) {
+            n += mtp_tensors(c, NULL, l, NULL, mt + n);
+            if (!st_find(&ck, mt[n - 1].name)) { /* its embed_tokens: the one tensor no decoder layer has */
+                rc = dcp_fail("%s: config.json says num_nextn_predict_layers %d, but the checkpoint has no '%s': "
+                              "its MTP layer was left out, so speculative decoding cannot use \"mtp\"",
+                              path, c->mtp_layers, mt[n - 1].name);
+                break;
+            }
+        }
         for (int i = 0; i < n && !rc; i++) {
             const StTensor *t = st_find(&ck, mt[i].name);
             int vector = mt[i].rows == 0;
@@ -957,6 +968,8 @@ static int load_spec_matrix(Source *src, Model *m, const TensorSpec *mt, const S
 static WeightPart spec_part(const char *name)
 {
     if (strstr(name, ".self_attn.") || strstr(name, ".input_layernorm.")) return WPART_ATTENTION;
+    if (strstr(name, ".embed_tokens.")) return WPART_EMBED;
+    if (strstr(name, ".shared_head.head.")) return WPART_LM_HEAD;
     if (strstr(name, ".mlp.experts.") || strstr(name, ".mlp.gate.")) return WPART_EXPERTS;
     return WPART_MLP;
 }
@@ -1033,20 +1046,23 @@ static int load_layers(Source *src, Model *m)
 {
     const Config *c = &m->cfg;
     Weights *w = &m->w;
-    if (c->mla) w->mla = xcalloc((size_t)c->n_layers, sizeof(MlaLayer));
+    if (c->mla) w->mla = xcalloc((size_t)layers_held(c), sizeof(MlaLayer));
     else w->moe = xcalloc((size_t)c->n_layers, sizeof(MoeLayer));
     TensorSpec *mt = xmalloc(sizeof(TensorSpec) * (size_t)layer_max_tensors(c));
     int rc = 0;
-    for (int l = 0; l < c->n_layers && !rc; l++) /* the dense family's layers without experts: none named */
+    for (int l = 0; l < layers_held(c) && !rc; l++) /* the dense family's layers without experts: none named */
         rc = load_named(src, m, mt,
                         c->mla            ? mla_tensors(c, &m->shard, l, &w->mla[l], mt)
                         : MOE_LAYER(c, l) ? moe_tensors(c, &m->shard, l, &w->moe[l], mt)
                                           : 0);
-    for (int l = 0; c->mla && l < c->n_layers && !rc; l++) mla_fold_kv_b(m, &w->mla[l]);
+    /* an MTP layer's own tensors (its embedding and head count as the
+     * main ones do) */
+    for (int l = c->n_layers; l < layers_held(c) && !rc; l++) rc = load_named(src, m, mt, mtp_tensors(c, &m->shard, l, &w->mtp, mt));
+    for (int l = 0; c->mla && l < layers_held(c) && !rc; l++) mla_fold_kv_b(m, &w->mla[l]);
     free(mt);
     if (!rc && c->quant.kv_fp8) {
         w->part = WPART_ATTENTION;
-        w->kv_scale = owned_alloc(w, sizeof(float) * 2 * (size_t)c->n_layers);
+        w->kv_scale = owned_alloc(w, sizeof(float) * 2 * (size_t)layers_held(c));
         if (!w->sizing && !src->bare) rc = read_kv_scales(src->path, &src->ck, c, w->kv_scale, NULL, NULL);
         if (w->sizing) w->kv_scale = NULL;
     }
@@ -1165,20 +1181,24 @@ int model_read_any_config(const char *path, Config *c)
 /* model_load_as, or with sizing model_size: the same calls, in the same
  * order, counting the same bytes (Weights.sizing) */
 static int load(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype,
-                int bf16_group, int sizing)
+                int bf16_group, int sizing, int mtp)
 {
     memset(m, 0, sizeof *m);
     m->bf16_group = bf16_group;
     m->w.sizing = sizing;
     int bare = sizing && bare_config(path);
+    if (bare ? model_read_any_config(path, &m->cfg) : model_read_config(path, &m->cfg)) return -1;
+    if (mtp && !(m->cfg.mla && m->cfg.mtp_layers > 0))
+        return dcp_fail("%s: speculative decoding with \"mtp\" needs a DeepSeek model with multi-token-prediction "
+                        "layers (num_nextn_predict_layers > 0); this one has %s",
+                        path ? path : "(generated default model)", m->cfg.mla ? "none" : "a different architecture");
+    m->cfg.mtp_loaded = mtp ? 1 : 0;
     if (bare) {
         /* "auto": as the config says the checkpoint stores its tensors */
-        if (model_read_any_config(path, &m->cfg) ||
-            model_gemm_dtype(NULL, &m->cfg, strcmp(dtype, "auto") ? dtype : m->cfg.stored_bf16 ? "bfloat16" : "float32",
+        if (model_gemm_dtype(NULL, &m->cfg, strcmp(dtype, "auto") ? dtype : m->cfg.stored_bf16 ? "bfloat16" : "float32",
                              &m->gemm_dtype))
             return -1;
-    } else if (model_read_config(path, &m->cfg) || model_check_checkpoint(path, &m->cfg) ||
-               model_gemm_dtype(path, &m->cfg, dtype, &m->gemm_dtype)) {
+    } else if (model_check_checkpoint(path, &m->cfg) || model_gemm_dtype(path, &m->cfg, dtype, &m->gemm_dtype)) {
         return -1;
     }
     m->path = xstrdup(path ? path : "(generated default model)");
@@ -1260,24 +1280,30 @@ static int load(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_
 
 int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *dtype, int bf16_group)
 {
-    return load(m, path, tp, tp_rank, 0, 0, dtype, bf16_group, 0);
+    return load(m, path, tp, tp_rank, 0, 0, dtype, bf16_group, 0, 0);
 }
 
 int model_load_ep(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype,
                   int bf16_group)
 {
-    return load(m, path, tp, tp_rank, ep, ep_rank, dtype, bf16_group, 0);
+    return load(m, path, tp, tp_rank, ep, ep_rank, dtype, bf16_group, 0, 0);
+}
+
+int model_load_mtp(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype,
+                   int bf16_group, int mtp)
+{
+    return load(m, path, tp, tp_rank, ep, ep_rank, dtype, bf16_group, 0, mtp);
 }
 
 int model_size(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype)
 {
-    return load(m, path, tp, tp_rank, ep, ep_rank, dtype, 0, 1);
+    return load(m, path, tp, tp_rank, ep, ep_rank, dtype, 0, 1, 0);
 }
 
 void model_free(Model *m)
 {
     /* a bf16 kv_b's scratch copy, left by a load that failed before the fold */
-    for (int l = 0; m->w.mla && l < m->cfg.n_layers; l++)
+    for (int l = 0; m->w.mla && l < layers_held(&m->cfg); l++)
         if (m->w.mla[l].kv_b16) free(m->w.mla[l].kv_b);
     free(m->w.mla);
     free(m->w.moe);

@@ -68,6 +68,17 @@ typedef struct {
     MoeLayer moe;                        /* a MoE layer's */
 } MlaLayer;
 
+/* A DeepSeek multi-token-prediction layer's own tensors, beside its
+ * decoder layer (MlaLayer n_layers): it turns a token's embedding and the
+ * hidden state of the position before it into the next position's
+ * prediction (engine_mtp). eh_proj whole on every rank; the embedding and
+ * the head this rank's rows of the vocabulary, as the main ones. */
+typedef struct {
+    float *enorm, *hnorm, *head_norm; /* (dim) */
+    WeightRef eh_proj;                /* (dim, 2 dim): [enorm(embedding), hnorm(hidden)] in */
+    WeightRef embed, head;            /* (vocab shard, dim) */
+} MtpLayer;
+
 /* The parts of a rank's weights, as dcpinfer-plan reports them:
  * attention (projections and norms), the feed-forward blocks every token
  * runs (dense layers' MLP, MoE layers' shared experts, their norms), the
@@ -102,6 +113,7 @@ typedef struct {
     float *q_norm, *k_norm; /* (layer, head_dim) */
     MlaLayer *mla;          /* DeepSeek-V2/V3: per layer, instead of the stacks above */
     MoeLayer *moe;          /* Qwen3-MoE, GLM-4.5: per layer, the MoE layers' (MOE_LAYER) */
+    MtpLayer mtp;           /* Config.mtp_loaded: the MTP layer's own tensors */
     /* Buffers to release: weights are copied into these as shards, except
      * whole f32 tensors of a llama2.c file, which point into its mapping
      * (kept until model_free), and a tied LM head that is the embedding. */
@@ -176,6 +188,12 @@ typedef struct {
     int chunks; /* row-parallel: the columns read as this many (nrows, ncols / chunks) matrices in turn */
 } TensorSpec;
 int mla_tensors(const Config *c, const Shard *s, int l, MlaLayer *w, TensorSpec *out);
+/* An MTP layer's own tensors (l from n_layers on), after its decoder
+ * layer's: enorm, hnorm, eh_proj, shared_head.norm and .head, and the
+ * first MTP layer's embed_tokens (the MTP layers share it, as vLLM reads
+ * them). At most MTP_TENSORS. */
+#define MTP_TENSORS 6
+int mtp_tensors(const Config *c, const Shard *s, int l, MtpLayer *w, TensorSpec *out);
 /* The same for layer l's mixture-of-experts block (MOE_LAYER) alone:
  * router, routed and shared experts */
 int moe_tensors(const Config *c, const Shard *s, int l, MoeLayer *w, TensorSpec *out);
@@ -207,6 +225,11 @@ int model_load_as(Model *m, const char *path, int tp, int tp_rank, const char *d
  * (shard_set_ep); ep 0 is model_load_as. */
 int model_load_ep(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype,
                   int bf16_group);
+/* model_load_ep, and with mtp the first multi-token-prediction layer as
+ * well (Config.mtp_loaded; speculative decoding's "mtp"): a DeepSeek
+ * model's that has one, else -1 with the reason. */
+int model_load_mtp(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype,
+                   int bf16_group, int mtp);
 
 /* What model_load_as would hold on this rank, without reading a weight:
  * m's cfg, shard, gemm_dtype and w.bytes / w.part_bytes, nothing else

@@ -65,6 +65,10 @@ static void usage(FILE *f)
             "                    compressed-tensors or NVIDIA ModelOpt writes it\n"
             "  --fp8-block N     FP8 blocks of N x N (default 128; alone: --quant fp8-block)\n"
             "  --quant-group N   INT4 columns per scale (default 32)\n"
+            "  --mtp-layers N    N multi-token-prediction layers after the last (DeepSeek-V3's\n"
+            "                    num_nextn_predict_layers: model.layers.{layers}.* with enorm, hnorm,\n"
+            "                    eh_proj, shared_head and embed_tokens; their matrices stored as the\n"
+            "                    layers' but for those five, float32 as in DeepSeek's checkpoints)\n"
             "  --kimi-k25        wrapped as Kimi K2.5 writes it: KimiK25ForConditionalGeneration with\n"
             "                    the model as text_config (model_type kimi_k2), quantization_config on\n"
             "                    top, tensors under language_model., and a small vision_tower tensor\n"
@@ -94,14 +98,14 @@ int main(int argc, char **argv)
         {"routed-scale", 1, 0, 1012}, {"norm-topk-prob", 0, 0, 1013}, {"fp8-block", 1, 0, 1014}, {"quant", 1, 0, 1015},
         {"quant-group", 1, 0, 1016}, {"kimi-k25", 0, 0, 1017},
         {"qk-norm", 0, 0, 1018}, {"partial-rotary", 1, 0, 1019},
-        {"branch-scale", 1, 0, 1020}, {0, 0, 0, 0}};
+        {"branch-scale", 1, 0, 1020}, {"mtp-layers", 1, 0, 1021}, {0, 0, 0, 0}};
     const char *quant = NULL;
     int group = 32;
     int c, li = 0;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         char *end = NULL;
         long v = optarg ? strtol(optarg, &end, 10) : 0;
-        int numeric = (c < 256 && strchr("ldHkhvmsSeDOWN", c) != NULL) || (c >= 1000 && c <= 1011) || c == 1014 || c == 1016;
+        int numeric = (c < 256 && strchr("ldHkhvmsSeDOWN", c) != NULL) || (c >= 1000 && c <= 1011) || c == 1014 || c == 1016 || c == 1021;
         double x = optarg ? strtod(optarg, NULL) : 0;
         if (numeric && (!optarg[0] || *end)) {
             fprintf(stderr, "dcpinfer-mkmodel: --%s: '%s' is not an integer\n", opts[li].name, optarg);
@@ -181,6 +185,7 @@ int main(int argc, char **argv)
             }
             break;
         case 1014: s.fp8_block = (int)v; break;
+        case 1021: s.mtp_layers = (int)v; break;
         case 1015: quant = optarg; break;
         case 1016: group = (int)v; break;
         case 1017: s.kimi_k25 = 1; break;
