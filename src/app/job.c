@@ -623,7 +623,8 @@ static int load_model(Run *r)
     int bf16_group = r->be->gemm_row_group ? r->be->gemm_row_group(DTYPE_BF16) : 0;
     int ep = r->topo.expert_parallel ? r->topo.ep : 0; /* 0: experts sliced by TP */
     if (failed_anywhere(
-            model_load_ep(&r->model, o->model, r->topo.tp, r->topo.tp_rank, ep, r->topo.ep_rank, load_dtype, bf16_group),
+            model_load_mtp(&r->model, o->model, r->topo.tp, r->topo.tp_rank, ep, r->topo.ep_rank, load_dtype,
+                           bf16_group, o->spec.method == SPEC_MTP),
             r->world))
         return EXIT_RUN_FAILED;
     if (r->tok) config_add_eos(&r->model.cfg, r->tok->eos_id);

@@ -85,7 +85,7 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     e->ops = engine_layer_ops(arch_family(&m->cfg));
     const Config *c = &m->cfg;
     if (topo->expert_parallel) {
-        size_t n = (size_t)c->n_layers * (size_t)c->moe.n_routed_experts;
+        size_t n = (size_t)layers_held(c) * (size_t)c->moe.n_routed_experts;
         e->moe_counts = (MoeCounts){.received = xcalloc(n, sizeof(long long)), .sent = xcalloc(n, sizeof(long long))};
         e->env.moe_counts = &e->moe_counts;
     }
@@ -96,6 +96,16 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
     e->lm_head = m->w.lm_head.data == m->w.token_embedding.data ? e->token_embedding
                                                                 : upload_matrix(&e->env, &e->up, m->w.lm_head, vocab * dim);
     e->layers = e->ops->load(&e->env);
+    if (c->mtp_loaded) {
+        const MtpLayer *t = &m->w.mtp;
+        e->mtp = c->n_layers;
+        e->mtp_embed = upload_matrix(&e->env, &e->up, t->embed, vocab * dim);
+        e->mtp_head = upload_matrix(&e->env, &e->up, t->head, vocab * dim);
+        e->mtp_eh = upload_matrix(&e->env, &e->up, t->eh_proj, 2 * dim * dim);
+        e->mtp_enorm = upload_vector(&e->env, &e->up, t->enorm, dim);
+        e->mtp_hnorm = upload_vector(&e->env, &e->up, t->hnorm, dim);
+        e->mtp_head_norm = upload_vector(&e->env, &e->up, t->head_norm, dim);
+    }
     AttnShape shape;
     e->ops->attn_shape(m, &shape);
     shape.key_shards = m->shard.key_shards;
@@ -108,13 +118,14 @@ void engine_init(Engine *e, const Model *m, const Backend *be, const Topology *t
 static void free_step_buffers(Engine *e)
 {
     LayerEnv *env = &e->env;
-    void *bufs[] = {env->x, env->xb, env->parts, env->sum_scratch, e->xf, e->d_tokens, e->d_rows};
+    void *bufs[] = {env->x, env->xb, env->parts, env->sum_scratch, e->xf, e->d_tokens, e->d_rows, e->hidden, e->mtp_in};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) env->be->release(bufs[i]);
-    env->x = env->xb = env->parts = env->sum_scratch = e->xf = NULL;
+    env->x = env->xb = env->parts = env->sum_scratch = e->xf = e->hidden = e->mtp_in = NULL;
     e->d_tokens = e->d_rows = NULL;
     free(e->rows);
-    e->rows = NULL;
+    free(e->mtp_tokens);
+    e->rows = e->mtp_tokens = NULL;
     e->cap_T = 0;
 }
 
@@ -154,7 +165,20 @@ static void reserve(Engine *e, int T)
     e->d_tokens = be->alloc(sizeof(int) * t);
     e->d_rows = be->alloc(sizeof(int) * t);
     e->rows = xmalloc(sizeof(int) * t);
+    if (e->mtp) {
+        e->hidden = be->alloc(f * t);
+        e->mtp_in = be->alloc(2 * f * t);
+        e->mtp_tokens = xmalloc(sizeof(int) * t);
+    }
     e->cap_T = T;
+}
+
+void engine_mtp_idle(Engine *e)
+{
+    double t0 = now_s();
+    reserve(e, 1);
+    e->ops->idle(&e->env, e->layers, e->mtp);
+    e->moe_counts.idle_seconds += now_s() - t0;
 }
 
 void engine_idle(Engine *e)
@@ -164,6 +188,38 @@ void engine_idle(Engine *e)
     for (int l = 0; l < e->env.model->cfg.n_layers; l++) e->ops->idle(&e->env, e->layers, l);
     e->moe_counts.idle_steps++;
     e->moe_counts.idle_seconds += now_s() - t0;
+}
+
+/* The rows whose logits are wanted (row_end: engine_forward's) through
+ * the norm `norm` and this rank's slice of the vocabulary-parallel head
+ * w, into logits (host); their states before the norm into hidden (host;
+ * NULL: not wanted). */
+static void head(Engine *e, const Chunk *chunks, int n_chunks, const int *row_end, const float *norm, WeightRef w,
+                 float *logits, float *hidden)
+{
+    LayerEnv *env = &e->env;
+    const Config *c = &env->model->cfg;
+    const Shard *s = &env->model->shard;
+    const Backend *be = env->be;
+    int R = 0;
+    for (int i = 0, t = 0; i < n_chunks; i++) {
+        t += chunks[i].n;
+        for (int r = row_end ? row_end[i] - (i ? row_end[i - 1] : 0) : 1; r > 0; r--) e->rows[R++] = t - r;
+    }
+    if (!R) return; /* an MTP pass whose rows only store their K/V */
+    if (R > e->cap_R) {
+        if (e->logits) be->release(e->logits);
+        e->cap_R = R;
+        e->logits = be->alloc(sizeof(float) * (size_t)R * (s->vocab ? s->vocab : 1));
+    }
+    be->upload(e->d_rows, e->rows, sizeof(int) * R);
+    be->gather_rows(env->xb, env->x, e->d_rows, R, c->dim);
+    if (hidden) be->download(hidden, env->xb, sizeof(float) * (size_t)R * c->dim);
+    be->rmsnorm(e->xf, c->dim, env->xb, c->dim, norm, R, c->dim, c->norm_eps);
+    double t0 = layer_clock(env);
+    be->matmul(e->logits, layer_act(env, e->xf, w, R, c->dim), w, R, c->dim, s->vocab);
+    be->download(logits, e->logits, sizeof(float) * R * s->vocab);
+    env->tm->lm_head += now_s() - t0;
 }
 
 void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, const int *row_end, float *logits)
@@ -181,24 +237,37 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
     be->embedding(env->x, e->token_embedding, s->vocab0, s->vocab, e->d_tokens, T, c->dim);
     if (s->vocab < c->vocab_size) comm_sum_tree(env->comm, env->x, env->sum_scratch, comm_count((size_t)T * c->dim), GROUP_TP);
     for (int l = 0; l < c->n_layers; l++) e->ops->forward(env, e->layers, l);
+    /* every token's final-normed state, the MTP layer's input */
+    if (e->mtp) be->rmsnorm(e->hidden, c->dim, env->x, c->dim, e->rms_final, T, c->dim, c->norm_eps);
+    head(e, chunks, n_chunks, row_end, e->rms_final, e->lm_head, logits, NULL);
+}
 
-    /* final norm and this rank's slice of the vocabulary-parallel LM head,
-     * for the rows whose logits are wanted */
-    int R = 0;
-    for (int i = 0, t = 0; i < n_chunks; i++) {
-        t += chunks[i].n;
-        for (int r = row_end ? row_end[i] - (i ? row_end[i - 1] : 0) : 1; r > 0; r--) e->rows[R++] = t - r;
+void engine_mtp(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, const int *prev_rows,
+                const float *prev, const int *row_end, float *logits, float *hidden)
+{
+    LayerEnv *env = &e->env;
+    const Config *c = &env->model->cfg;
+    const Shard *s = &env->model->shard;
+    const Backend *be = env->be;
+    size_t dim = (size_t)c->dim;
+    int T = attention_begin_step(&e->att, chunks, n_chunks);
+    reserve(e, T);
+    /* position 0 has no token before it to predict from: its embedding is
+     * zeros, as a token no rank's vocabulary rows hold gives */
+    for (int i = 0, t = 0; i < n_chunks; i++)
+        for (int j = 0; j < chunks[i].n; j++, t++) e->mtp_tokens[t] = chunks[i].pos0 + j ? tokens[t] : c->vocab_size;
+    be->upload(e->d_tokens, e->mtp_tokens, sizeof(int) * T);
+    be->embedding(env->xb, e->mtp_embed, s->vocab0, s->vocab, e->d_tokens, T, c->dim);
+    if (s->vocab < c->vocab_size) comm_sum_tree(env->comm, env->xb, env->sum_scratch, comm_count((size_t)T * dim), GROUP_TP);
+    be->rmsnorm(e->mtp_in, 2 * c->dim, env->xb, c->dim, e->mtp_enorm, T, c->dim, c->norm_eps);
+    if (prev_rows) {
+        be->upload(e->d_rows, prev_rows, sizeof(int) * T);
+        be->gather_rows(env->xb, e->hidden, e->d_rows, T, c->dim);
+    } else {
+        be->upload(env->xb, prev, sizeof(float) * T * dim);
     }
-    if (R > e->cap_R) {
-        if (e->logits) be->release(e->logits);
-        e->cap_R = R;
-        e->logits = be->alloc(sizeof(float) * (size_t)R * (s->vocab ? s->vocab : 1));
-    }
-    be->upload(e->d_rows, e->rows, sizeof(int) * R);
-    be->gather_rows(env->xb, env->x, e->d_rows, R, c->dim);
-    be->rmsnorm(e->xf, c->dim, env->xb, c->dim, e->rms_final, R, c->dim, c->norm_eps);
-    double t0 = layer_clock(env);
-    be->matmul(e->logits, layer_act(env, e->xf, e->lm_head, R, c->dim), e->lm_head, R, c->dim, s->vocab);
-    be->download(logits, e->logits, sizeof(float) * R * s->vocab);
-    env->tm->lm_head += now_s() - t0;
+    be->rmsnorm(e->mtp_in + dim, 2 * c->dim, env->xb, c->dim, e->mtp_hnorm, T, c->dim, c->norm_eps);
+    layer_matmul(env, env->x, e->mtp_in, e->mtp_eh, T, 2 * c->dim, c->dim);
+    e->ops->forward(env, e->layers, e->mtp);
+    head(e, chunks, n_chunks, row_end, e->mtp_head_norm, e->mtp_head, logits, hidden);
 }

@@ -36,6 +36,15 @@ typedef struct {
     float *xf, *logits;
     int *d_tokens, *d_rows, *rows;
     MoeCounts moe_counts; /* expert parallelism's counts (layer.h); empty without it */
+    /* speculative decoding's MTP layer (Config.mtp_loaded): its decoder
+     * layer's index in the family's layers (n_layers; 0: none), its own
+     * weights, the final-normed hidden states of the last engine_forward's
+     * tokens (cap_T, dim) and its input rows (cap_T, 2 dim) */
+    int mtp;
+    WeightRef mtp_embed, mtp_eh, mtp_head;
+    const float *mtp_enorm, *mtp_hnorm, *mtp_head_norm;
+    float *hidden, *mtp_in;
+    int *mtp_tokens;
     size_t table_blocks;  /* EngineOptions.table_blocks */
     CommStats own_stats;  /* the collectives' counts when engine_init was given none */
 } Engine;
@@ -91,5 +100,21 @@ void engine_forward(Engine *e, const int *tokens, const Chunk *chunks, int n_chu
  * run while others run theirs: every MoE layer's exchange without tokens
  * of its own, serving the rows the other groups send its experts. */
 void engine_idle(Engine *e);
+
+/* The MTP layer (e->mtp) over chunks, as vLLM's deepseek_mtp runs it:
+ * the token at row t (its embedding; zeros at position 0) and the hidden
+ * state of the position before it, each RMS-normed (enorm, hnorm), go
+ * through eh_proj and the decoder layer at the chunk's positions, whose
+ * K/V it writes to its own cache (the target's block tables and DCP
+ * shards). The previous hidden states are rows prev_rows[t] of the last
+ * engine_forward's final-normed states, or prev (host, (T, dim)) when
+ * prev_rows is NULL. Rows are chosen as engine_forward's (row_end); their
+ * logits (shared_head's norm and head, this rank's vocabulary shard) go
+ * to logits and their hidden states (T, dim: the input of the next draft
+ * step) to hidden, host memory both. */
+void engine_mtp(Engine *e, const int *tokens, const Chunk *chunks, int n_chunks, const int *prev_rows,
+                const float *prev, const int *row_end, float *logits, float *hidden);
+/* engine_idle's counterpart for an MTP pass (the MTP layer's exchange) */
+void engine_mtp_idle(Engine *e);
 
 #endif

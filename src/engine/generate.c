@@ -27,6 +27,8 @@ typedef struct {
     struct LogprobJob *jobs;
     float *lp_rows;       /* raw shard rows of sampled positions, before sampling changes them */
     float *recs, *all_recs; /* this rank's records (logprob_record), and every TP rank's */
+    int *seen;            /* a request's output and drafts, for the penalties; grown as needed */
+    size_t seen_cap;
 } PickBuffers;
 
 /* A position whose log-probabilities a request asks for: the logits row
@@ -213,7 +215,9 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
         const int *drafts = b->drafts[i] = p->tokens + t0 + chunks[i].n - d;
         int *seen = NULL; /* the output so far and the drafts, for the penalties */
         if (d && sampler_adjusts(q)) {
-            seen = xmalloc(sizeof(int) * (size_t)(res->n + d));
+            if ((size_t)(res->n + d) > b->seen_cap)
+                b->seen = xrealloc(b->seen, sizeof(int) * (b->seen_cap = 2 * (size_t)(res->n + d)));
+            seen = b->seen;
             if (res->n) memcpy(seen, res->tokens, sizeof(int) * (size_t)res->n);
             memcpy(seen + res->n, drafts, sizeof(int) * (size_t)d);
         }
@@ -227,7 +231,6 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
             if (sampler_adjusts(q)) sampler_adjust(row, v0, vn, q, seen ? seen : res->tokens, res->n + j);
             if (res->n + j < q->min_tokens) mask_stop_tokens(row, v0, vn, c, q);
         }
-        free(seen);
     }
     if (tp > 1 && !o->on_logits) {
         /* greedy: local maxima, then MAXLOC; sampled: gather their rows */
@@ -272,6 +275,134 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
         }
     }
     if (nj) logprob_finish(e, sch, p, b, nj, kmax, out, 1);
+}
+
+/* Speculative decoding's MTP passes (engine_mtp): their inputs and
+ * outputs for a step's chunks */
+typedef struct {
+    int *tokens, *prev_rows, *row_end, *chunk_of, *row_of;
+    Chunk *chunks;
+    float *logits, *hidden, *prev;
+    ValueIndex *pairs;
+} MtpBuffers;
+
+static void mtp_buffers(MtpBuffers *b, const Model *m, size_t tokens, size_t seqs)
+{
+    size_t dim = (size_t)m->cfg.dim;
+    *b = (MtpBuffers){.tokens = xmalloc(sizeof(int) * tokens), .prev_rows = xmalloc(sizeof(int) * tokens),
+                      .row_end = xmalloc(sizeof(int) * seqs), .chunk_of = xmalloc(sizeof(int) * seqs),
+                      .row_of = xmalloc(sizeof(int) * seqs), .chunks = xmalloc(sizeof(Chunk) * seqs),
+                      .logits = xmalloc(sizeof(float) * seqs * (size_t)(m->shard.vocab ? m->shard.vocab : 1)),
+                      .hidden = xmalloc(sizeof(float) * seqs * dim), .prev = xmalloc(sizeof(float) * seqs * dim),
+                      .pairs = xmalloc(sizeof(ValueIndex) * seqs)};
+}
+
+static void mtp_buffers_free(MtpBuffers *b)
+{
+    void *p[] = {b->tokens, b->prev_rows, b->row_end, b->chunk_of, b->row_of, b->chunks, b->logits, b->hidden,
+                 b->prev, b->pairs};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
+}
+
+/* The drafts: each of R rows' greedy token over the whole vocabulary (the
+ * TP group's MAXLOC; lowest index wins ties) into pairs[r].index; a row
+ * with a NaN or inf drafts token 0 (verification decides anyway) */
+static void mtp_argmax(Engine *e, MtpBuffers *b, int R)
+{
+    const Shard *s = &e->env.model->shard;
+    for (int r = 0; r < R; r++) {
+        const float *row = b->logits + (size_t)r * s->vocab;
+        int a = argmax_f32(row, s->vocab);
+        b->pairs[r] = logits_finite(row, s->vocab) ? (ValueIndex){row[a], s->vocab0 + a}
+                                                   : (ValueIndex){INFINITY, SAMPLE_NONFINITE};
+    }
+    if (e->env.topo->tp > 1 && R) comm_argmax(e->env.comm, b->pairs, R, GROUP_TP);
+    for (int r = 0; r < R; r++)
+        if (b->pairs[r].index < 0) b->pairs[r].index = 0;
+}
+
+/* Draft steps 2..d of every verification chunk, before the step runs
+ * (its blocks are taken): step j of a chunk with d > j runs the MTP layer
+ * on draft j at the position of the token before it, from the hidden
+ * state step j - 1 left there (the request's own after the last step's
+ * pass, for j = 1), and its greedy token becomes draft j + 1. passes:
+ * the steps to run (DP groups in lockstep run K - 1 each, idle where
+ * they have none); -1: as many as the step's drafts need. */
+static void mtp_draft_steps(Engine *e, Scheduler *sch, StepPlan *p, MtpBuffers *b, int passes)
+{
+    size_t dim = (size_t)e->env.model->cfg.dim;
+    if (passes < 0) {
+        passes = 0;
+        for (int i = 0; i < p->nc; i++) passes = p->drafts[i] - 1 > passes ? p->drafts[i] - 1 : passes;
+    }
+    for (int j = 1; j <= passes; j++) {
+        int n = 0;
+        for (int i = 0, t0 = 0; i < p->nc; t0 += p->chunks[i++].n) {
+            const Chunk *c = &p->chunks[i];
+            int d = p->drafts[i], pending = c->n - d - 1;
+            if (d <= j) continue;
+            const float *prev = j == 1 ? sch->seq[p->req[i]].mtp_hidden : b->hidden + (size_t)b->row_of[i] * dim;
+            memcpy(b->prev + (size_t)n * dim, prev, sizeof(float) * dim);
+            b->tokens[n] = p->tokens[t0 + pending + j];
+            b->chunks[n] = (Chunk){c->blocks, c->n_blocks, c->pos0 + pending + j - 1, 1};
+            b->chunk_of[n++] = i;
+        }
+        if (!n) {
+            engine_mtp_idle(e);
+            continue;
+        }
+        engine_mtp(e, b->tokens, b->chunks, n, NULL, b->prev, NULL, b->logits, b->hidden);
+        mtp_argmax(e, b, n);
+        for (int k = 0; k < n; k++) {
+            int i = b->chunk_of[k], t0 = 0;
+            for (int x = 0; x < i; x++) t0 += p->chunks[x].n;
+            p->tokens[t0 + p->chunks[i].n - p->drafts[i] - 1 + j + 1] = b->pairs[k].index;
+            b->row_of[i] = k;
+        }
+    }
+}
+
+/* After the step's tokens are chosen, the MTP layer over every chunk's
+ * kept positions (its tokens and the accepted drafts: the K/V of its own
+ * cache there), each row taking the token after its position: the next
+ * in the chunk, the prompt's next, or the one just chosen. A chunk that
+ * samples gets its request's next first draft and hidden state from its
+ * last kept row. */
+static void mtp_catch_up(Engine *e, Scheduler *sch, const StepPlan *p, const int *sampled, MtpBuffers *b)
+{
+    const Config *c = &e->env.model->cfg;
+    size_t dim = (size_t)c->dim;
+    int T = 0, R = 0;
+    for (int i = 0, t0 = 0; i < p->nc; t0 += p->chunks[i++].n) {
+        const Chunk *ch = &p->chunks[i];
+        int d = p->drafts[i], kept = ch->n, next;
+        if (p->samples[i]) {
+            int row = p->row_end[i] - 1 - d, a = 0;
+            const int *drafts = p->tokens + t0 + ch->n - d;
+            while (a < d && sampled[row + a] == drafts[a]) a++;
+            kept = ch->n - d + a;
+            next = sampled[row + a];
+        } else {
+            next = scheduler_token(sch, p->req[i], ch->pos0 + ch->n);
+        }
+        for (int k = 0; k < kept; k++) {
+            b->tokens[T + k] = k + 1 < kept ? p->tokens[t0 + k + 1] : next >= 0 ? next : c->vocab_size;
+            b->prev_rows[T + k] = t0 + k;
+        }
+        b->chunks[i] = (Chunk){ch->blocks, ch->n_blocks, ch->pos0, kept};
+        b->row_end[i] = R += p->samples[i];
+        T += kept;
+    }
+    engine_mtp(e, b->tokens, b->chunks, p->nc, b->prev_rows, NULL, b->row_end, b->logits, b->hidden);
+    mtp_argmax(e, b, R);
+    for (int i = 0, r = 0; i < p->nc; i++) {
+        if (!p->samples[i]) continue;
+        SeqState *q = &sch->seq[p->req[i]];
+        if (!q->mtp_hidden) q->mtp_hidden = xmalloc(sizeof(float) * dim);
+        memcpy(q->mtp_hidden, b->hidden + (size_t)r * dim, sizeof(float) * dim);
+        q->mtp_draft = b->pairs[r++].index;
+        q->mtp_pos = b->chunks[i].pos0 + b->chunks[i].n;
+    }
 }
 
 /* 1 when a chunk of the step scores prompt tokens (prompt_logprobs): the
@@ -426,6 +557,9 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
      * layer's exchange, so the groups step together while any has work,
      * and one without runs an idle pass (engine_idle) */
     int lockstep = topo->expert_parallel && topo->dp > 1, stuck = 0;
+    int mtp = o->spec.method == SPEC_MTP && e->mtp;
+    MtpBuffers mtp_bufs = {0};
+    if (mtp) mtp_buffers(&mtp_bufs, e->env.model, (size_t)o->max_batched_tokens, seqs);
     for (;;) {
         int have = !stuck && scheduler_plan(&sch, &plan);
         if (have && plan.nc == 0) { /* cannot happen while every request fits the cache alone */
@@ -439,7 +573,10 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         }
         if (lockstep && comm_any(e->env.comm, have, GROUP_WORLD) && !have) {
             e->env.comm->phase = PHASE_DECODE;
+            /* the MTP passes of a step, in its order: draft steps, the model, the catch-up */
+            for (int j = 0; mtp && j < o->spec.k - 1; j++) engine_mtp_idle(e);
             engine_idle(e);
+            if (mtp) engine_mtp_idle(e);
             if (o->on_step) o->on_step(o->on_step_ctx, finished, 0); /* alive, for the watchdog */
             continue;
         }
@@ -449,6 +586,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         e->env.comm->phase = plan.prefill_tokens ? PHASE_PREFILL : PHASE_DECODE;
         int all = o->on_logits || (prompt_lp && wants_prompt_logprobs(&sch, &plan));
         plan_rows(&plan, all);
+        if (mtp) mtp_draft_steps(e, &sch, &plan, &mtp_bufs, lockstep ? o->spec.k - 1 : -1);
         engine_forward(e, plan.tokens, plan.chunks, plan.nc, plan.row_end, local);
         double t1 = now_s();
         if (plan.prefill_tokens) tm->prefill += t1 - t0;
@@ -456,6 +594,13 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
         pick_tokens(e, &sch, &plan, local, all, &bufs, o, sampled);
         double t2 = now_s();
         tm->sampling += t2 - t1;
+        if (mtp) { /* the MTP layer's pass counts with the step's model time */
+            mtp_catch_up(e, &sch, &plan, sampled, &mtp_bufs);
+            double t3 = now_s();
+            if (plan.prefill_tokens) tm->prefill += t3 - t2;
+            else tm->decode += t3 - t2;
+            t2 = t3;
+        }
         StepRecord rec = {.t_start = t0 - t_start, .seconds = t2 - t0, .decode_tokens = plan.decode_tokens,
                           .prefill_tokens = plan.prefill_tokens, .cached_tokens = plan.cached_tokens,
                           .running = plan.nc, .waiting = sch.tail - sch.head,
@@ -492,6 +637,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     st->spec_steps = sch.spec_steps;
     memcpy(st->spec_accepted_at, sch.spec_accepted_at, sizeof st->spec_accepted_at);
     scheduler_free(&sch);
+    if (mtp) mtp_buffers_free(&mtp_bufs);
     pool_prefix_caching(&e->att.pool, 0, 1, 1, 0); /* the cache lives for one run */
     plan_free(&plan);
     free(local);
@@ -508,6 +654,7 @@ int generate(Engine *e, RequestSet *rs, Result *res, const GenOptions *o, GenSta
     free(bufs.lp_rows);
     free(bufs.recs);
     free(bufs.all_recs);
+    free(bufs.seen);
     free(sampled);
     free(finished);
     if (!stats) free(local_stats.steps);

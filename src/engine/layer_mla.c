@@ -50,7 +50,7 @@ typedef struct {
 static void mla_attn_shape(const Model *m, AttnShape *a)
 {
     const Config *c = &m->cfg;
-    *a = (AttnShape){.n_layers = c->n_layers, .q_heads = m->shard.q_heads, .kv_heads = 1, .head_dim = c->head_dim,
+    *a = (AttnShape){.n_layers = layers_held(c), .q_heads = m->shard.q_heads, .kv_heads = 1, .head_dim = c->head_dim,
                      .v_dim = c->m.kv_lora_rank, .keys_only = 1, .scale = c->m.softmax_scale};
 }
 
@@ -66,8 +66,8 @@ static void *mla_load(const LayerEnv *env)
            rope = (size_t)m->qk_rope_head_dim, kvl = (size_t)m->kv_lora_rank, vd = (size_t)m->v_head_dim,
            qk = nope + rope, q_lora = (size_t)m->q_lora_rank; /* this rank's heads */
     st->inv_freq = upload_rope(env, u, m->qk_rope_head_dim, &st->rope_host, &st->rope_scale);
-    st->layer = xcalloc((size_t)c->n_layers, sizeof(MlaLayerWeights));
-    for (int l = 0; l < c->n_layers; l++) {
+    st->layer = xcalloc((size_t)layers_held(c), sizeof(MlaLayerWeights));
+    for (int l = 0; l < layers_held(c); l++) { /* and an MTP layer's decoder layer */
         const MlaLayer *hl = &h->mla[l];
         MlaLayerWeights *lw = &st->layer[l];
         lw->rms_att = upload_vector(env, u, hl->rms_att, dim);
@@ -108,7 +108,7 @@ static void mla_release(const LayerEnv *env, void *state)
     Mla *st = state;
     free_scratch(env, st);
     uploads_release(env, &st->up);
-    for (int l = 0; l < env->model->cfg.n_layers; l++) {
+    for (int l = 0; l < layers_held(&env->model->cfg); l++) {
         MlaLayerWeights *lw = &st->layer[l];
         moe_free(&lw->moe);
     }

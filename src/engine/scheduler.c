@@ -23,6 +23,16 @@ static int token_at(const Scheduler *s, int r, int p)
     return p < q->n_prompt ? q->prompt_tokens[p] : s->res[r].tokens[p - q->n_prompt];
 }
 
+int scheduler_token(const Scheduler *s, int r, int pos) { return token_at(s, r, pos); }
+
+/* A request leaving the running set (finished or preempted) drops its MTP draft */
+static void mtp_forget(SeqState *q)
+{
+    free(q->mtp_hidden);
+    q->mtp_hidden = NULL;
+    q->mtp_pos = -1;
+}
+
 /* the most positions a request can reach */
 static int final_len(const Request *q, int max_model_len)
 {
@@ -67,6 +77,7 @@ void scheduler_init(Scheduler *s, RequestSet *rs, Result *res, const Config *cfg
     for (int i = 0; i < rs->n; i++) {
         Request *q = &rs->r[i];
         s->seq[i].admitted = -1;
+        s->seq[i].mtp_pos = -1;
         s->seq[i].chain_hash = pool->root;
         res[i].stop_token = -1;
         sampler_init(&s->seq[i].sampler, q->temperature, q->top_p, q->seed);
@@ -85,6 +96,7 @@ void scheduler_free(Scheduler *s)
     for (int i = 0; i < s->rs->n; i++) {
         table_release(s->pool, &s->seq[i].table);
         table_free(&s->seq[i].table);
+        mtp_forget(&s->seq[i]);
     }
     free(s->seq);
     free(s->match);
@@ -188,6 +200,7 @@ static void preempt_last(Scheduler *s)
     int r = s->running[--s->n_running];
     table_release(s->pool, &s->seq[r].table);
     chain_reset(s, &s->seq[r]);
+    mtp_forget(&s->seq[r]);
     s->seq[r].computed = 0;
     s->seq[r].admitted = -1;
     s->waiting[--s->head] = r;
@@ -219,18 +232,26 @@ static void add_chunk(Scheduler *s, StepPlan *p, int r, int n, const int *drafte
 
 /* The tokens drafted for decoding request r (into out), within `room`
  * rows beyond its pending one: none while it is not decoding, and never
- * so many that its output could pass max_tokens or the context limit. */
+ * so many that its output could pass max_tokens or the context limit.
+ * With "mtp", the MTP layer's draft from the last step and as many
+ * copies of it as further drafts, which the engine's draft steps replace
+ * (generate.c) once their blocks are taken. */
 static int draft(Scheduler *s, int r, int room, int *out)
 {
     const Request *q = &s->rs->r[r];
     const Result *res = &s->res[r];
     int len = seq_len(s, r), k = s->spec.k;
-    if (s->spec.method != SPEC_NGRAM || res->n < 1 || len - s->seq[r].computed != 1) return 0;
+    if (!s->spec.method || res->n < 1 || len - s->seq[r].computed != 1) return 0;
+    if (s->spec.method == SPEC_MTP && s->seq[r].mtp_pos != len - 1) return 0;
     /* a step of 1 + k rows emits at most 1 + k tokens */
     if (k > room) k = room;
     if (k > q->max_tokens - res->n - 1) k = q->max_tokens - res->n - 1;
     if (k > s->max_model_len - len - 1) k = s->max_model_len - len - 1;
     if (k <= 0) return 0;
+    if (s->spec.method == SPEC_MTP) {
+        for (int j = 0; j < k; j++) out[j] = s->seq[r].mtp_draft;
+        return k;
+    }
     if (!s->context) s->context = xmalloc(sizeof(int) * (size_t)s->max_model_len);
     memcpy(s->context, q->prompt_tokens, sizeof(int) * (size_t)q->n_prompt);
     memcpy(s->context + q->n_prompt, res->tokens, sizeof(int) * (size_t)res->n);
@@ -404,6 +425,7 @@ void scheduler_commit(Scheduler *s, StepPlan *p, const int *sampled, double now)
         int r = s->running[i];
         if (s->res[r].finish_reason) {
             table_release(s->pool, &s->seq[r].table);
+            mtp_forget(&s->seq[r]);
             s->done++;
         } else {
             s->running[kept++] = r;

@@ -40,6 +40,12 @@ typedef struct {
      * recorded, the last with this hash and record serial */
     int chain_blocks;
     uint64_t chain_hash, chain_serial;
+    /* speculative decoding with "mtp": the MTP layer's draft of the token
+     * after the pending one at position mtp_pos (-1: none yet), and its
+     * hidden state there (Config.dim floats, allocated by generate.c), the
+     * next draft step's input; both kept while the request runs */
+    int mtp_draft, mtp_pos;
+    float *mtp_hidden;
 } SeqState;
 
 typedef struct {
@@ -122,6 +128,9 @@ int scheduler_plan(Scheduler *s, StepPlan *p);
  * frees finished requests' blocks. now: seconds since the start, for the
  * latency figures. */
 void scheduler_commit(Scheduler *s, StepPlan *p, const int *sampled, double now);
+
+/* The token at position pos of request r's prompt and output */
+int scheduler_token(const Scheduler *s, int r, int pos);
 
 /* Positions this rank stores now (its shard of every running sequence). */
 long long scheduler_kv_positions(const Scheduler *s);

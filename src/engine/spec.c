@@ -64,9 +64,6 @@ int spec_parse(const char *text, SpecConfig *out)
             rc = dcp_fail("--speculative-config: prompt_lookup_min %d exceeds prompt_lookup_max %d", out->lookup_min,
                           out->lookup_max);
     }
-    if (!rc && out->method == SPEC_MTP)
-        rc = dcp_fail("--speculative-config: method \"%s\": DeepSeek's MTP drafting is not built yet; "
-                      "use {\"method\": \"ngram\", ...}", m);
     json_decref(o);
     if (rc) memset(out, 0, sizeof *out);
     return rc;

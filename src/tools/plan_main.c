@@ -532,6 +532,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "dcpinfer-plan: --gpus %d is not -tp %d x -dp %d\n", gpus, o.tp, dp);
         return 2;
     }
+    if (o.spec.method == SPEC_MTP) {
+        fprintf(stderr, "dcpinfer-plan: --speculative-config method mtp: the MTP layer's weights, cache row and draft "
+                        "steps are not estimated; plan the verification with {\"method\": \"ngram\", "
+                        "\"num_speculative_tokens\": K} and the acceptance length you expect\n");
+        return 2;
+    }
     if (o.spec.method && !(p.acceptance >= 1 && p.acceptance <= 1 + o.spec.k)) {
         fprintf(stderr, "dcpinfer-plan: --speculative-config with %d draft(s): give --acceptance-length A, the tokens "
                         "a verification outputs on average, from 1 to %d\n", o.spec.k, 1 + o.spec.k);
