@@ -63,13 +63,14 @@ for m in gqa gqa-bf16 v3 v3-bf16 v3-fp8 v3-int4 v3-nvfp4; do
         pass "$m: request s4 alone gives its bits in the batch of 9"
     fi
 done
-# speculative decoding on the GPU backend: n-gram drafts verified as
-# chunks (split-KV attention over a chunk's rows, the LM head's rows) give
-# the bits of the run without them, at one rank and -tp 4 -dcp 4; the
-# prompts hold a stale copy of the chain a --branch-scale model writes
+# speculative decoding on the GPU backend: n-gram drafts and the MTP
+# layer's verified as chunks (split-KV attention over a chunk's rows, the
+# LM head's rows) give the bits of the run without them, at one rank and
+# -tp 4 -dcp 4, the MTP layer's the same drafts at both; the prompts hold
+# a stale copy of the chain a --branch-scale model writes
 # (tests/spec_decode.sh), so drafts are both accepted and rejected
 "$MKMODEL" --out "$WORK/chain" --arch deepseek_v3 --layers 2 --dim 64 --heads 8 --hidden 128 --vocab 512 \
-    --first-dense 1 --q-lora-rank 24 --norm-topk-prob --branch-scale 0.01 >/dev/null
+    --first-dense 1 --q-lora-rank 24 --norm-topk-prob --branch-scale 0.01 --mtp-layers 1 >/dev/null
 seed_ids() { awk -v i=$1 'BEGIN { for (j = 0; j < 8; j++) printf "%s%d", j ? ", " : "", 3 + (j * 37 + i * 101 + 5) % 509 }'; }
 for i in 0 1 2 3; do
     echo "{\"id\": \"c$i\", \"prompt_token_ids\": [$(seed_ids $i)], \"max_tokens\": 48, \"temperature\": 0, \"ignore_eos\": true}"
@@ -80,28 +81,34 @@ for i in 0 1 2 3; do
     t=$([ $i = 1 ] && echo 0.3 || echo 0)
     echo "{\"id\": \"c$i\", \"prompt_token_ids\": [$(seed_ids $i), $copy, $(seed_ids $i)], \"max_tokens\": 40, \"temperature\": $t, \"seed\": $i, \"logprobs\": 2}"
 done >"$WORK/spec.jsonl"
-SPEC='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
-plain() { untimed "$1" | sed -E 's/,"spec_(draft|accepted)_tokens":[0-9]+//g'; }
 NP=1 run_dcp spec-base $RUN --model "$WORK/chain" --output "$WORK/spec-base.jsonl" "$WORK/spec.jsonl"
-plain "$WORK/spec-base.jsonl" >"$WORK/spec-base.want"
-for layout in "1" "4 -tp 4 -dcp 4"; do
-    np=${layout%% *}
-    args=${layout#"$np"}
-    name=spec-$np
-    checks=$((checks + 1))
-    NP=$np run_dcp $name $RUN --model "$WORK/chain" $args --speculative-config "$SPEC" --output "$WORK/$name.jsonl" \
-        "$WORK/spec.jsonl"
-    a=$(grep -o '"spec_accepted_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
-    d=$(grep -o '"spec_draft_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
-    if [ "$(cat "$WORK/$name.rc")" != 0 ] || [ "$(cat "$WORK/spec-base.rc")" != 0 ]; then
-        fail "speculation -np $np$args: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" "$WORK/spec-base.err" >&2
-    elif ! plain "$WORK/$name.jsonl" | cmp -s - "$WORK/spec-base.want"; then
-        fail "speculation -np $np$args: the results differ from the run without it"
-    elif ! [ "$a" -gt 0 ] || ! [ "$a" -lt "$d" ]; then
-        fail "speculation -np $np$args: $a of $d drafts accepted: not both accepted and rejected"
-    else
-        pass "speculation -np $np$args: the bits of the run without it, $a of $d drafts accepted"
-    fi
+unspec "$WORK/spec-base.jsonl" >"$WORK/spec-base.want"
+for method in ngram mtp; do
+    SPEC='{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+    [ $method = mtp ] && SPEC='{"method": "mtp", "num_speculative_tokens": 3}'
+    first=
+    for layout in "1" "4 -tp 4 -dcp 4"; do
+        np=${layout%% *}
+        args=${layout#"$np"}
+        name=spec-$method-$np
+        checks=$((checks + 1))
+        NP=$np run_dcp $name $RUN --model "$WORK/chain" $args --speculative-config "$SPEC" --output "$WORK/$name.jsonl" \
+            "$WORK/spec.jsonl"
+        a=$(grep -o '"spec_accepted_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
+        d=$(grep -o '"spec_draft_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
+        if [ "$(cat "$WORK/$name.rc")" != 0 ] || [ "$(cat "$WORK/spec-base.rc")" != 0 ]; then
+            fail "$method -np $np$args: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" "$WORK/spec-base.err" >&2
+        elif ! unspec "$WORK/$name.jsonl" | cmp -s - "$WORK/spec-base.want"; then
+            fail "$method -np $np$args: the results differ from the run without it"
+        elif ! [ "$a" -gt 0 ] || ! [ "$a" -lt "$d" ]; then
+            fail "$method -np $np$args: $a of $d drafts accepted: not both accepted and rejected"
+        elif [ -n "$first" ] && [ "$first" != "$d $a" ]; then
+            fail "$method -np $np$args: $a of $d drafts accepted, at one rank $first"
+        else
+            pass "$method -np $np$args: the bits of the run without it, $a of $d drafts accepted"
+            first="$d $a"
+        fi
+    done
 done
 # the draws are near their edges: bf16 weights (another rounding of the
 # same model) change the bits

@@ -74,6 +74,9 @@ prompts() { # FILE: each request's prompt ids, comma-joined, one line each
 id_list() { tr -s ' \n' ',' <"$1" | sed 's/,$//'; }
 # untimed FILE: a JSON Lines result without its timings, for comparing runs
 untimed() { sed -E 's/"(ttft_s|tpot_s|e2e_s)": *[-0-9.e+]*,? *//g' "$1"; }
+# unspec FILE: untimed, less the speculation counts (a run with drafts
+# against one without)
+unspec() { untimed "$1" | sed -E 's/,"spec_(draft|accepted)_tokens":[0-9]+//g'; }
 # token_ids FILE ID: the token ids of request ID in a JSON Lines result
 token_ids() { grep "\"id\":\"$2\"" "$1" | grep -o '"token_ids":\[[^]]*\]' | sed 's/.*\[//; s/\]//'; }
 

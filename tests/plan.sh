@@ -354,6 +354,8 @@ refuse "--gpu-memory-utilization: '1.5' is not in (0, 1]" --gpu-memory-utilizati
 refuse "the model has no routed experts" --enable-expert-parallel
 refuse "give --acceptance-length A, the tokens a verification outputs on average, from 1 to 3" \
     --speculative-config '{"method": "ngram", "num_speculative_tokens": 2}'
+refuse "method mtp: the MTP layer's weights, cache row and draft steps are not estimated" \
+    --speculative-config '{"method": "mtp", "num_speculative_tokens": 2}' --acceptance-length 2
 
 checks=$((checks + 1))
 "$PLAN" --model "$WORK/gqa" -tp 4 -dcp 4 >"$WORK/bad.plan" 2>&1

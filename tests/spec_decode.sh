@@ -9,15 +9,19 @@
 # own run without speculation: EP is its own reduction order), under
 # preemption (a KV cache of a few blocks, chunked prefill) and after a
 # killed run is resumed; for DeepSeek-V3 (latent attention, MoE) and a
-# Llama model of one KV head. The drafts really are tried: some accepted,
-# some rejected, and the counts add up between the requests, the steps and
-# the summary line.
+# Llama model of one KV head. The same with DeepSeek's MTP drafts from a
+# DeepSeek-V3 model written with an MTP layer, which also drafts the same
+# tokens at every layout. The drafts really are tried: some accepted, some
+# rejected, and the counts add up between the requests, the steps and the
+# summary line.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
 TOK=$SHARED/models/stories260K/tok512.bin
 [ -f "$TOK" ] || { echo "$TOK not found: skipped" >&2; exit 77; }
 command -v h5dump >/dev/null 2>&1 || { echo "h5dump (hdf5-tools) not installed: skipped" >&2; exit 77; }
 SHAPE="--layers 2 --dim 64 --heads 8 --hidden 128 --vocab 512 --branch-scale 0.01"
 "$MKMODEL" --out "$WORK/v3" --arch deepseek_v3 $SHAPE --first-dense 1 --q-lora-rank 24 --norm-topk-prob >/dev/null &&
+    "$MKMODEL" --out "$WORK/mtp" --arch deepseek_v3 $SHAPE --first-dense 1 --q-lora-rank 24 --norm-topk-prob \
+        --mtp-layers 1 >/dev/null &&
     "$MKMODEL" --out "$WORK/llama" --arch llama $SHAPE --kv-heads 1 >/dev/null ||
     { echo "FAIL: dcpinfer-mkmodel could not write the models" >&2; exit 1; }
 
@@ -49,12 +53,11 @@ prompts() {
         echo "{\"id\": \"r$i\", \"prompt_token_ids\": [$(seed_ids $i), $chain, $(seed_ids $i)], \"max_tokens\": $((36 + 4 * i)), \"seed\": $((i + 3))$extra}"
     done
 }
-# a result to compare: no timings, no speculation counts
-plain() { untimed "$1" | sed -E 's/,"spec_(draft|accepted)_tokens":[0-9]+//g'; }
 
 SPEC() { echo "{\"method\": \"ngram\", \"num_speculative_tokens\": $1, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}"; }
+MTP() { echo "{\"method\": \"${2:-mtp}\", \"num_speculative_tokens\": $1}"; }
 
-for m in v3 llama; do
+for m in v3 mtp llama; do
     STOP=
     run_dcp "$m-chain" --model "$WORK/$m" --output "$WORK/$m-chain.jsonl" "$WORK/seeds.jsonl"
     prompts >"$WORK/$m-p0.jsonl"
@@ -80,18 +83,19 @@ for line in open(sys.argv[1]):
         continue
     fi
     pass "$m: without speculation, request 5 stops at \"$STOP\""
-    plain "$WORK/$m-base.jsonl" >"$WORK/$m.want"
-    if [ $m = v3 ]; then
+    unspec "$WORK/$m-base.jsonl" >"$WORK/$m.want"
+    if [ $m != llama ]; then # (the MTP layer's own cache takes a third more per position)
         Ks="1 3 5"
         set -- "1" "2 -tp 2" "4 -tp 4 -dcp 4" "4 -tp 4 -dcp 4 --dcp-comm-backend a2a" "4 -tp 2 -dp 2" \
             "4 -tp 2 -dp 2 --enable-expert-parallel" \
-            "2 -tp 2 --kv-cache-memory 40K --block-size 4 --max-num-batched-tokens 24 --max-num-seqs 4"
+            "2 -tp 2 --kv-cache-memory $([ $m = mtp ] && echo 60K || echo 40K) --block-size 4 --max-num-batched-tokens 24 --max-num-seqs 4"
     else
         Ks=3
         set -- "1" "4 -tp 4 -dcp 4" "2 -tp 2 --kv-cache-memory 16K --block-size 4 --max-num-batched-tokens 24 --max-num-seqs 4"
     fi
     drafted=0 accepted=0
     for K in $Ks; do
+        first=
         for layout in "$@"; do
             np=${layout%% *}
             args=${layout#"$np"}
@@ -100,16 +104,18 @@ for line in open(sys.argv[1]):
             if [ "$args" != "${args#*expert}" ]; then # EP is its own reduction order: its run without speculation
                 want=$WORK/$m-ep.want
                 [ -f "$want" ] || { NP=$np run_dcp "$m-ep" --model "$WORK/$m" --tokenizer "$TOK" $args \
-                    --output "$WORK/$m-ep.jsonl" "$P" && plain "$WORK/$m-ep.jsonl" >"$want"; }
+                    --output "$WORK/$m-ep.jsonl" "$P" && unspec "$WORK/$m-ep.jsonl" >"$want"; }
             fi
             checks=$((checks + 1))
-            NP=$np run_dcp "$name" --model "$WORK/$m" --tokenizer "$TOK" $args --speculative-config "$(SPEC $K)" \
+            spec=$(SPEC $K)
+            [ $m = mtp ] && spec=$(MTP $K $([ "$np" = 4 ] && echo deepseek_mtp))
+            NP=$np run_dcp "$name" --model "$WORK/$m" --tokenizer "$TOK" $args --speculative-config "$spec" \
                 --output "$WORK/$name.jsonl" "$P"
             if [ "$(cat "$WORK/$name.rc")" != 0 ]; then
                 fail "$m, K=$K, -np $np$args: exit $(cat "$WORK/$name.rc")"; cat "$WORK/$name.err" >&2; continue
-            elif ! plain "$WORK/$name.jsonl" | cmp -s - "$want"; then
+            elif ! unspec "$WORK/$name.jsonl" | cmp -s - "$want"; then
                 fail "$m, K=$K, -np $np$args: the results differ from the run without speculation"
-                plain "$WORK/$name.jsonl" | diff - "$want" | head -4 | cut -c1-300 >&2
+                unspec "$WORK/$name.jsonl" | diff - "$want" | head -4 | cut -c1-300 >&2
                 continue
             fi
             d=$(grep -o '"spec_draft_tokens":[0-9]*' "$WORK/$name.jsonl" | awk -F: '{s += $2} END {print s + 0}')
@@ -119,7 +125,11 @@ for line in open(sys.argv[1]):
                 fail "$m, K=$K, -np $np$args: the summary line disagrees with the requests' $d drafts, $a accepted: $line"
             elif [ "$args" != "${args#*kv-cache-memory}" ] && ! grep -qE ', [1-9][0-9]* preemption' "$WORK/$name.out"; then
                 fail "$m, K=$K, -np $np$args: nothing was preempted"; grep preemption "$WORK/$name.out" >&2
+            elif [ $m = mtp ] && [ "$args" = "${args#*kv-cache-memory}" ] && [ -n "$first" ] && [ "$first" != "$d $a" ]; then
+                # the MTP layer's bits are the same at every layout, so are its drafts
+                fail "$m, K=$K, -np $np$args: $a of $d drafts accepted, at one rank $first"
             else
+                [ -z "$first" ] && first="$d $a"
                 pass "$m, K=$K, -np $np$args: the same results; $a of $d drafts accepted"
                 drafted=$((drafted + d)) accepted=$((accepted + a))
             fi
@@ -148,39 +158,43 @@ fi
 
 # a run killed halfway and resumed with speculation: the uninterrupted
 # results (but for the prompt positions found in the prefix cache, which
-# depend on what the killed run had computed)
-uncached() { plain "$1" | sed -E 's/"cached_tokens":[0-9]+//'; }
-P=$WORK/many-p.jsonl
-for r in 0 1 2; do sed "s/\"id\": \"r/\"id\": \"x$r-r/" "$WORK/v3-p.jsonl"; done >"$P"
-run_dcp many --model "$WORK/v3" --tokenizer "$TOK" --max-num-seqs 2 --output "$WORK/many.jsonl" "$P"
-out=$WORK/killed.jsonl
-"$MPIRUN" -q --oversubscribe --bind-to none -np 2 "$DCPINFER" --model "$WORK/v3" --tokenizer "$TOK" -tp 2 \
-    --max-num-seqs 2 --speculative-config "$(SPEC 3)" --output "$out" "$P" >"$WORK/killed.out" 2>&1 &
-job=$! waited=0
-while [ "$(grep -c '' "$out.journal.dp0" 2>/dev/null || echo 0)" -lt 8 ] && [ $waited -lt 1200 ] && kill -0 $job 2>/dev/null; do
-    sleep 0.02; waited=$((waited + 1))
-done
-victim=$(pgrep -f "^$DCPINFER .*--output $out" | tail -1)
-checks=$((checks + 1))
-journaled=$(grep -c '' "$out.journal.dp0" 2>/dev/null)
-if [ -z "$victim" ]; then
-    fail "resume: the run ended before it could be killed"
-else
+# depend on what the killed run had computed); with n-gram drafts and with
+# the MTP layer's
+uncached() { unspec "$1" | sed -E 's/"cached_tokens":[0-9]+//'; }
+resume_check() { # model, --speculative-config
+    local m=$1 spec=$2 P=$WORK/$1-many-p.jsonl out=$WORK/$1-killed.jsonl
+    for r in 0 1 2; do sed "s/\"id\": \"r/\"id\": \"x$r-r/" "$WORK/$m-p.jsonl"; done >"$P"
+    run_dcp $m-many --model "$WORK/$m" --tokenizer "$TOK" --max-num-seqs 2 --output "$WORK/$m-many.jsonl" "$P"
+    "$MPIRUN" -q --oversubscribe --bind-to none -np 2 "$DCPINFER" --model "$WORK/$m" --tokenizer "$TOK" -tp 2 \
+        --max-num-seqs 2 --speculative-config "$spec" --output "$out" "$P" >"$WORK/$m-killed.out" 2>&1 &
+    local job=$! waited=0 victim journaled
+    while [ "$(grep -c '' "$out.journal.dp0" 2>/dev/null || echo 0)" -lt 8 ] && [ $waited -lt 1200 ] && kill -0 $job 2>/dev/null; do
+        sleep 0.02; waited=$((waited + 1))
+    done
+    victim=$(pgrep -f "^$DCPINFER .*--output $out" | tail -1)
+    checks=$((checks + 1))
+    journaled=$(grep -c '' "$out.journal.dp0" 2>/dev/null)
+    if [ -z "$victim" ]; then
+        fail "$m resume: the run ended before it could be killed"
+        return
+    fi
     kill -9 "$victim"
     wait $job 2>/dev/null
-    NP=2 run_dcp resumed --model "$WORK/v3" --tokenizer "$TOK" -tp 2 --max-num-seqs 2 \
-        --speculative-config "$(SPEC 3)" --resume --output "$out" "$P"
-    if [ "$(cat "$WORK/resumed.rc")" != 0 ]; then
-        fail "resume: exit $(cat "$WORK/resumed.rc")"; cat "$WORK/resumed.err" >&2
-    elif ! uncached "$out" | cmp -s - <(uncached "$WORK/many.jsonl"); then
-        fail "resume: the resumed results differ from an uninterrupted run without speculation"
-        uncached "$out" | diff - <(uncached "$WORK/many.jsonl") | head -4 | cut -c1-300 >&2
-    elif ! grep -q "resum" "$WORK/resumed.out" "$WORK/resumed.err"; then
-        fail "resume: the run does not say it resumed"
+    NP=2 run_dcp $m-resumed --model "$WORK/$m" --tokenizer "$TOK" -tp 2 --max-num-seqs 2 \
+        --speculative-config "$spec" --resume --output "$out" "$P"
+    if [ "$(cat "$WORK/$m-resumed.rc")" != 0 ]; then
+        fail "$m resume: exit $(cat "$WORK/$m-resumed.rc")"; cat "$WORK/$m-resumed.err" >&2
+    elif ! uncached "$out" | cmp -s - <(uncached "$WORK/$m-many.jsonl"); then
+        fail "$m resume: the resumed results differ from an uninterrupted run without speculation"
+        uncached "$out" | diff - <(uncached "$WORK/$m-many.jsonl") | head -4 | cut -c1-300 >&2
+    elif ! grep -q "resum" "$WORK/$m-resumed.out" "$WORK/$m-resumed.err"; then
+        fail "$m resume: the run does not say it resumed"
     else
-        pass "resume: killed with $journaled of 24 requests journaled, resumed with speculation: the uninterrupted results"
+        pass "$m resume: killed with $journaled of 24 requests journaled, resumed with speculation: the uninterrupted results"
     fi
-fi
+}
+resume_check v3 "$(SPEC 3)"
+resume_check mtp "$(MTP 3)"
 
 # vLLM's refusals, one line each
 expect_error spec-bad-json 2 "--speculative-config '{method': not a JSON object" \
@@ -191,4 +205,9 @@ expect_error spec-min-max 2 "prompt_lookup_min 5 exceeds prompt_lookup_max 3" \
     --model "$WORK/v3" --speculative-config '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}' "$WORK/v3-p.jsonl"
 expect_error spec-method 2 "method \"eagle\": choose ngram, mtp or deepseek_mtp" \
     --model "$WORK/v3" --speculative-config '{"method": "eagle", "num_speculative_tokens": 2}' "$WORK/v3-p.jsonl"
+expect_error spec-no-mtp 1 "speculative decoding with \"mtp\" needs a DeepSeek model with multi-token-prediction layers" \
+    --model "$WORK/v3" --speculative-config "$(MTP 2)" "$WORK/v3-p.jsonl"
+echo '{"prompt_token_ids": [1, 2, 3]}' >"$WORK/tiny.jsonl"
+expect_error spec-mtp-left-out 1 "says num_nextn_predict_layers 1, but the checkpoint has no 'model.layers.3.embed_tokens.weight'" \
+    --model "$SRC/tests/data/deepseek/v3_yarn" --speculative-config "$(MTP 2)" "$WORK/tiny.jsonl"
 finish

@@ -8,13 +8,16 @@
  * 8 experts in 4 groups, DeepSeek-V2 without q_lora_rank and with softmax
  * routing), dcpinfer's logits at every prompt
  * position are within 1e-4 of transformers' (relative to the row's largest
- * absolute logit), and its 32 greedy tokens are transformers' tokens. */
+ * absolute logit), and its 32 greedy tokens are transformers' tokens. A
+ * DeepSeek-V3 model's MTP layer (tests/ref/make_mtp_refs.py) gives a
+ * torch implementation's draft logits (mtp_against_torch). */
 #include "arch.h"
 #include "backend.h"
 #include "engine.h"
 #include "generate.h"
 #include "model.h"
 #include "safetensors.h"
+#include "sampler.h"
 #include "testutil.h"
 
 static const char *cases[] = {"hf/llama3",        "hf/rope_parameters", "hf/linear",
@@ -171,6 +174,90 @@ static void against_transformers(const char *src, const char *name, const char *
     model_free(&m);
 }
 
+/* Largest |a - b| over n rows of vocab logits, relative to each row's
+ * largest |b| */
+static double rel_diff(const float *a, const float *b, int n, int vocab)
+{
+    double worst = 0;
+    for (int p = 0; p < n; p++, a += vocab, b += vocab) {
+        double big = 0, d = 0;
+        for (int v = 0; v < vocab; v++) {
+            big = fmax(big, fabs(b[v]));
+            d = fmax(d, fabs((double)a[v] - b[v]));
+        }
+        worst = fmax(worst, d / (big > 0 ? big : 1));
+    }
+    return worst;
+}
+
+/* DeepSeek's MTP layer against a short torch implementation of it
+ * (tests/ref/make_mtp_refs.py, deepseek/v3_mtp): over the prompt, the
+ * model's pass and then the MTP layer's with the tokens shifted by one
+ * (the greedy token after the prompt last) and the model's final-normed
+ * hidden states; its draft logits at every position within 1e-4 of the
+ * reference's (relative to the row's largest). Then two chained draft
+ * steps, each one position on, on the draft before it and the MTP
+ * layer's own state: their logits within 1e-4, their drafts the
+ * reference's. */
+static void mtp_against_torch(const char *src)
+{
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/tests/data/deepseek/v3_mtp", src);
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    int ids[1024];
+    int n = read_ids(path, ids, 1024) - 1; /* the prompt, then the greedy token after it */
+    Model m;
+    if (!CHECK_OK(n >= 16, "v3_mtp: reference data missing") ||
+        !CHECK_OK(model_load_mtp(&m, dir, 1, 0, 0, 0, "float32", 0, 1) == 0, "v3_mtp: %s", dcp_error()))
+        return;
+    int vocab = m.cfg.vocab_size;
+    float *ref = read_ref_logits_named(dir, "mtp_logits.f32", n, vocab);
+    float *chain_ref = read_ref_logits_named(dir, "mtp_chain_logits.f32", 2, vocab);
+    int drafts[3];
+    snprintf(path, sizeof path, "%s/mtp_drafts.txt", dir);
+    CHECK(read_ids(path, drafts, 3) == 3, "v3_mtp: mtp_drafts.txt must hold 3 ids");
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, &m, backend_cpu(), NULL, NULL, &tm, NULL);
+    BlockTable table = {0};
+    table_reserve(&e.att.pool, &table, kv_blocks_for(e.env.topo, n + 2, e.att.pool.block_size));
+    Chunk c = {table.ids, table.n, 0, n};
+    float *logits = xmalloc(sizeof(float) * (size_t)n * vocab), *hidden = xmalloc(sizeof(float) * (size_t)n * m.cfg.dim);
+    int *rows = xmalloc(sizeof(int) * (size_t)n), all = n;
+    engine_forward(&e, ids, &c, 1, NULL, logits);
+    for (int t = 0; t < n; t++) rows[t] = t;
+    engine_mtp(&e, ids + 1, &c, 1, rows, NULL, &all, logits, hidden);
+    double worst = ref ? rel_diff(logits, ref, n, vocab) : INFINITY, chain_worst = 0;
+    int got[3] = {argmax_f32(logits + (size_t)(n - 1) * vocab, vocab)};
+    float *state = xmalloc(sizeof(float) * (size_t)m.cfg.dim);
+    memcpy(state, hidden + (size_t)(n - 1) * m.cfg.dim, sizeof(float) * (size_t)m.cfg.dim);
+    for (int j = 0; j < 2; j++) { /* the reference's drafts as inputs, whatever this run's argmax */
+        Chunk step = {table.ids, table.n, n + j, 1};
+        engine_mtp(&e, &drafts[j], &step, 1, NULL, state, NULL, logits, hidden);
+        memcpy(state, hidden, sizeof(float) * (size_t)m.cfg.dim);
+        got[j + 1] = argmax_f32(logits, vocab);
+        chain_worst = fmax(chain_worst, chain_ref ? rel_diff(logits, chain_ref + (size_t)j * vocab, 1, vocab) : INFINITY);
+    }
+    fprintf(stderr, "deepseek/v3_mtp           MTP layer: max |logit - torch| / max |logit| = %.2g over %d positions, "
+                    "%.2g over 2 chained steps; drafts %d %d %d (torch %d %d %d)\n",
+            worst, n, chain_worst, got[0], got[1], got[2], drafts[0], drafts[1], drafts[2]);
+    CHECK(worst <= 1e-4, "v3_mtp: MTP draft logits differ from the torch reference by %g (relative)", worst);
+    CHECK(chain_worst <= 1e-4, "v3_mtp: chained draft logits differ from the torch reference by %g (relative)",
+          chain_worst);
+    CHECK(!memcmp(got, drafts, sizeof got), "v3_mtp: drafts %d %d %d, the reference's %d %d %d", got[0], got[1],
+          got[2], drafts[0], drafts[1], drafts[2]);
+    free(state);
+    free(chain_ref);
+    table_release(&e.att.pool, &table);
+    table_free(&table);
+    engine_free(&e);
+    free(logits);
+    free(hidden);
+    free(rows);
+    free(ref);
+    model_free(&m);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -181,6 +268,7 @@ int main(int argc, char **argv)
     EngineOptions emulate = {.nvfp4_act = 1};
     against_transformers(src, "deepseek/v3_w4a4", "_emulate", &emulate);
     against_transformers(src, "deepseek/v3_w4a4_mo", "_emulate", &emulate);
+    mtp_against_torch(src);
     quant_twin(src, "v3_fp8", DTYPE_F8_E4M3, 16);
     quant_twin(src, "v3_int4", DTYPE_I4, 32);
     quant_twin(src, "v3_nvfp4", DTYPE_FP4, 16);
