@@ -11,7 +11,8 @@
 # killed run is resumed; for DeepSeek-V3 (latent attention, MoE) and a
 # Llama model of one KV head. The same with DeepSeek's MTP drafts from a
 # DeepSeek-V3 model written with an MTP layer, which also drafts the same
-# tokens at every layout. The drafts really are tried: some accepted, some
+# tokens at every layout, and drafts and accepts, request by request, what
+# transformers and a torch MTP module give (tests/data/spec/mtp_counts.txt). The drafts really are tried: some accepted, some
 # rejected, and the counts add up between the requests, the steps and the
 # summary line.
 . "${DCP_SRCDIR:-$(dirname "$0")/..}/tests/lib.sh"
@@ -140,6 +141,34 @@ for line in open(sys.argv[1]):
         pass "$m: drafts were both accepted and rejected ($accepted of $drafted)"
     else
         fail "$m: $accepted of $drafted drafts accepted: the runs did not exercise both"
+    fi
+done
+
+# the MTP layer's drafts against torch's: each request's drafted and
+# accepted counts at K = 1, 2, 3 are those a simulation of the scheduler
+# over transformers' run of the MTP model with branches at 0.1 (attention
+# then moves the drafts) and a torch MTP module gives, and its tokens
+# transformers' (tests/ref/make_mtp_refs.py)
+REF=$SRC/tests/data/spec/mtp_counts.txt
+"$MKMODEL" --out "$WORK/mtp-ref" --arch deepseek_v3 $SHAPE --branch-scale 0.1 --first-dense 1 --q-lora-rank 24 \
+    --norm-topk-prob --mtp-layers 1 >/dev/null
+for i in 0 1 2 3; do
+    echo "{\"id\": \"r$i\", \"prompt_token_ids\": [$(seed_ids $i)], \"max_tokens\": 40, \"temperature\": 0}"
+done >"$WORK/mtp-ref.jsonl"
+for K in 1 2 3; do
+    run_dcp mtp-ref-k$K --model "$WORK/mtp-ref" --speculative-config "$(MTP $K)" --output "$WORK/mtp-ref-k$K.jsonl" \
+        "$WORK/mtp-ref.jsonl"
+    checks=$((checks + 1))
+    got=$(python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(sys.argv[2], r["id"], r["usage"]["spec_draft_tokens"], r["usage"]["spec_accepted_tokens"])
+    print("tokens", r["id"], " ".join(map(str, r["token_ids"])))' "$WORK/mtp-ref-k$K.jsonl" $K | sort)
+    want=$(grep -E "^($K|tokens) " "$REF" | sort)
+    if [ "$(cat "$WORK/mtp-ref-k$K.rc")" != 0 ] || [ -z "$want" ] || [ "$got" != "$want" ]; then
+        fail "mtp against torch, K=$K: the drafts or tokens differ"; diff <(echo "$got") <(echo "$want") | head -6 | cut -c1-200 >&2
+    else
+        pass "mtp against torch, K=$K: each request's drafts and acceptances, $(echo "$want" | grep -v tokens | awk '{d += $3; a += $4} END {print a " of " d}'), and tokens"
     fi
 done
 

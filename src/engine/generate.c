@@ -280,7 +280,8 @@ static void pick_tokens(Engine *e, Scheduler *sch, StepPlan *p, float *local, in
 /* Speculative decoding's MTP passes (engine_mtp): their inputs and
  * outputs for a step's chunks */
 typedef struct {
-    int *tokens, *prev_rows, *row_end, *chunk_of, *row_of;
+    int *tokens, *prev_rows, *row_end;
+    int *write_at, *chunk_of, *row_of; /* draft steps: per row, where its draft goes and its chunk; per chunk, its row */
     Chunk *chunks;
     float *logits, *hidden, *prev;
     ValueIndex *pairs;
@@ -290,7 +291,8 @@ static void mtp_buffers(MtpBuffers *b, const Model *m, size_t tokens, size_t seq
 {
     size_t dim = (size_t)m->cfg.dim;
     *b = (MtpBuffers){.tokens = xmalloc(sizeof(int) * tokens), .prev_rows = xmalloc(sizeof(int) * tokens),
-                      .row_end = xmalloc(sizeof(int) * seqs), .chunk_of = xmalloc(sizeof(int) * seqs),
+                      .row_end = xmalloc(sizeof(int) * seqs), .write_at = xmalloc(sizeof(int) * seqs),
+                      .chunk_of = xmalloc(sizeof(int) * seqs),
                       .row_of = xmalloc(sizeof(int) * seqs), .chunks = xmalloc(sizeof(Chunk) * seqs),
                       .logits = xmalloc(sizeof(float) * seqs * (size_t)(m->shard.vocab ? m->shard.vocab : 1)),
                       .hidden = xmalloc(sizeof(float) * seqs * dim), .prev = xmalloc(sizeof(float) * seqs * dim),
@@ -299,7 +301,7 @@ static void mtp_buffers(MtpBuffers *b, const Model *m, size_t tokens, size_t seq
 
 static void mtp_buffers_free(MtpBuffers *b)
 {
-    void *p[] = {b->tokens, b->prev_rows, b->row_end, b->chunk_of, b->row_of, b->chunks, b->logits, b->hidden,
+    void *p[] = {b->tokens, b->prev_rows, b->row_end, b->write_at, b->chunk_of, b->row_of, b->chunks, b->logits, b->hidden,
                  b->prev, b->pairs};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
 }
@@ -345,6 +347,7 @@ static void mtp_draft_steps(Engine *e, Scheduler *sch, StepPlan *p, MtpBuffers *
             memcpy(b->prev + (size_t)n * dim, prev, sizeof(float) * dim);
             b->tokens[n] = p->tokens[t0 + pending + j];
             b->chunks[n] = (Chunk){c->blocks, c->n_blocks, c->pos0 + pending + j - 1, 1};
+            b->write_at[n] = t0 + pending + j + 1;
             b->chunk_of[n++] = i;
         }
         if (!n) {
@@ -354,10 +357,8 @@ static void mtp_draft_steps(Engine *e, Scheduler *sch, StepPlan *p, MtpBuffers *
         engine_mtp(e, b->tokens, b->chunks, n, NULL, b->prev, NULL, b->logits, b->hidden);
         mtp_argmax(e, b, n);
         for (int k = 0; k < n; k++) {
-            int i = b->chunk_of[k], t0 = 0;
-            for (int x = 0; x < i; x++) t0 += p->chunks[x].n;
-            p->tokens[t0 + p->chunks[i].n - p->drafts[i] - 1 + j + 1] = b->pairs[k].index;
-            b->row_of[i] = k;
+            p->tokens[b->write_at[k]] = b->pairs[k].index;
+            b->row_of[b->chunk_of[k]] = k;
         }
     }
 }

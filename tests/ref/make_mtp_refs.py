@@ -34,7 +34,21 @@ vocab): the chained steps', each at the position after the last, on the
 draft before it and the MTP layer's own output state there, as vLLM
 chains its draft steps).
 
-Usage: python3 tests/ref/make_mtp_refs.py   (needs torch, transformers >= 5)
+With a build folder, also the drafts of a whole run: the model
+tests/spec_decode.sh writes for it (dcpinfer-mkmodel --arch deepseek_v3
+--branch-scale 0.1 --mtp-layers 1 ..., MKMODEL_ARGS below: the scale
+lets attention move the drafts, so that a draft step at the wrong
+position drafts other tokens, yet leaves half the drafts accepted), loaded by
+transformers with its MTP layer's decoder layer as a layer one past the
+last, generates greedily from four seed prompts; a simulation of
+dcpinfer's scheduler (a decoding request drafts min(K, max_tokens - n - 1)
+tokens: the MTP layer's greedy token at the position before the pending
+one, then chained steps; drafts are kept while they equal the model's
+tokens) counts each request's drafted and accepted tokens at K = 1, 2, 3
+into tests/data/spec/mtp_counts.txt ("K id drafted accepted", then the
+request's tokens per id: "tokens id t0 t1 ...").
+
+Usage: python3 tests/ref/make_mtp_refs.py [BUILD]   (needs torch, transformers >= 5)
 """
 import json
 import math
@@ -169,5 +183,82 @@ def main():
           f"MTP logits {logits.shape}, greedy next {nxt}")
 
 
+MKMODEL_ARGS = ["--arch", "deepseek_v3", "--layers", "2", "--dim", "64", "--heads", "8", "--hidden", "128",
+                "--vocab", "512", "--branch-scale", "0.1", "--first-dense", "1", "--q-lora-rank", "24",
+                "--norm-topk-prob", "--mtp-layers", "1"]
+SEEDS, MAX_TOKENS, KS = 4, 40, (1, 2, 3)
+
+
+def seed_ids(i):
+    """tests/spec_decode.sh's seed_ids"""
+    return [3 + (j * 37 + i * 101 + 5) % 509 for j in range(8)]
+
+
+def run_drafts(build):
+    import subprocess
+    with tempfile.TemporaryDirectory() as tmp:
+        d = os.path.join(tmp, "mtp")
+        subprocess.run([os.path.join(build, "dcpinfer-mkmodel"), "--out", d] + MKMODEL_ARGS, check=True,
+                       stdout=subprocess.DEVNULL)
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        cfg = model.config
+        L = cfg.num_hidden_layers
+        deeper = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager",
+                                                      num_hidden_layers=L + 1).eval()
+        mtp = Mtp(cfg, deeper.model.layers[L]).eval()
+        t = load_file(os.path.join(d, "model.safetensors"))
+        with torch.no_grad():
+            for name, m in (("embed_tokens", mtp.embed_tokens), ("enorm", mtp.enorm), ("hnorm", mtp.hnorm),
+                            ("eh_proj", mtp.eh_proj), ("shared_head.norm", mtp.head_norm),
+                            ("shared_head.head", mtp.head)):
+                m.weight.copy_(t[f"model.layers.{L}.{name}.weight"])
+        lines = []
+        for i in range(SEEDS):
+            prompt = torch.tensor([seed_ids(i)])
+            with torch.no_grad():
+                seq = model.generate(prompt, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False)
+                hidden = model(seq, output_hidden_states=True).hidden_states[-1]
+                tokens = seq[:, 1:]
+                first, states = mtp(tokens, hidden[:, :-1], model.model.rotary_emb)
+            out = seq[0].tolist()
+            P = prompt.shape[1]
+            lines.append("tokens r%d %s" % (i, " ".join(map(str, out[P:]))))
+
+            def chain(n, k):
+                """the k drafts of a verification whose pending token is at position n"""
+                drafts = [int(first[0, n - 1].argmax())]
+                toks, hid, st = tokens[:, :n], hidden[:, :n], states[:, n - 1:n]
+                with torch.no_grad():
+                    for _ in range(k - 1):
+                        toks = torch.cat([toks, torch.tensor([[drafts[-1]]])], dim=1)
+                        hid = torch.cat([hid, st], dim=1)
+                        lg, xs = mtp(toks, hid, model.model.rotary_emb)
+                        drafts.append(int(lg[0, -1].argmax()))
+                        st = xs[:, -1:]
+                return drafts
+
+            for K in KS:
+                n_out, drafted, accepted = 1, 0, 0  # the prefill step outputs the first token
+                while n_out < MAX_TOKENS:
+                    k = min(K, MAX_TOKENS - n_out - 1)
+                    pending = P + n_out - 1
+                    a = 0
+                    if k > 0:
+                        for dj in chain(pending, k):
+                            if dj != out[pending + 1 + a]:
+                                break
+                            a += 1
+                        drafted, accepted = drafted + k, accepted + a
+                    n_out += a + 1
+                lines.append("%d r%d %d %d" % (K, i, drafted, accepted))
+    path = os.path.join(TOP, "tests", "data", "spec", "mtp_counts.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(sorted(lines, key=lambda x: (x.startswith("tokens"), x))) + "\n")
+    print(path + ":\n" + "\n".join(l for l in lines if not l.startswith("tokens")))
+
+
 if __name__ == "__main__":
+    import sys
     main()
+    if len(sys.argv) > 1:
+        run_drafts(sys.argv[1])
