@@ -172,6 +172,28 @@ for line in open(sys.argv[1]):
     fi
 done
 
+# an MTP layer stored as the layers are: FP8 blocks, INT4 experts and
+# NVFP4 (ModelOpt, W4A4) experts, each the run's without speculation
+for q in "fp8-block --fp8-block 16" int4-w4a16 nvfp4-modelopt; do
+    f=${q%% *}
+    "$MKMODEL" --out "$WORK/mtp-$f" --arch deepseek_v3 $SHAPE --first-dense 1 --q-lora-rank 24 --norm-topk-prob \
+        --mtp-layers 1 --quant $q >/dev/null
+    run_dcp mtp-$f-base --model "$WORK/mtp-$f" --output "$WORK/mtp-$f-base.jsonl" "$WORK/mtp-ref.jsonl"
+    run_dcp mtp-$f --model "$WORK/mtp-$f" --speculative-config "$(MTP 3)" --output "$WORK/mtp-$f.jsonl" "$WORK/mtp-ref.jsonl"
+    checks=$((checks + 1))
+    kind=$(grep -o 'experts [a-z0-9-]*' "$WORK/mtp-$f.out" | head -1)
+    a=$(grep -o '"spec_accepted_tokens":[0-9]*' "$WORK/mtp-$f.jsonl" | awk -F: '{s += $2} END {print s + 0}')
+    if [ "$(cat "$WORK/mtp-$f.rc")" != 0 ] || [ "$(cat "$WORK/mtp-$f-base.rc")" != 0 ]; then
+        fail "mtp, $f: exit $(cat "$WORK/mtp-$f.rc")"; cat "$WORK/mtp-$f.err" "$WORK/mtp-$f-base.err" >&2
+    elif ! unspec "$WORK/mtp-$f.jsonl" | cmp -s - <(unspec "$WORK/mtp-$f-base.jsonl"); then
+        fail "mtp, $f: the results differ from the run without speculation"
+    elif ! grep -q "and an MTP layer; attention" "$WORK/mtp-$f.out" || [ "$kind" = "experts float32" ] || ! [ "$a" -gt 0 ]; then
+        fail "mtp, $f: $a drafts accepted; $(grep '# weights' "$WORK/mtp-$f.out")"
+    else
+        pass "mtp, $f ($kind): the results without speculation, $a drafts accepted"
+    fi
+done
+
 # the HDF5 results: the per-request counts, and the steps' adding up to them
 name=v3-h5
 run_dcp $name --model "$WORK/v3" --tokenizer "$TOK" --speculative-config "$(SPEC 3)" --output "$WORK/$name.h5" "$WORK/v3-p.jsonl"

@@ -464,16 +464,22 @@ static int write_named(const ModelSpec *s, const char *dir, int bf16)
 }
 
 /* the modules ModelOpt leaves unquantized in dcpinfer-mkmodel's models (the
- * first %s: a wrapper's prefix) */
+ * first %s: a wrapper's prefix; the second: MTP_EXCLUDE's or "") */
 #define MODELOPT_EXCLUDE                                                                                               \
     "[\"%slm_head\", \"model.layers.*.self_attn*\", \"model.layers.*.shared_experts*\", \"*.mlp.gate_proj\", "      \
-    "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"]"
+    "\"*.mlp.up_proj\", \"*.mlp.down_proj\", \"*.mlp.gate\"%s]"
+/* an MTP layer's own matrices, written in float32: left out by either
+ * format's list (compressed-tensors' regular expressions, ModelOpt's
+ * patterns) */
+#define MTP_IGNORE_CT ", \"re:.*\\\\.eh_proj$\", \"re:.*\\\\.shared_head\\\\.head$\""
+#define MTP_EXCLUDE_MO ", \"*.eh_proj\", \"*.shared_head.head\""
 
 /* the quantization_config line of a quantized DeepSeek model ("" if none) */
 static void mla_quant_config(const ModelSpec *s, char *buf, size_t n)
 {
     /* a wrapper's ignore list names the LM head under its prefix */
-    const char *lm = s->kimi_k25 ? WRAPPED_PREFIX : "";
+    const char *lm = s->kimi_k25 ? WRAPPED_PREFIX : "", *mtp_ct = s->mtp_layers ? MTP_IGNORE_CT : "",
+               *mtp_mo = s->mtp_layers ? MTP_EXCLUDE_MO : "";
     if (s->fp8_block)
         snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
                    "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]},\n",
@@ -483,22 +489,22 @@ static void mla_quant_config(const ModelSpec *s, char *buf, size_t n)
                    "\"pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
                    "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, "
                    "\"group_size\": %d, \"strategy\": \"group\", \"dynamic\": false}}}, \"ignore\": [\"%slm_head\", "
-                   "\"re:.*self_attn.*\", \"re:.*shared_experts.*\", \"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n",
-                s->int4_group, lm);
+                   "\"re:.*self_attn.*\", \"re:.*shared_experts.*\", \"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"%s]},\n",
+                s->int4_group, lm, mtp_ct);
     if (s->nvfp4 == 1)
         snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
                    "\"nvfp4-pack-quantized\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": "
                    "{\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"symmetric\": "
                    "true, \"group_size\": 16, \"strategy\": \"tensor_group\", \"dynamic\": false, \"scale_dtype\": "
                    "\"torch.float8_e4m3fn\"}}}, \"ignore\": [\"%slm_head\", \"re:.*self_attn.*\", \"re:.*shared_experts.*\", "
-                   "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"]},\n", lm);
+                   "\"re:.*mlp\\\\.(gate|up|gate_up|down)_proj.*\"%s]},\n", lm, mtp_ct);
     if (s->nvfp4 == 2) /* ModelOpt's config.json form; hf_quant_config.json says the same (modelopt_quant_file) */
         snprintf(buf, n, "  \"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\", "
                    "\"producer\": {\"name\": \"modelopt\"}, \"config_groups\": {\"group_0\": {\"targets\": "
                    "[\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"float\", \"group_size\": 16, "
                    "\"dynamic\": false}, \"input_activations\": {\"num_bits\": 4, \"type\": \"float\", "
                    "\"group_size\": 16, \"dynamic\": false}}}, \"ignore\": " MODELOPT_EXCLUDE "},\n",
-                 lm);
+                 lm, mtp_mo);
 }
 
 /* hf_quant_config.json, as ModelOpt writes it beside config.json: the
@@ -512,7 +518,7 @@ static int modelopt_quant_file(const ModelSpec *s, const char *dir)
     if (!f) return dcp_fail("%s: %s", path, strerror(errno));
     fprintf(f, "{\n  \"producer\": {\"name\": \"modelopt\"},\n  \"quantization\": {\"quant_algo\": \"NVFP4\", "
                "\"kv_cache_quant_algo\": null, \"group_size\": 16, \"exclude_modules\": " MODELOPT_EXCLUDE "}\n}\n",
-            s->kimi_k25 ? WRAPPED_PREFIX : "");
+            s->kimi_k25 ? WRAPPED_PREFIX : "", s->mtp_layers ? MTP_EXCLUDE_MO : "");
     return fclose(f) ? dcp_fail("%s: write error", path) : 0;
 }
 

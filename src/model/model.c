@@ -394,6 +394,14 @@ static int read_kv_scales(const char *path, const StCheckpoint *ck, const Config
     return 0;
 }
 
+/* A Linear module's weight, which a quantization_config's "Linear"
+ * targets reach: a matrix that is not the router and not an embedding (an
+ * MTP layer's embed_tokens) */
+static int linear_tensor(const TensorSpec *mt)
+{
+    return mt->rows && !strstr(mt->name, "mlp.gate.weight") && !strstr(mt->name, "embed_tokens");
+}
+
 /* Tensors a checkpoint may hold that no architecture reads. */
 static int ignorable_tensor(const char *name)
 {
@@ -462,7 +470,7 @@ int model_check_checkpoint(const char *path, const Config *c)
             char module[128], packed[144];
             spec_module(&mt[i], module, sizeof module);
             snprintf(packed, sizeof packed, "%s.weight_packed", module);
-            int linear = !vector && !strstr(mt[i].name, "mlp.gate.weight");
+            int linear = linear_tensor(&mt[i]);
             if (four_bit && linear && quant_rules_quantized(rules, module, 1)) {
                 rc = check_quantized(path, &ck, &qf, module, mt[i].rows, mt[i].cols, names, &n_names);
                 continue;
@@ -981,7 +989,7 @@ static WeightPart spec_part(const char *name)
 static StDtype stored_dtype(const Source *src, const TensorSpec *mt)
 {
     const Config *c = src->cfg;
-    int linear = mt->rows && !strstr(mt->name, "mlp.gate.weight");
+    int linear = linear_tensor(mt);
     char module[128];
     int quantized = linear && (!src->rules || quant_rules_quantized(src->rules, spec_module(mt, module, sizeof module), 1));
     if (quantized && c->quant.fp8_block[0]) return ST_F8_E4M3; /* less modules_to_not_convert */
@@ -1098,7 +1106,8 @@ void model_weights_summary(const Model *m, char *buf, size_t n)
     if (w->moe) format_name(c, w->moe[0].e_gate, e, sizeof e);
     format_name(c, w->lm_head, h, sizeof h);
     double mib = w->bytes / 1048576.0;
-    snprintf(buf, n, "%d layers; attention %s%s%s%s%s, LM head %s; %.*f %s on this rank%s", c->n_layers, a,
+    snprintf(buf, n, "%d layers%s; attention %s%s%s%s%s, LM head %s; %.*f %s on this rank%s", c->n_layers,
+             c->mtp_loaded ? " and an MTP layer" : "", a,
              *e ? ", experts " : "", e, *d ? ", dense feed-forward " : "", d, h, mib < 1024 ? 2 : 3,
              mib < 1024 ? mib : mib / 1024, mib < 1024 ? "MiB" : "GiB",
              c->wrapped ? "; the language model of a multimodal checkpoint, its vision tower not loaded" : "");
