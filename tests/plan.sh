@@ -21,10 +21,11 @@ S=$SHARED/models/stories260K
 
 # same NAME NP MODEL-ARGS -- OPTIONS: the plan's KV lines against a run's,
 # and its weight bytes of each TP rank against the run's /memory/weight_bytes
+# (PLAN_ARGS: the plan's own options besides)
 same() {
     local name=$1 np=$2 model=$3; shift 3
     checks=$((checks + 2))
-    "$PLAN" $model "$@" >"$WORK/$name.plan" 2>&1
+    "$PLAN" $model "$@" ${PLAN_ARGS:-} >"$WORK/$name.plan" 2>&1
     NP=$np run_dcp "$name" $model "$@" --output "$WORK/$name.h5" "$WORK/p.jsonl"
     local want got
     want=$(grep -E '^# (KV cache|Maximum concurrency)' "$WORK/$name.out" | grep -v 'bytes held')
@@ -64,6 +65,12 @@ same mqa-tp4-dcp4 4 "--model $WORK/mqa" -tp 4 -dcp 4 --kv-cache-memory 5M --cp-k
 same v3-tp4-dcp4 4 "--model $WORK/v3" -tp 4 -dcp 4 --kv-cache-memory 1500K
 same v3-tp2-bf16 2 "--model $WORK/v3" -tp 2 --kv-cache-memory 2G --kv-cache-dtype bfloat16 --block-size 32
 same v2-tp2-dcp2 2 "--model $WORK/v2" -tp 2 -dcp 2 --kv-cache-memory 900K
+# with MTP drafts the MTP layer's weights and cache row count as a run loads them
+"$MKMODEL" --out "$WORK/v3mtp" --arch deepseek_v3 --layers 2 --dim 64 --heads 4 --hidden 128 --vocab 300 \
+    --max-len 2048 --seed 3 --kv-lora-rank 16 --qk-rope-dim 8 --qk-nope-dim 8 --v-head-dim 8 --q-lora-rank 32 \
+    --experts 8 --experts-per-token 2 --moe-hidden 32 --first-dense 1 --mtp-layers 1 >/dev/null || exit 1
+PLAN_ARGS="--acceptance-length 2" same v3-mtp-tp4-dcp4 4 "--model $WORK/v3mtp" -tp 4 -dcp 4 --kv-cache-memory 1500K \
+    --speculative-config '{"method": "mtp", "num_speculative_tokens": 2}'
 same default-model 1 "" --kv-cache-memory 64M
 same gqa-tp2-bf16 2 "--model $WORK/gqa" -tp 2 --dtype bfloat16 --kv-cache-memory 1M
 # the checkpoints' own formats: block-scaled FP8, INT4 W4A16, NVFP4 (both
@@ -336,6 +343,37 @@ else
     fail "DeepSeek-V3 with --speculative-config: the verification step's estimate is off"; cat "$WORK/spec.json" >&2
 fi
 
+# MTP drafts: the same verification, plus the MTP layer's three passes (a
+# catch-up, two draft steps): a draft step sends one layer's share of a
+# decode step's TP sums (the embedding's and the layer's two), DCP query
+# gathers and merges; the passes read the MTP layer's cache row, a 61st of
+# the model's KV, three times; the model's own weights read are the ngram
+# estimate's
+checks=$((checks + 1))
+"$PLAN" --model "$C/deepseek-v3.config.json" --gpu H200 -tp 8 -dcp 8 --input-len 67000 --output-len 1000 \
+    --max-num-seqs 8 --speculative-config '{"method": "mtp", "num_speculative_tokens": 3}' --acceptance-length 2.5 \
+    --format json >"$WORK/spec-mtp.json" 2>&1
+if python3 - "$WORK/spec.json" "$WORK/spec-mtp.json" <<'PY'; then
+import json, sys
+N = json.load(open(sys.argv[1]))["layouts"][0]
+M = json.load(open(sys.argv[2]))["layouts"][0]
+d, s, mtp = M["comm_per_decode_step"], M["comm_per_mtp_draft_step"], M["mtp"]
+assert d == N["comm_per_decode_step"] and M["running_requests"] == N["running_requests"] == 8
+assert s["tp_sum"]["calls"] == 3 and s["tp_sum"]["bytes"] * d["tp_sum"]["calls"] == 3 * d["tp_sum"]["bytes"]
+for k in ("q_allgather", "merge_exchange"):
+    assert s[k]["calls"] * 61 == d[k]["calls"] and s[k]["bytes"] * 61 == d[k]["bytes"], k
+assert mtp["passes"] == 3 and mtp["weight_bytes"] > 0 and mtp["weight_bytes_read"] > 0
+assert abs(mtp["kv_bytes_read"] - 3 * N["estimate"]["kv_bytes_read"] / 61) < 1e-9 * mtp["kv_bytes_read"]
+e, n = M["estimate_speculative"], N["estimate_speculative"]
+assert e["weight_bytes_read"] - mtp["weight_bytes_read"] == n["weight_bytes_read"]
+assert e["bytes_sent"] > n["bytes_sent"] and e["step_seconds"] > n["step_seconds"]
+assert M["weight_bytes_per_rank"] == N["weight_bytes_per_rank"] + mtp["weight_bytes"]
+PY
+    pass "DeepSeek-V3 tp 8 dcp 8, MTP K = 3: a draft step sends one layer's collectives, $(python3 -c 'import json, sys; m = json.load(open(sys.argv[1]))["layouts"][0]["mtp"]; print("%.2f GB of the MTP layer read in %d passes" % (m["weight_bytes_read"] / 1e9, m["passes"]))' "$WORK/spec-mtp.json")"
+else
+    fail "DeepSeek-V3 with MTP: the estimate is off"; cat "$WORK/spec-mtp.json" >&2
+fi
+
 # the plan's own options refuse what they cannot mean
 refuse() {
     local why=$1; shift
@@ -354,7 +392,7 @@ refuse "--gpu-memory-utilization: '1.5' is not in (0, 1]" --gpu-memory-utilizati
 refuse "the model has no routed experts" --enable-expert-parallel
 refuse "give --acceptance-length A, the tokens a verification outputs on average, from 1 to 3" \
     --speculative-config '{"method": "ngram", "num_speculative_tokens": 2}'
-refuse "method mtp: the MTP layer's weights, cache row and draft steps are not estimated" \
+refuse "speculative decoding with \"mtp\" needs a DeepSeek model with multi-token-prediction layers" \
     --speculative-config '{"method": "mtp", "num_speculative_tokens": 2}' --acceptance-length 2
 
 checks=$((checks + 1))

@@ -985,11 +985,13 @@ static WeightPart spec_part(const char *name)
 /* How a bare config.json's checkpoint stores an MLA tensor (model_size):
  * 4-bit where its quantization_config's rules quantize the module, FP8
  * for every matrix but the router under block-scaled FP8, else its
- * torch_dtype. The matrices are those model_check_checkpoint quantizes. */
+ * torch_dtype. The matrices are those model_check_checkpoint quantizes,
+ * but for an MTP layer's eh_proj and shared_head, which DeepSeek's
+ * checkpoints keep in their torch_dtype as the LM head. */
 static StDtype stored_dtype(const Source *src, const TensorSpec *mt)
 {
     const Config *c = src->cfg;
-    int linear = linear_tensor(mt);
+    int linear = linear_tensor(mt) && !strstr(mt->name, ".eh_proj.") && !strstr(mt->name, ".shared_head.");
     char module[128];
     int quantized = linear && (!src->rules || quant_rules_quantized(src->rules, spec_module(mt, module, sizeof module), 1));
     if (quantized && c->quant.fp8_block[0]) return ST_F8_E4M3; /* less modules_to_not_convert */
@@ -1307,6 +1309,11 @@ int model_load_mtp(Model *m, const char *path, int tp, int tp_rank, int ep, int 
 int model_size(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype)
 {
     return load(m, path, tp, tp_rank, ep, ep_rank, dtype, 0, 1, 0);
+}
+
+int model_size_mtp(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype, int mtp)
+{
+    return load(m, path, tp, tp_rank, ep, ep_rank, dtype, 0, 1, mtp);
 }
 
 void model_free(Model *m)

@@ -239,6 +239,8 @@ int model_load_mtp(Model *m, const char *path, int tp, int tp_rank, int ep, int 
  * for every matrix but the router under block-scaled FP8, as DeepSeek-V3's
  * checkpoints store them) and otherwise as its torch_dtype. */
 int model_size(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype);
+/* model_size, with mtp the first MTP layer as model_load_mtp loads it */
+int model_size_mtp(Model *m, const char *path, int tp, int tp_rank, int ep, int ep_rank, const char *dtype, int mtp);
 /* A config from whatever model_size takes. */
 int model_read_any_config(const char *path, Config *c);
 

@@ -88,6 +88,14 @@ typedef struct {
     double spec_read_weights, spec_sent, spec_step_s, spec_tokens_s;
     int spec_rows;        /* 1 + K; 1: no speculation */
     double spec_accept;   /* --acceptance-length */
+    /* with method mtp, the MTP layer's K passes per verification (a
+     * catch-up over the kept rows, K - 1 draft steps of one row): its
+     * weights by part, their part of spec_read_weights, its cache row's
+     * reads, what a draft step sends and what the K passes send */
+    int mtp;
+    size_t mtp_part[WPART_N];
+    double mtp_read_weights, mtp_read_kv, mtp_sent;
+    CommCounter mtp_pass[COMM_N];
 } Layout;
 
 static void usage(FILE *f)
@@ -248,6 +256,48 @@ static void count_decode_step(const Options *o, const Model *m, Layout *L, const
     engine_free(&e);
 }
 
+/* The bytes of one pass of the MTP layer (engine_mtp) over T requests of
+ * `rows` rows each after a position of context (so that the DCP group
+ * gathers and merges, as at decode), as rank 0 of the first DP group sends
+ * them, on the null backend and the counting transport as
+ * count_decode_step counts. */
+static void count_mtp_pass(const Options *o, const Model *m, Layout *L, const EngineOptions *eo, int T, int rows,
+                           CommCounter pass[COMM_N])
+{
+    Topology t = plan_topology(o, L);
+    CommStats cs = {.t = &transport_counting};
+    Timings tm = {0};
+    Engine e;
+    engine_init(&e, m, backend_null(t.ep), &t, eo, &tm, &cs);
+    size_t dim = (size_t)m->cfg.dim, n = (size_t)T * rows, vocab = (size_t)(m->shard.vocab ? m->shard.vocab : 1);
+    BlockTable *tables = xcalloc((size_t)T, sizeof(BlockTable));
+    Chunk *chunks = xmalloc(sizeof(Chunk) * (size_t)T);
+    int *tokens = xcalloc(n, sizeof(int)), *row_end = xmalloc(sizeof(int) * (size_t)T);
+    float *prev = xcalloc(n * dim, sizeof(float)), *logits = xmalloc(sizeof(float) * (size_t)T * vocab),
+          *hidden = xmalloc(sizeof(float) * (size_t)T * dim);
+    for (int i = 0; i < T; i++) {
+        if (table_reserve(&e.att.pool, &tables[i], kv_blocks_for(&t, 1 + rows, e.att.pool.block_size)))
+            dcp_check_failed(__FILE__, __LINE__, "count_mtp_pass", "no KV blocks for a planned MTP pass");
+        chunks[i] = (Chunk){tables[i].ids, tables[i].n, 1, rows};
+        row_end[i] = i + 1;
+    }
+    cs.phase = PHASE_DECODE;
+    engine_mtp(&e, tokens, chunks, T, NULL, prev, row_end, logits, hidden);
+    memcpy(pass, cs.c[PHASE_DECODE], sizeof(CommCounter) * COMM_N);
+    for (int i = 0; i < T; i++) {
+        table_release(&e.att.pool, &tables[i]);
+        table_free(&tables[i]);
+    }
+    free(tables);
+    free(chunks);
+    free(tokens);
+    free(row_end);
+    free(prev);
+    free(logits);
+    free(hidden);
+    engine_free(&e);
+}
+
 /* The activation peak of a step of --max-num-batched-tokens at layout L:
  * dcpinfer's profiling step (generate_profile) run by rank 0 of the first
  * DP group on the null backend and the counting transport */
@@ -265,17 +315,17 @@ static size_t profile_step(const Options *o, const Model *m, const Layout *L, co
     return peak;
 }
 
-/* The weight bytes rank 0 reads in a step of `rows` rows: its weights
- * but the embedding (read by row), and of its routed experts the share
- * the rows' top-k choices reach if spread evenly (with expert parallelism
- * every DP group's rows reach this rank's experts) */
-static double step_weights(const Model *m, const Layout *L, int rows)
+/* The weight bytes rank 0 reads in a pass of `rows` rows over weights of
+ * these parts: all but the embedding (read by row), and of the routed
+ * experts the share the rows' top-k choices reach if spread evenly (with
+ * expert parallelism every DP group's rows reach this rank's experts) */
+static double step_weights(const Model *m, const Layout *L, const size_t part[WPART_N], int rows)
 {
     const MoeConfig *moe = &m->cfg.moe;
     int reaching = L->ep ? rows * L->dp : rows;
     double reach =
         moe->n_routed_experts ? 1 - pow(1 - (double)moe->experts_per_token / moe->n_routed_experts, reaching) : 1;
-    return (double)L->part[WPART_ATTENTION] + L->part[WPART_MLP] + L->part[WPART_LM_HEAD] + reach * L->part[WPART_EXPERTS];
+    return (double)part[WPART_ATTENTION] + part[WPART_MLP] + part[WPART_LM_HEAD] + reach * part[WPART_EXPERTS];
 }
 
 static double comm_bytes(const CommCounter c[COMM_N])
@@ -301,10 +351,11 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     L->ep = o->expert_parallel ? L->tp * L->dp : 0;
     int ranks = L->ep ? L->ep : L->tp;
     L->rank_weights = xcalloc((size_t)ranks, sizeof(size_t));
+    L->mtp = o->spec.method == SPEC_MTP;
     Model m, other; /* rank 0's, kept for its decode step; the others' */
     for (int r = 0; r < ranks; r++) {
         Model *mr = r ? &other : &m;
-        if (model_size(mr, o->model, L->tp, r % L->tp, L->ep, r, o->dtype)) {
+        if (model_size_mtp(mr, o->model, L->tp, r % L->tp, L->ep, r, o->dtype, L->mtp)) {
             snprintf(L->refused, sizeof L->refused, "%s", dcp_error());
             if (r) model_free(&m);
             return;
@@ -319,6 +370,22 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     }
     for (int l = 0; l < cfg.n_layers; l++)
         L->moe_layers += MOE_LAYER(&cfg, l);
+    /* the MTP layer's share of the weights, by part: rank 0's with it
+     * less rank 0's without; the model's own parts are the rest */
+    size_t model_part[WPART_N];
+    memcpy(model_part, L->part, sizeof model_part);
+    if (L->mtp) {
+        if (model_size(&other, o->model, L->tp, 0, L->ep, 0, o->dtype)) {
+            snprintf(L->refused, sizeof L->refused, "%s", dcp_error());
+            model_free(&m);
+            return;
+        }
+        for (int k = 0; k < WPART_N; k++) {
+            L->mtp_part[k] = m.w.part_bytes[k] - other.w.part_bytes[k];
+            model_part[k] -= L->mtp_part[k];
+        }
+        model_free(&other);
+    }
     /* KV bytes per rank: as given, else what the GPU's usable memory
      * leaves after the largest rank's weights and the activation peak of a
      * step of --max-num-batched-tokens, profiled as dcpinfer profiles it */
@@ -353,8 +420,10 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
      * A verification step reads the context once for its 1 + K rows and
      * the experts its (1 + K) T rows reach. */
     double context = p->input_len || p->output_len ? p->input_len + p->output_len / 2.0 : L->max_model_len;
-    L->read_kv = (double)T * context / L->dcp * L->kv.bytes_per_token;
-    L->read_weights = step_weights(&m, L, T);
+    /* (an MTP layer's cache row is read by its own passes only) */
+    double layers = layers_held(&m.cfg), per_layer = (double)T * context / L->dcp * L->kv.bytes_per_token / layers;
+    L->read_kv = per_layer * m.cfg.n_layers;
+    L->read_weights = step_weights(&m, L, model_part, T);
     L->sent = comm_bytes(L->step);
     if (p->gpu && L->running > 0) {
         L->step_s = (L->read_weights + L->read_kv) / p->gpu->hbm + L->sent / p->gpu->link;
@@ -363,10 +432,25 @@ static void plan_layout(const Options *o, const PlanOptions *p, Layout *L)
     L->spec_rows = rows;
     L->spec_accept = p->acceptance;
     if (rows > 1) {
-        L->spec_read_weights = step_weights(&m, L, T * rows);
+        L->spec_read_weights = step_weights(&m, L, model_part, T * rows);
         L->spec_sent = comm_bytes(L->spec_step);
+        if (L->mtp && L->fits != 0) {
+            /* the catch-up over the kept rows (the acceptance length, rounded
+             * up, per request) and K - 1 draft steps of one row */
+            int kept = (int)ceil(p->acceptance);
+            CommCounter catch_up[COMM_N];
+            count_mtp_pass(o, &m, L, &eo, T, kept, catch_up);
+            count_mtp_pass(o, &m, L, &eo, T, 1, L->mtp_pass);
+            L->mtp_sent = comm_bytes(catch_up) + (rows - 2) * comm_bytes(L->mtp_pass);
+            L->mtp_read_weights = step_weights(&m, L, L->mtp_part, T * kept) +
+                                  (rows - 2) * step_weights(&m, L, L->mtp_part, T);
+            L->mtp_read_kv = (rows - 1) * per_layer;
+        }
+        L->spec_read_weights += L->mtp_read_weights;
+        L->spec_sent += L->mtp_sent;
         if (p->gpu && L->running > 0) {
-            L->spec_step_s = (L->spec_read_weights + L->read_kv) / p->gpu->hbm + L->spec_sent / p->gpu->link;
+            L->spec_step_s = (L->spec_read_weights + L->read_kv + L->mtp_read_kv) / p->gpu->hbm +
+                             L->spec_sent / p->gpu->link;
             L->spec_tokens_s = L->dp * T * p->acceptance / L->spec_step_s;
         }
     }
@@ -432,7 +516,11 @@ static void print_layout(const PlanOptions *p, const Layout *L)
         printf("# estimate with %d draft(s) per request (%d rows each), %.2f tokens per verification: step %.2f ms = "
                "%.2f GB of weights + %.2f GB of KV + %.1f MB sent; %.0f tokens/s (%.2fx)\n",
                L->spec_rows - 1, L->spec_rows, L->spec_accept, L->spec_step_s * 1e3, L->spec_read_weights / 1e9,
-               L->read_kv / 1e9, L->spec_sent / 1e6, L->spec_tokens_s, L->spec_tokens_s / L->tokens_s);
+               (L->read_kv + L->mtp_read_kv) / 1e9, L->spec_sent / 1e6, L->spec_tokens_s, L->spec_tokens_s / L->tokens_s);
+    if (L->spec_step_s > 0 && L->mtp)
+        printf("# of which the MTP layer's %d pass(es) (a catch-up, %d draft step(s)): %.3f GB of weights, %.3f GB of "
+               "KV, %.2f MB sent (each pass is launches of its own, which the roofline does not count)\n",
+               L->spec_rows - 1, L->spec_rows - 2, L->mtp_read_weights / 1e9, L->mtp_read_kv / 1e9, L->mtp_sent / 1e6);
 }
 
 /* --sweep's table: one row per layout */
@@ -505,10 +593,20 @@ static json_t *layout_json(const Layout *L)
         json_object_set_new(j, "comm_per_verification_step", comm_json(L->spec_step));
         if (L->spec_step_s > 0)
             json_object_set_new(j, "estimate_speculative",
-                                json_pack("{s:i,s:f,s:f,s:f,s:f,s:f}", "draft_tokens", L->spec_rows - 1,
+                                json_pack("{s:i,s:f,s:f,s:f,s:f,s:f,s:f}", "draft_tokens", L->spec_rows - 1,
                                           "acceptance_length", L->spec_accept, "step_seconds", L->spec_step_s,
                                           "tokens_per_second", L->spec_tokens_s, "weight_bytes_read",
-                                          L->spec_read_weights, "bytes_sent", L->spec_sent));
+                                          L->spec_read_weights, "kv_bytes_read", L->read_kv + L->mtp_read_kv,
+                                          "bytes_sent", L->spec_sent));
+        if (L->mtp) {
+            size_t own = 0;
+            for (int k = 0; k < WPART_N; k++) own += L->mtp_part[k];
+            json_object_set_new(j, "comm_per_mtp_draft_step", comm_json(L->mtp_pass));
+            json_object_set_new(j, "mtp", json_pack("{s:I,s:i,s:f,s:f,s:f}", "weight_bytes", (json_int_t)own,
+                                                    "passes", L->spec_rows - 1, "weight_bytes_read",
+                                                    L->mtp_read_weights, "kv_bytes_read", L->mtp_read_kv,
+                                                    "bytes_sent", L->mtp_sent));
+        }
     }
     return j;
 }
@@ -530,12 +628,6 @@ int main(int argc, char **argv)
     if (p.gpus && !p.sweep && !o.dp) dp = p.gpus / o.tp;
     if (!p.sweep && o.tp * dp != gpus) {
         fprintf(stderr, "dcpinfer-plan: --gpus %d is not -tp %d x -dp %d\n", gpus, o.tp, dp);
-        return 2;
-    }
-    if (o.spec.method == SPEC_MTP) {
-        fprintf(stderr, "dcpinfer-plan: --speculative-config method mtp: the MTP layer's weights, cache row and draft "
-                        "steps are not estimated; plan the verification with {\"method\": \"ngram\", "
-                        "\"num_speculative_tokens\": K} and the acceptance length you expect\n");
         return 2;
     }
     if (o.spec.method && !(p.acceptance >= 1 && p.acceptance <= 1 + o.spec.k)) {
