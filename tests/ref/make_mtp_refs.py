@@ -51,14 +51,17 @@ request's tokens per id: "tokens id t0 t1 ...").
 Usage: python3 tests/ref/make_mtp_refs.py [BUILD]   (needs torch, transformers >= 5)
 """
 import json
-import math
 import os
+import sys
 import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_deepseek_refs import redraw  # noqa: E402  (the weights drawn as the other DeepSeek references')
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(TOP, "tests", "data", "deepseek", "v3_mtp")
@@ -73,21 +76,6 @@ CONFIG = DeepseekV3Config(
     routed_scaling_factor=2.5, rope_interleave=True, num_nextn_predict_layers=1,
     rope_scaling={"type": "yarn", "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0})
-
-
-def redraw(module, gen):
-    """Weights with some spread: matrices std 1/sqrt(fan-in), norms 1 +- 0.1, the router's bias +- 0.5."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif "e_score_correction_bias" in name:
-                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-        for name, b in module.named_buffers():
-            if "e_score_correction_bias" in name:
-                b.copy_(0.5 * torch.randn(b.shape, generator=gen))
 
 
 class Mtp(torch.nn.Module):
@@ -258,7 +246,6 @@ def run_drafts(build):
 
 
 if __name__ == "__main__":
-    import sys
     main()
     if len(sys.argv) > 1:
         run_drafts(sys.argv[1])
